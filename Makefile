@@ -1,0 +1,26 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SETUP_INPUTS := scripts/setup.sh pyproject.toml $(wildcard requirements/*.txt)
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: $(SETUP_INPUTS)
+	bash scripts/setup.sh $(VENV)
+
+demo: setup          ## the main job on the embedded default
+	$(PY) -m services.cli demo
+
+test: setup          ## the whole suite (what CI runs)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: setup
+	$(PY) -m bench.engine
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

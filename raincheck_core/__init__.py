@@ -1,0 +1,21 @@
+"""Raincheck Serve's engine library: models, cache, deferred multimodal prefill. No gRPC, Ray or Redis."""
+
+from .config import EngineConfig, ModelConfig
+from .engine import Engine, Session, TokenEvent, TurnEnd, TurnMetrics
+from .errors import (
+    CheckpointError,
+    InvalidInputError,
+    OutOfPagesError,
+    RaincheckError,
+    SessionBusyError,
+    SessionClosedError,
+    UnsupportedModelError,
+)
+from .inputs import Message, Prompt, VisualInput
+from .sampling import SamplingParams
+
+__all__ = [
+    "CheckpointError", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
+    "OutOfPagesError", "Prompt", "RaincheckError", "SamplingParams", "Session", "SessionBusyError",
+    "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
+]

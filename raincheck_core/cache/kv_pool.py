@@ -1,0 +1,101 @@
+"""Paged KV cache: one pool of fixed-size pages shared by every session, and per-sequence page tables.
+
+K/V of attention layer l live in `k[l]`/`v[l]`, flat over slots (`page * page_size + offset`).
+A sequence's slots follow processing order; which slot a row may attend to is decided by the
+forward batch (positions and visibility), never by slot order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidInputError, OutOfPagesError
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    total_pages: int
+    free_pages: int
+    page_size: int
+
+    @property
+    def used_pages(self) -> int:
+        return self.total_pages - self.free_pages
+
+    @property
+    def usage(self) -> float:
+        return self.used_pages / self.total_pages
+
+
+class KVPool:
+    def __init__(
+        self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device | str,
+    ):
+        self.page_size = page_size
+        self.num_pages = num_pages
+        shape = (num_layers, num_pages * page_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._free = list(range(num_pages - 1, -1, -1))     # pop() hands out low pages first
+
+    def stats(self) -> PoolStats:
+        return PoolStats(self.num_pages, len(self._free), self.page_size)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfPagesError("KV page pool exhausted", needed=n, available=len(self._free))
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+class PageTable:
+    """The pages of one sequence and how many of its slots are filled."""
+
+    def __init__(self, pool: KVPool, max_pages: int):
+        self.pool = pool
+        self.max_pages = max_pages
+        self.pages: list[int] = []
+        self.length = 0
+
+    def pages_needed(self, n: int) -> int:
+        ps = self.pool.page_size
+        return max(0, -(-(self.length + n) // ps) - len(self.pages))
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` more slots, or raise without changing anything."""
+        need = self.pages_needed(n)
+        if len(self.pages) + need > self.max_pages:
+            raise OutOfPagesError(
+                "session page budget exceeded", needed=len(self.pages) + need, available=self.max_pages
+            )
+        if need:
+            self.pages.extend(self.pool.allocate(need))
+
+    def append(self, n: int) -> torch.Tensor:
+        """Claim the next `n` slots (reserving pages as needed); returns their global slot ids."""
+        self.reserve(n)
+        start = self.length
+        self.length += n
+        return self.slots(start, start + n)
+
+    def slots(self, start: int, end: int) -> torch.Tensor:
+        if not 0 <= start <= end <= self.length:
+            raise InvalidInputError(f"slot range [{start}, {end}) outside the sequence's {self.length} slots")
+        ps = self.pool.page_size
+        idx = torch.arange(start, end)
+        pages = torch.tensor(self.pages, dtype=torch.long)
+        return pages[idx // ps] * ps + idx % ps
+
+    def truncate(self, length: int) -> None:
+        """Forget slots from `length` on (a failed step's writes); keeps the pages already reserved."""
+        self.length = min(self.length, length)
+
+    def release(self) -> None:
+        self.pool.release(self.pages)
+        self.pages = []
+        self.length = 0

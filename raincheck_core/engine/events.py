@@ -1,0 +1,36 @@
+"""What a turn yields: token events as they are sampled, then one end event with the turn's metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TurnMetrics:
+    prompt_tokens: int                 # rows prefilled for this turn's input
+    generated_tokens: int
+    ttft_s: float                      # turn submitted -> first token sampled
+    tpot_s: float                      # mean time per output token after the first
+    e2e_s: float                       # turn submitted -> last token sampled
+    queue_s: float = 0.0               # waiting before the first row of the turn ran
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str                          # the new text this token completes ("" without a tokenizer)
+    index: int                         # 0-based position among this turn's generated tokens
+    logits: torch.Tensor | None = field(default=None, repr=False)   # [vocab] fp32 with return_logits
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    finish_reason: str                 # "stop" | "length" | "cancelled"
+    token_ids: list[int]
+    text: str
+    metrics: TurnMetrics
+
+
+TurnEvent = TokenEvent | TurnEnd

@@ -1,0 +1,75 @@
+"""A turn's new input as rows ready for the decoder: embeddings, 3-D positions, DeepStack features."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import InvalidInputError
+from ..inputs import VisualInput
+from ..models import DecoderLM
+from ..multimodal.positions import PromptLayout, compute_positions
+
+
+@dataclass
+class TurnInput:
+    token_ids: list[int]
+    embeds: torch.Tensor                  # [T, hidden] in the model dtype
+    positions: torch.Tensor               # [3, T]
+    next_position: int                    # position of the first generated token
+    layout: PromptLayout
+    deepstack_index: torch.Tensor         # [V] row indices (within this input) of visual tokens
+    deepstack: list[torch.Tensor]         # per level, [V, hidden]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def build_turn_input(
+    model: DecoderLM, cfg: ModelConfig, token_ids: list[int], visuals: list[VisualInput], start: int
+) -> TurnInput:
+    """Embed `token_ids`, scatter the visual embeddings over their placeholders, compute positions."""
+    if not token_ids:
+        raise InvalidInputError("the turn has no input tokens")
+    bad = [t for t in token_ids if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise InvalidInputError(f"token ids out of range [0, {cfg.vocab_size}): {bad[:8]}")
+    for v in visuals:
+        v.validate(cfg.hidden_size, cfg.spatial_merge_size, cfg.deepstack_levels)
+    layout = compute_positions(
+        token_ids, visuals, image_token_id=_required(cfg.image_token_id, visuals),
+        video_token_id=_required(cfg.video_token_id, visuals), merge=cfg.spatial_merge_size, start=start,
+    )
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+    with torch.no_grad():
+        embeds = model.embed_tokens(ids)
+    index_parts, level_parts = [], [[] for _ in range(cfg.deepstack_levels)]
+    for span in layout.spans:
+        visual = visuals[span.index]
+        rows = span.token_indices.to(device)
+        embeds[rows] = visual.embeddings.to(device=device, dtype=dtype)
+        if cfg.deepstack_levels:
+            if not visual.deepstack:
+                raise InvalidInputError(
+                    f"this model needs {cfg.deepstack_levels} DeepStack feature levels per visual token; "
+                    f"the {visual.kind} has none"
+                )
+            index_parts.append(rows)
+            for level, feats in zip(level_parts, visual.deepstack, strict=True):
+                level.append(feats.to(device=device, dtype=dtype))
+    deepstack_index = torch.cat(index_parts) if index_parts else torch.empty(0, dtype=torch.long)
+    deepstack = [torch.cat(parts) for parts in level_parts] if index_parts else []
+    return TurnInput(list(token_ids), embeds, layout.positions.to(device), layout.next_position, layout,
+                     deepstack_index, deepstack)
+
+
+def _required(token_id: int | None, visuals: list[VisualInput]) -> int:
+    # Text-only checkpoints have no placeholder ids; -1 never matches a real token.
+    if token_id is None:
+        if visuals:
+            raise InvalidInputError("this model has no vision input (no image/video token ids in its config)")
+        return -1
+    return token_id

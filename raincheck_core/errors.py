@@ -1,0 +1,51 @@
+"""Typed errors of the engine. Services map each class to one gRPC status code."""
+
+from __future__ import annotations
+
+
+class RaincheckError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidInputError(RaincheckError, ValueError):
+    """The caller's input is malformed (shapes, token/visual mismatch, bad sampling values)."""
+
+
+class UnsupportedModelError(RaincheckError):
+    """The checkpoint's model_type (or a feature it needs) is not implemented."""
+
+
+class CheckpointError(RaincheckError):
+    """A checkpoint folder cannot be loaded: missing files, missing or unexpected tensors, bad shapes."""
+
+    def __init__(self, message: str, missing: list[str] | None = None, unexpected: list[str] | None = None):
+        self.missing = sorted(missing or [])
+        self.unexpected = sorted(unexpected or [])
+        parts = [message]
+        if self.missing:
+            parts.append(f"missing tensors ({len(self.missing)}): {_preview(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected tensors ({len(self.unexpected)}): {_preview(self.unexpected)}")
+        super().__init__("; ".join(parts))
+
+
+class OutOfPagesError(RaincheckError):
+    """The KV page pool (or a session's page budget) cannot hold the request."""
+
+    def __init__(self, message: str, needed: int, available: int):
+        self.needed = needed
+        self.available = available
+        super().__init__(f"{message}: needs {needed} pages, {available} available")
+
+
+class SessionClosedError(RaincheckError):
+    """The session was closed; its cache is gone."""
+
+
+class SessionBusyError(RaincheckError):
+    """A turn was started while the session's previous turn is still running."""
+
+
+def _preview(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", … (+{len(names) - limit} more)" if len(names) > limit else "")

@@ -1,0 +1,17 @@
+"""Model families: text decoders written here, selected by the checkpoint's model_type."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .decoder import DecoderLM
+from .qwen3_5 import Qwen35Decoder
+from .qwen3_vl import Qwen3VLDecoder
+
+REGISTRY: dict[str, type[DecoderLM]] = {"qwen3_vl": Qwen3VLDecoder, "qwen3_5": Qwen35Decoder}
+
+
+def build_decoder(cfg: ModelConfig) -> DecoderLM:
+    return REGISTRY[cfg.family](cfg)
+
+
+__all__ = ["REGISTRY", "DecoderLM", "build_decoder"]

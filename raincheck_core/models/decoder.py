@@ -1,0 +1,63 @@
+"""The text decoder shared by both families: embeddings, a stack of blocks, final norm, LM head.
+
+A family (models/qwen3_vl.py, models/qwen3_5.py) chooses the norm convention, the token mixer of
+each layer and whether DeepStack features are injected. Parameter names mirror transformers' so
+checkpoints map by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..layers.batch import ForwardBatch
+from ..layers.mlp import SwiGLU
+from ..ops.rope import inverse_frequencies, mrope_axes, rope_cos_sin
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module, norm_cls: type[nn.Module], mixer_name: str):
+        super().__init__()
+        self.input_layernorm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mixer_name = mixer_name
+        self.add_module(mixer_name, mixer)   # "self_attn" or "linear_attn", as in checkpoints
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        h = h + getattr(self, self.mixer_name)(self.input_layernorm(h), batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderLM(nn.Module):
+    """Subclasses build `self.layers` (DecoderBlocks) and set `norm_cls`."""
+
+    norm_cls: type[nn.Module]
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(self.build_layers(cfg))
+        self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", inverse_frequencies(cfg.rotary_dim, cfg.rope_theta), persistent=False)
+        self.register_buffer("rope_axes", mrope_axes(cfg.rotary_dim, cfg.mrope_section), persistent=False)
+
+    def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
+        raise NotImplementedError
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits `[len(logit_rows) or R, vocab]` in fp32."""
+        h = batch.embeds
+        batch.cos, batch.sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_axes, h.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, batch)
+            if i < len(batch.deepstack) and batch.deepstack_rows is not None:
+                h = h.index_add(0, batch.deepstack_rows, batch.deepstack[i].to(h.dtype))
+        if batch.logit_rows is not None:
+            h = h[batch.logit_rows]
+        return self.lm_head(self.norm(h)).float()

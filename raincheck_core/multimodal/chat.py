@@ -1,0 +1,209 @@
+"""Tokenizer + chat template: one turn's `Message` -> `Prompt` (token ids with visual placeholders + visuals).
+
+Multi-turn sessions keep their KV cache, so each turn feeds only its *new* tokens. The engine keeps the
+previous answer's sampled ids and its closing stop token (`turn_end_id`, `<|im_end|>` for Qwen), and
+prefills that stop token at the start of the next turn. A later turn therefore renders only what the
+template puts after that token. We find it by rendering a probe conversation
+`[user "…", assistant SENTINEL, new message]` and cutting right after `SENTINEL + <|im_end|>`, which gives
+`\\n<|im_start|>user\\n…<|im_end|>\\n<|im_start|>assistant\\n` for Qwen's ChatML. So
+
+    prompt(turn 1) + answer ids + [turn_end_id] + prompt(turn 2) + … == tokenize(template(whole conversation))
+
+as long as the template renders earlier turns the same way whatever follows (it does not rewrite history,
+e.g. strip `<think>` blocks from past answers) and tokenization does not merge across special tokens
+(Hugging Face tokenizers split at added special tokens first, so it does not).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import InvalidInputError, UnsupportedModelError
+from ..inputs import Message, Prompt, VisualInput
+from .vision import VisionEncoder
+
+TURN_END = "<|im_end|>"
+_SENTINEL = "RAINCHECKPREVIOUSANSWER"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+class ChatFormatter:
+    """Renders turns with the checkpoint's chat template (or built-in Qwen ChatML) and tokenizes them."""
+
+    def __init__(self, tokenizer, chat_template: str | None = None, *, eos_token_ids: Sequence[int] = (),
+                 template_kwargs: dict | None = None):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template  # None: built-in ChatML
+        self.template_kwargs = dict(template_kwargs or {})  # e.g. {"enable_thinking": False}
+        vocab = tokenizer.get_vocab()
+        self.turn_end = TURN_END if TURN_END in vocab else tokenizer.eos_token
+        if self.turn_end is None:
+            raise UnsupportedModelError("the tokenizer has neither <|im_end|> nor an eos token")
+        self.turn_end_id: int = tokenizer.convert_tokens_to_ids(self.turn_end)
+        stops = [*eos_token_ids, tokenizer.eos_token_id, self.turn_end_id]
+        self.stop_token_ids: list[int] = list(dict.fromkeys(s for s in stops if s is not None))
+
+    @classmethod
+    def from_checkpoint(cls, folder: Path, *, template_kwargs: dict | None = None) -> ChatFormatter | None:
+        """The folder's tokenizer and chat template; None when the folder has no tokenizer files."""
+        folder = Path(folder)
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            return None
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return cls(tokenizer, _find_template(tokenizer, folder), eos_token_ids=_generation_eos(folder),
+                   template_kwargs=template_kwargs)
+
+    # -- text ---------------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_turn(self, message: Message, *, first_turn: bool, image_pad: str = "<|image_pad|>",
+                    video_pad: str = "<|video_pad|>", vision_start: str = "<|vision_start|>",
+                    vision_end: str = "<|vision_end|>") -> str:
+        """This turn's new text, with one `<|image_pad|>` / `<|video_pad|>` per image / video (unexpanded)."""
+        new = {"role": message.role, "content": _content(message)}
+        if first_turn:
+            return self._render([new], (image_pad, video_pad, vision_start, vision_end))
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}, new]
+        full = self._render(probe, (image_pad, video_pad, vision_start, vision_end))
+        cut = full.rfind(_SENTINEL) + len(_SENTINEL)
+        if not full.startswith(self.turn_end, cut):
+            raise UnsupportedModelError(
+                f"the chat template does not close an assistant turn with {self.turn_end!r} right after "
+                f"the answer, so a later turn cannot continue from the kept stop token "
+                f"(got {full[cut:cut + 40]!r})"
+            )
+        return full[cut + len(self.turn_end):]
+
+    def _render(self, messages: list[dict], vision_tokens: tuple[str, str, str, str]) -> str:
+        if self.chat_template is None:
+            return _render_chatml(messages, *vision_tokens)
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True,
+            **self.template_kwargs,
+        )
+
+    # -- prompt -------------------------------------------------------------------------------------------
+
+    def build_prompt(self, message: Message, *, first_turn: bool, vision: VisionEncoder | None,
+                     image_token_id: int | None, video_token_id: int | None, vision_start_id: int | None,
+                     vision_end_id: int | None) -> Prompt:
+        """Render, encode the visuals, expand each placeholder to its visual tokens, tokenize."""
+        if not isinstance(message.text, str):
+            raise InvalidInputError(f"message text must be a string, got {type(message.text).__name__}")
+        has_visuals = bool(message.images or message.videos)
+        if has_visuals and vision is None:
+            raise InvalidInputError("this model has no vision encoder: images and videos cannot be sent")
+        ids = (image_token_id, video_token_id, vision_start_id, vision_end_id)
+        if None in ids:
+            if has_visuals:
+                raise InvalidInputError("this model has no image/video token ids: visuals cannot be sent")
+            return Prompt(self.encode(self.render_turn(message, first_turn=first_turn)), [])
+        image_pad, video_pad, vs, ve = self.tokenizer.convert_ids_to_tokens(list(ids))
+        for reserved in (image_pad, video_pad, vs, ve):
+            if reserved in message.text:
+                raise InvalidInputError(f"message text contains the reserved token {reserved!r}")
+        text = self.render_turn(message, first_turn=first_turn, image_pad=image_pad, video_pad=video_pad,
+                                vision_start=vs, vision_end=ve)
+        images = vision.encode_images(message.images) if message.images else []
+        videos = [(vision.encode_video(frames), len(frames)) for frames in message.videos]
+        expanded, visuals = self._expand(text, images, videos, vision, image_pad, video_pad, vs, ve)
+        return Prompt(self.encode(expanded), visuals)
+
+    @staticmethod
+    def _expand(text: str, images: list[VisualInput], videos: list[tuple[VisualInput, int]],
+                vision: VisionEncoder | None, image_pad: str, video_pad: str, vs: str, ve: str
+                ) -> tuple[str, list[VisualInput]]:
+        """Replace placeholders in template order, as transformers' Qwen3VLProcessor does."""
+        parts = re.split(f"({re.escape(image_pad)}|{re.escape(video_pad)})", text)
+        n_img = sum(p == image_pad for p in parts[1::2])
+        n_vid = len(parts[1::2]) - n_img
+        if (n_img, n_vid) != (len(images), len(videos)):
+            raise UnsupportedModelError(
+                f"the chat template emitted {n_img} image / {n_vid} video placeholders for "
+                f"{len(images)} images / {len(videos)} videos"
+            )
+        image_iter, video_iter = iter(images), iter(videos)
+        out, visuals = [parts[0]], []
+        for placeholder, after in zip(parts[1::2], parts[2::2], strict=True):
+            if placeholder == image_pad:
+                v = next(image_iter)
+                out.append(image_pad * v.num_tokens(vision.merge))
+            else:
+                v, num_frames = next(video_iter)
+                t, h, w = v.grid_thw
+                per_patch = h * w // vision.merge**2
+                # Qwen3-VL: each temporal patch is "<t seconds>" + its own vision_start/end block (nested
+                # inside the template's vision_start/end, exactly as transformers' processor writes it).
+                stamps = vision.video_timestamps(num_frames)
+                if len(stamps) != t:
+                    raise UnsupportedModelError(f"{num_frames} frames, {len(stamps)} timestamps, grid t={t}")
+                out.append("".join(f"<{s:.1f} seconds>{vs}{video_pad * per_patch}{ve}" for s in stamps))
+            visuals.append(v)
+            out.append(after)
+        return "".join(out), visuals
+
+
+def _content(message: Message) -> str | list[dict]:
+    # Visuals first, then the text (Qwen's convention); plain string content when there are no visuals
+    # so that text-only templates render it too.
+    if not (message.images or message.videos):
+        return message.text
+    content = [{"type": "image"} for _ in message.images] + [{"type": "video"} for _ in message.videos]
+    if message.text:
+        content.append({"type": "text", "text": message.text})
+    return content
+
+
+def _render_chatml(messages: list[dict], image_pad: str, video_pad: str, vs: str, ve: str) -> str:
+    """Built-in Qwen ChatML for tokenizers without a chat template (always adds the generation prompt)."""
+    out = []
+    for m in messages:
+        out.append(f"<|im_start|>{m['role']}\n")
+        content = m["content"]
+        if isinstance(content, str):
+            out.append(content)
+        else:
+            for part in content:
+                if part["type"] == "image":
+                    out.append(f"{vs}{image_pad}{ve}")
+                elif part["type"] == "video":
+                    out.append(f"{vs}{video_pad}{ve}")
+                else:
+                    out.append(part["text"])
+        out.append(f"{TURN_END}\n")
+    out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def _find_template(tokenizer, folder: Path) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if template:
+        return template
+    # Processor-level templates (Qwen-VL checkpoints ship chat_template.json next to the tokenizer).
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    if (folder / "chat_template.json").is_file():
+        return json.loads((folder / "chat_template.json").read_text()).get("chat_template") or None
+    return None
+
+
+def _generation_eos(folder: Path) -> list[int]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]

@@ -1,0 +1,21 @@
+"""Shared fixtures: tiny transformers checkpoints saved once per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import tiny
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, object]]:
+    """family -> (transformers model, saved folder)."""
+    out = {}
+    for family in ("qwen3_vl", "qwen3_5"):
+        model = tiny.build_model(family)
+        folder = tiny.save_model(model, tmp_path_factory.mktemp(family))
+        out[family] = (model, folder)
+    return out

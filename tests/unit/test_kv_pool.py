@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core.cache.gdn_state import GDNStatePool
+from raincheck_core.cache.kv_pool import KVPool, PageTable
+from raincheck_core.errors import OutOfPagesError
+
+
+def _pool(pages: int = 4, page_size: int = 4) -> KVPool:
+    return KVPool(2, pages, page_size, 1, 2, torch.float32, "cpu")
+
+
+def test_slots_follow_pages_and_stats_count_them():
+    pool = _pool()
+    table = PageTable(pool, max_pages=4)
+    first = table.append(3)
+    second = table.append(3)
+    assert first.tolist() == [0, 1, 2]
+    assert second.tolist() == [3, 4, 5]            # crosses into the second page
+    assert pool.stats().used_pages == 2 and pool.stats().usage == 0.5
+    assert table.slots(0, 6).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_reserve_is_all_or_nothing():
+    pool = _pool(pages=3)
+    a, b = PageTable(pool, 3), PageTable(pool, 3)
+    a.reserve(8)                                   # 2 pages
+    with pytest.raises(OutOfPagesError) as err:
+        b.reserve(8)                               # needs 2, 1 left
+    assert (err.value.needed, err.value.available) == (2, 1)
+    assert b.pages == [] and pool.stats().free_pages == 1
+
+
+def test_session_budget_is_enforced_before_allocation():
+    pool = _pool(pages=8)
+    table = PageTable(pool, max_pages=2)
+    with pytest.raises(OutOfPagesError, match="budget"):
+        table.append(9)
+    assert pool.stats().free_pages == 8
+
+
+def test_release_returns_pages():
+    pool = _pool()
+    table = PageTable(pool, 4)
+    table.append(10)
+    table.release()
+    assert pool.stats().free_pages == 4 and table.length == 0
+
+
+def test_gdn_slots_zeroed_on_allocate_and_bounded():
+    pool = GDNStatePool(2, 1, 4, 4, 1, 2, 2, torch.float32, "cpu")
+    s = pool.allocate()
+    pool.ssm[s].fill_(1.0)
+    pool.release(s)
+    assert pool.allocate() == s and float(pool.ssm[s].abs().sum()) == 0.0
+    pool.allocate()
+    with pytest.raises(OutOfPagesError):
+        pool.allocate()
