@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--families", default="qwen3_5,qwen3_vl")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run(f, args.prompt, args.decode, args.repeats, Path(tmp)) for f in args.families.split(",")]

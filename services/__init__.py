@@ -1,0 +1,1 @@
+"""Raincheck Serve's services: gRPC frontend, decode worker, Ray deferred workers, CLI."""
