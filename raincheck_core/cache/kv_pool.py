@@ -91,9 +91,16 @@ class PageTable:
         pages = torch.tensor(self.pages, dtype=torch.long)
         return pages[idx // ps] * ps + idx % ps
 
-    def truncate(self, length: int) -> None:
-        """Forget slots from `length` on (a failed step's writes); keeps the pages already reserved."""
-        self.length = min(self.length, length)
+    def readable(self, start: int, end: int) -> torch.Tensor | slice:
+        """Slots `[start, end)` for reading: a slice (a view, no gather) when their pages are consecutive,
+        which admission-time reservation makes the common case; else the slot ids."""
+        ps = self.pool.page_size
+        first, last = start // ps, max(start, end - 1) // ps
+        if self.pages[last] - self.pages[first] == last - first and \
+                all(b - a == 1 for a, b in zip(self.pages[first:last], self.pages[first + 1:last + 1], strict=True)):
+            base = self.pages[first] * ps - first * ps
+            return slice(base + start, base + end)
+        return self.slots(start, end)
 
     def release(self) -> None:
         self.pool.release(self.pages)

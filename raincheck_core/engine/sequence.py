@@ -27,7 +27,7 @@ class Sequence:
         if past == 0:
             read, mask = None, None
         else:
-            read = self.table.slots(0, past + n)
+            read = self.table.readable(0, past + n)
             mask = causal_mask(past, n, write.device) if n > 1 else None
         return Segment(start_row, start_row + n, write, read, mask, self.gdn_slot)
 

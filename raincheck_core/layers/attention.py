@@ -9,6 +9,7 @@ from ..config import ModelConfig
 from ..ops.attention import paged_attention
 from ..ops.rope import apply_rope
 from .batch import ForwardBatch
+from .linear import MergedLinear
 
 
 class Attention(nn.Module):
@@ -19,23 +20,22 @@ class Attention(nn.Module):
         self.gated = gated
         q_out = self.heads * self.head_dim * (2 if gated else 1)
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        kv_out = self.kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out}, bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         r = x.shape[0]
-        q = self.q_proj(x)
+        q, k, v = self.qkv_proj(x)
         gate = None
         if self.gated:  # laid out per head as [q_h | gate_h]
             q, gate = q.view(r, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(r, -1)
         q = self.q_norm(q.reshape(r, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(r, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(r, self.kv_heads, self.head_dim)
+        k = self.k_norm(k.reshape(r, self.kv_heads, self.head_dim))
+        v = v.reshape(r, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, batch.cos, batch.sin), apply_rope(k, batch.cos, batch.sin)
         k_cache, v_cache = batch.kv.k[self.attn_index], batch.kv.v[self.attn_index]
         out = torch.empty_like(q)

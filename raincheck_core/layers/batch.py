@@ -28,7 +28,7 @@ class Segment:
     start: int
     end: int
     write_slots: torch.Tensor
-    read_slots: torch.Tensor | None
+    read_slots: torch.Tensor | slice | None
     mask: torch.Tensor | None = None
     gdn_slot: int | None = None
 

@@ -14,6 +14,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..ops.gdn import causal_conv1d, chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
 from .batch import ForwardBatch
+from .linear import MergedLinear
 from .norm import GatedRMSNorm
 
 
@@ -27,10 +28,8 @@ class GatedDeltaNet(nn.Module):
         conv_dim = 2 * self.key_dim + self.value_dim
         kernel = cfg.linear_conv_kernel
         h = cfg.hidden_size
-        self.in_proj_qkv = nn.Linear(h, conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(h, self.hv, bias=False)
-        self.in_proj_a = nn.Linear(h, self.hv, bias=False)
+        self.in_proj = MergedLinear(h, {"in_proj_qkv": conv_dim, "in_proj_z": self.value_dim,
+                                        "in_proj_b": self.hv, "in_proj_a": self.hv})
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, bias=False, padding=kernel - 1)
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
@@ -39,10 +38,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         r = x.shape[0]
-        u = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).view(r, self.hv, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x)).float()          # sigmoid in model dtype, as transformers
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        u, z, b, a = self.in_proj(x)
+        z = z.reshape(r, self.hv, self.dv)
+        beta = torch.sigmoid(b).float()          # sigmoid in model dtype, as transformers does
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
         for seg in batch.segments:
             rows = seg.rows

@@ -8,8 +8,7 @@ from torch import nn
 
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
 
 
 class RMSNorm(nn.Module):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -11,6 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..errors import CheckpointError
+from ..layers.linear import MergedLinear
 
 # Prefixes under which checkpoints store the text decoder, newest first. The LM head sits at the top.
 TEXT_PREFIXES = ("model.language_model.", "model.", "language_model.model.")
@@ -53,14 +54,39 @@ def _local_name(name: str) -> str | None:
     return name
 
 
+def _targets(model: nn.Module) -> dict[str, tuple[tuple[int, ...], Callable[[torch.Tensor], None]]]:
+    """Checkpoint-side parameter name -> (expected shape, writer). Merged projections expose one name
+    per part (`…self_attn.q_proj.weight`), exactly as checkpoints store them."""
+    targets: dict[str, tuple[tuple[int, ...], Callable[[torch.Tensor], None]]] = {}
+    merged = {name: m for name, m in model.named_modules() if isinstance(m, MergedLinear)}
+    for name, module in merged.items():
+        parent = name.rsplit(".", 1)[0]
+        for part_leaf in module.part_names():
+            part, leaf = part_leaf.split(".")
+            targets[f"{parent}.{part_leaf}"] = (
+                module.part_shape(part, leaf),
+                lambda t, m=module, p=part, lf=leaf: m.load_part(p, lf, t),
+            )
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if name.rsplit(".", 1)[0] in merged:
+            continue
+
+        def write(t: torch.Tensor, param: torch.Tensor = param) -> None:
+            with torch.no_grad():
+                param.copy_(t.to(param.dtype))
+
+        targets[name] = (tuple(param.shape), write)
+    return targets
+
+
 def load_decoder_weights(model: nn.Module, folder: Path, tied: bool) -> dict[str, torch.Tensor]:
     """Copy every decoder tensor into `model` (casting to its dtype), strictly by name and shape.
 
     Returns the tensors we do not own (vision tower, …) so other loaders can use them.
     Raises CheckpointError naming the missing and unexpected tensors.
     """
-    params = dict(model.named_parameters(remove_duplicate=False))
-    expected = set(params)
+    targets = _targets(model)
+    expected = set(targets)
     if tied:
         expected.discard("lm_head.weight")
     seen: set[str] = set()
@@ -73,16 +99,13 @@ def load_decoder_weights(model: nn.Module, folder: Path, tied: bool) -> dict[str
             continue
         if local == "lm_head.weight" and tied:
             continue  # some tied checkpoints still store the head; it equals the embedding
-        if local not in params:
+        if local not in targets:
             unexpected.append(name)
             continue
-        target = params[local]
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise CheckpointError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, the config expects {tuple(target.shape)}"
-            )
-        with torch.no_grad():
-            target.copy_(tensor.to(target.dtype))
+        shape, write = targets[local]
+        if shape != tuple(tensor.shape):
+            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, the config expects {shape}")
+        write(tensor)
         seen.add(local)
     missing = sorted(expected - seen)
     if missing or unexpected:

@@ -58,3 +58,16 @@ def test_gdn_slots_zeroed_on_allocate_and_bounded():
     pool.allocate()
     with pytest.raises(OutOfPagesError):
         pool.allocate()
+
+
+def test_readable_is_a_view_for_consecutive_pages_and_a_gather_otherwise():
+    pool = _pool(pages=6)
+    a, b = PageTable(pool, 4), PageTable(pool, 4)
+    a.append(6)                         # pages 0, 1
+    b.append(2)                         # page 2
+    a.append(4)                         # page 3: a's pages are now 0, 1, 3
+    assert a.readable(0, 8) == slice(0, 8)
+    gathered = a.readable(0, 10)
+    assert isinstance(gathered, torch.Tensor)
+    assert gathered.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 12, 13]
+    assert a.readable(8, 10) == slice(12, 14)
