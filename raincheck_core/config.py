@@ -160,12 +160,15 @@ class EngineConfig:
     max_pages_per_session: int = 2048
     max_gdn_slots: int = 64          # sessions with live recurrent state at once
     max_rows_per_step: int = 2048    # the step's row budget (prefill chunking + decode rows)
+    deferred_budget: int = 63        # deferred rows per step riding on decode steps (bounds TPOT growth)
+    recovery_chunk: int = 256        # rows per prefill-only recovery chunk after an answer
     num_threads: int | None = None   # torch intra-op threads; None leaves torch's default
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("page_size", "num_pages", "max_pages_per_session", "max_gdn_slots", "max_rows_per_step"):
+        for name in ("page_size", "num_pages", "max_pages_per_session", "max_gdn_slots", "max_rows_per_step",
+                     "deferred_budget", "recovery_chunk"):
             if getattr(self, name) <= 0:
                 raise InvalidInputError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -24,12 +24,17 @@ class VisualInput:
     `grid_thw` is in vision patches before the spatial merge, as transformers' `image_grid_thw`:
     the span has `t * h * w // merge**2` tokens, row-major over the merged grid, frames in time order.
     `deepstack` holds one `[N, hidden]` tensor per DeepStack level (Qwen3-VL), empty otherwise.
+    `vision_features` (`[N, d_vision]`, last ViT block averaged per merge group) and
+    `attention_received` (per named ViT layer, a length-N score) feed the selectors that use them;
+    without them those selectors fall back to embedding-based proxies (see raincheck_core.pruning).
     """
 
     kind: VisualKind
     embeddings: torch.Tensor
     grid_thw: tuple[int, int, int]
     deepstack: list[torch.Tensor] = field(default_factory=list)
+    vision_features: torch.Tensor | None = None
+    attention_received: dict[str, torch.Tensor] | None = None
 
     def num_tokens(self, merge: int) -> int:
         t, h, w = self.grid_thw

@@ -16,6 +16,7 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
+from ..deferral.policy import DeferralConfig
 from ..errors import InvalidInputError
 from ..inputs import VisualInput
 from ..layers.batch import ForwardBatch
@@ -53,10 +54,12 @@ class Engine:
             self.gdn = GDNStatePool(self.config.max_gdn_slots, cfg.num_gdn_layers, conv_dim,
                                     cfg.linear_conv_kernel, cfg.linear_num_value_heads,
                                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device)
-        self.scheduler = Scheduler(self.config.max_rows_per_step)
+        self.scheduler = Scheduler(self.config.max_rows_per_step, self.config.deferred_budget,
+                                   self.config.recovery_chunk)
         self.runner = ModelRunner(self.model, self.kv, self.gdn)
         self.lock = threading.RLock()
         self.sessions: dict[str, Session] = {}
+        self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -82,17 +85,20 @@ class Engine:
         return cls(model, model_config, config, formatter=formatter, vision=vision)
 
     # ---------------------------------------------------------------- sessions
-    def open_session(self, *, max_pages: int | None = None, session_id: str | None = None) -> Session:
+    def open_session(self, *, max_pages: int | None = None, session_id: str | None = None,
+                     deferral: DeferralConfig | None = None) -> Session:
+        """A new chat session; `deferral` is its policy (default `full`), overridable per turn."""
         limit = max_pages or self.config.max_pages_per_session
         with self.lock:
             seq = Sequence(self.kv, self.gdn, limit)
-            session = Session(self, seq, session_id)
+            session = Session(self, seq, session_id, deferral)
             self.sessions[session.id] = session
         return session
 
     def _forget(self, session: Session) -> None:
         with self.lock:
             self.sessions.pop(session.id, None)
+            self.scheduler.remove_recovering(session.seq)
             session.seq.release()
 
     def stop_token_ids(self) -> set[int]:
@@ -102,10 +108,11 @@ class Engine:
         return ids
 
     # ---------------------------------------------------------------- stepping
-    def step(self) -> bool:
-        """Run one forward over the scheduled rows of all running turns. False when there was no work."""
+    def step(self, only: Sequence | None = None) -> bool:
+        """Run one forward over the scheduled rows of all running turns (and recoveries in the gaps).
+        False when there was no work."""
         with self.lock:
-            work = self.scheduler.schedule()
+            work = self.scheduler.schedule(only)
             if not work:
                 return False
             try:
@@ -113,11 +120,30 @@ class Engine:
             except Exception as e:  # a broken step fails its turns, not the engine
                 log.exception("step failed")
                 for item in work:
-                    item.request.fail(e)
+                    if item.request is not None:
+                        item.request.fail(e)
             for item in work:
-                if item.request.finished:
-                    self.scheduler.remove(item.request)
+                req = item.request
+                if req is not None and req.finished:
+                    self.scheduler.remove(req)
+                    self._answer_done(req)
+                if item.seq is not None and item.seq.recovery is not None and item.seq.recovery.done:
+                    self._recovery_done(item.seq)
             return True
+
+    def _answer_done(self, req: TurnRequest) -> None:
+        rec = req.recovery
+        if rec is not None and req.seq.recovery is rec and not rec.done:
+            rec.mark_answer_done()
+            self.scheduler.add_recovering(req.seq)
+
+    def _recovery_done(self, seq: Sequence) -> None:
+        rec = seq.recovery
+        rec.release()
+        seq.clear_generated()
+        seq.last_recovery_s = rec.completion_s
+        seq.recovery = None
+        self.scheduler.remove_recovering(seq)
 
     def drive(self, request: TurnRequest) -> None:
         """Step until `request` has an event to hand out or has ended."""
@@ -125,6 +151,19 @@ class Engine:
             with self.lock:
                 if not request.events and not request.finished:
                     self.step()
+
+    def complete_recovery(self, seq: Sequence) -> None:
+        """Run `seq`'s deferred rows to the end (the completion barrier), in prefill-only chunks
+        shared with whatever else is running."""
+        while seq.recovery is not None:
+            with self.lock:
+                if seq.recovery is None:
+                    break
+                rec = seq.recovery
+                if not rec.answer_done:       # the answer is still streaming: finish it first
+                    self.step()
+                    continue
+                self.step(only=seq)
 
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()

@@ -15,6 +15,11 @@ class TurnMetrics:
     tpot_s: float                      # mean time per output token after the first
     e2e_s: float                       # turn submitted -> last token sampled
     queue_s: float = 0.0               # waiting before the first row of the turn ran
+    deferred_tokens: int = 0           # visual tokens of this turn's input deferred (D)
+    deferred_pending: int = 0          # of those, still not prefilled when the answer ended
+    tpot_restoring_s: float | None = None   # mean time per token over steps that carried a deferred chunk
+    barrier_wait_s: float = 0.0        # this turn waited for the previous turn's recovery to complete
+    previous_recovery_s: float | None = None  # the previous turn's post-answer completion time
 
 
 @dataclass(frozen=True)

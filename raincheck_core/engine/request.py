@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..deferral.recovery import Recovery
 from ..sampling import Sampler, SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
 from .sequence import Sequence
@@ -21,6 +22,7 @@ class TurnRequest:
     def __init__(
         self, seq: Sequence, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
+        recovery: Recovery | None = None, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
     ):
         self.id = next(_ids)
         self.seq = seq
@@ -31,6 +33,11 @@ class TurnRequest:
         self.decode_text = decode
         self.return_logits = return_logits
         self.turn_end_id = turn_end_id    # the chat template's closing token, for chat-level turns
+        self.recovery = recovery          # this turn's deferred input D, if any
+        self.barrier_wait_s = barrier_wait_s
+        self.previous_recovery_s = previous_recovery_s
+        self.restoring = False            # the current decode step carries a deferred chunk
+        self._restoring_gaps: list[float] = []
         self.cursor = 0                    # input rows already run
         self.generated: list[int] = []
         self.events: deque[TurnEvent] = deque()
@@ -50,15 +57,9 @@ class TurnRequest:
     def input_remaining(self) -> int:
         return len(self.input) - self.cursor
 
-    def next_rows(self, n: int) -> tuple[torch.Tensor | None, torch.Tensor, int]:
-        """(embeds or None for a decode row, positions `[3, n]`, first input index) for the next `n` rows."""
+    def mark_started(self) -> None:
         if self.t_start is None:
             self.t_start = time.perf_counter()
-        if self.decoding:
-            pos = torch.full((3, 1), self.seq.next_position, dtype=torch.long)
-            return None, pos, -1
-        a = self.cursor
-        return self.input.embeds[a:a + n], self.input.positions[:, a:a + n], a
 
     def advance(self, n: int) -> None:
         """Record that `n` rows ran (input rows, or the one decode row)."""
@@ -79,6 +80,8 @@ class TurnRequest:
         """Sample the next token from this step's logits `[vocab]` and emit its event(s)."""
         token = self.sampler(logits)
         now = time.perf_counter()
+        if self.restoring and self.t_last is not None:
+            self._restoring_gaps.append(now - self.t_last)
         self.t_first = self.t_first or now
         self.t_last = now
         self.generated.append(token)
@@ -115,10 +118,15 @@ class TurnRequest:
         end = self.t_last or time.perf_counter()
         first = self.t_first or end
         n = len(self.generated)
+        rec = self.recovery
+        gaps = self._restoring_gaps
         return TurnMetrics(
             prompt_tokens=len(self.input), generated_tokens=n, ttft_s=first - self.t_submit,
             tpot_s=(end - first) / (n - 1) if n > 1 else 0.0, e2e_s=end - self.t_submit,
             queue_s=(self.t_start or end) - self.t_submit,
+            deferred_tokens=rec.total if rec else 0, deferred_pending=rec.pending if rec else 0,
+            tpot_restoring_s=sum(gaps) / len(gaps) if gaps else None,
+            barrier_wait_s=self.barrier_wait_s, previous_recovery_s=self.previous_recovery_s,
         )
 
     def _full_text(self) -> str:

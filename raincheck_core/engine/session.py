@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ..deferral.gdn_join import GDNJoin
+from ..deferral.partition import partition_turn
+from ..deferral.policy import DeferralConfig
+from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError, SessionBusyError, SessionClosedError
 from ..inputs import Message, Prompt
 from ..sampling import SamplingParams
@@ -21,40 +26,80 @@ TurnMessage = Message | Prompt | str | list[int]
 
 
 class Session:
-    def __init__(self, engine: Engine, seq: Sequence, session_id: str | None = None):
+    def __init__(self, engine: Engine, seq: Sequence, session_id: str | None = None,
+                 deferral: DeferralConfig | None = None):
         self.id = session_id or uuid.uuid4().hex
         self.engine = engine
         self.seq = seq
+        self.deferral = deferral or DeferralConfig()
         self.turns = 0
         self.closed = False
         self._current: TurnRequest | None = None
 
     def turn(self, message: TurnMessage, sampling: SamplingParams | None = None, *,
-             return_logits: bool = False) -> TurnStream:
+             deferral: DeferralConfig | None = None, return_logits: bool = False) -> TurnStream:
         """Start a turn. Validation and page reservation happen now (typed errors raise here);
-        iterating the returned stream runs it and yields TokenEvents, then one TurnEnd."""
+        iterating the returned stream runs it and yields TokenEvents, then one TurnEnd.
+
+        `deferral` overrides the session's policy for this turn. If the previous turn's deferred
+        input is still being recovered, this waits for it first (the completion barrier; the wait is
+        reported as `barrier_wait_s`)."""
         if self.closed:
             raise SessionClosedError(f"session {self.id} is closed")
         params = sampling or SamplingParams()
+        cfg = deferral or self.deferral
         engine = self.engine
         with engine.lock:
             if self._current is not None and not self._current.finished:
                 raise SessionBusyError(f"session {self.id} is still running its previous turn")
             prompt, chat_level = self._prompt(message)
             ids = self.seq.pending_ids + prompt.token_ids
-            turn_input = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals,
-                                          self.seq.next_position)
-            # Reserve every page the turn can need now, so it never fails halfway for lack of memory.
-            self.seq.table.reserve(len(turn_input) + params.max_new_tokens)
+            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, self.seq.next_position)
+            parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
+            deferred = len(parts.deferred_rows) if cfg.defers else 0
+            # Reserve every page the turn can need now (D included), so neither the answer nor the
+            # recovery can fail halfway for lack of memory.
+            waited = self._barrier()
+            self.seq.table.reserve(len(parts.keep_rows) + deferred + params.max_new_tokens)
+            turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
+            recovery = None
+            if deferred:
+                join = None
+                if engine.gdn is not None:
+                    join = GDNJoin(engine.gdn, self.seq.gdn_slot, engine.model_config.linear_conv_kernel,
+                                   keep_factors=engine.audit_gdn_join)
+                recovery = Recovery(full.subset(parts.deferred_rows), cfg, join)
+                self.seq.recovery = recovery
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
             decode = engine.formatter.decode if engine.formatter is not None else None
             turn_end = engine.formatter.turn_end_id if chat_level else None
-            request = TurnRequest(self.seq, turn_input, params, stops, decode, return_logits, turn_end)
+            request = TurnRequest(self.seq, turn_input, params, stops, decode, return_logits, turn_end,
+                                  recovery, waited, self.seq.last_recovery_s if self.turns else None)
             self.seq.pending_ids = []
             self._current = request
             self.turns += 1
             engine.scheduler.add(request)
         return TurnStream(self, request)
+
+    def _barrier(self) -> float:
+        """Complete the previous turn's recovery; returns the time waited."""
+        if self.seq.recovery is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.engine.complete_recovery(self.seq)
+        return time.perf_counter() - t0
+
+    def complete_recovery(self) -> float:
+        """Prefill whatever deferred input is left now (normally done in idle gaps or at the next
+        turn's barrier). Returns the time it took."""
+        with self.engine.lock:
+            return self._barrier()
+
+    @property
+    def pending_deferred(self) -> int:
+        """Deferred tokens of the latest turn not yet prefilled."""
+        rec = self.seq.recovery
+        return rec.pending if rec is not None else 0
 
     def _prompt(self, message: TurnMessage) -> tuple[Prompt, bool]:
         """The turn's token-level prompt, and whether it came through the chat template."""
@@ -84,6 +129,7 @@ class Session:
             if req is not None and not req.finished:
                 req.finish("cancelled")
                 self.engine.scheduler.remove(req)
+                self.engine._answer_done(req)
 
     def close(self) -> None:
         """Cancel any running turn and return the session's pages and state slot."""

@@ -26,6 +26,23 @@ class TurnInput:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def subset(self, rows: torch.Tensor) -> TurnInput:
+        """Rows `rows` (ascending) of this input, keeping their positions, with DeepStack re-indexed."""
+        remap = torch.full((len(self),), -1, dtype=torch.long)
+        remap[rows] = torch.arange(len(rows))
+        ds_index = remap[self.deepstack_index.cpu()] if self.deepstack_index.numel() else self.deepstack_index
+        present = ds_index >= 0
+        device = self.embeds.device
+        return TurnInput(
+            token_ids=[self.token_ids[i] for i in rows.tolist()],
+            embeds=self.embeds[rows.to(device)],
+            positions=self.positions[:, rows.to(device)],
+            next_position=self.next_position,
+            layout=self.layout,
+            deepstack_index=ds_index[present],
+            deepstack=[level[present.to(level.device)] for level in self.deepstack],
+        )
+
 
 def build_turn_input(
     model: DecoderLM, cfg: ModelConfig, token_ids: list[int], visuals: list[VisualInput], start: int

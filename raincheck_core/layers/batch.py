@@ -7,6 +7,7 @@ later, a session's deferred chunk next to its own decode row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,8 @@ class Segment:
     to, own slots included, or None when the rows see only themselves, causally (a first prefill: the
     fast path, no gather). `mask` `[n, len(read_slots)]` (True = visible); None = all read slots.
     `gdn_slot`: the GDN state slot these rows read and advance (None for models without GDN).
+    `gdn_hook(layer, u, beta, g, k, v)`: called by each GDN layer after these rows ran (deferred
+    recovery bookkeeping: the join after a deferred chunk, the lead / P_rest update after a decode row).
     """
 
     start: int
@@ -31,6 +34,7 @@ class Segment:
     read_slots: torch.Tensor | slice | None
     mask: torch.Tensor | None = None
     gdn_slot: int | None = None
+    gdn_hook: Callable[..., None] | None = None
 
     @property
     def rows(self) -> slice:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cache.gdn_state import GDNStatePool
 from ..config import ModelConfig
 from ..ops.gdn import causal_conv1d, chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
 from .batch import ForwardBatch
@@ -45,27 +46,36 @@ class GatedDeltaNet(nn.Module):
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
         for seg in batch.segments:
             rows = seg.rows
-            o[rows] = self.mix(u[rows], g[rows], beta[rows], batch, seg.gdn_slot).to(x.dtype)
+            out, k, v = self.mix(u[rows], g[rows], beta[rows], batch.gdn, seg.gdn_slot)
+            o[rows] = out.to(x.dtype)
+            if seg.gdn_hook is not None:    # deferred recovery bookkeeping (deferral/gdn_join.py)
+                seg.gdn_hook(self, u[rows], beta[rows], g[rows], k, v)
         y = self.norm(o, z)
         return self.out_proj(y.reshape(r, self.value_dim))
 
-    def mix(
-        self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, batch: ForwardBatch, slot: int
-    ) -> torch.Tensor:
-        """Conv + recurrence of one sequence's rows from state slot `slot`; advances the slot."""
-        conv_hist = batch.gdn.conv[slot, self.gdn_index]
-        ssm = batch.gdn.ssm[slot, self.gdn_index]
+    def mix(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, pool: GDNStatePool,
+            slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Conv + recurrence of one sequence's rows from state slot `slot`, which it advances.
+        Returns the output `[T, Hv, Dv]` fp32 and the rows' prepared keys and values."""
+        conv_hist = pool.conv[slot, self.gdn_index]
+        ssm = pool.ssm[slot, self.gdn_index]
+        q, k, v, new_hist = self.factors(u, conv_hist)
+        rule = recurrent_gated_delta_rule if u.shape[0] == 1 else chunk_gated_delta_rule
+        out, new_ssm = rule(q, k, v, g, beta, ssm)
+        conv_hist.copy_(new_hist)
+        ssm.copy_(new_ssm)
+        return out, k, v
+
+    def factors(self, u: torch.Tensor, conv_hist: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (fp32, prepared for the delta rule) of pre-conv inputs `u` after `conv_hist`, and
+        the conv history after them."""
         c, new_hist = causal_conv1d(u, self.conv1d.weight[:, 0], conv_hist)
         c = F.silu(c)
         q, k, v = torch.split(c, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         t = c.shape[0]
         q, k = self.prepare_qk(q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk))
-        v = v.reshape(t, self.hv, self.dv).float()
-        rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
-        out, new_ssm = rule(q, k, v, g, beta, ssm)
-        conv_hist.copy_(new_hist)
-        ssm.copy_(new_ssm)
-        return out
+        return q, k, v.reshape(t, self.hv, self.dv).float(), new_hist
 
     def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32, L2-normalised, q scaled by Dk^-1/2, expanded to the value heads (head j uses key head j // r)."""

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import functools
 import io
-import sys
 from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import tiny
+from tests import tiny
 
 torch.set_num_threads(2)
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mm_helpers import IDS, IMAGE, QWEN_TEMPLATE, VIDEO, encoder, png, save_tokenizer
 
 from raincheck_core.errors import InvalidInputError
 from raincheck_core.inputs import Message
 from raincheck_core.multimodal import ChatFormatter, compute_positions
+from tests.multimodal.mm_helpers import IDS, IMAGE, QWEN_TEMPLATE, VIDEO, encoder, png, save_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mm_helpers import IMAGE, VE, VIDEO, VS, model
 
 from raincheck_core.errors import InvalidInputError
 from raincheck_core.inputs import VisualInput
 from raincheck_core.multimodal import compute_positions
+from tests.multimodal.mm_helpers import IMAGE, VE, VIDEO, VS, model
 
 MERGE = 2
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
-from mm_helpers import encoder, model, png, tiny
 from PIL import Image
 
 from raincheck_core.errors import CheckpointError, InvalidInputError
 from raincheck_core.multimodal import VisionEncoder
+from tests.multimodal.mm_helpers import encoder, model, png, tiny
 
 
 def hf_processor(**kw):

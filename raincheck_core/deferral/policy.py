@@ -1,0 +1,51 @@
+"""Deferral policies (MECHANISM.md §1) and their knobs, chosen per session and overridable per turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import InvalidInputError
+
+POLICIES = ("full", "hard", "raincheck", "post_answer")
+CHUNK_SIZES = (7, 15, 31, 63)   # + 1 decode row = 8/16/32/64 rows: fixed shapes for graph capture
+
+
+@dataclass(frozen=True)
+class DeferralConfig:
+    """`full`: every token first. `hard`: unselected visual tokens dropped for good. `raincheck`:
+    deferred, prefilled in chunks fused with decode after `guard` tokens, the rest after the answer.
+    `post_answer`: deferred, prefilled only after the answer. All four use the same selection and the
+    same position ids, so they differ only in what is present and visible."""
+
+    policy: str = "full"
+    selector: str = "divprune"
+    selector_options: dict = field(default_factory=dict)
+    retention: float = 0.3
+    chunk_size: int = 31
+    guard: int = 16
+    fused: bool = True        # False: the chunk and the decode row run as two passes (for comparison)
+
+    def __post_init__(self) -> None:
+        from ..pruning import SELECTORS, keep_count
+
+        if self.policy not in POLICIES:
+            raise InvalidInputError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.selector not in SELECTORS:
+            raise InvalidInputError(f"unknown selector {self.selector!r}; choose one of {', '.join(SELECTORS)}")
+        keep_count(1, self.retention)   # raises InvalidInputError outside (0, 1]
+        if self.chunk_size not in CHUNK_SIZES:
+            raise InvalidInputError(f"chunk_size must be one of {CHUNK_SIZES}, got {self.chunk_size}")
+        if self.guard < 0:
+            raise InvalidInputError(f"guard must be >= 0, got {self.guard}")
+
+    @property
+    def selects(self) -> bool:
+        return self.policy != "full" and self.retention < 1.0
+
+    @property
+    def defers(self) -> bool:
+        return self.selects and self.policy in ("raincheck", "post_answer")
+
+    @property
+    def fuses(self) -> bool:
+        return self.selects and self.policy == "raincheck"

@@ -1,0 +1,70 @@
+"""One turn's deferred input D: what is still to prefill, in source order, and the state it needs.
+
+D is prefilled in chunks fused with the turn's decode steps (raincheck, after the guard), then after
+the answer in larger prefill-only chunks, until none is left; the session's next turn waits for that
+(the completion barrier).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .gdn_join import GDNJoin
+from .policy import DeferralConfig
+
+if TYPE_CHECKING:
+    from ..engine.turn_input import TurnInput
+
+
+class Recovery:
+    def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None):
+        self.rows = rows
+        self.cfg = cfg
+        self.join = join
+        self.cursor = 0
+        self.answer_done = False
+        self.t_answer_end: float | None = None
+        self.t_done: float | None = None
+        self.fused_rows = 0            # rows prefilled inside decode steps
+        self.post_rows = 0             # rows prefilled after the answer
+
+    @property
+    def total(self) -> int:
+        return len(self.rows)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.cursor
+
+    @property
+    def done(self) -> bool:
+        return self.cursor >= self.total
+
+    def fuses_now(self, fed: int) -> bool:
+        """A chunk may ride on a decode step: raincheck policy, past the guard, rows left."""
+        return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done
+
+    def mark_answer_done(self) -> None:
+        self.answer_done = True
+        self.t_answer_end = time.perf_counter()
+
+    def advance(self, n: int) -> None:
+        self.cursor += n
+        if self.answer_done:
+            self.post_rows += n
+        else:
+            self.fused_rows += n
+        if self.done:
+            self.t_done = time.perf_counter()
+
+    @property
+    def completion_s(self) -> float | None:
+        """Time from the answer's end to the last deferred row (0 if D was done before the answer)."""
+        if self.t_done is None:
+            return None
+        return max(0.0, self.t_done - (self.t_answer_end or self.t_done))
+
+    def release(self) -> None:
+        if self.join is not None:
+            self.join.release()
