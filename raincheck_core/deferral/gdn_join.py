@@ -23,20 +23,24 @@ class GDNJoin:
     def __init__(self, pool: GDNStatePool, live_slot: int, kernel: int, keep_factors: bool = False):
         self.pool = pool
         self.live = live_slot
-        self.prefix = pool.allocate()
-        pool.copy(live_slot, self.prefix)          # decoding starts at the insertion boundary
+        self.prefix = pool.allocate()              # at admission, so a full pool fails the turn early
         layers, _, conv_dim = pool.conv.shape[1:]
         heads, dk = pool.ssm.shape[2], pool.ssm.shape[3]
         self.lead = kernel - 1
         self.lead_u = torch.zeros(layers, self.lead, conv_dim, dtype=pool.conv.dtype, device=pool.conv.device)
         self.lead_beta = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.lead_g = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
-        self.s_lead = pool.ssm[live_slot].clone()
+        self.s_lead = torch.zeros_like(pool.ssm[live_slot])
         self.p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
         self.fed = 0                                # generated tokens run on the live path so far
         # (k, v, g, beta) of every token folded into P_rest, per layer, for audits and tests
         self.factors: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(layers)] \
             if keep_factors else None
+
+    def begin(self) -> None:
+        """The turn's I0 is prefilled: the live state is the insertion boundary (input-end insertion)."""
+        self.pool.copy(self.live, self.prefix)
+        self.s_lead.copy_(self.pool.ssm[self.live])
 
     def after_generated(self, layer, u: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                         k: torch.Tensor, v: torch.Tensor) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from .gdn_join import GDNJoin
 from .policy import DeferralConfig
 
@@ -23,6 +25,7 @@ class Recovery:
         self.cfg = cfg
         self.join = join
         self.cursor = 0
+        self.slots: list[torch.Tensor] = []   # KV slots each processed chunk wrote, in order (pages to ship)
         self.answer_done = False
         self.t_answer_end: float | None = None
         self.t_done: float | None = None

@@ -71,6 +71,8 @@ class TurnRequest:
             self.cursor += n
             if self.decoding:
                 self.seq.next_position = self.input.next_position
+                if self.recovery is not None and self.recovery.join is not None:
+                    self.recovery.join.begin()
 
     @property
     def last_token(self) -> int:

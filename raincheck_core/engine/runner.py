@@ -97,8 +97,13 @@ class ModelRunner:
         first = rec.cursor
         slot = rec.join.prefix if rec.join is not None else None
         hook = rec.join.after_chunk if rec.join is not None else None
-        return _input_piece(rec.rows, first, n, deferred=True, after=lambda: rec.advance(n),
-                            segment=lambda row: seq.add_deferred_rows(row, n, slot, hook))
+
+        def segment(row: int) -> Segment:
+            seg = seq.add_deferred_rows(row, n, slot, hook)
+            rec.slots.append(seg.write_slots)
+            return seg
+
+        return _input_piece(rec.rows, first, n, deferred=True, after=lambda: rec.advance(n), segment=segment)
 
     # ---------------------------------------------------------------- one forward
     def _forward(self, pieces: list[Piece]) -> None:

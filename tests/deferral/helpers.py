@@ -1,0 +1,69 @@
+"""Shared setup of the deferral tests: an image turn, its I0/D split, and transformers references."""
+
+from __future__ import annotations
+
+import torch
+
+from raincheck_core import Engine, Prompt
+from raincheck_core.deferral.partition import partition_turn
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.turn_input import TurnInput, build_turn_input
+from tests.engine.reference import image_tokens, random_visual
+
+GRID = (1, 8, 12)            # 24 visual tokens; at r = 0.3, 8 kept and 16 deferred
+
+
+def image_prompt(engine: Engine, seed: int = 0, grid: tuple[int, int, int] = GRID) -> Prompt:
+    visual = random_visual("image", grid, engine.model_config.hidden_size, engine.model_config.deepstack_levels,
+                           seed=seed)
+    return Prompt([5, 6, *image_tokens(grid), 7, 8, 9], [visual])
+
+
+def split(engine: Engine, prompt: Prompt, cfg: DeferralConfig, start: int = 0) -> tuple[TurnInput, TurnInput]:
+    """(I0, D) exactly as the engine builds them."""
+    full = build_turn_input(engine.model, engine.model_config, prompt.token_ids, prompt.visuals, start)
+    parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
+    return full.subset(parts.keep_rows), full.subset(parts.deferred_rows)
+
+
+def concat(*inputs: TurnInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Rows of several inputs one after another: embeds, positions, DeepStack rows and features."""
+    embeds = torch.cat([i.embeds for i in inputs])
+    positions = torch.cat([i.positions for i in inputs], dim=1)
+    offset, rows, feats = 0, [], []
+    for i in inputs:
+        if i.deepstack:
+            rows.append(i.deepstack_index + offset)
+            feats.append(i.deepstack)
+        offset += len(i)
+    if not rows:
+        return embeds, positions, torch.empty(0, dtype=torch.long), []
+    return embeds, positions, torch.cat(rows), [torch.cat(level) for level in zip(*feats, strict=True)]
+
+
+def token_rows(engine: Engine, ids: list[int], position: int) -> TurnInput:
+    """Text rows at consecutive positions from `position` (generated tokens, a later turn); any id is
+    text here, even one a random model sampled that happens to be a placeholder id."""
+    with torch.no_grad():
+        embeds = engine.model.embed_tokens(torch.tensor(ids))
+    positions = torch.arange(position, position + len(ids)).expand(3, -1)
+    return TurnInput(list(ids), embeds, positions, position + len(ids), None, torch.empty(0, dtype=torch.long), [])
+
+
+def hf_forward(hf, embeds, positions, ds_rows, ds_feats, cache=None) -> torch.Tensor:
+    """transformers' text decoder over the given rows in the given order; logits `[T, vocab]`."""
+    lm = hf.model.language_model
+    kwargs = {}
+    if ds_feats:
+        mask = torch.zeros(embeds.shape[0], dtype=torch.bool)
+        mask[ds_rows] = True
+        order = torch.argsort(ds_rows)       # transformers takes features in row order
+        kwargs = dict(visual_pos_masks=mask[None], deepstack_visual_embeds=[f[order] for f in ds_feats])
+    with torch.no_grad():
+        out = lm(inputs_embeds=embeds[None], position_ids=positions[:, None], past_key_values=cache,
+                 use_cache=cache is not None, **kwargs)
+        return hf.lm_head(out.last_hidden_state)[0].float()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
