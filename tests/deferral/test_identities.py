@@ -158,3 +158,22 @@ def test_hard_turn_two_never_sees_d_and_barrier_makes_post_answer_see_all(engine
                 assert end.metrics.barrier_wait_s > 0
                 assert end.metrics.previous_recovery_s is not None
             session.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_raincheck_turn_two_waits_at_the_barrier_then_sees_every_token(engines, family):
+    _, engine = engines[family]
+    prompt = image_prompt(engine, seed=7)
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+    session = engine.open_session(deferral=cfg)
+    first = session.turn(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    assert first.metrics.deferred_pending == 9 and session.pending_deferred == 9
+    stream = session.turn(Prompt([11, 12]), SamplingParams(max_new_tokens=2, ignore_eos=True))
+    assert session.pending_deferred == 0                      # the barrier ran before admission
+    # every input token of turn 1 (I0 and all of D) and its 3 fed answer tokens
+    assert session.cached_tokens == len(prompt.token_ids) + 3
+    assert not session.seq._generated.any()                   # no slot is hidden any more
+    end = stream.result()
+    assert session.cached_tokens == len(prompt.token_ids) + 3 + 3 + 1   # + y4, turn 2, one answer token
+    assert end.metrics.barrier_wait_s > 0 and end.metrics.previous_recovery_s is not None
+    session.close()

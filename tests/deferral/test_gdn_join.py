@@ -1,0 +1,67 @@
+"""The engine's GDN join against token-by-token re-application of the recorded suffix factors
+(fp32, ≤ 1e-5 relative), over several chunks — one shorter than the conv lead — and joins after the
+answer. A transposed join must fail the same check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core import Engine, SamplingParams
+from raincheck_core.deferral import gdn_join
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.ops.gdn import recurrent_gated_delta_rule
+from tests.deferral.helpers import image_prompt, rel_err
+
+
+def _joined_vs_reapplied(engine: Engine, monkeypatch) -> float:
+    """Worst relative error over GDN layers between the joined live state and S_lead' with the
+    recorded suffix re-applied token by token, captured when the recovery completes."""
+    snapshots = []
+    release = gdn_join.GDNJoin.release
+
+    def spy(self):
+        if self.prefix is not None:
+            snapshots.append((self.s_lead.clone(), self.pool.ssm[self.live].clone(), self.factors))
+        release(self)
+
+    monkeypatch.setattr(gdn_join.GDNJoin, "release", spy)
+    engine.audit_gdn_join = True
+    # 16 deferred tokens, chunks of 7: 7 + 7 ride on the steps feeding y4, y5 (guard 3), then 2 after
+    # the answer (a chunk shorter than the 3-token lead)
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=3, chunk_size=7)
+    session = engine.open_session(deferral=cfg)
+    end = session.turn(image_prompt(engine, seed=11), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
+    assert end.metrics.deferred_pending == 2
+    session.complete_recovery()
+    session.close()
+    engine.audit_gdn_join = False
+    (s_lead, live, factors), = snapshots
+    worst = 0.0
+    for layer, recorded in enumerate(factors):
+        assert len(recorded) == 5 - 3          # y1..y5 were fed; those after the 3-token lead
+        k, v, g, beta = (torch.cat(parts) for parts in zip(*recorded, strict=True))
+        _, reapplied = recurrent_gated_delta_rule(k, k, v, g, beta, s_lead[layer])
+        worst = max(worst, rel_err(live[layer], reapplied))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoints):
+    """Slow decays (as trained models have on many heads): with transformers' random init the state
+    forgets within a token or two, P_rest ≈ 0, and no join — right or wrong — would matter."""
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    with torch.no_grad():
+        for layer in engine.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.A_log.fill_(-4.0)
+    return engine
+
+
+def test_join_equals_token_by_token_reapplication(engine, monkeypatch):
+    assert _joined_vs_reapplied(engine, monkeypatch) <= 1e-5
+
+
+def test_transposed_join_fails_the_same_check(engine, monkeypatch):
+    monkeypatch.setattr(gdn_join, "join_state", lambda s, p, d: s + torch.bmm(d, p))   # ΔS·P: wrong side
+    assert _joined_vs_reapplied(engine, monkeypatch) > 1e-3
