@@ -39,6 +39,11 @@ class DeferralConfig:
             raise InvalidInputError(f"guard must be >= 0, got {self.guard}")
 
     @property
+    def needs_vision_signals(self) -> bool:
+        """Selectors that read the vision tower's attention or features (pruning/*.py say which)."""
+        return self.selects and self.selector in ("mmtok", "hiprune", "visionzip")
+
+    @property
     def selects(self) -> bool:
         return self.policy != "full" and self.retention < 1.0
 

@@ -52,7 +52,7 @@ class Session:
         with engine.lock:
             if self._current is not None and not self._current.finished:
                 raise SessionBusyError(f"session {self.id} is still running its previous turn")
-            prompt, chat_level = self._prompt(message)
+            prompt, chat_level = self._prompt(message, cfg)
             ids = self.seq.pending_ids + prompt.token_ids
             full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, self.seq.next_position)
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
@@ -101,7 +101,7 @@ class Session:
         rec = self.seq.recovery
         return rec.pending if rec is not None else 0
 
-    def _prompt(self, message: TurnMessage) -> tuple[Prompt, bool]:
+    def _prompt(self, message: TurnMessage, cfg: DeferralConfig) -> tuple[Prompt, bool]:
         """The turn's token-level prompt, and whether it came through the chat template."""
         if isinstance(message, Prompt):
             return message, False
@@ -114,11 +114,14 @@ class Session:
             message = Message(text=message)
         if (message.images or message.videos) and self.engine.vision is None:
             raise InvalidInputError("this model has no vision tower: images and videos cannot be used")
-        cfg = self.engine.model_config
+        mc = self.engine.model_config
+        vision = self.engine.vision
+        if vision is not None:
+            vision.collect_selection_signals = cfg.needs_vision_signals
         prompt = formatter.build_prompt(
-            message, first_turn=self.turns == 0, vision=self.engine.vision,
-            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
-            vision_start_id=cfg.vision_start_token_id, vision_end_id=cfg.vision_end_token_id,
+            message, first_turn=self.turns == 0, vision=vision,
+            image_token_id=mc.image_token_id, video_token_id=mc.video_token_id,
+            vision_start_id=mc.vision_start_token_id, vision_end_id=mc.vision_end_token_id,
         )
         return prompt, True
 

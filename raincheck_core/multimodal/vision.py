@@ -12,6 +12,7 @@ import io
 import json
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from PIL import Image
 
 from ..errors import CheckpointError, InvalidInputError, UnsupportedModelError
 from ..inputs import VisualInput
+from ..pruning.vit_attention import merge_group_mean, record_attention_received
 
 ImageLike = Image.Image | bytes | bytearray | str | Path
 
@@ -59,6 +61,9 @@ class VisionEncoder:
         self.patch_size = patch_size
         self.temporal_patch_size = temporal_patch_size
         self.deepstack_levels = len(getattr(model.config, "deepstack_visual_indexes", None) or [])
+        # Also return what attention- and feature-based selectors read (ViT attention received, last
+        # block features); off unless the turn's selector needs them: it costs two attention passes.
+        self.collect_selection_signals = False
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
 
@@ -166,13 +171,19 @@ class VisionEncoder:
 
     @torch.inference_mode()
     def _encode(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str) -> list[VisualInput]:
-        out = self.model(pixels.to(self.device, self.dtype), grid_thw=grids.to(self.device), return_dict=True)
         sizes = (grids.prod(-1) // self.merge**2).tolist()
+        with record_attention_received(self.model) if self.collect_selection_signals else nullcontext({}) as scores:
+            out = self.model(pixels.to(self.device, self.dtype), grid_thw=grids.to(self.device), return_dict=True)
         embeds = torch.split(out.pooler_output, sizes)
         levels = [torch.split(f, sizes) for f in (getattr(out, "deepstack_features", None) or [])]
+        features = per_item_scores = None
+        if self.collect_selection_signals:
+            features = torch.split(merge_group_mean(out.last_hidden_state.float(), self.merge), sizes)
+            per_item_scores = {name: torch.split(v, sizes) for name, v in scores.items()}
         return [
-            VisualInput(kind, embeds[i], tuple(int(x) for x in grids[i].tolist()),
-                        [level[i] for level in levels])
+            VisualInput(kind, embeds[i], tuple(int(x) for x in grids[i].tolist()), [level[i] for level in levels],
+                        vision_features=features[i] if features is not None else None,
+                        attention_received={n: v[i] for n, v in per_item_scores.items()} if per_item_scores else None)
             for i in range(len(sizes))
         ]
 

@@ -35,3 +35,38 @@ def test_explicit_selection_out_of_range_leaks_nothing(tiny_checkpoints):
     assert end.metrics.deferred_tokens == 16
     session.close()
     assert engine.pool_stats().free_pages == free_pages and engine.gdn.free_slots == free_slots
+
+
+@pytest.mark.parametrize("selector", ["mmtok", "hiprune", "visionzip", "divprune", "query_topk", "random"])
+def test_every_selector_runs_through_the_vision_tower(tiny_checkpoints, tmp_path, selector):
+    """Selectors that need ViT attention or features get them from the tower (no fallback)."""
+    import shutil
+
+    from raincheck_core import Message
+    from raincheck_core.pruning import base
+    from tests.multimodal.mm_helpers import QWEN_TEMPLATE, png, save_tokenizer
+
+    folder = shutil.copytree(tiny_checkpoints["qwen3_vl"][1], tmp_path / "ckpt")
+    save_tokenizer(folder, QWEN_TEMPLATE)
+    engine = Engine.from_pretrained(folder)
+    seen = []
+    original = base.Selector.select
+
+    def spy(self, ctx, keep):
+        seen.append((ctx.vision_features is not None, ctx.attention_received is not None))
+        out = original(self, ctx, keep)
+        seen.append(self.fallback_used)
+        return out
+
+    base.Selector.select = spy
+    try:
+        session = engine.open_session(deferral=DeferralConfig("raincheck", selector=selector, guard=0, chunk_size=7))
+        end = session.turn(Message("what is this ?", images=[png(96, 64)]), SamplingParams(max_new_tokens=3)).result()
+    finally:
+        base.Selector.select = original
+    assert end.metrics.deferred_tokens > 0
+    has_features, has_attention = seen[0]
+    assert has_features == has_attention == (selector in ("mmtok", "hiprune", "visionzip"))
+    if selector in ("mmtok", "hiprune", "visionzip"):
+        assert seen[1] is None          # the real signals were used, no proxy
+    session.close()
