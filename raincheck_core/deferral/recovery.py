@@ -27,6 +27,7 @@ class Recovery:
         self.cursor = 0
         self.slots: list[torch.Tensor] = []   # KV slots each processed chunk wrote, in order (pages to ship)
         self.answer_done = False
+        self.handed_off = False        # a deferred worker is prefilling the rest (deferral/handoff.py)
         self.t_answer_end: float | None = None
         self.t_done: float | None = None
         self.fused_rows = 0            # rows prefilled inside decode steps

@@ -163,6 +163,9 @@ class Engine:
                 if not rec.answer_done:       # the answer is still streaming: finish it first
                     self.step()
                     continue
+                if rec.handed_off:            # nobody applied the deferred worker's result: do it here
+                    log.warning("recovery handed off but not applied; finishing it locally")
+                    rec.handed_off = False
                 self.step(only=seq)
 
     def pool_stats(self) -> PoolStats:

@@ -75,7 +75,7 @@ class Scheduler:
         for seq in self.recovering:
             if gap <= 0:
                 break
-            if only is not None and seq is not only:
+            if (only is not None and seq is not only) or seq.recovery.handed_off:
                 continue
             n = min(seq.recovery.pending, self.recovery_chunk, gap)
             work.append(Work(recovery=seq.recovery, deferred=n, seq=seq))
