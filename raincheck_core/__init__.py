@@ -1,6 +1,7 @@
 """Raincheck Serve's engine library: models, cache, deferred multimodal prefill. No gRPC, Ray or Redis."""
 
 from .config import EngineConfig, ModelConfig
+from .deferral.policy import DeferralConfig
 from .engine import Engine, Session, TokenEvent, TurnEnd, TurnMetrics
 from .errors import (
     CheckpointError,
@@ -15,7 +16,7 @@ from .inputs import Message, Prompt, VisualInput
 from .sampling import SamplingParams
 
 __all__ = [
-    "CheckpointError", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
+    "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
     "OutOfPagesError", "Prompt", "RaincheckError", "SamplingParams", "Session", "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
 ]
