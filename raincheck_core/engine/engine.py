@@ -60,6 +60,7 @@ class Engine:
         self.lock = threading.RLock()
         self.sessions: dict[str, Session] = {}
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
+        self._background: tuple[threading.Thread, threading.Event] | None = None
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -167,6 +168,29 @@ class Engine:
                     log.warning("recovery handed off but not applied; finishing it locally")
                     rec.handed_off = False
                 self.step(only=seq)
+
+    def start_background(self, idle_wait_s: float = 0.02) -> None:
+        """Step in a daemon thread whenever there is work nobody is waiting for — chiefly post-answer
+        recovery in the gaps between turns. Consumers keep driving their own turns as before."""
+        if self._background is not None:
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                if not (self.scheduler.has_work() and self.step()):
+                    stop.wait(idle_wait_s)
+
+        thread = threading.Thread(target=loop, name="raincheck-engine-steps", daemon=True)
+        self._background = (thread, stop)
+        thread.start()
+
+    def stop_background(self) -> None:
+        if self._background is not None:
+            thread, stop = self._background
+            stop.set()
+            thread.join()
+            self._background = None
 
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()

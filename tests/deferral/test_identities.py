@@ -177,3 +177,21 @@ def test_raincheck_turn_two_waits_at_the_barrier_then_sees_every_token(engines, 
     assert session.cached_tokens == len(prompt.token_ids) + 3 + 3 + 1   # + y4, turn 2, one answer token
     assert end.metrics.barrier_wait_s > 0 and end.metrics.previous_recovery_s is not None
     session.close()
+
+
+def test_background_steps_finish_recovery_in_the_idle_gap(engines):
+    import time
+
+    _, engine = engines["qwen3_5"]
+    session = engine.open_session(deferral=DeferralConfig("post_answer", selector="uniform"))
+    session.turn(image_prompt(engine, seed=8), SamplingParams(max_new_tokens=2)).result()
+    assert session.pending_deferred == 16
+    engine.start_background()
+    try:
+        deadline = time.monotonic() + 30
+        while session.pending_deferred and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.stop_background()
+    assert session.pending_deferred == 0 and session.seq.last_recovery_s is not None
+    session.close()
