@@ -91,6 +91,8 @@ class Engine:
         """A new chat session; `deferral` is its policy (default `full`), overridable per turn."""
         limit = max_pages or self.config.max_pages_per_session
         with self.lock:
+            if session_id is not None and session_id in self.sessions:
+                raise InvalidInputError(f"a session with id {session_id!r} already exists")
             seq = Sequence(self.kv, self.gdn, limit)
             session = Session(self, seq, session_id, deferral)
             self.sessions[session.id] = session

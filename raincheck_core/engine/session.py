@@ -44,15 +44,15 @@ class Session:
         `deferral` overrides the session's policy for this turn. If the previous turn's deferred
         input is still being recovered, this waits for it first (the completion barrier; the wait is
         reported as `barrier_wait_s`)."""
-        if self.closed:
-            raise SessionClosedError(f"session {self.id} is closed")
         params = sampling or SamplingParams()
         cfg = deferral or self.deferral
         engine = self.engine
+        self._check_idle()
+        # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
+        # stepping meanwhile. Only one turn of this session can get past the re-check below.
+        prompt, chat_level = self._prompt(message, cfg)
         with engine.lock:
-            if self._current is not None and not self._current.finished:
-                raise SessionBusyError(f"session {self.id} is still running its previous turn")
-            prompt, chat_level = self._prompt(message, cfg)
+            self._check_idle()
             ids = self.seq.pending_ids + prompt.token_ids
             full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, self.seq.next_position)
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
@@ -80,6 +80,23 @@ class Session:
             self.turns += 1
             engine.scheduler.add(request)
         return TurnStream(self, request)
+
+    def _check_idle(self) -> None:
+        if self.closed:
+            raise SessionClosedError(f"session {self.id} is closed")
+        if self.busy:
+            raise SessionBusyError(f"session {self.id} is still running its previous turn")
+
+    @property
+    def busy(self) -> bool:
+        """A turn of this session is running (its answer is still streaming)."""
+        return self._current is not None and not self._current.finished
+
+    @property
+    def deferred_total(self) -> int:
+        """Deferred tokens of the latest turn's input (0 when nothing was deferred or all is done)."""
+        rec = self.seq.recovery
+        return rec.total if rec is not None else 0
 
     def _barrier(self) -> float:
         """Complete the previous turn's recovery; returns the time waited."""
@@ -115,11 +132,9 @@ class Session:
         if (message.images or message.videos) and self.engine.vision is None:
             raise InvalidInputError("this model has no vision tower: images and videos cannot be used")
         mc = self.engine.model_config
-        vision = self.engine.vision
-        if vision is not None:
-            vision.collect_selection_signals = cfg.needs_vision_signals
         prompt = formatter.build_prompt(
-            message, first_turn=self.turns == 0, vision=vision,
+            message, first_turn=self.turns == 0, vision=self.engine.vision,
+            selection_signals=cfg.needs_vision_signals,
             image_token_id=mc.image_token_id, video_token_id=mc.video_token_id,
             vision_start_id=mc.vision_start_token_id, vision_end_id=mc.vision_end_token_id,
         )

@@ -96,8 +96,9 @@ class ChatFormatter:
 
     def build_prompt(self, message: Message, *, first_turn: bool, vision: VisionEncoder | None,
                      image_token_id: int | None, video_token_id: int | None, vision_start_id: int | None,
-                     vision_end_id: int | None) -> Prompt:
-        """Render, encode the visuals, expand each placeholder to its visual tokens, tokenize."""
+                     vision_end_id: int | None, selection_signals: bool = False) -> Prompt:
+        """Render, encode the visuals, expand each placeholder to its visual tokens, tokenize.
+        `selection_signals`: the encoder also returns what attention-based selectors read."""
         if not isinstance(message.text, str):
             raise InvalidInputError(f"message text must be a string, got {type(message.text).__name__}")
         has_visuals = bool(message.images or message.videos)
@@ -114,8 +115,9 @@ class ChatFormatter:
                 raise InvalidInputError(f"message text contains the reserved token {reserved!r}")
         text = self.render_turn(message, first_turn=first_turn, image_pad=image_pad, video_pad=video_pad,
                                 vision_start=vs, vision_end=ve)
-        images = vision.encode_images(message.images) if message.images else []
-        videos = [(vision.encode_video(frames), len(frames)) for frames in message.videos]
+        signals = selection_signals
+        images = vision.encode_images(message.images, signals=signals) if message.images else []
+        videos = [(vision.encode_video(frames, signals=signals), len(frames)) for frames in message.videos]
         expanded, visuals = self._expand(text, images, videos, vision, image_pad, video_pad, vs, ve)
         return Prompt(self.encode(expanded), visuals)
 

@@ -61,9 +61,6 @@ class VisionEncoder:
         self.patch_size = patch_size
         self.temporal_patch_size = temporal_patch_size
         self.deepstack_levels = len(getattr(model.config, "deepstack_visual_indexes", None) or [])
-        # Also return what attention- and feature-based selectors read (ViT attention received, last
-        # block features); off unless the turn's selector needs them: it costs two attention passes.
-        self.collect_selection_signals = False
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
 
@@ -109,12 +106,12 @@ class VisionEncoder:
         return out["pixel_values"], out["image_grid_thw"]
 
     def encode_images(self, images: Sequence[ImageLike], *, min_pixels: int | None = None,
-                      max_pixels: int | None = None) -> list[VisualInput]:
+                      max_pixels: int | None = None, signals: bool = False) -> list[VisualInput]:
         """One `VisualInput` per image (all images run through the tower in one batch)."""
         if not images:
             return []
         pixels, grids = self.preprocess_images(images, min_pixels=min_pixels, max_pixels=max_pixels)
-        return self._encode(pixels, grids, "image")
+        return self._encode(pixels, grids, "image", signals)
 
     # -- videos -----------------------------------------------------------------------------------------
 
@@ -152,9 +149,10 @@ class VisionEncoder:
         pixels = per_frame.view(gt, tp, gh * gw, 3, p * p).permute(0, 2, 3, 1, 4).reshape(gt * gh * gw, -1)
         return pixels.contiguous(), torch.tensor([[gt, gh, gw]])
 
-    def encode_video(self, frames: Sequence[ImageLike], *, max_pixels: int | None = None) -> VisualInput:
+    def encode_video(self, frames: Sequence[ImageLike], *, max_pixels: int | None = None,
+                     signals: bool = False) -> VisualInput:
         pixels, grid = self.preprocess_video(frames, max_pixels=max_pixels)
-        return self._encode(pixels, grid, "video")[0]
+        return self._encode(pixels, grid, "video", signals)[0]
 
     def video_timestamps(self, num_frames: int, fps: float | None = None) -> list[float]:
         """Seconds per temporal patch, as transformers' Qwen3VLProcessor writes them (`<{t:.1f} seconds>`).
@@ -170,14 +168,17 @@ class VisionEncoder:
     # -- tower ------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _encode(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str) -> list[VisualInput]:
+    def _encode(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str, signals: bool = False
+                ) -> list[VisualInput]:
+        """`signals`: also return what attention- and feature-based selectors read (ViT attention
+        received, last-block features); it costs two extra attention passes, so only on request."""
         sizes = (grids.prod(-1) // self.merge**2).tolist()
-        with record_attention_received(self.model) if self.collect_selection_signals else nullcontext({}) as scores:
+        with record_attention_received(self.model) if signals else nullcontext({}) as scores:
             out = self.model(pixels.to(self.device, self.dtype), grid_thw=grids.to(self.device), return_dict=True)
         embeds = torch.split(out.pooler_output, sizes)
         levels = [torch.split(f, sizes) for f in (getattr(out, "deepstack_features", None) or [])]
         features = per_item_scores = None
-        if self.collect_selection_signals:
+        if signals:
             features = torch.split(merge_group_mean(out.last_hidden_state.float(), self.merge), sizes)
             per_item_scores = {name: torch.split(v, sizes) for name, v in scores.items()}
         return [

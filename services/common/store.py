@@ -1,0 +1,197 @@
+"""What must outlive one process: worker registrations, session records, turn logs, image blobs.
+
+`Store` is the interface; `MemoryStore` (here) serves the embedded default, in one process, and
+`RedisStore` (redis_store.py) is shared by several frontends and workers. Key schema: docs/services.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class WorkerInfo:
+    """A decode worker as registered: where to reach it and how loaded it is."""
+
+    worker_id: str
+    address: str
+    model: str
+    recovery_modes: list[str]
+    sessions: int = 0
+    active_turns: int = 0
+    free_pages: int = 0
+    total_pages: int = 0
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    owner: str                 # the creating API key's id ("" without auth)
+    model: str
+    worker_id: str             # the worker holding its cache (affinity)
+    deferral: dict             # DeferralSettings as a JSON object (the worker's effective settings)
+    recovery_mode: str         # colocated | disaggregated
+    created_at: float = field(default_factory=time.time)
+    closed: bool = False
+    turns: int = 0             # length of its turn log (filled on read)
+
+
+@dataclass
+class TurnRecord:
+    """One completed turn: the message by content (images by hash; their bytes are blobs) and the answer."""
+
+    text: str
+    images: list[str]                  # sha256 hex of each image's bytes
+    videos: list[list[str]]            # per video, sha256 hex of each frame
+    answer_token_ids: list[int]
+    answer_text: str
+    finish_reason: str
+    created_at: float = field(default_factory=time.time)
+
+
+class Store(Protocol):
+    def register_worker(self, info: WorkerInfo, ttl_s: float) -> None:
+        """Create or refresh a registration; it lapses `ttl_s` after the last call."""
+
+    def remove_worker(self, worker_id: str) -> None: ...
+
+    def workers(self) -> list[WorkerInfo]:
+        """Live registrations."""
+
+    def worker(self, worker_id: str) -> WorkerInfo | None: ...
+
+    def create_session(self, record: SessionRecord) -> None: ...
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        """The record (closed ones too, for a while), with `turns` filled; None if unknown or expired."""
+
+    def set_session_worker(self, session_id: str, worker_id: str) -> None: ...
+
+    def close_session(self, session_id: str) -> None:
+        """Mark closed and drop the turn log; the record lingers so later calls can say it was closed."""
+
+    def append_turn(self, session_id: str, turn: TurnRecord) -> int:
+        """Log a completed turn and refresh the session's expiry; returns the number of turns."""
+
+    def turns(self, session_id: str) -> list[TurnRecord]: ...
+
+    def put_blob(self, data: bytes) -> str:
+        """Store bytes by content; returns their sha256 hex."""
+
+    def blob(self, digest: str) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class MemoryStore:
+    """The in-process `Store`: same semantics as RedisStore, expiry included."""
+
+    def __init__(self, session_ttl_s: float = 86400.0, closed_ttl_s: float = 3600.0):
+        self.session_ttl_s = session_ttl_s
+        self.closed_ttl_s = closed_ttl_s
+        self._lock = threading.Lock()
+        self._workers: dict[str, tuple[WorkerInfo, float]] = {}
+        self._sessions: dict[str, tuple[SessionRecord, float]] = {}
+        self._turns: dict[str, list[TurnRecord]] = {}
+        self._blobs: dict[str, tuple[bytes, float]] = {}
+
+    def register_worker(self, info: WorkerInfo, ttl_s: float) -> None:
+        with self._lock:
+            self._workers[info.worker_id] = (info, time.monotonic() + ttl_s)
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    def workers(self) -> list[WorkerInfo]:
+        now = time.monotonic()
+        with self._lock:
+            return [info for info, expiry in self._workers.values() if expiry > now]
+
+    def worker(self, worker_id: str) -> WorkerInfo | None:
+        entry = self._workers.get(worker_id)
+        return entry[0] if entry is not None and entry[1] > time.monotonic() else None
+
+    def create_session(self, record: SessionRecord) -> None:
+        with self._lock:
+            self._sweep()
+            self._sessions[record.session_id] = (dataclasses.replace(record), time.monotonic() + self.session_ttl_s)
+            self._turns[record.session_id] = []
+
+    def _sweep(self) -> None:
+        """Forget what has expired (Redis does this by itself)."""
+        now = time.monotonic()
+        for sid in [sid for sid, (_, expiry) in self._sessions.items() if expiry <= now]:
+            del self._sessions[sid]
+            self._turns.pop(sid, None)
+        for key in [key for key, (_, expiry) in self._blobs.items() if expiry <= now]:
+            del self._blobs[key]
+
+    def _live(self, session_id: str) -> SessionRecord | None:
+        entry = self._sessions.get(session_id)
+        return entry[0] if entry is not None and entry[1] > time.monotonic() else None
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        with self._lock:
+            record = self._live(session_id)
+            if record is None:
+                return None
+            return dataclasses.replace(record, turns=len(self._turns.get(session_id, [])))
+
+    def set_session_worker(self, session_id: str, worker_id: str) -> None:
+        with self._lock:
+            record = self._live(session_id)
+            if record is not None:
+                record.worker_id = worker_id
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            record = self._live(session_id)
+            if record is not None:
+                record.closed = True
+                self._sessions[session_id] = (record, time.monotonic() + self.closed_ttl_s)
+                self._turns.pop(session_id, None)
+
+    def append_turn(self, session_id: str, turn: TurnRecord) -> int:
+        with self._lock:
+            log = self._turns.setdefault(session_id, [])
+            log.append(turn)
+            record = self._live(session_id)
+            if record is not None:
+                self._sessions[session_id] = (record, time.monotonic() + self.session_ttl_s)
+            return len(log)
+
+    def turns(self, session_id: str) -> list[TurnRecord]:
+        with self._lock:
+            return list(self._turns.get(session_id, []))
+
+    def put_blob(self, data: bytes) -> str:
+        key = digest(data)
+        with self._lock:
+            self._blobs[key] = (data, time.monotonic() + self.session_ttl_s)
+        return key
+
+    def blob(self, digest: str) -> bytes | None:
+        entry = self._blobs.get(digest)
+        return entry[0] if entry is not None and entry[1] > time.monotonic() else None
+
+    def close(self) -> None:
+        pass
+
+
+def make_store(redis_url: str | None, prefix: str = "raincheck:", session_ttl_s: float = 86400.0) -> Store:
+    """A RedisStore at `redis_url`, or the in-process MemoryStore without one."""
+    if redis_url:
+        from .redis_store import RedisStore
+
+        return RedisStore(redis_url, prefix, session_ttl_s)
+    return MemoryStore(session_ttl_s)

@@ -1,0 +1,94 @@
+"""Protobuf messages <-> engine objects, and engine errors -> gRPC status codes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+
+from raincheck_client._gen import chat_pb2
+from raincheck_core import (
+    InvalidInputError,
+    Message,
+    OutOfPagesError,
+    RaincheckError,
+    SamplingParams,
+    SessionBusyError,
+    SessionClosedError,
+    TurnEnd,
+    TurnMetrics,
+)
+from raincheck_core.deferral.policy import DeferralConfig
+
+_STATUS: list[tuple[type[RaincheckError], grpc.StatusCode]] = [
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (OutOfPagesError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SessionBusyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (SessionClosedError, grpc.StatusCode.NOT_FOUND),
+]
+MODES = {"colocated": chat_pb2.RECOVERY_MODE_COLOCATED, "disaggregated": chat_pb2.RECOVERY_MODE_DISAGGREGATED}
+MODE_NAMES = {v: k for k, v in MODES.items()}
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    for cls, code in _STATUS:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def to_message(m: chat_pb2.UserMessage) -> Message:
+    return Message(text=m.text, images=[bytes(i) for i in m.images],
+                   videos=[[bytes(f) for f in v.frames] for v in m.videos])
+
+
+def to_sampling(o: chat_pb2.SamplingOptions, default_max_new_tokens: int) -> SamplingParams:
+    kw = {name: getattr(o, name) for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens")
+          if o.HasField(name)}
+    kw.setdefault("max_new_tokens", default_max_new_tokens)
+    return SamplingParams(ignore_eos=o.ignore_eos, **kw)
+
+
+def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralConfig:
+    """`base` with the fields `s` sets (validated: InvalidInputError when out of range)."""
+    kw = {name: getattr(s, name) for name in ("policy", "selector") if getattr(s, name)}
+    kw |= {name: getattr(s, name) for name in ("retention", "chunk_size", "guard") if s.HasField(name)}
+    return dataclasses.replace(base, **kw) if kw else base
+
+
+def from_deferral(cfg: DeferralConfig) -> chat_pb2.DeferralSettings:
+    return chat_pb2.DeferralSettings(policy=cfg.policy, selector=cfg.selector, retention=cfg.retention,
+                                     chunk_size=cfg.chunk_size, guard=cfg.guard)
+
+
+def to_mode(mode: int) -> str:
+    """A RecoveryMode value's name; UNSPECIFIED is colocated."""
+    if mode == chat_pb2.RECOVERY_MODE_UNSPECIFIED:
+        return "colocated"
+    if mode not in MODE_NAMES:
+        raise InvalidInputError(f"unknown recovery mode {mode}")
+    return MODE_NAMES[mode]
+
+
+def metrics_event(turn_id: str, m: TurnMetrics) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(turn_id=turn_id, metrics=chat_pb2.TurnMetrics(
+        prompt_tokens=m.prompt_tokens, generated_tokens=m.generated_tokens, ttft_s=m.ttft_s, tpot_s=m.tpot_s,
+        e2e_s=m.e2e_s, queue_s=m.queue_s, deferred_tokens=m.deferred_tokens, deferred_pending=m.deferred_pending,
+        tpot_restoring_s=m.tpot_restoring_s, barrier_wait_s=m.barrier_wait_s,
+        previous_recovery_s=m.previous_recovery_s,
+    ))
+
+
+def final_event(turn_id: str, end: TurnEnd) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(turn_id=turn_id, final=chat_pb2.TurnFinal(
+        finish_reason=end.finish_reason, token_ids=end.token_ids, text=end.text))
+
+
+def progress_event(turn_id: str, pending: int, elapsed_s: float = 0.0) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(turn_id=turn_id, recovery=chat_pb2.RecoveryProgress(
+        pending_tokens=pending, complete=pending == 0, elapsed_s=elapsed_s))
+
+
+def error_event(turn_id: str, error: BaseException) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(turn_id=turn_id, error=chat_pb2.ErrorEvent(
+        code=status_for(error).name, message=str(error) or type(error).__name__))

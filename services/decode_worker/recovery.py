@@ -1,0 +1,83 @@
+"""How a session's deferred tokens get prefilled after its answer: one `RecoveryBackend` per recovery mode.
+
+`colocated` (here): the worker's own engine finishes them in idle gaps, driven by the `Stepper`.
+`disaggregated`: a backend that ships the residual to Ray deferred workers (MECHANISM.md §8) and joins
+what comes back plugs in through the same interface (`WorkerRuntime(backends=...)`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from ..common.metrics import RECOVERY_BYTES, RECOVERY_LATENCY
+
+if TYPE_CHECKING:
+    from .sessions import WorkerSession
+    from .stepper import Stepper
+
+
+class RecoveryBackend(ABC):
+    """Completes sessions' post-answer deferred prefill for one recovery mode.
+
+    Contract:
+    - `answer_done(ws)` is called once per turn, by the thread that streamed it, right after the
+      turn's end, when `ws.session.pending_deferred > 0`. The backend then owns finishing that
+      remainder. It must return quickly (the turn's stream is still open).
+    - The session's next turn passes the engine's completion barrier (`Session.turn` finishes any
+      remainder locally before it starts), so a backend must always leave the session completable by
+      the local engine: if a remote worker fails or times out, the recovery is not lost.
+    - `pending(ws)` must be side-effect free and callable from any thread at any time (progress
+      events, GetSession, gauges).
+    - `forget(ws)` is called when the session closes: drop any in-flight work for it.
+    - Observe `RECOVERY_LATENCY` (answer end -> complete) and `RECOVERY_BYTES` (shipped both ways)
+      once per completed recovery, labelled with `mode`.
+    """
+
+    mode: str
+
+    @abstractmethod
+    def answer_done(self, ws: WorkerSession) -> None: ...
+
+    @abstractmethod
+    def pending(self, ws: WorkerSession) -> int: ...
+
+    @abstractmethod
+    def forget(self, ws: WorkerSession) -> None: ...
+
+
+class ColocatedRecovery(RecoveryBackend):
+    """The engine finishes the remainder itself: the stepper runs its prefill-only chunks whenever the
+    engine has nothing else to do (the scheduler also fits them into other turns' steps)."""
+
+    mode = "colocated"
+
+    def __init__(self, stepper: Stepper):
+        self.stepper = stepper
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[WorkerSession, float]] = {}   # session id -> (session, answer end)
+
+    def answer_done(self, ws: WorkerSession) -> None:
+        with self._lock:
+            self._waiting[ws.session.id] = (ws, time.perf_counter())
+        self.stepper.wake()
+
+    def pending(self, ws: WorkerSession) -> int:
+        return ws.session.pending_deferred
+
+    def forget(self, ws: WorkerSession) -> None:
+        with self._lock:
+            self._waiting.pop(ws.session.id, None)
+
+    def poll(self) -> None:
+        """Observe the recoveries that have completed (called by the stepper between steps)."""
+        now = time.perf_counter()
+        with self._lock:
+            done = [(sid, t) for sid, (ws, t) in self._waiting.items() if ws.session.pending_deferred == 0]
+            for sid, _ in done:
+                del self._waiting[sid]
+        for _, t in done:
+            RECOVERY_LATENCY.labels(self.mode).observe(now - t)
+            RECOVERY_BYTES.labels(self.mode).observe(0)

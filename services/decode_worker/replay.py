@@ -1,0 +1,47 @@
+"""Rebuilding a session on another worker: its history is re-prefilled, with the next turn, as one prompt.
+
+The turn log holds each earlier turn's message and answer ids. The chat-level prompts are rendered as
+the engine's own chat turns would be, and each answer is followed by what the engine keeps for the next
+turn (`TurnRequest.finish`): the last sampled token and, unless it already is one, the template's
+turn-end token (for a stop, the turn-end token replaces the model's other stop token).
+"""
+
+from __future__ import annotations
+
+from raincheck_client._gen import worker_pb2
+from raincheck_core import Engine, InvalidInputError, Message, Prompt
+
+from .convert import to_message
+
+
+def _answer_tail(turn: worker_pb2.HistoryTurn, turn_end_id: int) -> list[int]:
+    ids = list(turn.answer_token_ids)
+    if not ids or turn.finish_reason == "cancelled":
+        return ids[:-1]
+    last = ids[-1]
+    if last == turn_end_id:
+        return ids
+    if turn.finish_reason == "stop":
+        return [*ids[:-1], turn_end_id]
+    return [*ids, turn_end_id]
+
+
+def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message: Message) -> Prompt:
+    """One token-level prompt: every turn of `history` (message + answer), then `message`."""
+    formatter, cfg = engine.formatter, engine.model_config
+    if formatter is None:
+        raise InvalidInputError("this checkpoint has no tokenizer: a session cannot be rebuilt from its log")
+    ids: list[int] = []
+    visuals = []
+    messages = [to_message(turn.message) for turn in history] + [message]
+    for i, msg in enumerate(messages):
+        prompt = formatter.build_prompt(
+            msg, first_turn=i == 0, vision=engine.vision, image_token_id=cfg.image_token_id,
+            video_token_id=cfg.video_token_id, vision_start_id=cfg.vision_start_token_id,
+            vision_end_id=cfg.vision_end_token_id,
+        )
+        ids += prompt.token_ids
+        visuals += prompt.visuals
+        if i < len(history):
+            ids += _answer_tail(history[i], formatter.turn_end_id)
+    return Prompt(ids, visuals)

@@ -1,0 +1,152 @@
+"""One Engine and the sessions it holds: open, turn, cancel, close, status, load; the background stepper."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_core import Engine, RaincheckError, SessionClosedError
+from raincheck_core.deferral.policy import DeferralConfig
+
+from ..common.logs import bind
+from ..common.metrics import DEFERRED_PENDING, KV_USAGE, SESSIONS
+from ..common.settings import WorkerSettings
+from .convert import MODES, from_deferral, to_deferral, to_mode
+from .recovery import ColocatedRecovery, RecoveryBackend
+from .sessions import WorkerSession
+from .stepper import Stepper
+from .turns import run_turn, start_turn
+
+log = logging.getLogger(__name__)
+
+
+class ModeUnavailableError(RaincheckError):
+    """The session asked for a recovery mode this worker does not offer."""
+
+
+class SessionExistsError(RaincheckError):
+    """A session with this id is already open here."""
+
+
+class WorkerRuntime:
+    def __init__(self, engine: Engine, settings: WorkerSettings, worker_id: str,
+                 backends: list[RecoveryBackend] | None = None):
+        self.engine = engine
+        self.settings = settings
+        self.worker_id = worker_id
+        self.default_deferral = DeferralConfig(policy=settings.default_policy)
+        self.sessions: dict[str, WorkerSession] = {}
+        self._lock = threading.Lock()
+        self.stepper = Stepper(engine, self._after_step)
+        self.colocated = ColocatedRecovery(self.stepper)
+        self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [self.colocated, *(backends or [])]}
+        self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.stepper.start()
+
+    def stop(self) -> None:
+        self.stepper.stop()
+        for session_id in list(self.sessions):
+            self.close(session_id)
+        for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE):
+            gauge.remove(self.worker_id)
+
+    # ---------------------------------------------------------------- sessions
+    def open(self, request: worker_pb2.OpenSessionRequest) -> WorkerSession:
+        deferral = to_deferral(request.deferral, self.default_deferral)
+        mode = to_mode(request.recovery_mode)
+        if mode not in self.backends:
+            raise ModeUnavailableError(f"worker {self.worker_id} does not offer {mode} recovery "
+                                       f"(it offers: {', '.join(self.backends)})")
+        with self._lock:
+            if request.session_id in self.sessions:
+                raise SessionExistsError(f"session {request.session_id} is already open on worker {self.worker_id}")
+            session = self.engine.open_session(session_id=request.session_id or None, deferral=deferral)
+            ws = WorkerSession(session, mode, list(request.history))
+            self.sessions[session.id] = ws
+        bind(log, session_id=session.id).info("session opened (%s, %s recovery, %d turns to replay)",
+                                              deferral.policy, mode, len(ws.history))
+        self.on_change()
+        return ws
+
+    def get(self, session_id: str) -> WorkerSession:
+        ws = self.sessions.get(session_id)
+        if ws is None:
+            raise SessionClosedError(f"session {session_id} is not open on worker {self.worker_id}")
+        return ws
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            ws = self.sessions.pop(session_id, None)
+        if ws is None:
+            raise SessionClosedError(f"session {session_id} is not open on worker {self.worker_id}")
+        self.backends[ws.recovery_mode].forget(ws)
+        ws.session.close()
+        bind(log, session_id=session_id).info("session closed")
+        self.on_change()
+
+    def cancel(self, session_id: str) -> bool:
+        ws = self.get(session_id)
+        with ws.lock:
+            running = ws.active
+        ws.session.cancel()
+        return running
+
+    def reap_idle(self) -> None:
+        """Close sessions without a turn for `session_idle_s` (their store records expire too)."""
+        cutoff = time.monotonic() - self.settings.session_idle_s
+        for session_id, ws in list(self.sessions.items()):
+            if not ws.active and ws.last_used < cutoff:
+                bind(log, session_id=session_id).info("closing idle session")
+                self.close(session_id)
+
+    # ---------------------------------------------------------------- turns
+    def turn(self, request: worker_pb2.TurnRequest, alive: Callable[[], bool]
+             ) -> tuple[Iterator[chat_pb2.ChatEvent], Callable[[], None]]:
+        """Admit the turn now (typed errors raise here). Returns its event stream, and the callback for
+        the end of the RPC streaming it: that cancels the turn if it still runs (the client went away)."""
+        ws = self.get(request.session_id)
+        stream = start_turn(self.engine, ws, request, self.settings.max_new_tokens)
+        self.stepper.wake()
+        self.on_change()
+
+        def rpc_ended() -> None:
+            ws.release(stream)
+            self.on_change()
+
+        return run_turn(ws, stream, request, self.backends[ws.recovery_mode], alive), rpc_ended
+
+    # ---------------------------------------------------------------- status
+    def describe(self, ws: WorkerSession) -> worker_pb2.WorkerSession:
+        pending = self.backends[ws.recovery_mode].pending(ws)
+        status = (chat_pb2.SESSION_STATUS_STREAMING if ws.active else
+                  chat_pb2.SESSION_STATUS_RECOVERING if pending else chat_pb2.SESSION_STATUS_IDLE)
+        return worker_pb2.WorkerSession(
+            session_id=ws.id, status=status, turns=ws.session.turns, pending_deferred_tokens=pending,
+            cached_tokens=ws.session.cached_tokens, recovery_mode=MODES[ws.recovery_mode],
+            deferral=from_deferral(ws.session.deferral),
+        )
+
+    def stats(self) -> worker_pb2.WorkerStats:
+        pool = self.engine.pool_stats()
+        sessions = list(self.sessions.values())
+        return worker_pb2.WorkerStats(
+            worker_id=self.worker_id, sessions=len(sessions), active_turns=sum(ws.active for ws in sessions),
+            deferred_pending_tokens=sum(self.backends[ws.recovery_mode].pending(ws) for ws in sessions),
+            total_pages=pool.total_pages, free_pages=pool.free_pages, page_size=pool.page_size,
+            recovery_modes=[MODES[m] for m in self.backends],
+        )
+
+    def _after_step(self) -> None:
+        self.colocated.poll()
+        sessions = list(self.sessions.values())
+        DEFERRED_PENDING.labels(self.worker_id).set(sum(self.backends[ws.recovery_mode].pending(ws)
+                                                        for ws in sessions))
+        SESSIONS.labels(self.worker_id).set(len(sessions))
+        KV_USAGE.labels(self.worker_id).set(self.engine.pool_stats().usage)
+

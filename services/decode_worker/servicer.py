@@ -1,0 +1,58 @@
+"""The DecodeWorker gRPC service: RPCs -> WorkerRuntime, engine errors -> status codes."""
+
+from __future__ import annotations
+
+import grpc
+
+from raincheck_client._gen import chat_pb2, worker_pb2, worker_pb2_grpc
+from raincheck_core import RaincheckError
+
+from ..common.grpc_util import ServiceError, rpc
+from .convert import status_for
+from .runtime import ModeUnavailableError, SessionExistsError, WorkerRuntime
+
+
+def _translate(error: BaseException) -> ServiceError | None:
+    if isinstance(error, ModeUnavailableError):
+        return ServiceError.failed_precondition(str(error))
+    if isinstance(error, SessionExistsError):
+        return ServiceError(grpc.StatusCode.ALREADY_EXISTS, str(error))
+    if isinstance(error, RaincheckError):
+        return ServiceError(status_for(error), str(error))
+    return None
+
+
+worker_rpc = rpc("decode_worker", _translate)
+
+
+class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
+    def __init__(self, runtime: WorkerRuntime):
+        self.runtime = runtime
+
+    @worker_rpc
+    def OpenSession(self, request, context):
+        return self.runtime.describe(self.runtime.open(request))
+
+    @worker_rpc
+    def Turn(self, request, context):
+        events, rpc_ended = self.runtime.turn(request, context.is_active)
+        if not context.add_callback(rpc_ended):   # the RPC already ended
+            rpc_ended()
+        return events
+
+    @worker_rpc
+    def GetSession(self, request, context):
+        return self.runtime.describe(self.runtime.get(request.session_id))
+
+    @worker_rpc
+    def CloseSession(self, request, context):
+        self.runtime.close(request.session_id)
+        return chat_pb2.CloseSessionResponse()
+
+    @worker_rpc
+    def CancelTurn(self, request, context):
+        return chat_pb2.CancelTurnResponse(cancelled=self.runtime.cancel(request.session_id))
+
+    @worker_rpc
+    def Stats(self, request, context) -> worker_pb2.WorkerStats:
+        return self.runtime.stats()

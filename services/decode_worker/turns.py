@@ -1,0 +1,93 @@
+"""Running one turn on the worker: engine events -> ChatEvents, recovery progress, metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_core import Engine, SessionBusyError, TokenEvent, TurnEnd
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine import TurnStream
+
+from ..common.logs import bind
+from ..common.metrics import BARRIER_WAIT, TurnTimer
+from .convert import error_event, final_event, metrics_event, progress_event, to_deferral, to_message, to_sampling
+from .recovery import RecoveryBackend
+from .replay import replay_prompt
+from .sessions import WorkerSession
+
+log = logging.getLogger(__name__)
+FOLLOW_POLL_S = 0.02
+
+
+def start_turn(engine: Engine, ws: WorkerSession, request: worker_pb2.TurnRequest, max_new_tokens: int
+               ) -> TurnStream:
+    """Validate and admit the turn (typed engine errors raise here); the returned stream runs it."""
+    message = to_message(request.message)
+    sampling = to_sampling(request.sampling, max_new_tokens)
+    deferral: DeferralConfig | None = None
+    if request.HasField("deferral"):
+        deferral = to_deferral(request.deferral, ws.session.deferral)
+    with ws.lock:
+        if ws.active:
+            raise SessionBusyError(f"session {ws.id} is still streaming its previous turn")
+        turn_input = replay_prompt(engine, ws.history, message) if ws.history else message
+        stream = ws.session.turn(turn_input, sampling, deferral=deferral)
+        ws.history = []
+        ws.stream, ws.active = stream, True
+    return stream
+
+
+def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequest, backend: RecoveryBackend,
+             alive: Callable[[], bool]) -> Iterator[chat_pb2.ChatEvent]:
+    """The turn's events: tokens (with progress when fused chunks shrink the deferred remainder), then
+    metrics and the final event; then, with `follow_recovery`, progress until the remainder is done."""
+    turn_id = request.turn_id
+    tlog = bind(log, session_id=ws.id, turn_id=turn_id)
+    timer = TurnTimer("decode_worker")
+    pending = None
+    try:
+        for event in stream:
+            if isinstance(event, TokenEvent):
+                timer.token()
+                yield chat_pb2.ChatEvent(turn_id=turn_id, token=chat_pb2.TokenDelta(
+                    token_id=event.token_id, text=event.text, index=event.index))
+                now = backend.pending(ws)
+                if now != pending and (pending is not None or now):
+                    pending = now
+                    yield progress_event(turn_id, now)
+            elif isinstance(event, TurnEnd):
+                timer.done()
+                BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
+                ws.release(stream)
+                if backend.pending(ws):
+                    backend.answer_done(ws)
+                m = event.metrics
+                tlog.info("turn done: %s, %d tokens, ttft %.3fs, e2e %.3fs, %d deferred pending",
+                          event.finish_reason, m.generated_tokens, m.ttft_s, m.e2e_s, m.deferred_pending)
+                yield metrics_event(turn_id, event.metrics)
+                yield final_event(turn_id, event)
+    except Exception as e:   # the engine failed the turn after it began: report it in the stream
+        tlog.exception("turn failed")
+        yield error_event(turn_id, e)
+        return
+    finally:
+        ws.release(stream)
+    if request.follow_recovery:
+        yield from _follow(ws, backend, turn_id, alive)
+
+
+def _follow(ws: WorkerSession, backend: RecoveryBackend, turn_id: str, alive: Callable[[], bool]
+            ) -> Iterator[chat_pb2.ChatEvent]:
+    t0 = time.perf_counter()
+    last = None
+    while alive() and not ws.session.closed:
+        pending = backend.pending(ws)
+        if pending != last:
+            last = pending
+            yield progress_event(turn_id, pending, time.perf_counter() - t0)
+        if pending == 0:
+            return
+        time.sleep(FOLLOW_POLL_S)

@@ -1,0 +1,92 @@
+"""The public ChatService: authenticate, check, route to the session's decode worker, relay."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import grpc
+
+from raincheck_client._gen import chat_pb2, chat_pb2_grpc, worker_pb2
+
+from ..common.grpc_util import ServiceError, rpc
+from ..common.settings import FrontendSettings
+from ..common.store import SessionRecord, Store
+from . import relay
+from .auth import Auth
+from .router import Router
+from .sessions import MODES, Sessions
+from .validate import check_message
+
+
+def _translate(error: BaseException) -> ServiceError | None:
+    """A decode worker's status, relayed as is."""
+    if isinstance(error, grpc.RpcError) and isinstance(error, grpc.Call):
+        return ServiceError(error.code(), error.details() or error.code().name)
+    return None
+
+
+frontend_rpc = rpc("frontend", _translate)
+
+
+class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
+    def __init__(self, settings: FrontendSettings, store: Store, router: Router):
+        self.settings = settings
+        self.store = store
+        self.router = router
+        self.auth = Auth(settings.api_keys)
+        self.sessions = Sessions(store, router, settings.worker_timeout_s, settings.default_recovery_mode)
+        self.timeout_s = settings.worker_timeout_s
+
+    @frontend_rpc
+    def CreateSession(self, request, context):
+        return self._describe(self.sessions.create(request, self.auth.identify(context)))
+
+    @frontend_rpc
+    def Chat(self, request, context):
+        record = self.sessions.owned(request.session_id, self.auth.identify(context))
+        check_message(request.message, self.settings)
+        return relay.start(self.sessions, record, request, context)
+
+    @frontend_rpc
+    def GetSession(self, request, context):
+        return self._describe(self.sessions.owned(request.session_id, self.auth.identify(context)))
+
+    @frontend_rpc
+    def CloseSession(self, request, context):
+        record = self.sessions.owned(request.session_id, self.auth.identify(context))
+        self._ask_worker(record, "CloseSession")
+        self.store.close_session(record.session_id)
+        return chat_pb2.CloseSessionResponse()
+
+    @frontend_rpc
+    def CancelTurn(self, request, context):
+        record = self.sessions.owned(request.session_id, self.auth.identify(context))
+        return self._ask_worker(record, "CancelTurn") or chat_pb2.CancelTurnResponse(cancelled=False)
+
+    @frontend_rpc
+    def ListModels(self, request, context):
+        self.auth.identify(context)
+        workers, modes = defaultdict(int), defaultdict(set)
+        for w in self.store.workers():
+            workers[w.model] += 1
+            modes[w.model].update(w.recovery_modes)
+        return chat_pb2.ListModelsResponse(models=[
+            chat_pb2.ModelInfo(name=name, workers=n, recovery_modes=sorted(MODES[m] for m in modes[name]))
+            for name, n in sorted(workers.items())
+        ])
+
+    def _describe(self, record: SessionRecord) -> chat_pb2.SessionInfo:
+        return self.sessions.describe(record, self._ask_worker(record, "GetSession"))
+
+    def _ask_worker(self, record: SessionRecord, method: str):
+        """`method` on the session's worker; None when the worker is gone or has lost the session."""
+        worker = self.router.owner(record.worker_id)
+        if worker is None:
+            return None
+        try:
+            return getattr(self.router.stub(worker), method)(
+                worker_pb2.WorkerSessionRequest(session_id=record.session_id), timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            if e.code() not in relay.LOST:
+                raise
+            return None

@@ -1,0 +1,75 @@
+"""Running the services as processes: `serve` (everything in one process), `frontend`, `decode-worker`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from .common.metrics import serve_metrics
+from .common.settings import FrontendSettings, StoreSettings, WorkerSettings
+from .common.store import Store, make_store
+
+log = logging.getLogger(__name__)
+
+
+def _store(settings: StoreSettings) -> Store:
+    if not settings.redis_url:
+        log.info("no REDIS_URL: using the in-process store (this process only)")
+    return make_store(settings.redis_url, settings.prefix, settings.session_ttl_s)
+
+
+def _metrics(port: int | None, host: str) -> None:
+    if port is not None:
+        log.info("Prometheus /metrics at http://%s:%d/metrics", host, serve_metrics(port, host))
+
+
+def _until_signal(stops: list[Callable[[], None]]) -> None:
+    """Block until SIGINT/SIGTERM, then run `stops` in order."""
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("shutting down")
+    for stop in stops:
+        stop()
+
+
+def serve(front: FrontendSettings, worker: WorkerSettings) -> None:
+    """The embedded default: a frontend and one decode worker (colocated recovery) in this process,
+    talking gRPC over loopback, sharing one store (in-process unless REDIS_URL is set)."""
+    from .decode_worker.server import DecodeWorkerServer
+    from .frontend.server import FrontendServer
+
+    store = _store(front.store)
+    _metrics(front.metrics_port, front.metrics_host)
+    worker = dataclasses.replace(worker, host="127.0.0.1", port=0, advertise=None, store=front.store)
+    w = DecodeWorkerServer(worker, store).start()
+    f = FrontendServer(front, store).start()
+    print(f"raincheck serving {w.model} on {f.address}  (raincheck chat --address {f.address})", flush=True)
+    _until_signal([lambda: f.stop(front.drain_s), lambda: w.stop(front.drain_s), store.close])
+
+
+def run_frontend(settings: FrontendSettings) -> None:
+    from .frontend.server import FrontendServer
+
+    store = _store(settings.store)
+    _metrics(settings.metrics_port, settings.metrics_host)
+    f = FrontendServer(settings, store).start()
+    print(f"raincheck frontend on {f.address}", flush=True)
+    _until_signal([lambda: f.stop(settings.drain_s), store.close])
+
+
+def run_decode_worker(settings: WorkerSettings) -> None:
+    from .decode_worker.server import DecodeWorkerServer
+
+    store = _store(settings.store)
+    if not settings.store.redis_url:
+        log.warning("a decode worker without REDIS_URL registers in its own in-process store: "
+                    "no separate frontend can find it")
+    _metrics(settings.metrics_port, settings.metrics_host)
+    w = DecodeWorkerServer(settings, store).start()
+    print(f"raincheck decode worker {w.worker_id} ({w.model}) on {w.address}", flush=True)
+    _until_signal([lambda: w.stop(settings.drain_s), store.close])
