@@ -8,6 +8,7 @@ the steps, under one lock, so embedded use needs no threads and concurrent calle
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.policy import DeferralConfig
-from ..errors import InvalidInputError
+from ..errors import CheckpointError, InvalidInputError
 from ..inputs import VisualInput
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM, build_decoder
@@ -70,7 +71,7 @@ class Engine:
         from ..multimodal.chat import ChatFormatter
         from ..multimodal.vision import VisionEncoder
 
-        folder = Path(path)
+        folder = resolve_model_path(path)
         config = EngineConfig(device=device, dtype=dtype, **engine_options)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -233,6 +234,18 @@ class Engine:
                     return self.model(batch)
             finally:
                 seq.release()
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A checkpoint folder; the name "demo" means the model this project trains and ships
+    (`models/demo/` in the repository, or `$RAINCHECK_DEMO_MODEL`)."""
+    if str(path) != "demo":
+        return Path(path)
+    folder = Path(os.environ.get("RAINCHECK_DEMO_MODEL", Path(__file__).resolve().parents[2] / "models" / "demo"))
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"the demo model is not at {folder}: train it with "
+                              "`python -m raincheck_core.models.demo.train` or set RAINCHECK_DEMO_MODEL")
+    return folder
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:
