@@ -12,6 +12,8 @@ $(VENV)/.installed: $(SETUP_INPUTS)
 demo: setup          ## the main job on the embedded default
 	$(PY) -m services.cli demo
 
+test: export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+test: export RAY_USAGE_STATS_ENABLED=0
 test: setup          ## the whole suite (what CI runs)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q

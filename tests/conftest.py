@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Ray reads these when it is imported: set them before any test module can import it, so every Ray
+# listener binds to 127.0.0.1 and nothing reports usage over the network.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
 import pytest
 import torch
 
