@@ -1,4 +1,4 @@
-"""The `raincheck` command: serve, frontend, decode-worker, chat, demo."""
+"""The `raincheck` command: serve, frontend, decode-worker, deferred-worker, chat, demo."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import logging
 
 from .common.settings import (
     add_frontend_flags,
+    add_model_flags,
+    add_ray_flags,
     add_store_flags,
     add_worker_flags,
+    deferred_settings,
     frontend_settings,
+    model_spec,
     worker_settings,
 )
 
@@ -44,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     worker = add("decode-worker", "a decode worker: one Engine, registered in Redis")
     add_worker_flags(worker)
     add_store_flags(worker)
+
+    deferred = add("deferred-worker", "keep N named Ray actors that prefill decode workers' residuals "
+                                      "(disaggregated recovery)")
+    add_model_flags(deferred)
+    add_ray_flags(deferred, 1, "named actors to keep alive")
 
     chat = add("chat", "interactive chat with a server, showing recovery progress")
     chat.add_argument("--address", default="127.0.0.1:50051")
@@ -82,6 +91,10 @@ def main(argv: list[str] | None = None) -> None:
         from .launch import run_frontend
 
         run_frontend(frontend_settings(args))
+    elif args.command == "deferred-worker":
+        from .launch import run_deferred_workers
+
+        run_deferred_workers(deferred_settings(args), model_spec(args))
     else:
         from .launch import run_decode_worker
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 
 from .common.metrics import serve_metrics
-from .common.settings import FrontendSettings, StoreSettings, WorkerSettings
+from .common.settings import DeferredSettings, FrontendSettings, ModelSpec, StoreSettings, WorkerSettings
 from .common.store import Store, make_store
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ def _until_signal(stops: list[Callable[[], None]]) -> None:
 
 
 def serve(front: FrontendSettings, worker: WorkerSettings) -> None:
-    """The embedded default: a frontend and one decode worker (colocated recovery) in this process,
-    talking gRPC over loopback, sharing one store (in-process unless REDIS_URL is set)."""
+    """The embedded default: a frontend and one decode worker (colocated recovery; with
+    `--deferred-workers N`, disaggregated too, on a local Ray) in this process, talking gRPC over
+    loopback, sharing one store (in-process unless REDIS_URL is set)."""
     from .decode_worker.server import DecodeWorkerServer
     from .frontend.server import FrontendServer
 
@@ -73,3 +74,12 @@ def run_decode_worker(settings: WorkerSettings) -> None:
     w = DecodeWorkerServer(settings, store).start()
     print(f"raincheck decode worker {w.worker_id} ({w.model}) on {w.address}", flush=True)
     _until_signal([lambda: w.stop(settings.drain_s), store.close])
+
+
+def run_deferred_workers(settings: DeferredSettings, spec: ModelSpec) -> None:
+    from .deferred_worker.keeper import Keeper
+
+    keeper = Keeper(settings, spec).start()
+    print(f"raincheck deferred workers {', '.join(keeper.names)} in Ray namespace {settings.namespace} "
+          f"(RAY_ADDRESS={keeper.address()})", flush=True)
+    _until_signal([keeper.stop])

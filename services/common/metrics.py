@@ -29,6 +29,9 @@ RECOVERY_LATENCY = Histogram("raincheck:recovery_latency_seconds",
 RECOVERY_BYTES = Histogram("raincheck:recovery_bytes_shipped",
                            "Bytes shipped per recovery (KV pages + state deltas, both ways); 0 when colocated.",
                            ["mode"], buckets=(0.0, *_BYTES))
+RECOVERY_FALLBACKS = Counter("raincheck:deferred_fallbacks",
+                             "Disaggregated recoveries finished by the decode worker itself, by why the deferred "
+                             "worker did not (timeout, worker_died, no_worker, error).", ["reason"])
 BARRIER_WAIT = Histogram("raincheck:barrier_wait_seconds",
                          "Time a turn waited for its session's previous recovery to complete.", buckets=_LATENCY)
 SESSIONS = Gauge("raincheck:sessions_active", "Open sessions on the worker.", ["worker"])

@@ -25,6 +25,7 @@ class RedisStore:
         self.prefix = prefix
         self.session_ttl_ms = int(session_ttl_s * 1000)
         self.closed_ttl_ms = int(closed_ttl_s * 1000)
+        self._detach = self.redis.register_script(_DETACH)
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -84,6 +85,9 @@ class RedisStore:
         if self.redis.exists(key):   # never leave a partial record behind an expired one
             self.redis.hset(key, "worker_id", json.dumps(worker_id))
 
+    def detach_session(self, session_id: str, worker_id: str) -> bool:
+        return bool(self._detach(keys=[self._key("session", session_id)], args=[json.dumps(worker_id), json.dumps("")]))
+
     def close_session(self, session_id: str) -> None:
         key = self._key("session", session_id)
         if not self.redis.exists(key):
@@ -118,6 +122,16 @@ class RedisStore:
 
     def close(self) -> None:
         self.redis.close()
+
+
+# Compare-and-set of a session's worker: another frontend may have moved the session meanwhile.
+_DETACH = """
+if redis.call('HGET', KEYS[1], 'worker_id') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'worker_id', ARGV[2])
+  return 1
+end
+return 0
+"""
 
 
 def _worker(fields: dict[bytes, bytes]) -> WorkerInfo:

@@ -33,7 +33,7 @@ class SessionRecord:
     session_id: str
     owner: str                 # the creating API key's id ("" without auth)
     model: str
-    worker_id: str             # the worker holding its cache (affinity)
+    worker_id: str             # the worker holding its cache (affinity); "": detached, taken over at its next turn
     deferral: dict             # DeferralSettings as a JSON object (the worker's effective settings)
     recovery_mode: str         # colocated | disaggregated
     created_at: float = field(default_factory=time.time)
@@ -71,6 +71,9 @@ class Store(Protocol):
         """The record (closed ones too, for a while), with `turns` filled; None if unknown or expired."""
 
     def set_session_worker(self, session_id: str, worker_id: str) -> None: ...
+
+    def detach_session(self, session_id: str, worker_id: str) -> bool:
+        """Mark the session for takeover (worker_id ""), if `worker_id` still holds it; True if it did."""
 
     def close_session(self, session_id: str) -> None:
         """Mark closed and drop the turn log; the record lingers so later calls can say it was closed."""
@@ -152,6 +155,14 @@ class MemoryStore:
             record = self._live(session_id)
             if record is not None:
                 record.worker_id = worker_id
+
+    def detach_session(self, session_id: str, worker_id: str) -> bool:
+        with self._lock:
+            record = self._live(session_id)
+            if record is None or record.worker_id != worker_id:
+                return False
+            record.worker_id = ""
+            return True
 
     def close_session(self, session_id: str) -> None:
         with self._lock:

@@ -1,8 +1,8 @@
 """How a session's deferred tokens get prefilled after its answer: one `RecoveryBackend` per recovery mode.
 
 `colocated` (here): the worker's own engine finishes them in idle gaps, driven by the `Stepper`.
-`disaggregated`: a backend that ships the residual to Ray deferred workers (MECHANISM.md §8) and joins
-what comes back plugs in through the same interface (`WorkerRuntime(backends=...)`).
+`disaggregated` (recovery_ray.py): ships the residual to Ray deferred workers (MECHANISM.md §8) and joins
+what comes back.
 """
 
 from __future__ import annotations
@@ -23,20 +23,36 @@ class RecoveryBackend(ABC):
     """Completes sessions' post-answer deferred prefill for one recovery mode.
 
     Contract:
+    - `start()` / `stop()` bracket the worker's life.
+    - `turn_started(ws)` is called right after each turn of a session in this mode is admitted.
     - `answer_done(ws)` is called once per turn, by the thread that streamed it, right after the
-      turn's end, when `ws.session.pending_deferred > 0`. The backend then owns finishing that
-      remainder. It must return quickly (the turn's stream is still open).
+      turn's end (before the session is free for its next turn), when `ws.session.pending_deferred > 0`.
+      The backend then owns finishing that remainder. It must return quickly (the stream is still open).
+      A turn whose stream is abandoned or fails may end without this call.
     - The session's next turn passes the engine's completion barrier (`Session.turn` finishes any
       remainder locally before it starts), so a backend must always leave the session completable by
       the local engine: if a remote worker fails or times out, the recovery is not lost.
     - `pending(ws)` must be side-effect free and callable from any thread at any time (progress
       events, GetSession, gauges).
     - `forget(ws)` is called when the session closes: drop any in-flight work for it.
+    - `poll()` is called by the stepper thread between steps (and while idle).
     - Observe `RECOVERY_LATENCY` (answer end -> complete) and `RECOVERY_BYTES` (shipped both ways)
       once per completed recovery, labelled with `mode`.
     """
 
     mode: str
+
+    def start(self) -> None:  # noqa: B027 (an optional hook)
+        """Before the worker serves."""
+
+    def stop(self) -> None:  # noqa: B027 (an optional hook)
+        """After the worker's sessions are closed."""
+
+    def turn_started(self, ws: WorkerSession) -> None:  # noqa: B027 (an optional hook)
+        """A turn of `ws` was admitted."""
+
+    def poll(self) -> None:  # noqa: B027 (an optional hook)
+        """Between engine steps."""
 
     @abstractmethod
     def answer_done(self, ws: WorkerSession) -> None: ...

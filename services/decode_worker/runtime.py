@@ -21,6 +21,7 @@ from .stepper import Stepper
 from .turns import run_turn, start_turn
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.05
 
 
 class ModeUnavailableError(RaincheckError):
@@ -29,6 +30,10 @@ class ModeUnavailableError(RaincheckError):
 
 class SessionExistsError(RaincheckError):
     """A session with this id is already open here."""
+
+
+class DrainingError(RaincheckError):
+    """The worker is shutting down: it takes no new sessions or turns (the frontend goes elsewhere)."""
 
 
 class WorkerRuntime:
@@ -42,22 +47,47 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self.stepper = Stepper(engine, self._after_step)
         self.colocated = ColocatedRecovery(self.stepper)
-        self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [self.colocated, *(backends or [])]}
+        offered = [self.colocated] if "colocated" in settings.recovery_modes else []
+        self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [*offered, *(backends or [])]}
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
+        self.draining = False
+        self._turn_rpcs = 0                                  # Turn RPCs still streaming (recovery followed too)
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        for backend in self.backends.values():
+            backend.start()
         self.stepper.start()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new sessions and turns, and wait (up to `timeout_s`) until the running turns' streams
+        have ended and no session has deferred tokens left. True if all finished."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while (busy := self._busy()) and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+        if busy:
+            log.warning("drain: %d turn streams and %d deferred tokens left after %.1fs", *busy, timeout_s)
+        return not busy
+
+    def _busy(self) -> tuple[int, int] | None:
+        with self._lock:
+            streams = self._turn_rpcs
+        pending = self.stats().deferred_pending_tokens
+        return (streams, pending) if streams or pending else None
 
     def stop(self) -> None:
         self.stepper.stop()
         for session_id in list(self.sessions):
             self.close(session_id)
+        for backend in self.backends.values():
+            backend.stop()
         for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE):
             gauge.remove(self.worker_id)
 
     # ---------------------------------------------------------------- sessions
     def open(self, request: worker_pb2.OpenSessionRequest) -> WorkerSession:
+        self._check_serving()
         deferral = to_deferral(request.deferral, self.default_deferral)
         mode = to_mode(request.recovery_mode)
         if mode not in self.backends:
@@ -110,16 +140,27 @@ class WorkerRuntime:
              ) -> tuple[Iterator[chat_pb2.ChatEvent], Callable[[], None]]:
         """Admit the turn now (typed errors raise here). Returns its event stream, and the callback for
         the end of the RPC streaming it: that cancels the turn if it still runs (the client went away)."""
+        self._check_serving()
         ws = self.get(request.session_id)
+        backend = self.backends[ws.recovery_mode]
         stream = start_turn(self.engine, ws, request, self.settings.max_new_tokens)
+        backend.turn_started(ws)
+        with self._lock:
+            self._turn_rpcs += 1
         self.stepper.wake()
         self.on_change()
 
         def rpc_ended() -> None:
             ws.release(stream)
+            with self._lock:
+                self._turn_rpcs -= 1
             self.on_change()
 
-        return run_turn(ws, stream, request, self.backends[ws.recovery_mode], alive), rpc_ended
+        return run_turn(ws, stream, request, backend, alive), rpc_ended
+
+    def _check_serving(self) -> None:
+        if self.draining:
+            raise DrainingError(f"worker {self.worker_id} is shutting down")
 
     # ---------------------------------------------------------------- status
     def describe(self, ws: WorkerSession) -> worker_pb2.WorkerSession:
@@ -143,7 +184,8 @@ class WorkerRuntime:
         )
 
     def _after_step(self) -> None:
-        self.colocated.poll()
+        for backend in self.backends.values():
+            backend.poll()
         sessions = list(self.sessions.values())
         DEFERRED_PENDING.labels(self.worker_id).set(sum(self.backends[ws.recovery_mode].pending(ws)
                                                         for ws in sessions))

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import logging
 import socket
-import tempfile
 import threading
+import time
 import uuid
-from pathlib import Path
 
 from raincheck_client._gen import worker_pb2, worker_pb2_grpc
-from raincheck_core import Engine
 
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.settings import WorkerSettings
 from ..common.store import Store, WorkerInfo
+from .loading import load_engine, model_name
 from .recovery import RecoveryBackend
 from .runtime import WorkerRuntime
 from .servicer import DecodeWorkerServicer
@@ -23,27 +22,28 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].full_name
 
 
-def load_engine(settings: WorkerSettings) -> tuple[Engine, str]:
-    """The worker's Engine and the model name it registers under."""
-    options = dict(device=settings.device, dtype=settings.dtype, **settings.engine)
-    if settings.model is not None:
-        return Engine.from_pretrained(settings.model, **options), settings.model_name or Path(settings.model).name
-    from .random_model import save_random_model
+def recovery_backends(settings: WorkerSettings, model: str) -> list[RecoveryBackend]:
+    """The backends besides colocated that `settings.recovery_modes` asks for."""
+    if "disaggregated" not in settings.recovery_modes:
+        return []
+    from ..deferred_worker.pool import DeferredPool
+    from .recovery_ray import DisaggregatedRecovery
 
-    log.warning("no --model given: serving a RANDOM %s Qwen3.5-architecture model with a character-level "
-                "tokenizer (answers are noise; timings are real) until the demo model ships", settings.random_size)
-    with tempfile.TemporaryDirectory(prefix="raincheck-random-") as folder:
-        engine = Engine.from_pretrained(save_random_model(folder, settings.random_size), **options)
-    return engine, settings.model_name or f"random-{settings.random_size}"
+    pool = DeferredPool(settings.deferred, settings.model_spec(), model)
+    return [DisaggregatedRecovery(pool, settings.deferred.timeout_s)]
 
 
 class DecodeWorkerServer:
-    """`backends`: recovery backends besides colocated (e.g. disaggregated), offered to sessions."""
+    """`backends`: recovery backends besides colocated offered to sessions (default: what
+    `settings.recovery_modes` asks for)."""
 
     def __init__(self, settings: WorkerSettings, store: Store, backends: list[RecoveryBackend] | None = None):
         self.settings = settings
         self.store = store
-        engine, self.model = load_engine(settings)
+        spec = settings.model_spec()
+        engine, self.model = load_engine(spec), model_name(spec)
+        if backends is None:
+            backends = recovery_backends(settings, self.model)
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.runtime = WorkerRuntime(engine, settings, self.worker_id, backends)
         self.runtime.on_change = self.register
@@ -76,8 +76,8 @@ class DecodeWorkerServer:
             self.runtime.reap_idle()
 
     def start(self) -> DecodeWorkerServer:
+        self.runtime.start()     # first: a local Ray forks its processes before gRPC's threads run
         self.server.start()
-        self.runtime.start()
         self.register()
         self._heartbeat.start()
         log.info("decode worker %s serving %s at %s", self.worker_id, self.model, self.address,
@@ -85,11 +85,28 @@ class DecodeWorkerServer:
         return self
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Deregister, finish (or cancel after `grace_s`) the running RPCs, close every session."""
+        """Drain (SIGTERM): health NOT_SERVING and out of the registry; new sessions and turns are
+        refused (UNAVAILABLE: the frontend rebuilds the session elsewhere); the running turns (with the
+        recoveries they follow) and the pending recoveries get `grace_s` to finish. Then every session is
+        marked for takeover in the store (the frontend rebuilds it on another worker from its turn log at
+        its next turn), what still runs is cancelled, and the sessions are closed here. The port stays
+        open until then, so TCP liveness probes pass while draining."""
+        deadline = time.monotonic() + grace_s
         self._stopping.set()
-        self.store.remove_worker(self.worker_id)
         self.health.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
+        self.store.remove_worker(self.worker_id)
+        self.runtime.drain(grace_s)
+        self._detach_sessions()
+        self.server.stop(max(0.0, deadline - time.monotonic())).wait()
         self.runtime.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=5)
+
+    def _detach_sessions(self) -> None:
+        detached = 0
+        for session_id in list(self.runtime.sessions):
+            try:
+                detached += self.store.detach_session(session_id, self.worker_id)
+            except Exception:   # the store is unreachable: the registration lapses, and frontends rebuild anyway
+                log.exception("cannot mark session %s for takeover", session_id, extra={"worker_id": self.worker_id})
+        log.info("stopped; %d sessions marked for takeover", detached, extra={"worker_id": self.worker_id})

@@ -9,12 +9,14 @@ from raincheck_core import RaincheckError
 
 from ..common.grpc_util import ServiceError, rpc
 from .convert import status_for
-from .runtime import ModeUnavailableError, SessionExistsError, WorkerRuntime
+from .runtime import DrainingError, ModeUnavailableError, SessionExistsError, WorkerRuntime
 
 
 def _translate(error: BaseException) -> ServiceError | None:
     if isinstance(error, ModeUnavailableError):
         return ServiceError.failed_precondition(str(error))
+    if isinstance(error, DrainingError):
+        return ServiceError.unavailable(str(error))
     if isinstance(error, SessionExistsError):
         return ServiceError(grpc.StatusCode.ALREADY_EXISTS, str(error))
     if isinstance(error, RaincheckError):

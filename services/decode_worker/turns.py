@@ -61,9 +61,9 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
             elif isinstance(event, TurnEnd):
                 timer.done()
                 BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
-                ws.release(stream)
                 if backend.pending(ws):
                     backend.answer_done(ws)
+                ws.release(stream)
                 m = event.metrics
                 tlog.info("turn done: %s, %d tokens, ttft %.3fs, e2e %.3fs, %d deferred pending",
                           event.finish_reason, m.generated_tokens, m.ttft_s, m.e2e_s, m.deferred_pending)

@@ -34,8 +34,8 @@ class Router:
         return min(offering, key=lambda w: (w.sessions, w.active_turns, -w.free_pages, w.worker_id))
 
     def owner(self, worker_id: str) -> WorkerInfo | None:
-        """The session's worker if it is still registered."""
-        return self.store.worker(worker_id)
+        """The session's worker if it is still registered (None for a session marked for takeover)."""
+        return self.store.worker(worker_id) if worker_id else None
 
     def stub(self, worker: WorkerInfo) -> worker_pb2_grpc.DecodeWorkerStub:
         with self._lock:

@@ -1,5 +1,6 @@
 """Real services on loopback: decode workers and frontends on ephemeral ports, the in-process store or
-the Redis at $REDIS_URL (default 127.0.0.1:6379) under a unique key prefix removed afterwards."""
+the Redis at $REDIS_URL (default 127.0.0.1:6379) under a unique key prefix removed afterwards, and one
+local Ray (on loopback) shared by the tests of disaggregated recovery."""
 
 from __future__ import annotations
 
@@ -20,12 +21,39 @@ from services.frontend.server import FrontendServer
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 MODEL = "tiny"
+NUM_PAGES = 512
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """A tiny random Qwen3.5-architecture VLM with a tokenizer and chat template."""
     return save_random_model(tmp_path_factory.mktemp("tiny-vlm"), "tiny")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray for the whole test session: loopback only, 2 CPU slots (deferred workers in tests ask
+    for none), and the custom resource deferred workers ask for. Shut down at the end."""
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, resources={"raincheck_deferred": 8},
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def ray_namespace(ray_session) -> str:
+    """A Ray namespace of the test's own, so that no other test's deferred workers are found."""
+    return f"raincheck-test-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture
@@ -57,7 +85,7 @@ class Cluster:
 
     def worker(self, store: Store, **overrides) -> DecodeWorkerServer:
         settings = WorkerSettings(model=str(self.checkpoint), model_name=MODEL, port=0, metrics_port=None,
-                                  engine={"num_pages": 512}, heartbeat_s=0.5, registration_ttl_s=5.0,
+                                  engine={"num_pages": NUM_PAGES}, heartbeat_s=0.5, registration_ttl_s=5.0,
                                   threads=16, **overrides)
         return self._start(DecodeWorkerServer(settings, store))
 

@@ -63,6 +63,28 @@ def test_cli_flags_and_environment(monkeypatch, tmp_path):
     worker_args = _parser().parse_args(["decode-worker", "--port", "7", "--worker-id", "w", "--advertise", "h:7"])
     w = worker_settings(worker_args)
     assert (w.port, w.worker_id, w.advertise, w.metrics_port, w.metrics_host) == (7, "w", "h:7", 9465, "0.0.0.0")
+    assert w.recovery_modes == ("colocated",) and (w.deferred.ray_address, w.deferred.workers) == (None, 1)
+
+
+def test_recovery_and_ray_settings(monkeypatch, capsys):
+    monkeypatch.setenv("RAINCHECK_RECOVERY_MODES", "colocated, disaggregated")
+    monkeypatch.setenv("RAINCHECK_RAY_NAMESPACE", "ns")
+    monkeypatch.setenv("RAINCHECK_DEFERRED_NUM_GPUS", "1")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    w = worker_settings(_parser().parse_args(["decode-worker", "--deferred-timeout-s", "9",
+                                              "--deferred-resource", ""]))
+    assert w.recovery_modes == ("colocated", "disaggregated")
+    d = w.deferred
+    assert (d.ray_address, d.namespace, d.num_gpus, d.num_cpus, d.resource, d.timeout_s) == \
+        ("ray://head:10001", "ns", 1.0, 1.0, "", 9.0)
+    monkeypatch.delenv("RAINCHECK_RECOVERY_MODES")
+    serve = worker_settings(_parser().parse_args(["serve"]))
+    assert serve.recovery_modes == ("colocated",)
+    serve = worker_settings(_parser().parse_args(["serve", "--deferred-workers", "3"]))
+    assert serve.recovery_modes == ("colocated", "disaggregated") and serve.deferred.workers == 3
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["decode-worker", "--recovery-modes", "colocated,remote"])
+    assert "recovery modes are colocated, disaggregated" in capsys.readouterr().err
 
 
 def test_client_reports_an_unreachable_server():

@@ -52,6 +52,15 @@ def test_session_record_turn_log_and_close(store):
     assert store.session("s1") is None
 
 
+def test_detach_only_by_the_holding_worker(store):
+    store.create_session(SessionRecord("s1", "owner", "tiny", "w1", {}, "colocated"))
+    assert not store.detach_session("s1", "w2")          # moved on already: left alone
+    assert store.session("s1").worker_id == "w1"
+    assert store.detach_session("s1", "w1")
+    assert store.session("s1").worker_id == "" and not store.detach_session("s1", "w1")
+    assert not store.detach_session("nope", "w1")
+
+
 def test_blobs_by_content(store):
     key = store.put_blob(b"\x89PNG...")
     assert key == digest(b"\x89PNG...") and store.blob(key) == b"\x89PNG..."

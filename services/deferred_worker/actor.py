@@ -1,0 +1,95 @@
+"""The deferred-worker Ray actor, and how to reach Ray and name, find and start such actors.
+
+A `DeferredWorker` holds one Engine on the decode workers' checkpoint and prefills the residuals they
+ship (`raincheck_core.deferral.handoff.prefill_residual`). Payloads and results cross Ray's object
+store as numpy arrays (wire.py): Ray deserializes them zero-copy, and the actor never unpickles a torch
+tensor. Ray itself pickles what it carries, so the cluster must be trusted (it is Raincheck's own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import ray
+
+from raincheck_core.deferral.handoff import ResidualPayload, prefill_residual
+
+from ..common.settings import DeferredSettings, ModelSpec
+from ..decode_worker.loading import load_engine
+from .wire import pack, unpack
+
+log = logging.getLogger(__name__)
+
+
+class DeferredWorker:
+    """Ray actor class (wrapped with `ray.remote` where it is started, with the options it asks for)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.engine = load_engine(spec)
+        self.calls = 0
+
+    def prefill(self, payload: dict) -> dict:
+        """Prefill a packed `ResidualPayload`; returns the packed `ResidualResult` and the compute time."""
+        t0 = time.perf_counter()
+        result = prefill_residual(self.engine, unpack(ResidualPayload, payload, self.engine.device))
+        self.calls += 1
+        return {"result": pack(result), "compute_s": time.perf_counter() - t0}
+
+    def stats(self) -> dict[str, int]:
+        return {"pid": os.getpid(), "calls": self.calls}
+
+
+_Remote = ray.remote(DeferredWorker)
+
+
+def connect(settings: DeferredSettings, local_slots: int) -> bool:
+    """Attach to `settings.ray_address` (a cluster, or `ray://` Ray Client), or start a private local Ray
+    (on loopback) offering `local_slots` units of the custom resource. True when this call connected,
+    so the caller disconnects at its end; False when this process was already connected."""
+    if ray.is_initialized():
+        return False
+    if settings.ray_address:
+        log.info("connecting to Ray at %s (namespace %s)", settings.ray_address, settings.namespace)
+        ray.init(address=settings.ray_address, namespace=settings.namespace, log_to_driver=False)
+        return True
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # every Ray listener on 127.0.0.1
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    resources = {settings.resource: local_slots} if settings.resource else None
+    log.info("starting a local Ray for deferred workers (namespace %s)", settings.namespace)
+    ray.init(address="local", namespace=settings.namespace, include_dashboard=False, resources=resources,
+             log_to_driver=False)
+    return True
+
+
+def actor_prefix(model: str) -> str:
+    """Names of the registered deferred workers serving `model` start with this."""
+    return f"deferred:{model}:"
+
+
+def registered(settings: DeferredSettings, model: str) -> list[ray.actor.ActorHandle]:
+    """The live actors registered by name in the namespace for `model`."""
+    prefix = actor_prefix(model)
+    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["namespace"] == settings.namespace and a["name"].startswith(prefix))
+    found = []
+    for name in names:
+        try:
+            found.append(ray.get_actor(name, namespace=settings.namespace))
+        except ValueError:   # gone since it was listed
+            continue
+    return found
+
+
+def actor_options(settings: DeferredSettings) -> dict:
+    """What each deferred worker asks Ray for."""
+    options = dict(num_cpus=settings.num_cpus, num_gpus=settings.num_gpus, namespace=settings.namespace)
+    if settings.resource:
+        options["resources"] = {settings.resource: 1}
+    return options
+
+
+def start_actor(settings: DeferredSettings, spec: ModelSpec, **options) -> ray.actor.ActorHandle:
+    """A new deferred worker (its checkpoint loads in the background; calls queue until it has)."""
+    return _Remote.options(**actor_options(settings), **options).remote(spec)
