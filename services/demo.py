@@ -1,50 +1,72 @@
-"""`raincheck demo`: a scripted two-turn image chat, printing each turn's tokens, TTFT and TPOT.
+"""`raincheck demo` (what `make demo` runs): the embedded default end to end.
 
-Until the project's demo model ships, the default is a randomly initialised Qwen3.5-architecture
-checkpoint: its answers are noise (and it has no tokenizer, so ids are printed), its timings are real.
+A frontend and a decode worker start in this process (gRPC over loopback, in-process store); the
+client SDK then plays one scripted multi-turn dialogue about a rendered scene under each policy —
+full, hard, raincheck, post_answer — printing every answer with its TTFT and TPOT, and how much of
+the image was deferred and still pending when the answer ended.
 """
 
 from __future__ import annotations
 
-import io
-import tempfile
-from pathlib import Path
+import logging
+import random
 
-from PIL import Image, ImageDraw
+from raincheck_client import Client
+from raincheck_client.events import Final, Metrics
+from raincheck_core.models.demo.world import make_dialogue
 
-from raincheck_core import Engine, Prompt, SamplingParams
+from .common.settings import FrontendSettings, WorkerSettings
+from .common.store import make_store
+from .decode_worker.loading import default_model
 
-
-def _scene(size: int = 384) -> bytes:
-    img = Image.new("RGB", (size, size), "white")
-    draw = ImageDraw.Draw(img)
-    for i, colour in enumerate(["red", "green", "blue", "orange"]):
-        x = 40 + 80 * i
-        draw.ellipse([x, 60 + 50 * i, x + 60, 120 + 50 * i], fill=colour)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+POLICIES = ("full", "hard", "raincheck", "post_answer")
 
 
-def run_demo(model: str | None, max_new_tokens: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        if model is None:
-            from raincheck_core.models.random_init import save_random_checkpoint
+def run_demo(model: str | None, max_new_tokens: int, seed: int = 7) -> None:
+    from .decode_worker.server import DecodeWorkerServer
+    from .frontend.server import FrontendServer
 
-            print("No demo model yet: using a RANDOM Qwen3.5-architecture model (answers are noise).")
-            model = str(save_random_checkpoint(Path(tmp) / "random", "qwen3_5", "bench"))
-        engine = Engine.from_pretrained(model)
-        cfg = engine.model_config
-        visual = engine.vision.encode_images([_scene()])[0]
-        n = visual.num_tokens(cfg.spatial_merge_size)
-        image = [cfg.vision_start_token_id] + [cfg.image_token_id] * n + [cfg.vision_end_token_id]
-        turns = [Prompt([11, 12, *image, 13, 14, 15], [visual]), Prompt([16, 17, 18])]
-        session = engine.open_session()
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-        for i, prompt in enumerate(turns, 1):
-            end = session.turn(prompt, sampling).result()
-            m = end.metrics
-            print(f"turn {i}: {m.prompt_tokens} new input tokens ({n if i == 1 else 0} visual), "
-                  f"TTFT {1e3 * m.ttft_s:.1f} ms, TPOT {1e3 * m.tpot_s:.1f} ms, E2E {1e3 * m.e2e_s:.0f} ms")
-            print(f"  tokens: {end.token_ids}")
-        session.close()
+    for name in ("services", "raincheck_core"):    # the demo's own lines are the output
+        logging.getLogger(name).setLevel(logging.WARNING)
+    model = model or default_model()
+    if model is None:
+        print("The demo model is not in this checkout: serving a RANDOM model (answers are noise).")
+    store = make_store(None, "raincheck-demo:", 3600)
+    worker = DecodeWorkerServer(WorkerSettings(model=model, port=0, metrics_port=None), store).start()
+    front = FrontendServer(FrontendSettings(port=0, metrics_port=None), store).start()
+    dialogue = make_dialogue(random.Random(seed))
+    image = dialogue.scene.png()
+    print(f"embedded default on {front.address}: model {worker.model}, scene {dialogue.scene.rows}x"
+          f"{dialogue.scene.cols} ({dialogue.scene.rows * dialogue.scene.cols} visual tokens)\n")
+    try:
+        with Client(front.address) as client:
+            for policy in POLICIES:
+                print(f"== {policy}")
+                session = client.create_session(policy=policy, retention=0.3, chunk_size=15, guard=4)
+                for i, question in enumerate(dialogue.questions):
+                    turn = session.send(question.text, images=[image] if i == 0 else [],
+                                        max_new_tokens=max_new_tokens)
+                    final, metrics = _run(turn)
+                    ok = "ok " if final.text.strip() == question.answer else "-- "
+                    print(f"  T{i + 1} {ok}Q: {question.text}\n       A: {final.text.strip()!r} "
+                          f"(expected {question.answer!r})")
+                    print(f"       TTFT {1e3 * metrics.ttft_s:6.1f} ms  TPOT {1e3 * metrics.tpot_s:5.1f} ms  "
+                          f"deferred {metrics.deferred_tokens}, pending at answer end {metrics.deferred_pending}"
+                          + (f", barrier wait {1e3 * metrics.barrier_wait_s:.1f} ms" if i else ""))
+                session.close()
+    finally:
+        front.stop(1.0)
+        worker.stop(1.0)
+        store.close()
+
+
+def _run(turn) -> tuple[Final, Metrics]:
+    final = metrics = None
+    for event in turn:
+        if isinstance(event, Final):
+            final = event
+        elif isinstance(event, Metrics):
+            metrics = event
+    if final is None or metrics is None:
+        raise RuntimeError("the turn ended without its final event and metrics")
+    return final, metrics

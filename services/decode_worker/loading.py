@@ -6,24 +6,36 @@ import logging
 import tempfile
 from pathlib import Path
 
-from raincheck_core import Engine
+from raincheck_core import CheckpointError, Engine
+from raincheck_core.engine.engine import resolve_model_path
 
 from ..common.settings import ModelSpec
 
 log = logging.getLogger(__name__)
 
 
+def default_model() -> str | None:
+    """"demo" when the project's demo model is in this checkout (or $RAINCHECK_DEMO_MODEL), else None."""
+    try:
+        resolve_model_path("demo")
+    except CheckpointError:
+        return None
+    return "demo"
+
+
 def model_name(spec: ModelSpec) -> str:
     """The name clients (and deferred-worker actor names) know the model by."""
-    return spec.name or (Path(spec.model).name if spec.model is not None else f"random-{spec.random_size}")
+    model = spec.model or default_model()
+    return spec.name or (Path(model).name if model is not None else f"random-{spec.random_size}")
 
 
 def load_engine(spec: ModelSpec) -> Engine:
     """The checkpoint's Engine. Without a checkpoint, the seeded random model: the same weights in every
     process, so deferred workers join exactly what the decode worker would have computed."""
     options = dict(device=spec.device, dtype=spec.dtype, **spec.engine)
-    if spec.model is not None:
-        return Engine.from_pretrained(spec.model, **options)
+    model = spec.model or default_model()
+    if model is not None:
+        return Engine.from_pretrained(model, **options)
     from .random_model import save_random_model
 
     log.warning("no --model given: serving a RANDOM %s Qwen3.5-architecture model with a character-level "
