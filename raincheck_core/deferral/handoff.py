@@ -132,6 +132,18 @@ def apply_residual(engine, session, result: ResidualResult) -> None:
         engine._recovery_done(seq)
 
 
+def hold(engine, session) -> Recovery | None:
+    """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
+    alone (fused chunks during the answer still run), so what is left at the answer's end can be
+    exported whole. Returns the recovery held, or None when nothing is left to recover."""
+    with engine.lock:
+        rec = session.seq.recovery
+        if rec is None or rec.done:
+            return None
+        rec.handed_off = True
+        return rec
+
+
 def take_back(engine, session) -> None:
     """The deferred worker failed or timed out: recover locally again (a recovery is never lost)."""
     with engine.lock:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import RayActorError
 
-from raincheck_core.deferral.handoff import ResidualResult, apply_residual, export_residual, take_back
+from raincheck_core.deferral.handoff import ResidualResult, apply_residual, export_residual, hold, take_back
 from raincheck_core.deferral.recovery import Recovery
 
 from ..common.logs import bind
@@ -72,11 +72,9 @@ class DisaggregatedRecovery(RecoveryBackend):
         (fused chunks still ride on the turn's decode steps). This sets the engine's hand-off mark right
         after admission; only a turn that ends within a step or two can lose that race, and then some
         of its rows are simply recovered locally first."""
-        with ws.session.engine.lock:
-            rec = ws.session.seq.recovery
-            if rec is None or rec.done:
-                return
-            rec.handed_off = True
+        rec = hold(ws.session.engine, ws.session)
+        if rec is None:
+            return
         with self._lock:
             self._held[ws.id] = (ws, rec)
 
