@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from .data import Layout
-from .world import Scene
+from .world import COLOURS, SHAPES, Scene
 
 PATCH, MERGE, TEMPORAL = 16, 2, 2
+COLOUR_INDEX = {c: i for i, c in enumerate(COLOURS)}
+SHAPE_INDEX = {s: i for i, s in enumerate(SHAPES)}
 
 
 def pixels(scene: Scene) -> torch.Tensor:
@@ -29,10 +31,7 @@ def pixels(scene: Scene) -> torch.Tensor:
 
 
 def grid_thw(scene: Scene) -> list[int]:
-    return [1, scene.rows * CELL_PATCHES, scene.cols * CELL_PATCHES]
-
-
-CELL_PATCHES = 2
+    return [1, scene.rows * MERGE, scene.cols * MERGE]
 
 
 @dataclass
@@ -48,7 +47,8 @@ class Views:
 def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) -> torch.Tensor:
     """The rows of `lay` this example shows, in processing order; text rows and needed cells always."""
     n = len(lay.visual_rows)
-    others = [i for i in range(n) if i not in set(lay.needed.tolist())]
+    needed = set(lay.needed.tolist())
+    others = [i for i in range(n) if i not in needed]
     shown = set(others)
     deferred: list[int] = []
     if progress < views.curriculum:
@@ -81,6 +81,9 @@ class Batch:
     positions: torch.Tensor    # [3, B, T']
     mask: torch.Tensor         # [B, T'] 1 = real row
     targets: torch.Tensor      # [B, T'] next-token id at answer rows, -100 elsewhere
+    content: torch.Tensor      # [sum N, 2]: colour and shape index of every visual token (image order)
+    cells: torch.Tensor        # [B, T', 2]: (row, column) of the cell at each visual row, -100 elsewhere
+    pointers: torch.Tensor     # [P, 3]: (example, position, position of the cell its answer token names)
 
 
 def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]) -> Batch:
@@ -94,7 +97,9 @@ def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]
     positions = torch.zeros(3, b, width, dtype=torch.long)
     mask = torch.zeros(b, width, dtype=torch.long)
     targets = torch.full((b, width), -100, dtype=torch.long)
-    for i, (lay, r, off) in enumerate(zip(layouts, rows, offsets, strict=True)):
+    cells = torch.full((b, width, 2), -100, dtype=torch.long)
+    pointers: list[tuple[int, int, int]] = []
+    for i, (lay, r, off, scene) in enumerate(zip(layouts, rows, offsets, scenes, strict=True)):
         gather[i, :len(r)] = r + off
         positions[:, i, :len(r)] = lay.positions[:, r]
         mask[i, :len(r)] = 1
@@ -102,20 +107,81 @@ def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]
         label = lay.label_mask
         nxt[label] = lay.ids[1:][label[:-1]]
         targets[i, :len(r)] = nxt[r]
+        where = torch.full((len(lay.ids), 2), -100, dtype=torch.long)
+        n = torch.arange(len(lay.visual_rows))
+        where[lay.visual_rows] = torch.stack([n // scene.cols, n % scene.cols], dim=1)
+        cells[i, :len(r)] = where[r]
+        at = torch.full((len(lay.ids),), -1, dtype=torch.long)
+        at[r] = torch.arange(len(r))
+        for row, cell in lay.pointers.tolist():
+            pointers.append((i, int(at[row]), int(at[lay.visual_rows[cell]])))
+    content = [[COLOUR_INDEX[col], SHAPE_INDEX[shp]] for s in scenes for line in s.objects for col, shp in line]
     return Batch(torch.cat([pixels(s) for s in scenes]), torch.tensor([grid_thw(s) for s in scenes]),
                  torch.cat([lay.ids for lay in layouts]),
                  torch.cat([lay.visual_rows + off for lay, off in zip(layouts, offsets, strict=True)]),
-                 gather, positions, mask, targets)
+                 gather, positions, mask, targets, torch.tensor(content), cells,
+                 torch.tensor(pointers, dtype=torch.long).view(-1, 3))
 
 
-def forward(model, batch: Batch) -> torch.Tensor:
-    """Logits [B, T', vocab] of transformers' VLM over each example's chosen rows."""
+class Probes(torch.nn.Module):
+    """Training-only read-outs and targets (discarded when the model is saved). Each gives the slow steps of
+    the lookup its own signal, so that they learn in minutes rather than after a long plateau:
+    - content: colour and shape of every cell, linearly from the vision tower's output;
+    - position: row and column of every shown cell, from the decoder's hidden state after `position_layer`
+      (the tower has no position embedding: the decoder must get them from the 3-D M-RoPE positions);
+    - query: at each answer row naming a cell, that cell's row and column, from the input of the last
+      attention layer (the question's cell must reach the row that looks it up);
+    - pointer: that row's attention (head 0 of the last attention layer) on the cell."""
+
+    def __init__(self, hidden: int, position_layer: int, max_cells: int = 16):
+        super().__init__()
+        self.position_layer = position_layer
+        self.max_cells = max_cells
+        self.content = torch.nn.Linear(hidden, len(COLOURS) + len(SHAPES))
+        self.position = torch.nn.Linear(hidden, 2 * max_cells)
+        self.query = torch.nn.Linear(hidden, 2 * max_cells)
+
+    def _cells(self, head: torch.nn.Linear, hidden: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        logits = head(hidden).view(*hidden.shape[:-1], 2, self.max_cells)
+        return F.cross_entropy(logits.reshape(-1, self.max_cells), cells.reshape(-1), ignore_index=-100)
+
+    def losses(self, visual: torch.Tensor, hidden: tuple[torch.Tensor, ...], attention: torch.Tensor,
+               batch: Batch) -> dict[str, torch.Tensor]:
+        c = self.content(visual)
+        b, row, cell = batch.pointers.unbind(1)
+        return {
+            "content": F.cross_entropy(c[:, :len(COLOURS)], batch.content[:, 0])
+            + F.cross_entropy(c[:, len(COLOURS):], batch.content[:, 1]),
+            "position": self._cells(self.position, hidden[self.position_layer + 1], batch.cells),
+            "query": self._cells(self.query, hidden[-2][b, row], batch.cells[b, cell]),
+            "pointer": -torch.log(attention[b, 0, row, cell] + 1e-6).mean(),
+        }
+
+
+def patch_embed_as_matmul(vision) -> None:
+    """Training speed: the patch embedding's Conv3d (kernel = stride = the whole patch) as one matmul."""
+    conv = vision.patch_embed.proj
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(conv.weight.dtype), conv.weight.flatten(1), conv.bias)
+
+    vision.patch_embed.forward = forward
+
+
+def forward(model, batch: Batch, probes: bool = False):
+    """Logits [B, T', vocab] of transformers' VLM over each example's chosen rows; with `probes`, also the
+    visual embeddings, every layer's hidden states and the last attention layer's probabilities (the
+    model must use eager attention then)."""
     visual = model.model.visual(batch.pixels, grid_thw=batch.grids).pooler_output
     lm = model.model.language_model
     flat = lm.embed_tokens(batch.flat_ids).index_put((batch.flat_visual,), visual)
     flat = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
-    hidden = lm(inputs_embeds=flat[batch.gather], attention_mask=batch.mask, position_ids=batch.positions)
-    return model.lm_head(hidden.last_hidden_state)
+    out = lm(inputs_embeds=flat[batch.gather], attention_mask=batch.mask, position_ids=batch.positions,
+             output_hidden_states=probes, output_attentions=probes)
+    logits = model.lm_head(out.last_hidden_state)
+    if not probes:
+        return logits
+    return logits, visual, out.hidden_states, out.attentions[-1]
 
 
 def loss_fn(logits: torch.Tensor, batch: Batch) -> torch.Tensor:

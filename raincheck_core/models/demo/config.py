@@ -9,7 +9,7 @@ from pathlib import Path
 from . import tokenizer as tk
 from .world import CELL
 
-MIN_PIXELS = 8 * 8 * CELL * CELL       # grids from 8×8 ...
+MIN_PIXELS = 4 * 4 * CELL * CELL       # grids from 4×4 ...
 MAX_PIXELS = 16 * 16 * CELL * CELL     # ... to 16×16 cells are not resized
 
 TEXT = dict(

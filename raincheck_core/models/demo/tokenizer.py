@@ -1,19 +1,56 @@
-"""The demo model's word-level tokenizer: the world's words plus Qwen's special tokens, with Qwen ChatML.
+"""The demo model's tokenizer: Qwen3.5's own tokenizer class with a tiny vocabulary of whole words.
 
-Special tokens come last, so the config's image/video/vision-start/end ids are fixed by `SPECIALS`.
-Whitespace (including the template's newlines) separates words and is not a token.
+transformers loads every `qwen3_5` checkpoint's tokenizer as `Qwen3_5Tokenizer` (byte-level BPE with
+Qwen's pre-tokenizer regex), whatever class `tokenizer_config.json` names; a WordLevel `tokenizer.json`
+would lose its words on that path. So the vocabulary is byte-level: every world word appears as `Ġword`
+(after a space) and, where it can open a text, as `word`, built up by BPE merges one character at a
+time, so each word is one token. Training builds the same class, so training and serving tokenize alike.
+Qwen's special tokens come last; the config's image/video/vision ids are fixed by `SPECIALS`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .world import vocabulary
+from .world import answer_starts, vocabulary
 
+SPACE, NEWLINE = "Ġ", "Ċ"      # byte-level forms of " " and "\n"
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>")
-WORDS = ("[UNK]", "system", "user", "assistant", *vocabulary())
-VOCAB = {w: i for i, w in enumerate((*WORDS, *SPECIALS))}
+OPENERS = ("system", "user", "assistant", "what", "how", "list", *answer_starts())   # words that start a text
+
+
+def _vocab_and_merges(pieces: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Single characters, then each piece's prefixes; a piece's merges extend it one character at a time."""
+    tokens = {c: i for i, c in enumerate(sorted({c for piece in pieces for c in piece} | {NEWLINE}))}
+    merges: list[tuple[str, str]] = []
+    for piece in pieces:
+        for end in range(2, len(piece) + 1):
+            if piece[:end] not in tokens:
+                tokens[piece[:end]] = len(tokens)
+                merges.append((piece[:end - 1], piece[end - 1]))
+    return tokens, merges
+
+
+def _ordered_pieces() -> list[str]:
+    """Every whole-word token (`Ġword`, and `word` for openers), longest first; a piece that a lower-ranked
+    merge of another word would split (e.g. `re` of "red" inside "three") moves to the front until none is."""
+    from transformers import Qwen3_5Tokenizer
+
+    pieces = sorted(dict.fromkeys([SPACE + w for w in [*vocabulary(), *OPENERS]] + list(OPENERS)), key=len,
+                    reverse=True)
+    for _ in range(len(pieces)):
+        vocab, merges = _vocab_and_merges(pieces)
+        tok = Qwen3_5Tokenizer(vocab=vocab, merges=merges, unk_token=None)
+        split = [p for p in pieces if len(tok.tokenize(p.replace(SPACE, " "))) != 1]
+        if not split:
+            return pieces
+        pieces = split + [p for p in pieces if p not in split]
+    raise RuntimeError(f"cannot make every word one token: {split}")
+
+
+VOCAB, MERGES = _vocab_and_merges(_ordered_pieces())
+VOCAB = {**VOCAB, **{s: len(VOCAB) + i for i, s in enumerate(SPECIALS)}}
 VOCAB_SIZE = len(VOCAB)
 PAD, IM_START, IM_END = VOCAB["<|endoftext|>"], VOCAB["<|im_start|>"], VOCAB["<|im_end|>"]
 VISION_START, VISION_END = VOCAB["<|vision_start|>"], VOCAB["<|vision_end|>"]
@@ -32,18 +69,16 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer():
-    """A transformers fast tokenizer (WordLevel, whitespace/punctuation split) with the chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """transformers' Qwen3_5Tokenizer over the demo vocabulary, with the chat template."""
+    from tokenizers import AddedToken
+    from transformers import Qwen3_5Tokenizer
 
-    tok = Tokenizer(models.WordLevel(dict(VOCAB), unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins words with single spaces
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token="[UNK]")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    tok = Qwen3_5Tokenizer(vocab=dict(VOCAB), merges=list(MERGES), unk_token=None, eos_token="<|im_end|>",
+                           pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken(s, special=True, normalized=False)
+                                                          for s in SPECIALS]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def save_tokenizer(folder: Path) -> None:

@@ -24,19 +24,32 @@ from tqdm import tqdm
 from . import batch as B
 from .config import model_config, save_processor_files
 from .data import formatter, layout
-from .world import KINDS, make_dialogue
+from .world import TRAINED_KINDS, make_dialogue
 
 TRAIN_SEED_OFFSET = 1_000_003   # training dialogues come from seed + offset; held-out seeds stay below it
 VALIDATION_SEED = 77
 
 
-def examples(rng: random.Random, fmt, n: int, kinds: tuple[str, ...]) -> tuple[list, list]:
-    dialogues = [make_dialogue(rng, kinds=kinds) for _ in range(n)]
+def examples(rng: random.Random, fmt, n: int, kinds: tuple[str, ...], progress: float | None = None,
+             args: argparse.Namespace | None = None) -> tuple[list, list]:
+    """`n` dialogues with their layouts: held-out style (12×12, 3–4 turns) when `progress` is None, else
+    training style: grids growing from 4×4 to 12×12 over the size curriculum (then some 16×16) and
+    more turns per image (more answers per visual prefill)."""
+    dialogues = []
+    for _ in range(n):
+        if progress is None:
+            dialogues.append(make_dialogue(rng, kinds=kinds))
+            continue
+        top = 4 + round(8 * min(1.0, progress / args.size_curriculum))
+        rows = 16 if progress > args.size_curriculum and rng.random() < args.large else rng.randint(4, top)
+        cols = rows if rng.random() < 0.5 else rng.randint(max(4, rows - 2), min(16, rows + 2))
+        dialogues.append(make_dialogue(rng, rows, cols, turns=rng.randint(3, args.max_turns), kinds=kinds,
+                                       min_gap=1))
     return [d.scene for d in dialogues], [(d, layout(fmt, d)) for d in dialogues]
 
 
 @torch.no_grad()
-def evaluate(model, fmt, n: int = 64, seed: int = VALIDATION_SEED, kinds: tuple[str, ...] = KINDS,
+def evaluate(model, fmt, n: int = 64, seed: int = VALIDATION_SEED, kinds: tuple[str, ...] = TRAINED_KINDS,
              retention: float = 1.0, batch_size: int = 16) -> dict:
     """Teacher-forced exact match (= greedy exact match given the gold history) per kind and per turn;
     `retention` < 1 drops a random part of the visual tokens (position-preserving), as `hard` would."""
@@ -66,6 +79,16 @@ def evaluate(model, fmt, n: int = 64, seed: int = VALIDATION_SEED, kinds: tuple[
     return {k: sum(v) / len(v) for k, v in sorted(hits.items())}
 
 
+def slow_decay(model) -> None:
+    """Start every GDN head with a slow decay (A in [0.02, 0.5] instead of transformers' [0, 16]), so the
+    recurrent state remembers the question's words for more than a token or two from the start."""
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            if hasattr(layer, "linear_attn"):
+                a_log = layer.linear_attn.A_log
+                a_log.copy_(torch.empty_like(a_log).uniform_(0.02, 0.5).log())
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -84,7 +107,10 @@ def train(args: argparse.Namespace) -> dict:
             model.model.visual.pos_embed.weight.zero_()
         model.model.visual.pos_embed.weight.requires_grad_(False)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    B.patch_embed_as_matmul(model.model.visual)
+    slow_decay(model)
+    probes = B.Probes(model.config.text_config.hidden_size, args.position_layer)
+    params = [p for p in [*model.parameters(), *probes.parameters()] if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     views = B.Views(curriculum=args.curriculum)
     t0 = time.perf_counter()
@@ -92,20 +118,26 @@ def train(args: argparse.Namespace) -> dict:
     log = []
     for step in bar:
         progress = step / args.steps
-        scenes, pairs = examples(rng, fmt, args.batch, kinds)
+        scenes, pairs = examples(rng, fmt, args.batch, kinds, progress, args)
         rows = [B.choose_rows(lay, progress, views, rng) for _, lay in pairs]
         batch = B.collate(scenes, [lay for _, lay in pairs], rows)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        loss = B.loss_fn(B.forward(model, batch), batch)
+        model.set_attn_implementation("eager")
+        logits, visual, hidden, attention = B.forward(model, batch, probes=True)
+        model.set_attn_implementation("sdpa")
+        answer_loss = B.loss_fn(logits, batch)
+        aux = probes.losses(visual, hidden, attention, batch)
+        loss = answer_loss + args.aux_weight * sum(aux.values())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{answer_loss.item():.3f}", **{k: f"{v.item():.2f}" for k, v in aux.items()})
         if args.eval_every and (step + 1) % args.eval_every == 0:
             acc = evaluate(model, fmt, args.eval_n, kinds=kinds)
-            log.append({"step": step + 1, "minutes": (time.perf_counter() - t0) / 60, "loss": loss.item(), **acc})
+            log.append({"step": step + 1, "minutes": (time.perf_counter() - t0) / 60, "loss": answer_loss.item(),
+                        **{k: v.item() for k, v in aux.items()}, **acc})
             tqdm.write(json.dumps(log[-1]))
         if time.perf_counter() - t0 > args.minutes * 60:
             tqdm.write(f"stopping at step {step + 1}: --minutes {args.minutes} reached")
@@ -126,16 +158,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="models/demo")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=800)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--curriculum", type=float, default=0.4)
-    p.add_argument("--kinds", default=",".join(KINDS))
-    p.add_argument("--vit-position", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--curriculum", type=float, default=0.4, help="share of training with the distractor curriculum")
+    p.add_argument("--size-curriculum", type=float, default=0.4, help="share of training while grids grow to 12×12")
+    p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--kinds", default=",".join(TRAINED_KINDS))
+    p.add_argument("--vit-position", action=argparse.BooleanOptionalAction, default=False,
+                   help="let the vision tower learn absolute position embeddings (default: zero, frozen)")
+    p.add_argument("--position-layer", type=int, default=3, help="decoder layer whose output the position probe reads")
+    p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--minutes", type=float, default=40.0)
-    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--minutes", type=float, default=45.0)
+    p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-n", type=int, default=64)
     p.add_argument("--final-n", type=int, default=256)
     return p.parse_args(argv)

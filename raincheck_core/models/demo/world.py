@@ -21,8 +21,10 @@ COLOURS = {"red": (220, 40, 40), "green": (40, 165, 60), "blue": (40, 80, 225), 
 SHAPES = ("square", "circle", "triangle", "diamond", "cross", "ring")
 DIRECTIONS = {"left": (0, -1), "right": (0, 1), "above": (-1, 0), "below": (1, 0)}
 KINDS = ("colour", "shape", "relation", "count", "list")
+TRAINED_KINDS = ("colour", "shape", "relation", "list")    # counting did not learn in the training budget
 BACKGROUND = (245, 245, 240)
-NUMBERS = tuple(str(i) for i in range(17))
+NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+           "thirteen", "fourteen", "fifteen", "sixteen")   # words: Qwen's pre-tokenizer splits digits
 QUESTION_WORDS = ("what", "colour", "shape", "is", "the", "object", "in", "row", "column", "of", "how", "many",
                   "objects", "are", "list", "?", ".", *DIRECTIONS)
 Cell = tuple[int, int]   # (row, column), 0-based
@@ -97,7 +99,7 @@ def random_scene(rng: random.Random, rows: int = 12, cols: int = 12) -> Scene:
 # -- questions ------------------------------------------------------------------------------------------------
 
 def _at(r: int, c: int) -> str:
-    return f"in row {r + 1} column {c + 1}"
+    return f"in row {NUMBERS[r + 1]} column {NUMBERS[c + 1]}"
 
 
 def ask(scene: Scene, kind: str, rng: random.Random, cell: Cell, line: str = "row") -> Question:
@@ -115,18 +117,18 @@ def ask(scene: Scene, kind: str, rng: random.Random, cell: Cell, line: str = "ro
         target = (r + dr, c + dc)
         return Question(kind, f"what is {d} of the object {_at(r, c)} ?", scene.name(*target), (target,))
     cells = [(r, j) for j in range(scene.cols)] if line == "row" else [(i, c) for i in range(scene.rows)]
-    index = r + 1 if line == "row" else c + 1
+    index = NUMBERS[r + 1 if line == "row" else c + 1]
     if kind == "count":
         n = sum(scene.objects[i][j][0] == colour for i, j in cells)
-        return Question(kind, f"how many {colour} objects are in {line} {index} ?", str(n), tuple(cells))
+        return Question(kind, f"how many {colour} objects are in {line} {index} ?", NUMBERS[n], tuple(cells))
     if kind == "list":
-        answer = " ".join(f"{k + 1} {scene.name(i, j)}" for k, (i, j) in enumerate(cells))
+        answer = " ".join(f"{NUMBERS[k + 1]} {scene.name(i, j)}" for k, (i, j) in enumerate(cells))
         return Question(kind, f"list the objects in {line} {index} .", answer, tuple(cells))
     raise ValueError(f"unknown question kind {kind!r}")
 
 
 FIRST_TURN = {"colour": 0.2, "shape": 0.2, "relation": 0.2, "count": 0.1, "list": 0.3}
-LATER_TURNS = {"colour": 0.25, "shape": 0.25, "relation": 0.25, "count": 0.1, "list": 0.15}
+LATER_TURNS = {"colour": 0.25, "shape": 0.25, "relation": 0.25, "count": 0.1, "list": 0.15}   # renormalised
 
 
 def _far(cell: Cell, used: list[Cell], line: str | None, min_gap: int) -> bool:
@@ -140,7 +142,7 @@ def _far(cell: Cell, used: list[Cell], line: str | None, min_gap: int) -> bool:
 
 
 def make_dialogue(rng: random.Random, rows: int = 12, cols: int = 12, turns: int | None = None,
-                  kinds: tuple[str, ...] = KINDS, first: dict[str, float] | None = None,
+                  kinds: tuple[str, ...] = TRAINED_KINDS, first: dict[str, float] | None = None,
                   later: dict[str, float] | None = None, min_gap: int = 3) -> Dialogue:
     """A scene and 3–4 questions; turn 2+ target cells at least `min_gap` rows/columns from earlier ones."""
     scene = random_scene(rng, rows, cols)
@@ -164,3 +166,8 @@ def make_dialogue(rng: random.Random, rows: int = 12, cols: int = 12, turns: int
 def vocabulary() -> list[str]:
     """Every word questions and answers use, in a fixed order."""
     return [*QUESTION_WORDS, *COLOURS, *SHAPES, *NUMBERS]
+
+
+def answer_starts() -> list[str]:
+    """Words that can open an answer (no space before them)."""
+    return [*COLOURS, *SHAPES, *NUMBERS]
