@@ -32,7 +32,9 @@ PAPER_SELECTORS = ("mmtok", "hiprune", "divprune", "visionzip")
 SELECTORS = (*PAPER_SELECTORS, "uniform", "query_topk")
 POLICIES = ("hard", "raincheck", "post_answer")
 DEFAULT = ("divprune", 0.3, 31)          # the engine's default selector, the paper's retention and chunk
-SWEEP_SELECTOR = "mmtok"                 # retention sweep (the paper sweeps MMTok)
+SWEEP_SELECTOR = "mmtok"                 # retention and chunk sweeps (the paper's Figure 9 sweeps MMTok)
+RETENTIONS = (0.3, 0.5, 0.7)
+CHUNKS = (7, 15, 31, 63)
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,10 @@ def arms(quick: bool) -> list[Arm]:
     if quick:
         out.append(Arm(f"post_answer/{DEFAULT[0]}", "post_answer"))
     else:
-        for r in (0.5, 0.7):
+        for r in RETENTIONS[1:]:
             out += [Arm(f"{p}/{SWEEP_SELECTOR}@{r}", p, SWEEP_SELECTOR, r) for p in POLICIES]
-        out += [Arm(f"raincheck/{DEFAULT[0]}/c{c}", "raincheck", chunk=c) for c in (7, 15, 63)]
+        out += [Arm(f"raincheck/{SWEEP_SELECTOR}/c{c}", "raincheck", SWEEP_SELECTOR, chunk=c)
+                for c in CHUNKS if c != DEFAULT[2]]
     out += [Arm("control/fresh", "hard", control="fresh"), Arm("control/kept", "hard", control="kept")]
     return out
 
@@ -122,6 +125,14 @@ def recovered(full: np.ndarray, hard: np.ndarray, rc: np.ndarray, idx: np.ndarra
     return float((r - h) / (f - h)) if f > h else float("nan")
 
 
+def accuracy_ci(scored: list[list[dict]], reps: int = 2000, seed: int = 0) -> list[float]:
+    """Marginal 95% bootstrap interval (over dialogues) of the turns-2+ exact match of one arm."""
+    per = later_turns(scored)
+    idx = np.random.default_rng(seed).integers(0, len(per), (reps, len(per)))
+    stats = per[idx, 0].sum(1) / per[idx, 1].sum(1)
+    return [float(x) for x in np.percentile(stats, [2.5, 97.5])]
+
+
 def bootstrap(full: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]], reps: int = 2000,
               seed: int = 0) -> tuple[float, float, float]:
     """Mean recovered fraction over `pairs` of (hard, raincheck) and its paired 95% interval."""
@@ -158,7 +169,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def report(results: dict, timing: dict, args: argparse.Namespace) -> dict:
-    summary = {name: summarise(scored) for name, scored in results.items()}
+    summary = {name: {**summarise(scored), "T2+_ci95": accuracy_ci(scored)} for name, scored in results.items()}
     full = later_turns(results["full"])
     selectors = {}
     for sel in (PAPER_SELECTORS if args.quick else SELECTORS):
@@ -182,7 +193,9 @@ def report(results: dict, timing: dict, args: argparse.Namespace) -> dict:
         "control_dialogues": n_ctrl,
         "control": {"fresh_acc": summary["control/fresh"]["T2+"], "kept_acc": summary["control/kept"]["T2+"],
                     "full_acc_same_dialogues": float(ctrl_full[:, 0].sum() / ctrl_full[:, 1].sum())},
-        "per_selector": selectors, "arms": summary, "seconds": timing,
+        "per_selector": selectors, "sweep": {"selector": SWEEP_SELECTOR, "retentions": RETENTIONS,
+                                             "chunks": CHUNKS},
+        "arms": summary, "seconds": timing,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

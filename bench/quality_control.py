@@ -1,9 +1,10 @@
 """The negative control of the quality benchmark: deferred visual tokens *without* their original positions.
 
 Same selection as the engine's `hard`/`raincheck` arms (the engine's own `partition_turn` on the engine's
-turn input), but the first turn is laid out as `I0 ‖ D ‖ answer` with D prefilled before the answer
-(more than `raincheck` gets) and D given fresh sequential 1-D positions, as if appended as text; every
-later token continues after them. The `reordered` arm is the same layout with D's original positions
+turn input), but the first turn is laid out as `I0 ‖ D ‖ answer` with D prefilled before the answer's
+second token (the first comes from I0 alone, as in `raincheck`; the rest see all of D, more than
+`raincheck` gives them) and D given fresh sequential 1-D positions, as if appended as text; every later
+token continues after them. The `reordered` arm is the same layout with D's original positions
 kept: the two differ only in D's position ids. Decoding is greedy through `Engine.forward_logits`
 (a full prefill per generated token, no session), so no engine hook is needed.
 """
@@ -38,14 +39,16 @@ class Transcript:
             rows = embed(torch.tensor(ids, device=embed.weight.device))
         self.add_rows(rows, torch.arange(self.next, self.next + len(ids)).expand(3, -1))
 
-    def next_token(self) -> int:
+    def next_token(self, row: int = -1) -> int:
         logits = self.engine.forward_logits(inputs_embeds=torch.cat(self.embeds),
                                             position_ids=torch.cat(self.positions, dim=1))
-        return int(logits[-1].argmax())
+        return int(logits[row].argmax())
 
 
 def first_turn(engine: Engine, transcript: Transcript, message: Message, cfg: DeferralConfig,
-               fresh_positions: bool) -> None:
+               fresh_positions: bool) -> int:
+    """Feed the first turn as `I0 ‖ D`; returns the row of I0's last token, whose logits give the first
+    answer token (as in `raincheck`, where the first token is sampled before any of D is prefilled)."""
     mc, fmt, vision = engine.model_config, engine.formatter, engine.vision
     vision.collect_selection_signals = cfg.needs_vision_signals
     prompt = fmt.build_prompt(message, first_turn=True, vision=vision, image_token_id=mc.image_token_id,
@@ -61,6 +64,7 @@ def first_turn(engine: Engine, transcript: Transcript, message: Message, cfg: De
     else:
         transcript.add_rows(full.embeds[deferred], full.positions[:, deferred])
         transcript.next = full.next_position
+    return len(keep) - 1
 
 
 def run_dialogue(engine: Engine, dialogue: Dialogue, png: bytes, cfg: DeferralConfig, fresh_positions: bool,
@@ -71,13 +75,14 @@ def run_dialogue(engine: Engine, dialogue: Dialogue, png: bytes, cfg: DeferralCo
     transcript = Transcript(engine)
     answers: list[str] = []
     for t, q in enumerate(dialogue.questions):
+        row = -1
         if t == 0:
-            first_turn(engine, transcript, Message(q.text, images=[png]), cfg, fresh_positions)
+            row = first_turn(engine, transcript, Message(q.text, images=[png]), cfg, fresh_positions)
         else:
             transcript.add_ids(fmt.encode(fmt.render_turn(Message(q.text), first_turn=False)))
         generated: list[int] = []
         while len(generated) < max_new[t]:
-            token = transcript.next_token()
+            token = transcript.next_token(row if not generated else -1)
             generated.append(token)
             if token in stops:
                 break

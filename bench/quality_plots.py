@@ -11,6 +11,39 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
+def sweep_arm(out: dict, policy: str, retention: float | None = None, chunk: int | None = None) -> str:
+    """The arm name of the sweep selector at `retention` (default 0.3) or `chunk` (default 31)."""
+    r0, c0 = out["default"]["retention"], out["default"]["chunk_size"]
+    name = f"{policy}/{out['sweep']['selector']}"
+    if retention is not None and retention != r0:
+        name += f"@{retention}"
+    if chunk is not None and chunk != c0:
+        name += f"/c{chunk}"
+    return name
+
+
+def table2(out: dict) -> str:
+    """The paper's Table 2 shape: Full / Hard / Ours per turn and overall, relative change from Full."""
+    arms = out["arms"]
+    full = arms["full"]
+    lines = [f"Exact match (%) per turn at retention {out['default']['retention']}, chunk "
+             f"{out['default']['chunk_size']}; parentheses: relative change from full", "",
+             "| selector | policy | T1 | T2 | T3+ | overall |", "|---|---|---|---|---|---|"]
+
+    def cell(s: dict, key: str, relative: bool) -> str:
+        if not relative or not full[key]:
+            return _pct(s[key])
+        return f"{_pct(s[key])} ({100 * (s[key] / full[key] - 1):+.1f}%)"
+
+    lines.append("| – | full | " + " | ".join(cell(full, k, False) for k in ("T1", "T2", "T3+", "all")) + " |")
+    for sel in out["per_selector"]:
+        for policy, label in (("hard", "hard"), ("raincheck", "raincheck (ours)")):
+            s = arms[f"{policy}/{sel}"]
+            lines.append(f"| {sel} | {label} | " + " | ".join(cell(s, k, True) for k in ("T1", "T2", "T3+", "all"))
+                         + " |")
+    return "\n".join(lines)
+
+
 def markdown(out: dict) -> str:
     arms = out["arms"]
     kinds = [k for k in KIND_COLUMNS if k in arms["full"]]
@@ -38,7 +71,7 @@ def markdown(out: dict) -> str:
               f"{out['default']['selector']} at {out['default']['retention']}): full "
               f"{_pct(c['full_acc_same_dialogues'])}, deferred tokens moved after the question with their original "
               f"positions {_pct(c['kept_acc'])}, with fresh sequential positions {_pct(c['fresh_acc'])}."]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + table2(out)
 
 
 def plot(out: dict, folder: Path) -> list[Path]:
@@ -52,7 +85,7 @@ def plot(out: dict, folder: Path) -> list[Path]:
     names = ["full", f"hard/{sel}", f"raincheck/{sel}", f"post_answer/{sel}", "control/fresh"]
     names = [n for n in names if n in arms]
     turns = ("T1", "T2", "T3+")
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         ax.bar([t + i * width for t in range(len(turns))], [100 * (arms[name][t] or 0) for t in turns], width,
@@ -61,7 +94,7 @@ def plot(out: dict, folder: Path) -> list[Path]:
     ax.set_ylabel("exact match (%)")
     ax.set_ylim(0, 105)
     ax.set_title(f"Demo model: accuracy per turn ({sel}, retention {out['default']['retention']})")
-    ax.legend(fontsize=8, ncols=2)
+    ax.legend(fontsize=8, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     per_turn = folder / "quality_per_turn.png"
     fig.savefig(per_turn, dpi=110)
@@ -81,4 +114,51 @@ def plot(out: dict, folder: Path) -> list[Path]:
     recovered = folder / "quality_recovered.png"
     fig.savefig(recovered, dpi=110)
     plt.close(fig)
-    return [per_turn, recovered]
+    paths = [per_turn, recovered]
+    if sweep_arm(out, "raincheck", chunk=out["sweep"]["chunks"][0]) in arms:
+        paths.append(figure9(out, folder, plt))
+    return paths
+
+
+def figure9(out: dict, folder: Path, plt) -> Path:
+    """The paper's Figure 9 shape: turns-2+ quality across retention ratios and chunk sizes (sweep
+    selector), shading the 95% marginal bootstrap interval."""
+    arms, sweep = out["arms"], out["sweep"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+
+    def line(ax, xs, names, label, style):
+        ys = [100 * arms[n]["T2+"] for n in names]
+        lo, hi = zip(*[[100 * v for v in arms[n]["T2+_ci95"]] for n in names], strict=True)
+        ax.plot(xs, ys, style, label=label)
+        ax.fill_between(xs, lo, hi, alpha=0.2)
+
+    rs = list(sweep["retentions"])
+    for policy, style in (("hard", "o-"), ("raincheck", "s-"), ("post_answer", "^--")):
+        line(left, rs, [sweep_arm(out, policy, retention=r) for r in rs], policy, style)
+    left.axhline(100 * arms["full"]["T2+"], color="grey", ls=":", label="full")
+    left.set_xticks(rs)
+    left.set_xlabel("initial retention")
+    left.set_ylabel("exact match, turns 2+ (%)")
+    right.set_ylabel("%")
+    left.legend(fontsize=8)
+    cs = list(sweep["chunks"])
+    names = [sweep_arm(out, "raincheck", chunk=c) for c in cs]
+    line(right, range(len(cs)), names, "raincheck: exact match, turns 2+", "s-")
+    # Turns 2+ start after the completion barrier, whatever the chunk; the chunk size shows in how much of
+    # a first-turn long answer the fused chunks restore in time.
+    right.plot(range(len(cs)), [100 * arms[n]["list_items_T1"] for n in names], "d-.", color="tab:purple",
+               label="raincheck: list items, turn 1")
+    right.axhline(100 * arms[sweep_arm(out, "hard")]["list_items_T1"], color="tab:purple", ls=(0, (1, 3)),
+                  label="hard: list items, turn 1")
+    right.axhline(100 * arms[sweep_arm(out, "hard")]["T2+"], color="tab:blue", ls="--",
+                  label="hard: exact match, turns 2+")
+    right.axhline(100 * arms["full"]["T2+"], color="grey", ls=":", label="full")
+    right.set_xticks(range(len(cs)), [str(c) for c in cs])
+    right.set_xlabel(f"chunk size (retention {out['default']['retention']})")
+    right.legend(fontsize=8)
+    fig.suptitle(f"Demo model, {sweep['selector']}: quality across retention and chunk size")
+    fig.tight_layout()
+    path = folder / "quality_sweeps.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-new-tokens", type=int, default=64)
 
     demo = add("demo", "scripted multi-turn image chat on the embedded default")
-    demo.add_argument("--model", default=None, help="checkpoint folder (default: a random model)")
-    demo.add_argument("--max-new-tokens", type=int, default=24)
+    demo.add_argument("--model", default=None,
+                      help="checkpoint folder (default: the demo model, models/demo; without it a random model)")
+    demo.add_argument("--max-new-tokens", type=int, default=48, help="room for a 36-token list answer")
     return parser
 
 

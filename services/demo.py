@@ -13,7 +13,7 @@ import random
 
 from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
-from raincheck_core.models.demo.world import make_dialogue
+from raincheck_core.models.demo.world import Question, make_dialogue
 
 from .common.settings import FrontendSettings, WorkerSettings
 from .common.store import make_store
@@ -22,7 +22,9 @@ from .decode_worker.loading import default_model
 POLICIES = ("full", "hard", "raincheck", "post_answer")
 
 
-def run_demo(model: str | None, max_new_tokens: int, seed: int = 7) -> None:
+# Seed 16's dialogue opens with a long answer (a 12-object list) whose row the 30% selection mostly
+# misses: the fused chunks restore it while the answer is written, which `hard` cannot.
+def run_demo(model: str | None, max_new_tokens: int, seed: int = 16) -> None:
     from .decode_worker.server import DecodeWorkerServer
     from .frontend.server import FrontendServer
 
@@ -47,9 +49,9 @@ def run_demo(model: str | None, max_new_tokens: int, seed: int = 7) -> None:
                     turn = session.send(question.text, images=[image] if i == 0 else [],
                                         max_new_tokens=max_new_tokens)
                     final, metrics = _run(turn)
-                    ok = "ok " if final.text.strip() == question.answer else "-- "
-                    print(f"  T{i + 1} {ok}Q: {question.text}\n       A: {final.text.strip()!r} "
-                          f"(expected {question.answer!r})")
+                    answer = " ".join(final.text.split())
+                    ok = "ok " if answer == question.answer else "-- "
+                    print(f"  T{i + 1} {ok}Q: {question.text}\n       A: {answer!r}{_items(answer, question)}")
                     print(f"       TTFT {1e3 * metrics.ttft_s:6.1f} ms  TPOT {1e3 * metrics.tpot_s:5.1f} ms  "
                           f"deferred {metrics.deferred_tokens}, pending at answer end {metrics.deferred_pending}"
                           + (f", barrier wait {1e3 * metrics.barrier_wait_s:.1f} ms" if i else ""))
@@ -58,6 +60,17 @@ def run_demo(model: str | None, max_new_tokens: int, seed: int = 7) -> None:
         front.stop(1.0)
         worker.stop(1.0)
         store.close()
+
+
+def _items(answer: str, question: Question) -> str:
+    """How much of a wrong answer is right: list items in place, or just the expected answer."""
+    if answer == question.answer:
+        return ""
+    if question.kind != "list":
+        return f" (expected {question.answer!r})"
+    got, ref = answer.split(), question.answer.split()
+    right = sum(got[i:i + 3] == ref[i:i + 3] for i in range(0, len(ref), 3))
+    return f" ({right} of {len(ref) // 3} objects right)"
 
 
 def _run(turn) -> tuple[Final, Metrics]:

@@ -39,6 +39,7 @@ def load_engine(spec: ModelSpec) -> Engine:
     from .random_model import save_random_model
 
     log.warning("no --model given: serving a RANDOM %s Qwen3.5-architecture model with a character-level "
-                "tokenizer (answers are noise; timings are real) until the demo model ships", spec.random_size)
+                "tokenizer (answers are noise; timings are real): the demo model (models/demo) is not in this "
+                "checkout", spec.random_size)
     with tempfile.TemporaryDirectory(prefix="raincheck-random-") as folder:
         return Engine.from_pretrained(save_random_model(folder, spec.random_size), **options)

@@ -103,7 +103,7 @@ def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_namesp
     fallbacks = _fallbacks(reason)
 
     session, first, second = _chat(client, "disaggregated", follow=False)
-    _wait(lambda: ray.get(slow.started.remote()) == 1)                    # the payload is in the actor
+    _wait(lambda: ray.get(slow.started.remote()) == 1, 60.0)              # the payload is in the actor
     if failure == "killed":
         ray.kill(slow)
     _wait(lambda: session.status().pending_deferred_tokens == 0)

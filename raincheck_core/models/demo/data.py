@@ -25,7 +25,6 @@ class Layout:
     positions: torch.Tensor        # long [3, T]
     visual_rows: torch.Tensor      # long [N]: rows of the image tokens, row-major over the grid
     answers: list[tuple[int, int]]  # per turn, [start, end) rows of the answer tokens (incl. <|im_end|>)
-    turn_starts: list[int]         # per turn, the first row of its question
     needed: torch.Tensor           # long: indices into visual_rows of every cell some answer needs
     pointers: torch.Tensor         # long [P, 2]: (row, cell) where the row predicts that cell's colour or shape
 
@@ -42,28 +41,26 @@ def formatter() -> ChatFormatter:
     return ChatFormatter(tk.build_tokenizer(), tk.CHAT_TEMPLATE)
 
 
-def layout(fmt: ChatFormatter, dialogue: Dialogue, answers: list[str] | None = None) -> Layout:
-    """The token layout of `dialogue` with its gold answers (or `answers`, e.g. a model's own)."""
+def layout(fmt: ChatFormatter, dialogue: Dialogue) -> Layout:
+    """The token layout of `dialogue` with its reference answers."""
     scene = dialogue.scene
     n = scene.rows * scene.cols
     pad = tk.VOCAB["<|image_pad|>"]
     ids: list[int] = []
     spans: list[tuple[int, int]] = []
-    starts: list[int] = []
     pointers: list[tuple[int, int]] = []
     for t, q in enumerate(dialogue.questions):
         message = Message(q.text, images=[b""] if t == 0 else [])
         text = fmt.render_turn(message, first_turn=t == 0)
-        starts.append(len(ids))
         ids += fmt.encode(text.replace("<|image_pad|>", "<|image_pad|>" * n))
-        answer = fmt.encode(answers[t] if answers is not None else q.answer) + [tk.IM_END]
+        answer = fmt.encode(q.answer) + [tk.IM_END]
         spans.append((len(ids), len(ids) + len(answer)))
         pointers += [(row, r * scene.cols + c) for row, (r, c) in _attribute_rows(fmt, q, answer, len(ids))]
         ids += answer
     grid = VisualInput("image", torch.empty(n, 0), (1, 2 * scene.rows, 2 * scene.cols))
     pos = compute_positions(ids, [grid], image_token_id=pad, video_token_id=tk.VIDEO_PAD, merge=2)
     needed = sorted({r * scene.cols + c for q in dialogue.questions for r, c in q.cells})
-    return Layout(torch.tensor(ids), pos.positions, pos.spans[0].token_indices, spans, starts,
+    return Layout(torch.tensor(ids), pos.positions, pos.spans[0].token_indices, spans,
                   torch.tensor(needed, dtype=torch.long), torch.tensor(pointers, dtype=torch.long).view(-1, 2))
 
 

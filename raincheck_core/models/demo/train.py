@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import Qwen3_5ForConditionalGeneration
 
 from . import batch as B
 from .config import model_config, save_processor_files
@@ -101,7 +102,7 @@ def train(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed + TRAIN_SEED_OFFSET)
     kinds = tuple(args.kinds.split(","))
     fmt = formatter()
-    model = __import__("transformers").Qwen3_5ForConditionalGeneration(model_config())
+    model = Qwen3_5ForConditionalGeneration(model_config())
     if not args.vit_position:
         with torch.no_grad():
             model.model.visual.pos_embed.weight.zero_()
