@@ -26,6 +26,22 @@ from ..inputs import Message, Prompt, VisualInput
 from .vision import VisionEncoder
 
 TURN_END = "<|im_end|>"
+
+
+def chatml_template(default_system: str | None = None) -> str:
+    """Qwen's ChatML as a Jinja chat template, visuals as typed content parts (the shape Qwen2-VL/Qwen3-VL
+    ship), optionally with a default system prompt: for the checkpoints this project writes itself."""
+    system = ("{%- if messages[0].role != 'system' %}"
+              f"{{{{ '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}{{%- endif %}}"
+              if default_system else "")
+    return (system
+            + "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
+            "{%- if message.content is string %}{{ message.content }}{%- else %}{%- for c in message.content %}"
+            "{%- if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+            "{%- elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+            "{%- elif c.type == 'text' %}{{ c.text }}{%- endif %}{%- endfor %}{%- endif %}"
+            "{{ '<|im_end|>\\n' }}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
 _SENTINEL = "RAINCHECKPREVIOUSANSWER"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from raincheck_core.models.random_init import save_random_checkpoint
+from raincheck_core.multimodal.chat import chatml_template
 
 # Byte-level BPE without merges: every printable ASCII character is a token ("Ġ" is a space, "Ċ" a newline),
 # so any text encodes; the ids left over are whole words, so that sampled noise reads as words.
@@ -18,17 +19,7 @@ WORDS = ["the", "a", "red", "green", "blue", "orange", "yellow", "box", "circle"
          "top", "bottom", "of", "and", "is", "it", "there", "one", "two", "three", "four", "yes", "no", "what",
          "this", "how", "many", "where", "color", "on", "in", "next", "to", "above", "below", "small", "large"]
 
-CHAT_TEMPLATE = (
-    "{%- if messages[0].role != 'system' %}"
-    "{{ '<|im_start|>system\\nyou are helpful .<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
-    "{%- if message.content is string %}{{ message.content }}{%- else %}{%- for c in message.content %}"
-    "{%- if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif c.type == 'text' %}{{ c.text }}{%- endif %}{%- endfor %}{%- endif %}"
-    "{{ '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+CHAT_TEMPLATE = chatml_template("you are helpful .")
 
 
 def save_random_model(folder: str | Path, size: str = "tiny", seed: int = 0) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
+from raincheck_core.multimodal.chat import chatml_template
 from tests import tiny
 
 torch.set_num_threads(2)
@@ -48,17 +49,7 @@ WORDS = ["[UNK]", "user", "assistant", "system", "what", "is", "this", "?", "a",
          "blue", "one", "<", ">", ".", "seconds", "0", "1", "2", "5", "8", "you", "are", "helpful", "hi"]
 
 # Qwen-VL style template (shape of Qwen2-VL's: default system prompt, visuals as typed content parts).
-QWEN_TEMPLATE = (
-    "{%- if messages[0].role != 'system' %}"
-    "{{ '<|im_start|>system\\nyou are helpful .<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
-    "{%- if message.content is string %}{{ message.content }}{%- else %}{%- for c in message.content %}"
-    "{%- if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif c.type == 'text' %}{{ c.text }}{%- endif %}{%- endfor %}{%- endif %}"
-    "{{ '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+QWEN_TEMPLATE = chatml_template("you are helpful .")
 
 
 def save_tokenizer(folder: Path, chat_template: str | None = None, generation_eos=None) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...multimodal.chat import chatml_template
 from .world import answer_starts, vocabulary
 
 SPACE, NEWLINE = "Ġ", "Ċ"      # byte-level forms of " " and "\n"
@@ -56,16 +57,8 @@ PAD, IM_START, IM_END = VOCAB["<|endoftext|>"], VOCAB["<|im_start|>"], VOCAB["<|
 VISION_START, VISION_END = VOCAB["<|vision_start|>"], VOCAB["<|vision_end|>"]
 IMAGE_PAD, VIDEO_PAD = VOCAB["<|image_pad|>"], VOCAB["<|video_pad|>"]
 
-# Qwen ChatML (as Qwen2-VL/Qwen3-VL render it) without a default system prompt; visuals as typed parts.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
-    "{%- if message.content is string %}{{ message.content }}{%- else %}{%- for c in message.content %}"
-    "{%- if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif c.type == 'text' %}{{ c.text }}{%- endif %}{%- endfor %}{%- endif %}"
-    "{{ '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# Qwen ChatML without a default system prompt.
+CHAT_TEMPLATE = chatml_template()
 
 
 def build_tokenizer():
