@@ -1,6 +1,6 @@
 """Train the demo VLM from scratch on the world's dialogues and save it as a Hugging Face folder.
 
-    python -m raincheck_core.models.demo.train [--out models/demo] [--minutes 30] [--seed 0]
+    python -m raincheck_core.models.demo.train [--out models/demo] [--seed 0] [--steps 800]
 
 Seeded and single-threaded (the run takes the same steps whatever the machine's speed: `--steps`;
 `--minutes` only caps the wall time). Teacher-forced on the exact token layout the engine builds
@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--position-layer", type=int, default=3, help="decoder layer whose output the position probe reads")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--minutes", type=float, default=45.0)
+    p.add_argument("--minutes", type=float, default=60.0, help="wall-time cap (the run takes ~40 min on one core)")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-n", type=int, default=64)
     p.add_argument("--final-n", type=int, default=256)
