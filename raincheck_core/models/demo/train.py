@@ -113,7 +113,7 @@ def train(args: argparse.Namespace) -> dict:
     probes = B.Probes(model.config.text_config.hidden_size, args.position_layer)
     params = [p for p in [*model.parameters(), *probes.parameters()] if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    views = B.Views(curriculum=args.curriculum)
+    views = B.Views(curriculum=args.curriculum, deferred_order=args.deferred_order)
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc="train", dynamic_ncols=True)
     log = []
@@ -165,6 +165,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--curriculum", type=float, default=0.4, help="share of training with the distractor curriculum")
     p.add_argument("--size-curriculum", type=float, default=0.4, help="share of training while grids grow to 12×12")
+    p.add_argument("--deferred-order", type=float, default=0.15,
+                   help="share of examples after the curriculum laid out in raincheck's order I0 ‖ D ‖ answer")
     p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--kinds", default=",".join(TRAINED_KINDS))
