@@ -41,7 +41,7 @@ class Views:
     curriculum: float = 0.4       # first part of training: the needed cells + a growing set of distractors
     start_distractors: int = 4
     dropout: float = 0.3          # afterwards: share of examples with a random part of the other cells dropped
-    deferred_order: float = 0.15  # share of examples in the raincheck order I0 ‖ D ‖ answer (positions kept)
+    deferred_order: float = 0.35  # share of examples in the raincheck order I0 ‖ D ‖ answer (positions kept)
 
 
 def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) -> torch.Tensor:

@@ -165,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--curriculum", type=float, default=0.4, help="share of training with the distractor curriculum")
     p.add_argument("--size-curriculum", type=float, default=0.4, help="share of training while grids grow to 12×12")
-    p.add_argument("--deferred-order", type=float, default=0.15,
+    p.add_argument("--deferred-order", type=float, default=B.Views.deferred_order,
                    help="share of examples after the curriculum laid out in raincheck's order I0 ‖ D ‖ answer")
     p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
     p.add_argument("--max-turns", type=int, default=8)
