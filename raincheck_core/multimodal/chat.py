@@ -28,22 +28,28 @@ from .vision import VisionEncoder
 TURN_END = "<|im_end|>"
 
 
-def chatml_template(default_system: str | None = None) -> str:
+_SENTINEL = "RAINCHECKPREVIOUSANSWER"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def chatml_template(default_system: str | None = None,
+                    vision_tokens: tuple[str, str, str, str] = ("<|image_pad|>", "<|video_pad|>",
+                                                                "<|vision_start|>", "<|vision_end|>")) -> str:
     """Qwen's ChatML as a Jinja chat template, visuals as typed content parts (the shape Qwen2-VL/Qwen3-VL
-    ship), optionally with a default system prompt: for the checkpoints this project writes itself."""
+    ship), optionally with a default system prompt. The engine's fallback for tokenizers without a template,
+    and the template of the checkpoints this project writes itself (demo, random and test models)."""
+    image_pad, video_pad, vs, ve = vision_tokens
     system = ("{%- if messages[0].role != 'system' %}"
               f"{{{{ '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}{{%- endif %}}"
               if default_system else "")
     return (system
             + "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' }}"
             "{%- if message.content is string %}{{ message.content }}{%- else %}{%- for c in message.content %}"
-            "{%- if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-            "{%- elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+            f"{{%- if c.type == 'image' %}}{vs}{image_pad}{ve}"
+            f"{{%- elif c.type == 'video' %}}{vs}{video_pad}{ve}"
             "{%- elif c.type == 'text' %}{{ c.text }}{%- endif %}{%- endfor %}{%- endif %}"
             "{{ '<|im_end|>\\n' }}{%- endfor %}"
             "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
-_SENTINEL = "RAINCHECKPREVIOUSANSWER"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 class ChatFormatter:
@@ -101,10 +107,9 @@ class ChatFormatter:
         return full[cut + len(self.turn_end):]
 
     def _render(self, messages: list[dict], vision_tokens: tuple[str, str, str, str]) -> str:
-        if self.chat_template is None:
-            return _render_chatml(messages, *vision_tokens)
+        template = self.chat_template or chatml_template(vision_tokens=vision_tokens)
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True,
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True,
             **self.template_kwargs,
         )
 
@@ -180,27 +185,6 @@ def _content(message: Message) -> str | list[dict]:
     if message.text:
         content.append({"type": "text", "text": message.text})
     return content
-
-
-def _render_chatml(messages: list[dict], image_pad: str, video_pad: str, vs: str, ve: str) -> str:
-    """Built-in Qwen ChatML for tokenizers without a chat template (always adds the generation prompt)."""
-    out = []
-    for m in messages:
-        out.append(f"<|im_start|>{m['role']}\n")
-        content = m["content"]
-        if isinstance(content, str):
-            out.append(content)
-        else:
-            for part in content:
-                if part["type"] == "image":
-                    out.append(f"{vs}{image_pad}{ve}")
-                elif part["type"] == "video":
-                    out.append(f"{vs}{video_pad}{ve}")
-                else:
-                    out.append(part["text"])
-        out.append(f"{TURN_END}\n")
-    out.append("<|im_start|>assistant\n")
-    return "".join(out)
 
 
 def _find_template(tokenizer, folder: Path) -> str | None:

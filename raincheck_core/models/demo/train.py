@@ -175,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--position-layer", type=int, default=3, help="decoder layer whose output the position probe reads")
     p.add_argument("--aux-weight", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--minutes", type=float, default=60.0, help="wall-time cap (the run takes ~40 min on one core)")
+    p.add_argument("--minutes", type=float, default=60.0, help="wall-time cap (the run takes ~31 min on one core)")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-n", type=int, default=64)
     p.add_argument("--final-n", type=int, default=256)
