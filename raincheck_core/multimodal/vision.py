@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..errors import CheckpointError, InvalidInputError, UnsupportedModelError
 from ..inputs import VisualInput
-from ..pruning.vit_attention import merge_group_mean, record_attention_received
+from ..pruning.vit_attention import install_attention_capture, merge_group_mean, record_attention_received
 
 ImageLike = Image.Image | bytes | bytearray | str | Path
 
@@ -63,6 +63,8 @@ class VisionEncoder:
         self.deepstack_levels = len(getattr(model.config, "deepstack_visual_indexes", None) or [])
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
+        # now, before sessions share the tower across threads (vit_attention: Concurrency)
+        install_attention_capture(model)
 
     @classmethod
     def from_checkpoint(

@@ -21,13 +21,18 @@ from .query_topk import QueryTopKSelector
 from .random import RandomSelector
 from .uniform import UniformSelector
 from .visionzip import VisionZipSelector
-from .vit_attention import attention_received_scores, default_layers, record_attention_received
+from .vit_attention import (
+    attention_received_scores,
+    default_layers,
+    install_attention_capture,
+    record_attention_received,
+)
 
 __all__ = [
     "SELECTORS", "DivPruneSelector", "ExplicitSelector", "HiPruneSelector", "MMTokSelector",
     "QueryTopKSelector", "RandomSelector", "SelectionContext", "Selector", "UniformSelector",
     "VisionZipSelector", "attention_received_scores", "check_selection", "default_layers", "get_selector",
-    "keep_count", "record_attention_received", "select_span",
+    "install_attention_capture", "keep_count", "record_attention_received", "select_span",
 ]
 
 SELECTORS: dict[str, Callable[..., Selector]] = {

@@ -7,15 +7,25 @@ only within each image's / frame's own cu_seqlens block (the HiPrune port ignore
 [ref-quirk]). The hook returns nothing, so the tower's output is unchanged. Per patch j of a block:
 s[j] = mean over heads and queries of A[i, j]; per merged token, the mean over its merge group
 (Qwen3-VL puts a group's merge**2 patches next to each other, in merged raster order).
+
+Concurrency: the tower is shared by every session, and sessions encode their images on their own threads
+at the same time. So the hooks are installed once per tower (`install_attention_capture`, which
+`VisionEncoder` calls before the tower is shared) and never added or removed afterwards; each is
+stateless and records only for the forward whose thread / asyncio context has an active
+`record_attention_received`. A forward from another thread, or one that did not ask for scores, passes
+through untouched.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from functools import partial
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -56,42 +66,73 @@ def received_attention(q: Tensor, k: Tensor, cu_seqlens: Tensor, scaling: float,
     return out
 
 
-def _score_hook(attn: nn.Module, args: tuple, kwargs: dict, *, name: str, sink: dict[str, Tensor],
-                merge: int, chunk: int) -> None:
+@dataclass
+class _Recording:
+    """One caller's capture: which attention modules to score (by module), under which layer names."""
+
+    names: dict[nn.Module, list[str]]
+    sink: dict[str, Tensor]
+    merge: int
+    chunk: int
+
+
+# The active capture of the running thread / asyncio task; None: the tower's hooks do nothing.
+_RECORDING: ContextVar[_Recording | None] = ContextVar("raincheck_vit_recording", default=None)
+_INSTALLED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_INSTALL_LOCK = threading.Lock()
+
+
+def _score_hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
+    recording = _RECORDING.get()
+    if recording is None or attn not in recording.names:
+        return
     bound = inspect.signature(attn.forward).bind(*args, **kwargs).arguments
     hidden, cu_seqlens = bound["hidden_states"], bound["cu_seqlens"]
     cos, sin = bound["position_embeddings"]
     with torch.no_grad():
         n = hidden.shape[0]
         q, k, _ = attn.qkv(hidden).reshape(n, 3, attn.num_heads, -1).unbind(1)
-        s = received_attention(_rope(q, cos, sin), _rope(k, cos, sin), cu_seqlens, attn.scaling, chunk)
-    s = merge_group_mean(s, merge)
-    # several tower calls while recording (images, then videos): scores follow the encoding order
-    sink[name] = torch.cat([sink[name], s]) if name in sink else s
+        s = received_attention(_rope(q, cos, sin), _rope(k, cos, sin), cu_seqlens, attn.scaling, recording.chunk)
+    s = merge_group_mean(s, recording.merge)
+    sink = recording.sink
+    for name in recording.names[attn]:
+        # several tower calls while recording (images, then videos): scores follow the encoding order
+        sink[name] = torch.cat([sink[name], s]) if name in sink else s
+
+
+def install_attention_capture(vision_model: nn.Module) -> None:
+    """Put the (stateless) scoring hook on every block's attention, once per tower. Call it before the
+    tower is shared between threads: adding a hook while another thread runs a forward is a race."""
+    with _INSTALL_LOCK:
+        if vision_model in _INSTALLED:
+            return
+        for block in vision_model.blocks:
+            block.attn.register_forward_pre_hook(_score_hook, with_kwargs=True)
+        _INSTALLED.add(vision_model)
 
 
 @contextmanager
 def record_attention_received(vision_model: nn.Module, layers: Mapping[str, int] | None = None,
                               chunk: int = 512) -> Iterator[dict[str, Tensor]]:
-    """While active, every tower forward fills the yielded dict: layer name -> one score per merged
-    token, concatenated over the encoded items (split by t*h*w // merge**2 per item). Block indices
-    are 0-based (negative ones count from the end). The hooks are removed on exit."""
+    """While active, every tower forward *of this thread / asyncio context* fills the yielded dict: layer
+    name -> one score per merged token, concatenated over the encoded items (split by t*h*w // merge**2
+    per item). Block indices are 0-based (negative ones count from the end). Forwards of other threads
+    record nothing here (nor into their own dict unless they record too)."""
     blocks = vision_model.blocks
     layers = default_layers(vision_model) if layers is None else layers
+    names: dict[nn.Module, list[str]] = {}
+    for name, index in layers.items():
+        if not -len(blocks) <= index < len(blocks):
+            raise InvalidInputError(f"ViT layer {name!r}: block {index} out of range, the tower has "
+                                    f"{len(blocks)} blocks")
+        names.setdefault(blocks[index].attn, []).append(name)
+    install_attention_capture(vision_model)
     sink: dict[str, Tensor] = {}
-    handles = []
+    token = _RECORDING.set(_Recording(names, sink, vision_model.spatial_merge_size, chunk))
     try:
-        for name, index in layers.items():
-            if not -len(blocks) <= index < len(blocks):
-                raise InvalidInputError(f"ViT layer {name!r}: block {index} out of range, the tower has "
-                                        f"{len(blocks)} blocks")
-            merge = vision_model.spatial_merge_size
-            hook = partial(_score_hook, name=name, sink=sink, merge=merge, chunk=chunk)
-            handles.append(blocks[index].attn.register_forward_pre_hook(hook, with_kwargs=True))
         yield sink
     finally:
-        for handle in handles:
-            handle.remove()
+        _RECORDING.reset(token)
 
 
 def attention_received_scores(vision_model: nn.Module, pixel_values: Tensor, grid_thw: Tensor,

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
 
 from raincheck_core.errors import InvalidInputError
-from raincheck_core.pruning import attention_received_scores, default_layers, record_attention_received
+from raincheck_core.pruning import (
+    attention_received_scores,
+    default_layers,
+    install_attention_capture,
+    record_attention_received,
+)
 from tests import tiny
 
 # one image (4x6 patches -> 6 tokens) and one 2-frame video (2x4 patches per frame -> 2 tokens each)
@@ -71,22 +77,58 @@ def test_items_do_not_attend_to_each_other(tower) -> None:
     torch.testing.assert_close(both[:6], alone, rtol=1e-5, atol=1e-7)
 
 
-def test_hooks_removed_and_output_unchanged(tower) -> None:
+def test_output_unchanged_and_nothing_recorded_outside_the_context(tower) -> None:
     pixels = _pixels(GRID, seed=1)
     with torch.no_grad():
         before = tower(pixels, grid_thw=GRID).pooler_output
         with record_attention_received(tower, {"last": -1}) as scores:
             during = tower(pixels, grid_thw=GRID).pooler_output
         after = tower(pixels, grid_thw=GRID).pooler_output
-    assert scores["last"].shape == (10,)
+    assert scores["last"].shape == (10,)        # the forward after the context did not append
     assert torch.equal(before, during) and torch.equal(before, after)
-    assert all(not b.attn._forward_pre_hooks for b in tower.blocks)
+
+
+def test_recording_is_per_thread(tower) -> None:
+    """Thread A records while thread B runs plain and recording forwards on the same tower: each sees
+    only its own forwards' scores (the hooks are shared and stateless; the capture is per context)."""
+    install_attention_capture(tower)
+    hooks = [dict(b.attn._forward_pre_hooks) for b in tower.blocks]
+    pixels, image = _pixels(GRID), _pixels(GRID[:1], seed=2)
+    a_inside, b_done = threading.Event(), threading.Event()
+    seen: dict[str, dict] = {}
+
+    def a() -> None:
+        with torch.no_grad(), record_attention_received(tower, {"last": -1}) as scores:
+            a_inside.set()
+            b_done.wait(timeout=30)
+            seen["a_before_own_forward"] = dict(scores)
+            tower(pixels, grid_thw=GRID)
+        seen["a"] = scores
+
+    def b() -> None:
+        a_inside.wait(timeout=30)
+        with torch.no_grad():
+            tower(image, grid_thw=GRID[:1])                        # plain: lands nowhere
+            with record_attention_received(tower, {"first": 0}) as scores:
+                tower(image, grid_thw=GRID[:1])
+        seen["b"] = scores
+        b_done.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert seen["a_before_own_forward"] == {}
+    assert set(seen["a"]) == {"last"} and seen["a"]["last"].shape == (10,)
+    assert set(seen["b"]) == {"first"} and seen["b"]["first"].shape == (6,)
+    torch.testing.assert_close(seen["a"]["last"], attention_received_scores(tower, pixels, GRID)["last"])
+    assert [dict(b.attn._forward_pre_hooks) for b in tower.blocks] == hooks   # installed once, never changed
 
 
 def test_bad_layer_index(tower) -> None:
     with pytest.raises(InvalidInputError, match="out of range"):
         attention_received_scores(tower, _pixels(GRID), GRID, {"deep": 7})
-    assert all(not b.attn._forward_pre_hooks for b in tower.blocks)
 
 
 def test_qwen3_5_tower() -> None:
