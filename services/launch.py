@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import threading
@@ -40,15 +39,23 @@ def _until_signal(stops: list[Callable[[], None]]) -> None:
 def serve(front: FrontendSettings, worker: WorkerSettings) -> None:
     """The embedded default: a frontend and one decode worker (colocated recovery; with
     `--deferred-workers N`, disaggregated too, on a local Ray) in this process, talking gRPC over
-    loopback, sharing one store (in-process unless REDIS_URL is set)."""
-    from .decode_worker.server import DecodeWorkerServer
+    loopback, sharing one store (in-process unless REDIS_URL is set). The frontend starts first: until
+    the model has loaded it answers UNAVAILABLE, which `raincheck chat` shows as a progress line."""
     from .frontend.server import FrontendServer
 
     store = _store(front.store)
     _metrics(front.metrics_port, front.metrics_host)
-    worker = dataclasses.replace(worker, host="127.0.0.1", port=0, advertise=None, store=front.store)
-    w = DecodeWorkerServer(worker, store).start()
     f = FrontendServer(front, store).start()
+    print(f"raincheck frontend on {f.address}; loading {worker.model or 'the default model'} "
+          f"({worker.device}, {worker.dtype}) ...", flush=True)
+    try:
+        from .decode_worker.server import DecodeWorkerServer
+
+        w = DecodeWorkerServer(worker, store).start()
+    except BaseException:
+        f.stop(0)
+        store.close()
+        raise
     print(f"raincheck serving {w.model} on {f.address}  (raincheck chat --address {f.address})", flush=True)
     _until_signal([lambda: f.stop(front.drain_s), lambda: w.stop(front.drain_s), store.close])
 
