@@ -46,6 +46,10 @@ class SessionBusyError(RaincheckError):
     """A turn was started while the session's previous turn is still running."""
 
 
+class SamplingError(RaincheckError):
+    """No token can be drawn from a turn's logits (none is usable); fails that turn only."""
+
+
 def _preview(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", … (+{len(names) - limit} more)" if len(names) > limit else "")
