@@ -84,7 +84,7 @@ class Sessions:
         message = chat_pb2.UserMessage(text=turn.text, images=[data(d) for d in turn.images],
                                        videos=[chat_pb2.Video(frames=[data(d) for d in v]) for v in turn.videos])
         return worker_pb2.HistoryTurn(message=message, answer_token_ids=turn.answer_token_ids,
-                                      finish_reason=turn.finish_reason)
+                                      finish_reason=turn.finish_reason, answer_text=turn.answer_text)
 
     def log_turn(self, session_id: str, message: chat_pb2.UserMessage, final: chat_pb2.TurnFinal) -> None:
         """Append a completed turn to the log (images by content hash, their bytes as blobs)."""
