@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raincheck_client._gen import worker_pb2
 from raincheck_core import Engine, InvalidInputError, Message, Prompt
 
+from .._gen import worker_pb2
 from .convert import to_message
 
 if TYPE_CHECKING:

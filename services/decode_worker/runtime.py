@@ -7,10 +7,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, RaincheckError, SessionClosedError
 from raincheck_core.deferral.policy import DeferralConfig
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import DEFERRED_PENDING, KV_USAGE, SESSIONS
 from ..common.settings import WorkerSettings

@@ -6,9 +6,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from raincheck_client._gen import worker_pb2
 from raincheck_core import Session
 from raincheck_core.engine import TurnStream
+
+from .._gen import worker_pb2
 
 
 @dataclass

@@ -6,11 +6,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, SessionBusyError, TokenEvent, TurnEnd
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine import TurnStream
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import BARRIER_WAIT, TurnTimer
 from .convert import error_event, final_event, metrics_event, progress_event, to_deferral, to_message, to_sampling

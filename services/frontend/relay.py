@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import TurnTimer
 from ..common.store import SessionRecord

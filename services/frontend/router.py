@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from raincheck_client._gen import worker_pb2_grpc
-
+from .._gen import worker_pb2_grpc
 from ..common.grpc_util import ServiceError, channel
 from ..common.store import Store, WorkerInfo
 

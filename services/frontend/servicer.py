@@ -6,8 +6,9 @@ from collections import defaultdict
 
 import grpc
 
-from raincheck_client._gen import chat_pb2, chat_pb2_grpc, worker_pb2
+from raincheck_client._gen import chat_pb2, chat_pb2_grpc
 
+from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, rpc
 from ..common.settings import FrontendSettings
 from ..common.store import SessionRecord, Store

@@ -8,8 +8,9 @@ import uuid
 import grpc
 from google.protobuf import json_format
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 
+from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError
 from ..common.logs import bind
 from ..common.store import SessionRecord, Store, TurnRecord, WorkerInfo
