@@ -93,7 +93,8 @@ def parse_chatml(text: str, images: list[bytes]) -> list[RoleMessage]:
         role, content = m.group(1), m.group(2)
         n = content.count(IMAGE)
         if n and role != "user":
-            raise HttpError.invalid(f"an image placeholder in a {role} message", param="text")
+            raise HttpError.invalid(f"only user messages hold images (an image placeholder in a {role} turn)",
+                                    param="text")
         messages.append(RoleMessage(role, content.replace(IMAGE, ""), tuple(images[used:used + n])))
         used += n
         pos = m.end()
@@ -106,7 +107,7 @@ def parse_chatml(text: str, images: list[bytes]) -> list[RoleMessage]:
 def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.SamplingOptions, list[str], bool]:
     for name, value in p.items():
         if name in _NEUTRAL:
-            if value is not None and value != _NEUTRAL[name] and not (name == "stop_token_ids" and not value):
+            if value not in (None, [], {}, "") and value != _NEUTRAL[name]:
                 raise HttpError.invalid(f"sampling_params.{name} = {value!r} is not supported",
                                         param=f"sampling_params.{name}")
         elif name not in _IGNORED and name not in _USED:
