@@ -89,6 +89,16 @@ class FrontendSettings:
     max_images: int = setting(16, "RAINCHECK_MAX_IMAGES", "images per message", ge=0)
     max_video_frames: int = setting(64, "RAINCHECK_MAX_VIDEO_FRAMES", "frames per message, over all videos",
                                     ge=0)
+    max_image_pixels: int = setting(16_777_216, "RAINCHECK_MAX_IMAGE_PIXELS", "pixels of one image or frame, "
+                                    "read from its header before anything decodes it", shown="16777216 (4096²)",
+                                    gt=0)
+    max_message_pixels: int = setting(33_554_432, "RAINCHECK_MAX_MESSAGE_PIXELS", "pixels over all images and "
+                                      "frames of one message (about 100 MB decoded)", gt=0)
+    max_text_chars: int = setting(262_144, "RAINCHECK_MAX_TEXT_CHARS", "characters of text per message", gt=0)
+    max_sessions_per_key: int = setting(32, "RAINCHECK_MAX_SESSIONS_PER_KEY", "open sessions per API key "
+                                        "(without API keys: no limit)", gt=0)
+    max_turns_per_key: int = setting(8, "RAINCHECK_MAX_TURNS_PER_KEY", "turns streaming at once per API key "
+                                     "(without API keys: no limit)", gt=0)
     max_message_bytes: int = Field(64 * MiB, gt=0)
     worker_timeout_s: float = Field(30.0, gt=0)      # unary calls to decode workers
     threads: int = Field(64, gt=0)                   # concurrent RPCs (each streaming turn holds one)
@@ -179,7 +189,8 @@ class WorkerSettings(ModelSpec):
                                   "say", gt=0)
     heartbeat_s: float = Field(2.0, gt=0)
     registration_ttl_s: float = Field(10.0, gt=0)
-    session_idle_s: float = setting(3600.0, "RAINCHECK_SESSION_IDLE_S", "close sessions idle this long", gt=0)
+    session_idle_s: float = setting(600.0, "RAINCHECK_SESSION_IDLE_S", "seconds without a turn after which a "
+                                    "session's cache is freed (its next turn rebuilds it from the turn log)", gt=0)
     threads: int = Field(64, gt=0)
     max_message_bytes: int = Field(256 * MiB, gt=0)   # rebuilds carry a session's whole history
     metrics_port: OptionalPort = setting(9465, "RAINCHECK_METRICS_PORT", "Prometheus /metrics port (-1: off)")
