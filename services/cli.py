@@ -1,4 +1,4 @@
-"""The `raincheck` command: serve, frontend, decode-worker, deferred-worker, chat, demo.
+"""The `raincheck` command: serve, frontend, http, decode-worker, deferred-worker, chat, demo.
 
 Each command builds its settings objects (services/common/settings.py) from flags and environment
 variables. A bad value ends the command before anything starts, with one line and exit code 2; an error
@@ -25,6 +25,7 @@ from .common.settings import (
     ServeSettings,
     WorkerSettings,
 )
+from .http.settings import HttpSettings, ServeHttpSettings
 
 # What `serve` does not expose of its decode worker: it listens on loopback next to the frontend, and the
 # process-wide flags (metrics, drain) are the frontend's.
@@ -41,8 +42,10 @@ class Command:
 COMMANDS = {
     "serve": Command("frontend + decode worker in one process (the embedded default)",
                      {"frontend": Group(FrontendSettings), "worker": Group(WorkerSettings, _IN_PROCESS_WORKER),
-                      "serve": Group(ServeSettings)}),
+                      "serve": Group(ServeSettings), "http": Group(ServeHttpSettings)}),
     "frontend": Command("the public ChatService (workers found through Redis)", {"frontend": Group(FrontendSettings)}),
+    "http": Command("the HTTP API (OpenAI chat completions, SGLang /generate; workers found through Redis)",
+                    {"frontend": Group(FrontendSettings, frozenset({"host", "port"})), "http": Group(HttpSettings)}),
     "decode-worker": Command("a decode worker: one Engine, registered in Redis", {"worker": Group(WorkerSettings)}),
     "deferred-worker": Command("keep N named Ray actors that prefill decode workers' residuals (disaggregated "
                                "recovery)", {"spec": Group(ModelSpec),
@@ -107,8 +110,9 @@ def _run(command: str, s: dict[str, Any]) -> None:
         from . import launch
 
         runs: dict[str, Callable[[], None]] = {
-            "serve": lambda: launch.serve(s["frontend"], s["worker"]),
+            "serve": lambda: launch.serve(s["frontend"], s["worker"], s["http"]),
             "frontend": lambda: launch.run_frontend(s["frontend"]),
+            "http": lambda: launch.run_http(s["frontend"], s["http"]),
             "decode-worker": lambda: launch.run_decode_worker(s["worker"]),
             "deferred-worker": lambda: launch.run_deferred_workers(s["deferred"], s["spec"]),
         }
