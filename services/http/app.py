@@ -30,7 +30,26 @@ from .images import ImageLoader
 from .settings import HttpSettings
 
 log = logging.getLogger(__name__)
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that stop as soon as the client goes away, so that its turn is cancelled at once
+    (Starlette watches for the disconnect only under ASGI < 2.4, and uvicorn drops writes to a closed
+    connection without an error)."""
+
+    def __init__(self, content: AsyncIterator[str]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            await self.stream_response(send)
+            group.cancel_scope.cancel()
 
 
 def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int) -> FastAPI:
@@ -130,7 +149,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             return out
 
         opening = (openai_api.chunk_body(cid, model, created, {"role": "assistant", "content": ""}),)
-        return StreamingResponse(sse(turn, chunks, opening), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(sse(turn, chunks, opening))
 
     @app.get("/v1/models")
     async def list_models(request: Request):
@@ -166,7 +185,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             text.append(event.text)
             return [sglang_api.partial_body("".join(text), rid)]
 
-        return StreamingResponse(sse(turn, chunks), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(sse(turn, chunks))
 
     @app.get("/get_model_info")
     async def get_model_info(request: Request, model: str | None = None):

@@ -14,6 +14,7 @@ cancel) leaves no tip: what the client saw is not what the session holds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -257,3 +258,7 @@ class Turn:
 
     def close(self) -> None:
         self.call.end()
+        # the frontend's end-of-stream bookkeeping runs now, not when the stream is garbage-collected; if a
+        # thread is inside the stream (ValueError), the call cancelled above ends it there
+        with contextlib.suppress(ValueError):
+            self._events.close()

@@ -69,7 +69,7 @@ class HttpServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Stop taking requests; running answers get `grace_s` to finish (uvicorn's graceful shutdown)."""
-        self._server.config.timeout_graceful_shutdown = grace_s
+        self._server.config.timeout_graceful_shutdown = max(grace_s, 0.5)   # 0 would report a timeout at once
         self._server.should_exit = True
         self._thread.join(timeout=grace_s + 5)
         self._socket.close()

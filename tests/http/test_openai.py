@@ -189,3 +189,18 @@ def test_models_and_health(stack):
 
     r = httpx.get(stack.http.url + "/health")
     assert r.status_code == 200 and r.json()["models"] == [MODEL]
+
+
+def test_a_client_that_leaves_mid_answer_cancels_the_turn(stack):
+    d = dialogue(seed=4)
+    stack.settle()
+    stream = stack.openai().chat.completions.create(
+        model=MODEL, messages=[user(d.questions[0].text, d.scene.png())], max_tokens=MAX_TOKENS, stream=True,
+        extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    stack.settle(timeout_s=10)
+    turn = list(stack.worker.runtime.sessions.values())[-1].stream.request    # of the session just opened
+    assert turn.finished and len(turn.generated) < MAX_TOKENS                 # stopped, not run to its end
