@@ -8,6 +8,8 @@ Keys, under a prefix P (default `raincheck:`):
   P session:<id>:blobs    set    digests of the images its logged turns name; same expiry
   P blob:<sha256>         string image bytes by content; expires with the sessions that use them
   P blob:<sha256>:sessions set   ids of the sessions whose logged turns name it; same expiry
+  P owner:<key id>:sessions  zset  its open sessions, scored by when they expire (ms since the epoch)
+  P owner:<key id>:turns     zset  its running turns, scored by when their lease lapses
 
 Logging a turn and closing a session are Lua scripts, so that a turn logged after the close (a relay
 racing CloseSession) is refused instead of bringing the keys back, and closing drops the images no
@@ -17,12 +19,13 @@ other session has logged. The scripts name keys from the prefix: one Redis, not 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
 import redis
 
-from .store import SessionRecord, TurnRecord, WorkerInfo, digest
+from .store import QuotaError, SessionRecord, TurnRecord, WorkerInfo, digest
 
 
 class RedisStore:
@@ -37,6 +40,8 @@ class RedisStore:
         self._set_worker = self.redis.register_script(_SET_WORKER)
         self._append = self.redis.register_script(_APPEND)
         self._close = self.redis.register_script(_CLOSE)
+        self._create = self.redis.register_script(_CREATE)
+        self._begin_turn = self.redis.register_script(_BEGIN_TURN)
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -73,13 +78,26 @@ class RedisStore:
         return _worker(fields) if fields else None
 
     # ------------------------------------------------------------------ sessions
-    def create_session(self, record: SessionRecord) -> None:
-        key = self._key("session", record.session_id)
-        fields = {k: json.dumps(v) for k, v in asdict(record).items() if k != "turns"}
-        with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping=fields)
-            pipe.pexpire(key, self.session_ttl_ms)
-            pipe.execute()
+    def create_session(self, record: SessionRecord, limit: int | None = None) -> None:
+        fields = [x for k, v in asdict(record).items() if k != "turns" for x in (k, json.dumps(v))]
+        created = self._create(keys=[self._key("session", record.session_id), self._key("owner", record.owner,
+                                                                                          "sessions")],
+                               args=[_now_ms(), self.session_ttl_ms, -1 if limit is None else limit,
+                                     record.session_id, *fields])
+        if not created:
+            raise QuotaError(f"this API key has {limit} open sessions, the limit: close one first")
+
+    def open_sessions(self, owner: str) -> int:
+        key = self._key("owner", owner, "sessions")
+        return self.redis.zcount(key, f"({_now_ms()}", "+inf")
+
+    def begin_turn(self, owner: str, turn_id: str, limit: int, lease_s: float) -> None:
+        if not self._begin_turn(keys=[self._key("owner", owner, "turns")],
+                                args=[_now_ms(), int(lease_s * 1000), limit, turn_id]):
+            raise QuotaError(f"this API key has {limit} turns running, the limit: wait for one to end")
+
+    def end_turn(self, owner: str, turn_id: str) -> None:
+        self.redis.zrem(self._key("owner", owner, "turns"), turn_id)
 
     def session(self, session_id: str) -> SessionRecord | None:
         with self.redis.pipeline() as pipe:
@@ -106,7 +124,8 @@ class RedisStore:
         blobs = blobs or {}
         data = [blobs.get(name, b"") for name in names]
         return self._append(keys=self._session_keys(session_id), args=[
-            json.dumps(asdict(turn)), self.session_ttl_ms, session_id, self.prefix, len(names), *names, *data])
+            json.dumps(asdict(turn)), self.session_ttl_ms, session_id, self.prefix, len(names), *names, *data,
+            _now_ms() + self.session_ttl_ms])
 
     def _session_keys(self, session_id: str) -> list[str]:
         return [self._key("session", session_id), self._key("session", session_id, "turns"),
@@ -148,7 +167,8 @@ end
 """
 
 # KEYS: session, its turns, its blobs set. ARGV: turn JSON, TTL ms, session id, prefix, n, n digests, n blobs
-# (b"": already stored). Refused (0) for a closed or expired session: nothing is written.
+# (b"": already stored), the new expiry (ms since the epoch). Refused (0) for a closed or expired session:
+# nothing is written.
 _APPEND = """
 local session, turns, owned = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', session) == 0 or redis.call('HGET', session, 'closed') == 'true' then return 0 end
@@ -165,6 +185,9 @@ for _, digest in ipairs(redis.call('SMEMBERS', owned)) do   -- the session's ima
 end
 local count = redis.call('RPUSH', turns, ARGV[1])
 for _, key in ipairs({session, turns, owned}) do redis.call('PEXPIRE', key, ttl) end
+local quota = prefix .. 'owner:' .. cjson.decode(redis.call('HGET', session, 'owner')) .. ':sessions'
+redis.call('ZADD', quota, ARGV[6 + 2 * n], id)   -- its open-session entry expires with it
+redis.call('PEXPIRE', quota, ttl)
 return count
 """
 
@@ -175,6 +198,7 @@ local session, turns, owned = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', session) == 0 then return 0 end
 redis.call('HSET', session, 'closed', 'true')
 redis.call('PEXPIRE', session, ARGV[1])
+redis.call('ZREM', ARGV[3] .. 'owner:' .. cjson.decode(redis.call('HGET', session, 'owner')) .. ':sessions', ARGV[2])
 for _, digest in ipairs(redis.call('SMEMBERS', owned)) do
   local claims = ARGV[3] .. 'blob:' .. digest .. ':sessions'
   redis.call('SREM', claims, ARGV[2])
@@ -183,6 +207,34 @@ end
 redis.call('DEL', turns, owned)
 return 1
 """
+
+
+# KEYS: the session record, its owner's open sessions. ARGV: now ms, TTL ms, limit (-1: none), session id,
+# then the record's fields and values. 0 (nothing written) when the owner is at the limit.
+_CREATE = """
+local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if limit >= 0 and redis.call('ZCARD', KEYS[2]) >= limit then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1
+"""
+
+# KEYS: the owner's running turns. ARGV: now ms, lease ms, limit, turn id.
+_BEGIN_TURN = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _worker(fields: dict[bytes, bytes]) -> WorkerInfo:

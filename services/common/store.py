@@ -7,6 +7,10 @@ Closing is final: once a session is closed (or has expired), nothing written for
 logged by a relay that raced the close, a new worker) brings its keys back. Image blobs belong to the
 sessions whose logged turns name them: a blob is kept while one of them is open, dropped when the last
 one closes or expires, and a blob no logged turn claims lapses after `unclaimed_blob_ttl_s`.
+
+Quotas (per owner, i.e. API key id): `create_session` with a limit refuses an owner's session past
+`limit` open ones (`QuotaError`), and `begin_turn` / `end_turn` count an owner's running turns, each
+as a lease that lapses after `lease_s` (a frontend that dies mid-turn does not hold a slot forever).
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ class TurnRecord:
     created_at: float = field(default_factory=time.time)
 
 
+class QuotaError(Exception):
+    """An owner is at its limit of open sessions or running turns."""
+
+
 class Store(Protocol):
     def register_worker(self, info: WorkerInfo, ttl_s: float) -> None:
         """Create or refresh a registration; it lapses `ttl_s` after the last call."""
@@ -71,7 +79,16 @@ class Store(Protocol):
 
     def worker(self, worker_id: str) -> WorkerInfo | None: ...
 
-    def create_session(self, record: SessionRecord) -> None: ...
+    def create_session(self, record: SessionRecord, limit: int | None = None) -> None:
+        """Record a new session; with `limit`, QuotaError if its owner has that many open already."""
+
+    def open_sessions(self, owner: str) -> int:
+        """How many sessions of `owner` are open (neither closed nor expired)."""
+
+    def begin_turn(self, owner: str, turn_id: str, limit: int, lease_s: float) -> None:
+        """Count a running turn of `owner` (until `end_turn`, or `lease_s`); QuotaError at `limit`."""
+
+    def end_turn(self, owner: str, turn_id: str) -> None: ...
 
     def session(self, session_id: str) -> SessionRecord | None:
         """The record (closed ones too, for a while), with `turns` filled; None if unknown or expired."""
@@ -121,6 +138,7 @@ class MemoryStore:
         self._blobs: dict[str, tuple[bytes, float]] = {}
         self._claims: dict[str, set[str]] = {}     # digest -> open sessions whose logged turns name it
         self._blob_bytes = 0
+        self._running: dict[str, dict[str, float]] = {}   # owner -> running turn id -> lease expiry
 
     def register_worker(self, info: WorkerInfo, ttl_s: float) -> None:
         with self._lock:
@@ -139,11 +157,37 @@ class MemoryStore:
         entry = self._workers.get(worker_id)
         return entry[0] if entry is not None and entry[1] > time.monotonic() else None
 
-    def create_session(self, record: SessionRecord) -> None:
+    def create_session(self, record: SessionRecord, limit: int | None = None) -> None:
         with self._lock:
             self._sweep()
+            if limit is not None and self._open_sessions(record.owner) >= limit:
+                raise QuotaError(f"this API key has {limit} open sessions, the limit: close one first")
             self._sessions[record.session_id] = (dataclasses.replace(record), time.monotonic() + self.session_ttl_s)
             self._turns[record.session_id] = []
+
+    def open_sessions(self, owner: str) -> int:
+        with self._lock:
+            return self._open_sessions(owner)
+
+    def _open_sessions(self, owner: str) -> int:
+        now = time.monotonic()
+        return sum(r.owner == owner and not r.closed and e > now for r, e in self._sessions.values())
+
+    def begin_turn(self, owner: str, turn_id: str, limit: int, lease_s: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            running = {t: e for t, e in self._running.get(owner, {}).items() if e > now}
+            if len(running) >= limit:
+                raise QuotaError(f"this API key has {limit} turns running, the limit: wait for one to end")
+            running[turn_id] = now + lease_s
+            self._running[owner] = running
+
+    def end_turn(self, owner: str, turn_id: str) -> None:
+        with self._lock:
+            running = self._running.get(owner, {})
+            running.pop(turn_id, None)
+            if not running:
+                self._running.pop(owner, None)
 
     def _sweep(self) -> None:
         """Forget what has expired (Redis does this by itself)."""

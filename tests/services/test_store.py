@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.common.store import MemoryStore, SessionRecord, TurnRecord, WorkerInfo, digest
+from services.common.store import MemoryStore, QuotaError, SessionRecord, TurnRecord, WorkerInfo, digest
 from tests.services.conftest import redis_store
 
 
@@ -146,3 +146,35 @@ def test_memory_store_budget_drops_least_recent_blobs_unclaimed_first():
     store.append_turn("s", TurnRecord("y", [digest(big)], [], [1], "a", "stop"), {digest(big): big})
     assert store.blob(digest(b"m" * 4)) is None and store.blob(digest(claimed)) is None   # then claimed ones
     assert store.blob(digest(big)) == big and store.blob_bytes == 8
+
+
+def test_open_session_quota_per_owner(store):
+    def record(sid: str, owner: str = "alice") -> SessionRecord:
+        return SessionRecord(sid, owner, "tiny", "w1", {}, "colocated")
+
+    store.create_session(record("a1"), limit=2)
+    store.create_session(record("a2"), limit=2)
+    with pytest.raises(QuotaError, match="2 open sessions"):
+        store.create_session(record("a3"), limit=2)
+    assert store.session("a3") is None and store.open_sessions("alice") == 2
+    store.create_session(record("b1", "bob"), limit=2)           # another key is not affected
+    store.append_turn("a1", TurnRecord("x", [], [], [1], "a", "stop"))
+    store.close_session("a2")
+    store.create_session(record("a3"), limit=2)                  # a closed one no longer counts
+    assert store.open_sessions("alice") == 2 and store.open_sessions("bob") == 1
+    store.create_session(record("a4"))                           # no limit given: not counted against
+    assert store.open_sessions("alice") == 3
+
+
+def test_running_turn_quota_per_owner_with_leases(store):
+    store.begin_turn("alice", "s/0", limit=2, lease_s=60)
+    store.begin_turn("alice", "t/0", limit=2, lease_s=0.2)
+    with pytest.raises(QuotaError, match="2 turns running"):
+        store.begin_turn("alice", "u/0", limit=2, lease_s=60)
+    store.begin_turn("bob", "v/0", limit=2, lease_s=60)
+    store.end_turn("alice", "s/0")
+    store.begin_turn("alice", "u/0", limit=2, lease_s=60)
+    time.sleep(0.3)                                               # t/0's lease lapsed (its frontend died)
+    store.begin_turn("alice", "w/0", limit=2, lease_s=60)
+    with pytest.raises(QuotaError):
+        store.begin_turn("alice", "x/0", limit=2, lease_s=60)
