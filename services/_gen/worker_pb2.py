@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from raincheck_client._gen import chat_pb2 as raincheck_dot_v1_dot_chat__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raincheck/v1/worker.proto\x12\x0craincheck.v1\x1a\x17raincheck/v1/chat.proto\"\x7f\n\x0bHistoryTurn\x12*\n\x07message\x18\x01 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12\x18\n\x10\x61nswer_token_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x13\n\x0b\x61nswer_text\x18\x04 \x01(\t\"\xb9\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x02 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x03 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12*\n\x07history\x18\x04 \x03(\x0b\x32\x19.raincheck.v1.HistoryTurn\"\xda\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12*\n\x07message\x18\x03 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.raincheck.v1.SamplingOptions\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x05 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x17\n\x0f\x66ollow_recovery\x18\x06 \x01(\x08\"*\n\x14WorkerSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xfc\x01\n\rWorkerSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.raincheck.v1.SessionStatus\x12\r\n\x05turns\x18\x03 \x01(\x05\x12\x1f\n\x17pending_deferred_tokens\x18\x04 \x01(\x03\x12\x15\n\rcached_tokens\x18\x05 \x01(\x03\x12\x31\n\rrecovery_mode\x18\x06 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x07 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\"\x0e\n\x0cStatsRequest\"\xe8\x01\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x01(\x05\x12\x14\n\x0c\x61\x63tive_turns\x18\x04 \x01(\x05\x12\x1f\n\x17\x64\x65\x66\x65rred_pending_tokens\x18\x05 \x01(\x03\x12\x13\n\x0btotal_pages\x18\x06 \x01(\x03\x12\x12\n\nfree_pages\x18\x07 \x01(\x03\x12\x11\n\tpage_size\x18\x08 \x01(\x05\x12\x32\n\x0erecovery_modes\x18\t \x03(\x0e\x32\x1a.raincheck.v1.RecoveryMode2\xd5\x03\n\x0c\x44\x65\x63odeWorker\x12L\n\x0bOpenSession\x12 .raincheck.v1.OpenSessionRequest\x1a\x1b.raincheck.v1.WorkerSession\x12<\n\x04Turn\x12\x19.raincheck.v1.TurnRequest\x1a\x17.raincheck.v1.ChatEvent0\x01\x12M\n\nGetSession\x12\".raincheck.v1.WorkerSessionRequest\x1a\x1b.raincheck.v1.WorkerSession\x12V\n\x0c\x43loseSession\x12\".raincheck.v1.WorkerSessionRequest\x1a\".raincheck.v1.CloseSessionResponse\x12R\n\nCancelTurn\x12\".raincheck.v1.WorkerSessionRequest\x1a .raincheck.v1.CancelTurnResponse\x12>\n\x05Stats\x12\x1a.raincheck.v1.StatsRequest\x1a\x19.raincheck.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raincheck/v1/worker.proto\x12\x0craincheck.v1\x1a\x17raincheck/v1/chat.proto\"\x7f\n\x0bHistoryTurn\x12*\n\x07message\x18\x01 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12\x18\n\x10\x61nswer_token_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x13\n\x0b\x61nswer_text\x18\x04 \x01(\t\"\xc8\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x02 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x03 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12*\n\x07history\x18\x04 \x03(\x0b\x32\x19.raincheck.v1.HistoryTurn\x12\r\n\x05owner\x18\x05 \x01(\t\"\xda\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12*\n\x07message\x18\x03 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.raincheck.v1.SamplingOptions\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x05 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x17\n\x0f\x66ollow_recovery\x18\x06 \x01(\x08\"*\n\x14WorkerSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xfc\x01\n\rWorkerSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.raincheck.v1.SessionStatus\x12\r\n\x05turns\x18\x03 \x01(\x05\x12\x1f\n\x17pending_deferred_tokens\x18\x04 \x01(\x03\x12\x15\n\rcached_tokens\x18\x05 \x01(\x03\x12\x31\n\rrecovery_mode\x18\x06 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x07 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\"\x0e\n\x0cStatsRequest\"\xe8\x01\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x01(\x05\x12\x14\n\x0c\x61\x63tive_turns\x18\x04 \x01(\x05\x12\x1f\n\x17\x64\x65\x66\x65rred_pending_tokens\x18\x05 \x01(\x03\x12\x13\n\x0btotal_pages\x18\x06 \x01(\x03\x12\x12\n\nfree_pages\x18\x07 \x01(\x03\x12\x11\n\tpage_size\x18\x08 \x01(\x05\x12\x32\n\x0erecovery_modes\x18\t \x03(\x0e\x32\x1a.raincheck.v1.RecoveryMode2\xd5\x03\n\x0c\x44\x65\x63odeWorker\x12L\n\x0bOpenSession\x12 .raincheck.v1.OpenSessionRequest\x1a\x1b.raincheck.v1.WorkerSession\x12<\n\x04Turn\x12\x19.raincheck.v1.TurnRequest\x1a\x17.raincheck.v1.ChatEvent0\x01\x12M\n\nGetSession\x12\".raincheck.v1.WorkerSessionRequest\x1a\x1b.raincheck.v1.WorkerSession\x12V\n\x0c\x43loseSession\x12\".raincheck.v1.WorkerSessionRequest\x1a\".raincheck.v1.CloseSessionResponse\x12R\n\nCancelTurn\x12\".raincheck.v1.WorkerSessionRequest\x1a .raincheck.v1.CancelTurnResponse\x12>\n\x05Stats\x12\x1a.raincheck.v1.StatsRequest\x1a\x19.raincheck.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HISTORYTURN']._serialized_start=68
   _globals['_HISTORYTURN']._serialized_end=195
   _globals['_OPENSESSIONREQUEST']._serialized_start=198
-  _globals['_OPENSESSIONREQUEST']._serialized_end=383
-  _globals['_TURNREQUEST']._serialized_start=386
-  _globals['_TURNREQUEST']._serialized_end=604
-  _globals['_WORKERSESSIONREQUEST']._serialized_start=606
-  _globals['_WORKERSESSIONREQUEST']._serialized_end=648
-  _globals['_WORKERSESSION']._serialized_start=651
-  _globals['_WORKERSESSION']._serialized_end=903
-  _globals['_STATSREQUEST']._serialized_start=905
-  _globals['_STATSREQUEST']._serialized_end=919
-  _globals['_WORKERSTATS']._serialized_start=922
-  _globals['_WORKERSTATS']._serialized_end=1154
-  _globals['_DECODEWORKER']._serialized_start=1157
-  _globals['_DECODEWORKER']._serialized_end=1626
+  _globals['_OPENSESSIONREQUEST']._serialized_end=398
+  _globals['_TURNREQUEST']._serialized_start=401
+  _globals['_TURNREQUEST']._serialized_end=619
+  _globals['_WORKERSESSIONREQUEST']._serialized_start=621
+  _globals['_WORKERSESSIONREQUEST']._serialized_end=663
+  _globals['_WORKERSESSION']._serialized_start=666
+  _globals['_WORKERSESSION']._serialized_end=918
+  _globals['_STATSREQUEST']._serialized_start=920
+  _globals['_STATSREQUEST']._serialized_end=934
+  _globals['_WORKERSTATS']._serialized_start=937
+  _globals['_WORKERSTATS']._serialized_end=1169
+  _globals['_DECODEWORKER']._serialized_start=1172
+  _globals['_DECODEWORKER']._serialized_end=1641
 # @@protoc_insertion_point(module_scope)

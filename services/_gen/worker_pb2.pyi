@@ -20,16 +20,18 @@ class HistoryTurn(_message.Message):
     def __init__(self, message: _Optional[_Union[_chat_pb2.UserMessage, _Mapping]] = ..., answer_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., answer_text: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session_id", "deferral", "recovery_mode", "history")
+    __slots__ = ("session_id", "deferral", "recovery_mode", "history", "owner")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEFERRAL_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_MODE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     deferral: _chat_pb2.DeferralSettings
     recovery_mode: _chat_pb2.RecoveryMode
     history: _containers.RepeatedCompositeFieldContainer[HistoryTurn]
-    def __init__(self, session_id: _Optional[str] = ..., deferral: _Optional[_Union[_chat_pb2.DeferralSettings, _Mapping]] = ..., recovery_mode: _Optional[_Union[_chat_pb2.RecoveryMode, str]] = ..., history: _Optional[_Iterable[_Union[HistoryTurn, _Mapping]]] = ...) -> None: ...
+    owner: str
+    def __init__(self, session_id: _Optional[str] = ..., deferral: _Optional[_Union[_chat_pb2.DeferralSettings, _Mapping]] = ..., recovery_mode: _Optional[_Union[_chat_pb2.RecoveryMode, str]] = ..., history: _Optional[_Iterable[_Union[HistoryTurn, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class TurnRequest(_message.Message):
     __slots__ = ("session_id", "turn_id", "message", "sampling", "deferral", "follow_recovery")

@@ -16,6 +16,7 @@ from .._gen import worker_pb2
 class WorkerSession:
     session: Session
     recovery_mode: str                                  # colocated | disaggregated
+    owner: str = ""                                     # the API key id it belongs to ("": no auth)
     history: list[worker_pb2.HistoryTurn] = field(default_factory=list)   # re-prefilled by the next turn
     stream: TurnStream | None = None                    # the latest turn
     active: bool = False                                # a turn is streaming
