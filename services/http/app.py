@@ -21,7 +21,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
-from ..common.metrics import REQUESTS, TurnTimer
+from ..common.metrics import REQUESTS
 from . import openai_api, sglang_api
 from .call import HttpCall
 from .chat import ChatBackend, Delta, Done, Turn
@@ -114,15 +114,10 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
                   ) -> AsyncIterator[str]:
         """Server-sent events: `opening`, each event's chunks, then `[DONE]`; a failure mid-answer as an
         error chunk."""
-        timer = TurnTimer("http")
         try:
             for chunk in opening:
                 yield f"data: {json.dumps(chunk)}\n\n"
             async for event in iterate_in_threadpool(turn.run()):
-                if isinstance(event, Delta):
-                    timer.token()
-                else:
-                    timer.done()
                 for chunk in chunks(event):
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         except ServiceError as e:

@@ -27,7 +27,7 @@ from raincheck_client._gen import chat_pb2
 
 from ..common.grpc_util import ServiceError
 from ..common.logs import bind
-from ..common.store import SessionRecord, Store, TurnRecord
+from ..common.store import QuotaError, SessionRecord, Store, TurnRecord
 from ..frontend.servicer import ChatServicer
 from ..frontend.sessions import MODES
 from .call import HttpCall
@@ -103,16 +103,16 @@ class ChatBackend:
         conv = spec.conversation
         conv.bind(owner, spec.model, spec.recovery_mode or "")
         if not conv.history:
-            return self._new(call, spec)
+            return self._new(call, owner, spec)
         tip = self.index.claim(conv.digests[-1])
         if tip is not None:
-            turn = self._continue(call, spec, tip)
+            turn = self._continue(call, owner, spec, tip)
             if turn is not None:
                 return turn
         return self._fork(call, owner, spec)
 
     # -- the three ways a turn starts -------------------------------------------------------------------
-    def _continue(self, call: HttpCall, spec: TurnSpec, tip: Tip) -> Turn | None:
+    def _continue(self, call: HttpCall, owner: str, spec: TurnSpec, tip: Tip) -> Turn | None:
         """The tip's session's next turn; None when that session is gone (the caller forks instead)."""
         digest = spec.conversation.digests[-1]
         try:
@@ -126,12 +126,13 @@ class ChatBackend:
                 return None
             self.index.release(digest, tip)
             raise
-        return Turn(self, call, spec, tip.session_id, "continued", cached, events)
+        return Turn(self, call, owner, spec, tip.session_id, "continued", cached, events)
 
-    def _new(self, call: HttpCall, spec: TurnSpec) -> Turn:
+    def _new(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
+        self._make_room(call, owner)
         info = self.servicer.CreateSession(chat_pb2.CreateSessionRequest(
             model=spec.model, deferral=spec.deferral, recovery_mode=self._mode(spec)), call)
-        return Turn(self, call, spec, info.session_id, "new", 0, self._first_chat(call, info.session_id, spec))
+        return Turn(self, call, owner, spec, info.session_id, "new", 0, self._first_chat(call, info.session_id, spec))
 
     def _fork(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
         """A new session holding the history as its turn log (detached: its first turn opens it on a worker
@@ -142,17 +143,38 @@ class ChatBackend:
         records += [TurnRecord(text=t.user.text, images=t.user.image_hashes, videos=[], answer_token_ids=[],
                                answer_text=t.answer, finish_reason="stop") for t in conv.history[len(records):]]
         self._mode(spec)
+        self._make_room(call, owner)
         record = SessionRecord(uuid.uuid4().hex, owner, spec.model, "", json_format.MessageToDict(
             spec.deferral or chat_pb2.DeferralSettings()), spec.recovery_mode or self.servicer.sessions.default_mode)
-        self.store.create_session(record)
+        try:
+            self.store.create_session(record, self._quota(owner))
+        except QuotaError as e:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         for r, turn in zip(records, conv.history, strict=True):   # the rebuild reads the images as blobs
             self.store.append_turn(record.session_id, r, dict(zip(turn.user.image_hashes, turn.user.images,
                                                                   strict=True)))
         bind(log, session_id=record.session_id).info("forked: %d history turns, %d copied from a session's log",
                                                      len(records), logged)
-        return Turn(self, call, spec, record.session_id, "forked", 0, self._first_chat(call, record.session_id, spec))
+        events = self._first_chat(call, record.session_id, spec)
+        return Turn(self, call, owner, spec, record.session_id, "forked", 0, events)
 
     # -- helpers --------------------------------------------------------------------------------------------
+    def _quota(self, owner: str) -> int | None:
+        """The key's limit of open sessions (None without API keys)."""
+        return self.servicer.settings.max_sessions_per_key if owner else None
+
+    def _make_room(self, call: HttpCall, owner: str) -> None:
+        """At the key's session quota, close its least recently used idle session that this API matched:
+        stateless clients never close sessions themselves. A later request for that conversation forks."""
+        limit = self._quota(owner)
+        if limit is None or self.store.open_sessions(owner) < limit:
+            return
+        victim = self.index.evict(owner)
+        if victim is not None:
+            bind(log, session_id=victim).info("closing the key's least recently used HTTP session (quota %d)",
+                                              limit)
+            self._close(call, victim)
+
     def _mode(self, spec: TurnSpec) -> int:
         if spec.recovery_mode is None:
             return chat_pb2.RECOVERY_MODE_UNSPECIFIED
@@ -202,10 +224,11 @@ class Turn:
     """A started turn: `run()` yields the answer's text deltas, then `Done` (blocking; call from a thread).
     `close()` ends the call, cancelling the worker's turn if it still runs; call it in every case."""
 
-    def __init__(self, backend: ChatBackend, call: HttpCall, spec: TurnSpec, session_id: str, match: str,
-                 cached_tokens: int, events: Iterator[chat_pb2.ChatEvent]):
+    def __init__(self, backend: ChatBackend, call: HttpCall, owner: str, spec: TurnSpec, session_id: str,
+                 match: str, cached_tokens: int, events: Iterator[chat_pb2.ChatEvent]):
         self.backend = backend
         self.call = call
+        self.owner = owner
         self.spec = spec
         self.session_id = session_id
         self.match = match
@@ -252,7 +275,8 @@ class Turn:
             conv = self.spec.conversation
             # the last sampled token is fed by the next turn: the session holds all but it
             context = usage.prompt_tokens + max(generated - 1, 0)
-            self.backend.index.publish([*conv.digests, conv.digest_after(final.text)], Tip(self.session_id, context))
+            self.backend.index.publish(self.owner, [*conv.digests, conv.digest_after(final.text)],
+                                       Tip(self.session_id, context))
         reason = "stop" if matched is not None else final.finish_reason
         return Done(shown, reason, matched, usage, self.session_id, self.match, metrics)
 

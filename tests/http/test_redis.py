@@ -42,7 +42,7 @@ def test_a_conversation_moves_between_frontends(redis_prefix):
 
 
 def _claims_race(index, digest: str) -> list:
-    index.publish(["root", digest], Tip("s1", 10))
+    index.publish("k", ["root", digest], Tip("s1", 10))
     won: list = []
     barrier = threading.Barrier(8)
 
@@ -65,7 +65,7 @@ def test_a_tip_is_claimed_once(redis_prefix):
         assert sorted(won, key=lambda t: t is not None) == [None] * 7 + [Tip("s1", 10)]
         index.release("d1", Tip("s1", 10))              # a turn that did not start puts it back
         assert index.claim("d1") == Tip("s1", 10)
-        index.publish(["root", "d1"], Tip("s2", 12))
+        index.publish("k", ["root", "d1"], Tip("s2", 12))
         index.release("d1", Tip("s1", 10))              # but never over a newer tip
         assert index.claim("d1") == Tip("s2", 12)
         assert index.source("d1").session_id == "s2" and index.source("d1").turns == 1
@@ -74,12 +74,28 @@ def test_a_tip_is_claimed_once(redis_prefix):
 
 def test_entries_expire_with_the_sessions(redis_prefix):
     memory = MemoryIndex(ttl_s=0.05)
-    memory.publish(["root", "d1"], Tip("s1", 3))
+    memory.publish("k", ["root", "d1"], Tip("s1", 3))
     time.sleep(0.1)
     assert memory.claim("d1") is None and memory.source("d1") is None
     store = RedisStore(REDIS_URL, redis_prefix, session_ttl_s=0.05)
     index = RedisIndex(store)
-    index.publish(["root", "d1"], Tip("s1", 3))
+    index.publish("k", ["root", "d1"], Tip("s1", 3))
     time.sleep(0.15)
     assert index.claim("d1") is None and index.source("d1") is None
+    store.close()
+
+
+def test_eviction_takes_the_least_recently_used_idle_session(redis_prefix):
+    store = RedisStore(REDIS_URL, redis_prefix)
+    for index in (make_index(store), make_index(MemoryStore())):
+        index.publish("k", ["r", "a1"], Tip("a", 5))
+        index.publish("k", ["r", "b1"], Tip("b", 5))
+        index.publish("other", ["r2", "c1"], Tip("c", 5))
+        index.publish("k", ["r", "a1", "a2"], Tip("a", 9))       # a's next turn: now the most recent
+        assert index.evict("k") == "b" and index.claim("b1") is None
+        busy = index.claim("a2")                                   # a turn of `a` is running
+        assert index.evict("k") is None
+        index.publish("k", ["r", "a1", "a2", "a3"], Tip(busy.session_id, 12))   # it ends
+        assert index.evict("k") == "a" and index.evict("k") is None
+        assert index.evict("other") == "c"
     store.close()
