@@ -24,6 +24,7 @@ def _answer_tail(turn: worker_pb2.HistoryTurn, formatter: ChatFormatter) -> list
     turn_end_id = formatter.turn_end_id
     ids = list(turn.answer_token_ids)
     if not ids and turn.answer_text:   # an answer given as text: as the template renders an assistant message
+        formatter.check_text(turn.answer_text)     # no control tokens smuggled in as an "answer"
         return [*formatter.encode(turn.answer_text), turn_end_id]
     if not ids or turn.finish_reason == "cancelled":
         return ids[:-1]
