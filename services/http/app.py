@@ -32,6 +32,45 @@ from .settings import HttpSettings
 log = logging.getLogger(__name__)
 
 
+class BodyLimit:
+    """413 for a request body over `limit` bytes, found before it is held in memory whole."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = JSONResponse(HttpError(413, f"the request body is over {self.limit} bytes, the limit").body(),
+                               status_code=413)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.limit:
+            return await refusal(scope, receive, send)
+        received, over = 0, False
+
+        async def limited():               # a body sent without its length is counted as it arrives
+            nonlocal received, over
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:      # the app sees the client leave; the refusal is sent instead
+                over = True
+                return {"type": "http.disconnect"}
+            return message
+
+        async def unless_over(message) -> None:
+            if not over:
+                await send(message)
+
+        try:
+            await self.app(scope, limited, unless_over)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            await refusal(scope, receive, send)
+
+
 class EventStream(StreamingResponse):
     """Server-sent events that stop as soon as the client goes away, so that its turn is cancelled at once
     (Starlette watches for the disconnect only under ASGI < 2.4, and uvicorn drops writes to a closed
@@ -52,7 +91,7 @@ class EventStream(StreamingResponse):
             group.cancel_scope.cancel()
 
 
-def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int) -> FastAPI:
+def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int, max_body_bytes: int) -> FastAPI:
     images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
 
     @asynccontextmanager
@@ -61,6 +100,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         yield
 
     app = FastAPI(title="Raincheck Serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):

@@ -41,7 +41,7 @@ class HttpServer:
         self._own_router = router is None
         self.router = router or Router(store, frontend.max_message_bytes)
         backend = ChatBackend(ChatServicer(frontend, store, self.router), store, make_index(store))
-        self.app = build_app(backend, settings, frontend.max_image_bytes)
+        self.app = build_app(backend, settings, frontend.max_image_bytes, frontend.max_message_bytes)
         self.tls = bool(frontend.tls_cert)
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=frontend.drain_s, ssl_certfile=frontend.tls_cert,

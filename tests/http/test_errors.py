@@ -114,3 +114,17 @@ def test_malformed_bodies_are_400_in_openai_shape(stack):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.get(stack.http.url + "/v1/nothing-here", headers=headers)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_body_over_the_limit_is_413(stack):
+    headers = {"authorization": f"Bearer {KEYS[0]}", "content-type": "application/json"}
+    limit = stack.frontend_settings.max_message_bytes
+    r = httpx.post(stack.http.url + "/v1/chat/completions", content=b" " * (limit + 1), headers=headers)
+    assert r.status_code == 413 and "the request body is over" in r.json()["error"]["message"]
+
+    def chunks():                        # no Content-Length: counted as it arrives
+        for _ in range(limit // 2**20 + 1):
+            yield b" " * 2**20
+
+    r = httpx.post(stack.http.url + "/generate", content=chunks(), headers=headers)
+    assert r.status_code == 413
