@@ -46,6 +46,21 @@ class SessionBusyError(RaincheckError):
     """A turn was started while the session's previous turn is still running."""
 
 
+class SamplingError(RaincheckError):
+    """A turn's next token could not be sampled (non-finite logits, or parameters that cannot work);
+    that turn fails and is undone, the others in its step go on."""
+
+
+class StepFailedError(RaincheckError):
+    """The forward pass that ran this turn's rows failed (alone, so it was this turn's own); the turn is
+    undone: the session's cache is as it was before the turn started."""
+
+
+class RecoveryStateError(RaincheckError):
+    """A hand-off verb does not fit the session's recovery: nothing to hand off, or a result for an
+    earlier recovery (a stale result is never applied)."""
+
+
 def _preview(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", … (+{len(names) - limit} more)" if len(names) > limit else "")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.turn_input import TurnInput
 from ..inputs import VisualInput
+from ..multimodal.turn_input import TurnInput
 from ..pruning import SelectionContext, get_selector, select_span
 from .policy import DeferralConfig
 

@@ -2,28 +2,23 @@
 
 The turn log holds each earlier turn's message and answer ids. The chat-level prompts are rendered as
 the engine's own chat turns would be, and each answer is followed by what the engine keeps for the next
-turn (`TurnRequest.finish`): the last sampled token and, unless it already is one, the template's
-turn-end token (for a stop, the turn-end token replaces the model's other stop token).
+turn (`raincheck_core.engine.answer_tail`): the last sampled token and, unless it already is one, the
+template's turn-end token (for a stop, the turn-end token replaces the model's other stop token).
 """
 
 from __future__ import annotations
 
 from raincheck_client._gen import worker_pb2
 from raincheck_core import Engine, InvalidInputError, Message, Prompt
+from raincheck_core.engine import answer_tail
 
 from .convert import to_message
 
 
-def _answer_tail(turn: worker_pb2.HistoryTurn, turn_end_id: int) -> list[int]:
+def _answer(turn: worker_pb2.HistoryTurn, turn_end_id: int) -> list[int]:
+    """The answer as the cache holds it: the fed tokens (all but the last sampled), then its tail."""
     ids = list(turn.answer_token_ids)
-    if not ids or turn.finish_reason == "cancelled":
-        return ids[:-1]
-    last = ids[-1]
-    if last == turn_end_id:
-        return ids
-    if turn.finish_reason == "stop":
-        return [*ids[:-1], turn_end_id]
-    return [*ids, turn_end_id]
+    return ids[:-1] + answer_tail(ids, turn.finish_reason, turn_end_id)
 
 
 def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message: Message) -> Prompt:
@@ -43,5 +38,5 @@ def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message
         ids += prompt.token_ids
         visuals += prompt.visuals
         if i < len(history):
-            ids += _answer_tail(history[i], formatter.turn_end_id)
+            ids += _answer(history[i], formatter.turn_end_id)
     return Prompt(ids, visuals)
