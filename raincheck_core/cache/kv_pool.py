@@ -61,6 +61,7 @@ class PageTable:
         self.max_pages = max_pages
         self.pages: list[int] = []
         self.length = 0
+        self._slot_ids = torch.empty(0, dtype=torch.long)   # of every reserved slot, rebuilt as pages come
 
     def pages_needed(self, n: int) -> int:
         ps = self.pool.page_size
@@ -75,6 +76,7 @@ class PageTable:
             )
         if need:
             self.pages.extend(self.pool.allocate(need))
+            self._index()
 
     def ahead(self, offset: int, n: int) -> torch.Tensor:
         """Slot ids of the `n` slots `offset` past the filled ones, reserving pages for them as needed;
@@ -103,6 +105,7 @@ class PageTable:
         keep = -(-length // self.pool.page_size)
         self.pool.release(self.pages[keep:])
         del self.pages[keep:]
+        self._index()
 
     def slots(self, start: int, end: int) -> torch.Tensor:
         if not 0 <= start <= end <= self.length:
@@ -110,15 +113,19 @@ class PageTable:
         return self.reserved_slots(start, end)
 
     def reserved_slots(self, start: int, end: int) -> torch.Tensor:
-        """Slot ids of `[start, end)` within the reserved pages (filled or not)."""
+        """Slot ids of `[start, end)` within the reserved pages (filled or not); a view, not a copy."""
+        reserved = self._slot_ids.shape[0]
+        if not 0 <= start <= end <= reserved:
+            raise InvalidInputError(f"slot range [{start}, {end}) outside the {reserved} reserved slots")
+        return self._slot_ids[start:end]
+
+    def _index(self) -> None:
         ps = self.pool.page_size
-        if not 0 <= start <= end <= len(self.pages) * ps:
-            raise InvalidInputError(f"slot range [{start}, {end}) outside the {len(self.pages) * ps} reserved slots")
-        idx = torch.arange(start, end)
         pages = torch.tensor(self.pages, dtype=torch.long)
-        return pages[idx // ps] * ps + idx % ps
+        self._slot_ids = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()
 
     def release(self) -> None:
         self.pool.release(self.pages)
         self.pages = []
         self.length = 0
+        self._index()

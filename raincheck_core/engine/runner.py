@@ -28,11 +28,11 @@ from .plan import Kind, Segment, StepPlan
 
 @dataclass
 class StateWrite:
-    """New GDN states (all layers) for `slots`; conv or ssm may be None (left as they are)."""
+    """New GDN states for `slots`, per layer; conv or ssm may be None (left as they are)."""
 
     slots: torch.Tensor
-    conv: torch.Tensor | None       # [N, layers, K-1, conv dim]
-    ssm: torch.Tensor | None        # [N, layers, H, Dk, Dv] fp32
+    conv: list[torch.Tensor] | None     # per layer [N, K-1, conv dim]
+    ssm: list[torch.Tensor] | None      # per layer [N, H, Dk, Dv] fp32
 
 
 @dataclass
@@ -162,6 +162,10 @@ class ModelRunner:
                 extra_at=torch.cat(extra_at).to(dev) if extra_at else None,
             )
             if joins:
+                fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]
+                decode_at = [_decode_of(s, single_segs) for s in joins]
+                starting = [(j, k) for j, k in enumerate(decode_at) if k >= 0]
+                repairs = [(j, k) for j, k in starting if fed_lead[j]]
                 step.corrections = GDNCorrections(
                     seqs=torch.tensor(join_seqs, device=dev),
                     slots=torch.tensor([s.live_slot for s in joins], device=dev),
@@ -170,17 +174,18 @@ class ModelRunner:
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
-                    conv_from_multi=torch.tensor([s.recovery.join.fed < s.recovery.join.lead for s in joins],
-                                                 device=dev),
-                    single_at=torch.tensor([_decode_of(s, single_segs) for s in joins], device=dev),
+                    conv_from_multi=torch.tensor(fed_lead, device=dev),
+                    starts_single=_pairs(starting, dev), repairs_single=_pairs(repairs, dev),
                 )
         if single:
             keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
             keep = [single_segs[k] for k in keep_at]
+            rows = [starts[i] for i in single]
             step.single = GDNSingle(
                 slots=torch.tensor([s.gdn_slot for s in single_segs], device=dev),
-                step_rows=torch.tensor([starts[i] for i in single], device=dev),
+                step_rows=torch.tensor(rows, device=dev),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
+                all_rows=not multi and rows == list(range(len(rows))),
             )
         return step, [segs[i] for i in multi], joins, single_segs, keep
 
@@ -195,42 +200,51 @@ class ModelRunner:
         return out
 
     def _collect(self, inputs: StepInputs, out: StepOutputs) -> None:
-        """Layer-by-layer GDN results -> per-slot state writes (all layers), in the order to apply."""
+        """Layer-by-layer GDN results -> state writes per slot, in the order to apply. Whole-step tensors
+        stay per layer (the update writes each into its layer); only the few rows the join's bookkeeping
+        needs are stacked across layers."""
         res, step = inputs.batch.gdn.out, inputs.batch.gdn
-
-        def stack(parts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.stack(parts, dim=1)             # [N, layers, ...]
-
         if step.multi is not None:
-            tails, finals = stack([m[0] for m in res.multi]), stack([m[1] for m in res.multi])
+            tails, finals = [m[0] for m in res.multi], [m[1] for m in res.multi]
             is_join = torch.tensor([s.live_slot is not None for s in inputs.multi])
-            plain = (~is_join).nonzero().flatten()
-            if len(plain):
-                out.writes.append(StateWrite(step.multi.slots[plain.to(self.device)], tails[plain], finals[plain]))
+            plain = (~is_join).nonzero().flatten().to(self.device)
+            if len(plain) == len(inputs.multi):
+                out.writes.append(StateWrite(step.multi.slots, tails, finals))
+            elif len(plain):
+                out.writes.append(StateWrite(step.multi.slots[plain], [t[plain] for t in tails],
+                                             [f[plain] for f in finals]))
             if inputs.joins:
                 c = step.corrections
-                split_tails, split_states = stack([m[2] for m in res.multi]), stack([m[3] for m in res.multi])
                 prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
-                out.writes.append(StateWrite(prefix, split_tails, split_states))
-                out.writes.append(StateWrite(c.slots, None, stack(res.corrected)))
+                out.writes.append(StateWrite(prefix, [m[2] for m in res.multi], [m[3] for m in res.multi]))
+                out.writes.append(StateWrite(c.slots, None, res.corrected))
                 repair = c.conv_from_multi.nonzero().flatten()
                 if len(repair):
-                    out.writes.append(StateWrite(c.slots[repair], tails[c.seqs[repair]], None))
-                s_lead = finals[c.seqs]
+                    rows = c.seqs[repair]
+                    out.writes.append(StateWrite(c.slots[repair], [t[rows] for t in tails], None))
+                s_lead = torch.stack([f[c.seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
                 out.joined = [(seg, s_lead[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None:
-            tails, finals = stack([s[0] for s in res.single]), stack([s[1] for s in res.single])
-            out.writes.append(StateWrite(step.single.slots, tails, finals))
+            finals = [s[1] for s in res.single]
+            out.writes.append(StateWrite(step.single.slots, [s[0] for s in res.single], finals))
             if inputs.keep:
-                u, k, v, g, beta = (stack(list(parts)) for parts in zip(*res.factors, strict=True))
                 keep = step.single.keep
-                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], finals[keep[j]])
+                u, k, v, g, beta = (torch.stack(list(parts), dim=1) for parts in zip(*res.factors, strict=True))
+                state = torch.stack([f[keep] for f in finals], dim=1)
+                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], state[j])
                                for j, seg in enumerate(inputs.keep)]
 
 
 def _tracks(seg: Segment) -> bool:
     """A decode row of a turn whose deferred recovery tracks the GDN map of its generated tokens."""
     return seg.kind is Kind.DECODE and seg.recovery is not None and seg.recovery.join is not None
+
+
+def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not pairs:
+        return None
+    a, b = zip(*pairs, strict=True)
+    return torch.tensor(a, device=device), torch.tensor(b, device=device)
 
 
 def _decode_of(chunk: Segment, single: list[Segment]) -> int:

@@ -32,11 +32,12 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
         seg.cache.fill(seg.rows, generated=seg.kind is Kind.DECODE and seg.recovery is not None)
     # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
     if engine.gdn is not None:
+        pool = engine.gdn
         for w in out.writes:
-            if w.conv is not None:
-                engine.gdn.conv[w.slots] = w.conv.to(engine.gdn.conv.dtype)
-            if w.ssm is not None:
-                engine.gdn.ssm[w.slots] = w.ssm
+            for i, conv in enumerate(w.conv or ()):
+                pool.conv[:, i].index_copy_(0, w.slots, conv.to(pool.conv.dtype))
+            for i, ssm in enumerate(w.ssm or ()):
+                pool.ssm[:, i].index_copy_(0, w.slots, ssm)
         _join_bookkeeping(out)
     # 3. cursors
     chunk_of = {}

@@ -47,7 +47,10 @@ class GDNCorrections:
     extra_g: torch.Tensor | None     # [layers, T, H]
     extra_beta: torch.Tensor | None  # [layers, T, H]
     conv_from_multi: torch.Tensor    # [J] bool: the corrected slot's conv history becomes multi's tail
-    single_at: torch.Tensor          # [J] position in `single` of the row that starts from it, or -1
+    # (corrections j, positions in `single`) of one-row sequences that start from a corrected state /
+    # whose conv history is also replaced; None when there are none
+    starts_single: tuple[torch.Tensor, torch.Tensor] | None = None
+    repairs_single: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -55,6 +58,7 @@ class GDNSingle:
     slots: torch.Tensor              # [N] state slot of each one-row sequence
     step_rows: torch.Tensor          # [N] the step's rows
     keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
+    all_rows: bool = False           # the step's rows are exactly these, in order (a decode-only step)
 
 
 @dataclass

@@ -66,36 +66,44 @@ class GatedDeltaNet(nn.Module):
             um[m.extra_at] = c.extra_u[i].to(u.dtype)
             gm[m.extra_at], bm[m.extra_at] = c.extra_g[i], c.extra_beta[i]
         pool = step.pool
-        conv, tails, split_tails = causal_conv1d_varlen(um, self.conv1d.weight[:, 0], pool.conv[m.slots, i], m.layout)
+        conv, tails, split_tails = causal_conv1d_varlen(um, self.conv1d.weight[:, 0],
+                                                        pool.conv[:, i].index_select(0, m.slots), m.layout)
         q, k, v = self._qkv(conv)
-        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm, pool.ssm[m.slots, i], m.layout)
+        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm,
+                                                                  pool.ssm[:, i].index_select(0, m.slots), m.layout)
         o[m.step_rows] = out[m.step_at].to(o.dtype)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:
             return None
-        live = gdn_state_map.join_state(pool.ssm[c.slots, i], c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
+        live = gdn_state_map.join_state(pool.ssm[:, i].index_select(0, c.slots), c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
         step.out.corrected.append(live)
         return live, tails[c.seqs]
 
     def _single(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor,
                 corrected: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         s, i, pool = step.single, self.gdn_index, step.pool
-        hist, state = pool.conv[s.slots, i], pool.ssm[s.slots, i]      # copies: safe to overwrite rows
+        # gathered copies: safe to overwrite rows, and the recurrent step updates `state` in place
+        hist, state = pool.conv[:, i].index_select(0, s.slots), pool.ssm[:, i].index_select(0, s.slots)
         c = step.corrections
-        if corrected is not None:
+        if corrected is not None and c.starts_single is not None:
             live, tails = corrected
-            at = c.single_at >= 0
-            if bool(at.any()):
-                state[c.single_at[at]] = live[at]
-                repair = at & c.conv_from_multi
-                if bool(repair.any()):
-                    hist[c.single_at[repair]] = tails[repair].to(hist.dtype)
-        us, gs, bs = u[s.step_rows], g[s.step_rows], beta[s.step_rows]
+            at, into = c.starts_single
+            state[into] = live[at]
+            if c.repairs_single is not None:
+                at, into = c.repairs_single
+                hist[into] = tails[at].to(hist.dtype)
+        if s.all_rows:      # a step of decode rows only: no gather, no scatter
+            us, gs, bs = u, g, beta
+        else:
+            us, gs, bs = u[s.step_rows], g[s.step_rows], beta[s.step_rows]
         conv, new_hist = conv_step(us, self.conv1d.weight[:, 0], hist)
         q, k, v = self._qkv(conv)
-        out, finals = gated_delta_step(q, k, v, gs, bs, state)
-        o[s.step_rows] = out.to(o.dtype)
-        step.out.single.append((new_hist, finals))
+        out = gated_delta_step(q, k, v, gs, bs, state)
+        if s.all_rows:
+            o.copy_(out)
+        else:
+            o[s.step_rows] = out.to(o.dtype)
+        step.out.single.append((new_hist, state))
         if s.keep is not None:
             step.out.factors.append((us[s.keep], k[s.keep], v[s.keep], gs[s.keep], bs[s.keep]))
 

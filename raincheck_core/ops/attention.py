@@ -67,9 +67,7 @@ def _group(ids: list[int], q_lens: list[int], starts: list[int], read_slots: lis
     qi = torch.arange(q_max)
     real_q = qi[None, :] < q[:, None]                                       # [N, q_max]
     rows = (torch.tensor([starts[s] for s in ids])[:, None] + qi[None, :]) * real_q
-    keys = torch.zeros(n, k_max, dtype=torch.long)
-    for i, s in enumerate(ids):
-        keys[i, : len(read_slots[s])] = read_slots[s]
+    keys = torch.nn.utils.rnn.pad_sequence([read_slots[s] for s in ids], batch_first=True)
     causal_self = n == 1 and int(k[0]) == int(q[0]) and q_max > SMALL_QUERY_ROWS
     mask = None
     if not causal_self and (q_max > 1 or bool((k != k_max).any())):
@@ -103,10 +101,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             out[rows] = res[0].transpose(0, 1)
             continue
         qg = q[g.rows].view(n, g.q_max, heads, d)
-        keys, values = k_cache[g.keys], v_cache[g.keys]                     # [N, k_max, kv, d]
         if g.q_max <= SMALL_QUERY_ROWS:
-            res = _grouped_attention(qg, keys, values, g.mask)
+            res = _grouped_attention(qg, _gather_heads(k_cache, g.keys), _gather_heads(v_cache, g.keys), g.mask)
         else:
+            keys, values = k_cache[g.keys], v_cache[g.keys]                 # [N, k_max, kv, d]
             mask = g.mask[:, None] if g.mask is not None else None
             res = F.scaled_dot_product_attention(
                 qg.transpose(1, 2), _expand_heads(keys, heads), _expand_heads(values, heads), attn_mask=mask,
@@ -115,20 +113,28 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     return out
 
 
+def _gather_heads(cache: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`cache [slots, kv, d]` read at `keys [N, s]` straight into `[N, kv, s, d]` (one copy, in the
+    layout the batched matmuls read without another)."""
+    kv, d = cache.shape[1], cache.shape[2]
+    idx = (keys[:, None, :] * kv + torch.arange(kv, device=keys.device)[None, :, None]).flatten()
+    return cache.view(-1, d).index_select(0, idx).view(keys.shape[0], kv, keys.shape[1], d)
+
+
 def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                        mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax attention with the query heads of each KV head stacked as rows: no K/V copies.
-    q `[N, n, heads, d]`, keys/values `[N, s, kv, d]`, mask `[N, n, s]`; returns `[N, n, heads, d]`."""
+    """Softmax attention with the query heads of each KV head stacked as rows: no K/V copies per head.
+    q `[N, n, heads, d]`, keys/values `[N, kv, s, d]`, mask `[N, n, s]`; returns `[N, n, heads, d]`."""
     b, n, heads, d = q.shape
-    s, kv = keys.shape[1], keys.shape[2]
+    kv, s = keys.shape[1], keys.shape[2]
     rep = heads // kv
-    qg = q.view(b, n, kv, rep, d).permute(0, 2, 1, 3, 4).reshape(b, kv, n * rep, d)
-    scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).float() * d**-0.5       # [N, kv, n*rep, s]
+    qg = q.view(b, n, kv, rep, d).permute(0, 2, 1, 3, 4).reshape(b * kv, n * rep, d)
+    scores = torch.bmm(qg, keys.view(b * kv, s, d).transpose(1, 2)).float() * d**-0.5   # [N*kv, n*rep, s]
     if mask is not None:
-        row_mask = mask[:, :, None, :].expand(b, n, rep, s).reshape(b, 1, n * rep, s)
+        row_mask = mask[:, None, :, None, :].expand(b, kv, n, rep, s).reshape(b * kv, n * rep, s)
         scores = scores.masked_fill(~row_mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    out = torch.matmul(probs, values.permute(0, 2, 1, 3))                       # [N, kv, n*rep, d]
+    out = torch.bmm(probs, values.view(b * kv, s, d))                                   # [N*kv, n*rep, d]
     return out.view(b, kv, n, rep, d).permute(0, 2, 1, 3, 4).reshape(b, n, heads, d)
 
 

@@ -194,22 +194,19 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
     return out, S, split_states
 
 
-def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
-                     ) -> tuple[Tensor, Tensor]:
-    """One token for each of N sequences: q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`,
-    state `[N, H, Dk, Dv]`. Returns (o `[N, H, Dv]` fp32, new states). The input state is not modified."""
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
+    """One token for each of N sequences, updating `state [N, H, Dk, Dv]` (fp32, contiguous) IN PLACE:
+    q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`. Returns o `[N, H, Dv]` fp32.
+    (The callers pass states gathered from the pool, which are private copies.)"""
     n, h, dk = k.shape
     dv = v.shape[-1]
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    S = (state.float() * g.exp()[..., None, None]).view(n * h, dk, dv)     # decay first
-    kf = k.reshape(n * h, 1, dk)
+    S = state.view(n * h, dk, dv)
+    S.mul_(g.float().exp().view(n * h, 1, 1))                             # decay first
+    kf = k.float().reshape(n * h, 1, dk)
     read = torch.bmm(kf, S)                                                # Sᵀk as [NH, 1, Dv]
-    delta = (v.reshape(n * h, 1, dv) - read) * beta.reshape(n * h, 1, 1)
-    S = torch.baddbmm(S, kf.mT, delta)                                     # rank-1 write k ⊗ delta
-    o = torch.bmm(q.reshape(n * h, 1, dk), S)
-    return o.view(n, h, dv), S.view(n, h, dk, dv)
-
-
+    delta = (v.float().reshape(n * h, 1, dv) - read).mul_(beta.float().reshape(n * h, 1, 1))
+    S.addcmul_(kf.mT, delta)                                               # rank-1 write k ⊗ delta
+    return torch.bmm(q.float().reshape(n * h, 1, dk), S).view(n, h, dv)
 
 
 def conv_step(x: Tensor, weight: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
