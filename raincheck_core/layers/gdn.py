@@ -75,7 +75,8 @@ class GatedDeltaNet(nn.Module):
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:
             return None
-        live = gdn_state_map.join_state(pool.ssm[:, i].index_select(0, c.slots), c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
+        live = pool.ssm[:, i].index_select(0, c.slots)
+        live = gdn_state_map.join_state(live, c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
         step.out.corrected.append(live)
         return live, tails[c.seqs]
 
