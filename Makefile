@@ -1,8 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SETUP_INPUTS := scripts/setup.sh pyproject.toml $(wildcard requirements/*.txt)
+SETUP_INPUTS := scripts/setup.sh pyproject.toml setup.py raincheck_client/pyproject.toml $(wildcard requirements/*.txt)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench protos wheels clean
 
 setup: $(VENV)/.installed
 
@@ -24,5 +24,11 @@ lint: setup
 bench: setup
 	$(PY) -m bench.engine
 
+protos: setup        ## regenerate the committed gRPC stubs after a change in proto/
+	$(PY) scripts/gen_protos.py
+
+wheels: setup        ## dist/: raincheck-client (the SDK: grpcio + protobuf) and raincheck-serve
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist ./raincheck_client .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist raincheck_client/build

@@ -5,7 +5,7 @@
 Held-out dialogues of the demo world (seed `HELD_OUT_SEED`, never used in training) run through the
 engine's public API with greedy decoding, one session per dialogue and arm; an answer counts when it
 equals the reference exactly. Long answers (lists) also get an item score: the share of their tokens in
-the right place. Every arm of one selector and retention uses the same selection (MECHANISM.md §1), so
+the right place. Every arm of one selector and retention uses the same selection (docs/mechanism.md §1), so
 arms are paired per dialogue; the recovered fraction (raincheck − hard) / (full − hard) on turns 2+ gets
 a paired bootstrap 95% interval over dialogues. The negative control is in bench/quality_control.py.
 """

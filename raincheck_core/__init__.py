@@ -8,6 +8,7 @@ from .errors import (
     InvalidInputError,
     OutOfPagesError,
     RaincheckError,
+    SamplingError,
     SessionBusyError,
     SessionClosedError,
     UnsupportedModelError,
@@ -17,6 +18,7 @@ from .sampling import SamplingParams
 
 __all__ = [
     "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
-    "OutOfPagesError", "Prompt", "RaincheckError", "SamplingParams", "Session", "SessionBusyError",
+    "OutOfPagesError", "Prompt", "RaincheckError", "SamplingError", "SamplingParams", "Session",
+    "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
 ]

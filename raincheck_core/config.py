@@ -1,11 +1,14 @@
 """Model and engine configuration.
 
-`ModelConfig` is read from a Hugging Face `config.json` (nested VLM configs or flat text-only ones);
+`ModelConfig` is what the engine reads of a checkpoint. It comes from transformers' own config classes
+(`AutoConfig` on the folder's config.json), so every field a real checkpoint leaves out takes the value
+transformers gives it; `_from_hf` maps those classes to the engine's fields, in this one place.
 `EngineConfig` holds the serving knobs. Both are plain dataclasses, validated on construction.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,9 @@ FAMILIES = {
     "qwen3_5": "qwen3_5",
     "qwen3_5_text": "qwen3_5",
 }
+# The M-RoPE split (temporal, height, width) that transformers' modeling code assumes when a config has
+# none (Qwen3VLTextRotaryEmbedding, Qwen3_5TextRotaryEmbedding): it is not a config default.
+DEFAULT_MROPE_SECTION = {"qwen3_vl": (24, 20, 20), "qwen3_5": (11, 11, 10)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class ModelConfig:
     deepstack_levels: int = 0
     has_vision: bool = False
     eos_token_ids: tuple[int, ...] = ()
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    raw: dict = field(default_factory=dict, compare=False, repr=False)   # config.json as written
 
     @property
     def num_attention_layers(self) -> int:
@@ -66,82 +72,89 @@ class ModelConfig:
         return sum(t == "linear_attention" for t in self.layer_types)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> ModelConfig:
+    def from_dict(cls, raw: dict, generation: dict | None = None) -> ModelConfig:
+        """From the contents of a config.json (and of a generation_config.json, whose eos_token_id wins)."""
         top_type = raw.get("model_type")
-        text = raw.get("text_config") or raw
-        family = FAMILIES.get(top_type) or FAMILIES.get(text.get("model_type"))
+        family = FAMILIES.get(top_type) or FAMILIES.get((raw.get("text_config") or {}).get("model_type"))
         if family is None:
             raise UnsupportedModelError(
                 f"model_type {top_type!r} is not supported; supported: {sorted(FAMILIES)}"
             )
+        from huggingface_hub.errors import StrictDataclassError
+        from transformers import AutoConfig
+
         try:
-            return _parse(family, raw, text)
-        except KeyError as e:
-            raise CheckpointError(f"config.json lacks the field {e.args[0]!r} needed by {family}") from None
+            # what config_class.from_dict(config.json) builds; on a copy, as it rewrites nested dicts in place
+            hf = AutoConfig.for_model(**copy.deepcopy(raw))
+        except (StrictDataclassError, TypeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"config.json is not a valid {top_type} config: {' '.join(str(e).split())}") \
+                from None
+        return _from_hf(family, hf, raw, (generation or {}).get("eos_token_id"))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
             raise CheckpointError(f"no config.json in {folder}")
-        raw = json.loads(path.read_text())
         gen = Path(folder) / "generation_config.json"
-        if gen.is_file():
-            raw = {**raw, "_generation": json.loads(gen.read_text())}
-        return cls.from_dict(raw)
+        return cls.from_dict(_read_json(path), _read_json(gen) if gen.is_file() else None)
 
 
-def _parse(family: str, raw: dict, text: dict) -> ModelConfig:
-    heads = text["num_attention_heads"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    theta = rope.get("rope_theta", text.get("rope_theta"))
-    if family == "qwen3_5":
-        theta = 10000.0 if theta is None else theta
-        rotary = int(head_dim * rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
-        default_section = (11, 11, 10)
-        layer_types = text.get("layer_types") or [
-            "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
-            for i in range(text["num_hidden_layers"])
-        ]
-    else:
-        theta = 500000.0 if theta is None else theta
-        rotary = head_dim
-        default_section = (24, 20, 20)
-        layer_types = ["full_attention"] * text["num_hidden_layers"]
-    vision = raw.get("vision_config") or {}
-    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    eos = raw.get("_generation", {}).get("eos_token_id", text.get("eos_token_id", raw.get("eos_token_id")))
-    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _ids(value: int | list[int] | None) -> tuple[int, ...]:
+    return () if value is None else tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None) -> ModelConfig:
+    """transformers' config (a VLM's composite config, or a text-only one) -> the engine's ModelConfig.
+    Each field reads what transformers' modeling code reads for the same purpose."""
+    text = hf.get_text_config(decoder=True)
+    rope = dict(text.rope_parameters or {})
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    vision = getattr(hf, "vision_config", None)
+    eos = next((e for e in (generation_eos, getattr(text, "eos_token_id", None), getattr(hf, "eos_token_id", None))
+                if e is not None), None)
     return ModelConfig(
         family=family,
-        vocab_size=text["vocab_size"],
-        hidden_size=text["hidden_size"],
-        intermediate_size=text["intermediate_size"],
-        num_layers=text["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=text.get("num_key_value_heads", heads),
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_layers=text.num_hidden_layers,
+        num_heads=text.num_attention_heads,
+        num_kv_heads=text.num_key_value_heads,
         head_dim=head_dim,
-        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
-        rotary_dim=rotary,
-        mrope_section=tuple(rope.get("mrope_section", default_section)),
-        layer_types=tuple(layer_types),
-        tie_word_embeddings=bool(tie),
-        attention_bias=bool(text.get("attention_bias", False)),
-        linear_num_key_heads=text.get("linear_num_key_heads", 0),
-        linear_num_value_heads=text.get("linear_num_value_heads", 0),
-        linear_key_head_dim=text.get("linear_key_head_dim", 0),
-        linear_value_head_dim=text.get("linear_value_head_dim", 0),
-        linear_conv_kernel=text.get("linear_conv_kernel_dim", 4),
-        image_token_id=raw.get("image_token_id"),
-        video_token_id=raw.get("video_token_id"),
-        vision_start_token_id=raw.get("vision_start_token_id"),
-        vision_end_token_id=raw.get("vision_end_token_id"),
-        spatial_merge_size=vision.get("spatial_merge_size", 2),
-        deepstack_levels=len(vision.get("deepstack_visual_indexes", [])) if family == "qwen3_vl" else 0,
-        has_vision=bool(vision),
-        eos_token_ids=eos_ids,
+        rms_norm_eps=text.rms_norm_eps,
+        rope_theta=float(rope["rope_theta"]),
+        # Qwen3.5 rotates a fraction of each head (0.25 by default); Qwen3-VL the whole head
+        rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),
+        mrope_section=tuple(rope.get("mrope_section", DEFAULT_MROPE_SECTION[family])),
+        # Qwen3-VL has no layer_types: every layer is full attention
+        layer_types=tuple(getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers),
+        # the model's own config decides (a VLM's top level, not its text config)
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        attention_bias=bool(text.attention_bias),
+        linear_num_key_heads=getattr(text, "linear_num_key_heads", 0),
+        linear_num_value_heads=getattr(text, "linear_num_value_heads", 0),
+        linear_key_head_dim=getattr(text, "linear_key_head_dim", 0),
+        linear_value_head_dim=getattr(text, "linear_value_head_dim", 0),
+        linear_conv_kernel=getattr(text, "linear_conv_kernel_dim", 4),
+        image_token_id=getattr(hf, "image_token_id", None),
+        video_token_id=getattr(hf, "video_token_id", None),
+        vision_start_token_id=getattr(hf, "vision_start_token_id", None),
+        vision_end_token_id=getattr(hf, "vision_end_token_id", None),
+        spatial_merge_size=vision.spatial_merge_size if vision is not None else 2,
+        deepstack_levels=len(getattr(vision, "deepstack_visual_indexes", None) or ()),
+        has_vision=vision is not None,
+        eos_token_ids=_ids(eos),
         raw=raw,
     )
 

@@ -47,8 +47,8 @@ class SessionBusyError(RaincheckError):
 
 
 class SamplingError(RaincheckError):
-    """A turn's next token could not be sampled (non-finite logits, or parameters that cannot work);
-    that turn fails and is undone, the others in its step go on."""
+    """No token can be drawn from a turn's logits (none is usable), or sampling failed; fails that turn
+    only (it is undone), the others in its step go on."""
 
 
 class StepFailedError(RaincheckError):

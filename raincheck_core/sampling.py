@@ -1,33 +1,68 @@
-"""Sampling parameters and the sampler (greedy, temperature, top-k, top-p, seeded)."""
+"""Sampling parameters and the sampler (greedy, temperature, top-k, top-p, seeded).
+
+Parameters that cannot work are refused when `SamplingParams` is built (`InvalidInputError`): non-numbers,
+NaN and infinities, negative values, a temperature between 0 and `MIN_TEMPERATURE` (1e-40 would overflow
+the scaled logits), a top_p below `MIN_TOP_P` (1e-300 is 0 in fp32 and would cut every token).
+
+The sampler never crashes on what the model gives it: NaN logits are treated as -inf (that token cannot
+be drawn) and +inf or unusable probabilities fall back to greedy, which `Sampler.fallback` records. Only
+logits with no finite value at all (nothing to choose from) raise `SamplingError`, for that turn alone.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, SamplingError
+
+log = logging.getLogger(__name__)
+MIN_TEMPERATURE = 1e-5   # below it, sampling is greedy in all but name; 0 asks for greedy
+MIN_TOP_P = 1e-6         # below it top_p keeps only the most likely token (any vocabulary up to 1M)
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0          # 0 = greedy
-    top_p: float = 1.0
+    temperature: float = 0.0          # 0 = greedy; else at least MIN_TEMPERATURE
+    top_p: float = 1.0                # in [MIN_TOP_P, 1]
     top_k: int = 0                    # 0 = no top-k cut
-    seed: int | None = None
+    seed: int | None = None           # any integer (taken modulo 2**64)
     max_new_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False          # keep going past the model's stop tokens (benchmarks)
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise InvalidInputError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
+        temperature = _number("temperature", self.temperature)
+        if temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+            raise InvalidInputError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                                    f"got {temperature:g}")
+        top_p = _number("top_p", self.top_p)
+        if not MIN_TOP_P <= top_p <= 1:
+            raise InvalidInputError(f"top_p must be in [{MIN_TOP_P:g}, 1], got {top_p:g}")
+        if _integer("top_k", self.top_k) < 0:
             raise InvalidInputError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_new_tokens < 1:
+        if self.seed is not None:
+            _integer("seed", self.seed)
+        if _integer("max_new_tokens", self.max_new_tokens) < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for token in self.stop_token_ids:
+            if _integer("a stop token id", token) < 0:
+                raise InvalidInputError(f"stop token ids must be >= 0, got {token}")
 
     @property
     def greedy(self) -> bool:
@@ -35,29 +70,62 @@ class SamplingParams:
 
 
 class Sampler:
-    """Draws one token from fp32 logits `[vocab]`; owns the turn's random generator."""
+    """Draws one token from the logits `[vocab]`; owns the turn's random generator."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
         self.generator = torch.Generator()
         if params.seed is not None:
-            self.generator.manual_seed(params.seed)
+            self.generator.manual_seed(params.seed % 2**64)
         else:
             self.generator.seed()
+        self.fallback: str | None = None     # what the latest draw did differently from what was asked
+        self._warned: set[str] = set()
 
     def __call__(self, logits: torch.Tensor) -> int:
-        p = self.params
-        if p.greedy:
+        self.fallback = None
+        logits = logits.detach().float()
+        top = float(logits.max())            # NaN if any is NaN; +inf if any is +inf
+        if math.isnan(top):
+            logits = logits.masked_fill(torch.isnan(logits), float("-inf"))
+            top = float(logits.max())
+            self._note("NaN logits left out")
+        if top == -math.inf:
+            raise SamplingError(f"the model gave no usable logit (all {logits.numel()} are NaN or -inf): "
+                                "no token can be chosen")
+        if top == math.inf:
+            return self._greedy(logits, "+inf logits")
+        if self.params.greedy:
             return int(torch.argmax(logits))
-        logits = logits.float().cpu() / p.temperature
+        probs = self._probs(logits.cpu(), top)
+        total = float(probs.sum())
+        if not (math.isfinite(total) and total > 0):
+            return self._greedy(logits, "no probability mass left")
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _probs(self, logits: torch.Tensor, top: float) -> torch.Tensor:
+        p = self.params
+        # subtract the max first: the largest scaled logit is 0, so no temperature can overflow it
+        scaled = (logits - top) / p.temperature
         if p.top_k:
-            kth = torch.topk(logits, min(p.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
+            kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
         if p.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
-            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+            # keep the smallest prefix whose mass reaches top_p; the most likely token always stays
             drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            drop[0] = False
             sorted_probs[drop] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return probs
+
+    def _greedy(self, logits: torch.Tensor, reason: str) -> int:
+        self._note(f"{reason}: greedy")
+        return int(torch.argmax(logits))
+
+    def _note(self, what: str) -> None:
+        self.fallback = what if self.fallback is None else f"{self.fallback}; {what}"
+        if what not in self._warned:      # once per turn and kind, not once per token
+            self._warned.add(what)
+            log.warning("sampling: %s", what)

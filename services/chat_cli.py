@@ -2,17 +2,37 @@
 turn's timings and the recovery of its deferred visual tokens.
 
 Lines are messages; `/image PATH` attaches an image to the next message, `/status` shows the session,
-`/quit` (or end of input) leaves and closes the session.
+`/quit` (or end of input) leaves and closes the session. A server that is still starting (unreachable,
+or up without a loaded model yet) is waited for, with a progress line, for up to `--wait-s` seconds.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
-from raincheck_client import Client, Final, Metrics, RaincheckError, RecoveryProgress, Session, Token
+from raincheck_client import (
+    Client,
+    Final,
+    Metrics,
+    RaincheckError,
+    RecoveryProgress,
+    Session,
+    SessionInfo,
+    Token,
+    Unavailable,
+)
+
+from .common.settings import ChatSettings
+
+HELP = "/image PATH attaches an image to the next message, /status, /quit"
+T = TypeVar("T")
 
 
-def _turn(session: Session, text: str, images: list[str], max_new_tokens: int) -> None:
+def _turn(session: Session, text: str, images: list[bytes], max_new_tokens: int) -> None:
     answered, deferred = False, 0
     for event in session.send(text, images=images, max_new_tokens=max_new_tokens, follow_recovery=True):
         if isinstance(event, Token):
@@ -31,26 +51,104 @@ def _turn(session: Session, text: str, images: list[str], max_new_tokens: int) -
             print(f"\r  recovery of deferred tokens: {state}   ", end="\n" if event.complete else "", flush=True)
 
 
-def run_chat(address: str, api_key: str | None, session_id: str | None, policy: str | None,
-             max_new_tokens: int) -> None:
-    with Client(address, api_key=api_key) as client:
-        session = client.session(session_id) if session_id else client.create_session(policy=policy)
+def status_table(info: SessionInfo) -> str:
+    """A session's status as a few aligned lines."""
+    knobs = [f"selector {info.selector}"] if info.selector else []
+    knobs += [f"{name} {value:g}" for name, value in (("retention", info.retention), ("chunk", info.chunk_size),
+                                                       ("guard", info.guard)) if value is not None]
+    rows = [("session", info.session_id),
+            ("model", f"{info.model} (worker {info.worker_id})" if info.worker_id else info.model),
+            ("policy", info.policy + (f" ({', '.join(knobs)})" if knobs else "")),
+            ("recovery", info.recovery_mode),
+            ("status", info.status),
+            ("turns", str(info.turns)),
+            ("cached", f"{info.cached_tokens} tokens"),
+            ("pending", f"{info.pending_deferred_tokens} deferred tokens")]
+    return "\n".join(f"  {name:<9}{value}" for name, value in rows)
+
+
+def _waiting(address: str, wait_s: float, call: Callable[[], T]) -> T:
+    """`call()`, retried while the server is unreachable or has no model loaded yet, with a progress line."""
+    start = time.monotonic()
+    shown = False
+    while True:
+        try:
+            result = call()
+        except Unavailable as e:
+            waited = time.monotonic() - start
+            if waited >= wait_s:
+                if shown:
+                    print()
+                raise
+            reason = "loading its model" if "decode worker" in e.message else "not reachable yet"
+            print(f"\r  waiting for the server at {address} ({reason}): {waited:.0f} s of {wait_s:.0f} s ",
+                  end="", flush=True)
+            shown = True
+            time.sleep(min(1.0, wait_s - waited))
+            continue
+        if shown:
+            print(f"\r  the server at {address} is ready after {time.monotonic() - start:.0f} s" + " " * 30)
+        return result
+
+
+def _attach(path: str, images: list[bytes]) -> None:
+    """Read the image now, so a bad path is reported here and never queued."""
+    if not path:
+        print("usage: /image PATH")
+        return
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as e:
+        print(f"cannot attach {path}: {e.strerror or e}")
+        return
+    if not data:
+        print(f"cannot attach {path}: the file is empty")
+        return
+    images.append(data)
+    size = f"{len(data) / 1024:.0f} KiB" if len(data) >= 1024 else f"{len(data)} bytes"
+    print(f"  attached {path} ({size}); it goes with your next message")
+
+
+def _line(line: str, session: Session, images: list[bytes], max_new_tokens: int) -> None:
+    """One input line: a command, or a message that takes the attached images along (kept or not, they
+    are used up, so one bad image never spoils the next message)."""
+    if line == "/status":
+        print(status_table(session.status()))
+    elif line == "/image" or line.startswith("/image "):
+        _attach(line.removeprefix("/image").strip(), images)
+    elif line.startswith("/"):
+        print(f"unknown command {line.split()[0]}; {HELP}")
+    elif line or images:
+        attached = images[:]
+        images.clear()
+        try:
+            _turn(session, line, attached, max_new_tokens)
+        except RaincheckError as e:
+            dropped = f" ({len(attached)} attached image(s) dropped; /image attaches again)" if attached else ""
+            print(f"\nerror: {e}{dropped}")
+
+
+def run_chat(settings: ChatSettings) -> None:
+    with Client(settings.address, api_key=settings.api_key) as client:
+        if settings.session:
+            session = _waiting(settings.address, settings.wait_s, lambda: client.session(settings.session))
+        else:
+            session = _waiting(settings.address, settings.wait_s,
+                               lambda: client.create_session(policy=settings.policy))
         info = session.info
-        print(f"session {session.id} on {info.model} ({info.policy}, {info.recovery_mode} recovery); "
-              "/image PATH, /status, /quit")
-        images: list[str] = []
-        for line in sys.stdin:
-            line = line.strip()
-            try:
+        print(f"session {session.id} on {info.model} ({info.policy}, {info.recovery_mode} recovery); {HELP}")
+        images: list[bytes] = []
+        try:
+            for line in sys.stdin:
+                line = line.strip()
                 if line == "/quit":
                     break
-                if line == "/status":
-                    print(session.status())
-                elif line.startswith("/image "):
-                    images.append(line.removeprefix("/image ").strip())
-                elif line or images:
-                    _turn(session, line, images, max_new_tokens)
-                    images = []
-            except (RaincheckError, OSError) as e:
-                print(f"error: {e}")
-        session.close()
+                try:
+                    _line(line, session, images, settings.max_new_tokens)
+                except RaincheckError as e:
+                    print(f"\nerror: {e}")
+        finally:
+            try:
+                session.close()
+            except RaincheckError as e:
+                print(f"could not close the session: {e}")

@@ -1,105 +1,158 @@
-"""The `raincheck` command: serve, frontend, decode-worker, deferred-worker, chat, demo."""
+"""The `raincheck` command: serve, frontend, http, decode-worker, deferred-worker, chat, demo.
+
+Each command builds its settings objects (services/common/settings.py) from flags and environment
+variables. A bad value ends the command before anything starts, with one line and exit code 2; an error
+while running ends it with one line and exit code 1 (`--debug` shows the traceback instead).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import sys
+from collections.abc import Callable
+from typing import Any
 
+from .common.flags import Group, SettingsError, add_flags, build
 from .common.settings import (
-    add_frontend_flags,
-    add_model_flags,
-    add_ray_flags,
-    add_store_flags,
-    add_worker_flags,
-    deferred_settings,
-    frontend_settings,
-    model_spec,
-    worker_settings,
+    ChatSettings,
+    DeferredSettings,
+    DemoSettings,
+    FrontendSettings,
+    LogSettings,
+    ModelSpec,
+    ServeSettings,
+    WorkerSettings,
 )
+from .http.settings import HttpSettings, ServeHttpSettings
+
+# What `serve` does not expose of its decode worker: it listens on loopback next to the frontend, and the
+# process-wide flags (metrics, drain) are the frontend's.
+_IN_PROCESS_WORKER = frozenset({"host", "port", "advertise", "worker_id", "metrics_port", "metrics_host", "drain_s",
+                                "deferred.workers"})
 
 
-def _logging_flags(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
-    # after the subcommand they default to "not given", so they do not override the ones before it
-    suppress = {"default": argparse.SUPPRESS} if after_command else {}
-    parser.add_argument("--log-level", **(suppress or {"default": "INFO"}))
-    parser.add_argument("--plain-logs", action="store_true", help="human-readable logs instead of JSON lines",
-                        **suppress)
+@dataclasses.dataclass(frozen=True)
+class Command:
+    help: str
+    groups: dict[str, Group]
+
+
+COMMANDS = {
+    "serve": Command("frontend + decode worker in one process (the embedded default)",
+                     {"frontend": Group(FrontendSettings), "worker": Group(WorkerSettings, _IN_PROCESS_WORKER),
+                      "serve": Group(ServeSettings), "http": Group(ServeHttpSettings)}),
+    "frontend": Command("the public ChatService (workers found through Redis)", {"frontend": Group(FrontendSettings)}),
+    "http": Command("the HTTP API (OpenAI chat completions, SGLang /generate; workers found through Redis)",
+                    {"frontend": Group(FrontendSettings, frozenset({"host", "port"})), "http": Group(HttpSettings)}),
+    "decode-worker": Command("a decode worker: one Engine, registered in Redis", {"worker": Group(WorkerSettings)}),
+    "deferred-worker": Command("keep N named Ray actors that prefill decode workers' residuals (disaggregated "
+                               "recovery)", {"spec": Group(ModelSpec),
+                                             "deferred": Group(DeferredSettings, frozenset({"timeout_s"}))}),
+    "chat": Command("interactive chat with a server, showing recovery progress", {"chat": Group(ChatSettings)}),
+    "demo": Command("scripted multi-turn image chat on the embedded default", {"demo": Group(DemoSettings)}),
+}
+_LOG = {"log": Group(LogSettings)}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:       # one line, not argparse's usage + message
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raincheck", description="Raincheck Serve")
-    _logging_flags(parser, after_command=False)
-    common = argparse.ArgumentParser(add_help=False)
-    _logging_flags(common, after_command=True)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, parents=[common])
-
-    serve = add("serve", "frontend + decode worker in one process (the embedded default)")
-    add_frontend_flags(serve)
-    add_worker_flags(serve, network=False)
-    add_store_flags(serve)
-
-    frontend = add("frontend", "the public ChatService (workers found through Redis)")
-    add_frontend_flags(frontend)
-    add_store_flags(frontend)
-
-    worker = add("decode-worker", "a decode worker: one Engine, registered in Redis")
-    add_worker_flags(worker)
-    add_store_flags(worker)
-
-    deferred = add("deferred-worker", "keep N named Ray actors that prefill decode workers' residuals "
-                                      "(disaggregated recovery)")
-    add_model_flags(deferred)
-    add_ray_flags(deferred, 1, "named actors to keep alive")
-
-    chat = add("chat", "interactive chat with a server, showing recovery progress")
-    chat.add_argument("--address", default="127.0.0.1:50051")
-    chat.add_argument("--api-key", default=None)
-    chat.add_argument("--session", default=None, help="continue this session instead of opening one")
-    chat.add_argument("--policy", default=None, help="deferral policy of the new session")
-    chat.add_argument("--max-new-tokens", type=int, default=64)
-
-    demo = add("demo", "scripted multi-turn image chat on the embedded default")
-    demo.add_argument("--model", default=None,
-                      help="checkpoint folder (default: the demo model, models/demo; without it a random model)")
-    demo.add_argument("--max-new-tokens", type=int, default=48, help="room for a 36-token list answer")
+    parser = _Parser(prog="raincheck", description="Raincheck Serve. Every flag can also be set by the "
+                     "environment variable shown in [brackets]; a flag wins over its variable.")
+    add_flags(parser, _LOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help, usage="%(prog)s [options]")
+        add_flags(p, command.groups)
+        add_flags(p.add_argument_group("every command"), _LOG)
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def settings(argv: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The command and its settings objects (plus "log"). Raises SettingsError for a bad value, and
+    SystemExit(2) for what argparse rejects."""
     args = _parser().parse_args(argv)
-    if args.command in ("demo", "chat"):
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        built = build({**COMMANDS[args.command].groups, **_LOG}, args)
+    except SettingsError as e:
+        raise SettingsError(f"raincheck {args.command}: error: {e}") from None
+    if args.command == "serve":
+        built["worker"] = _serve_worker(built["frontend"], built["worker"], built["serve"])
+    return args.command, built
+
+
+def _serve_worker(front: FrontendSettings, worker: WorkerSettings, serve: ServeSettings) -> WorkerSettings:
+    """`serve`'s decode worker: on loopback beside the frontend, sharing its store; with
+    `--deferred-workers N`, N actors on a local Ray and disaggregated recovery offered too."""
+    worker = dataclasses.replace(worker, host="127.0.0.1", port=0, advertise=None, metrics_port=None,
+                                 store=front.store)
+    if serve.deferred_workers:
+        worker.deferred = dataclasses.replace(worker.deferred, workers=serve.deferred_workers)
+        worker.recovery_modes = tuple(dict.fromkeys((*worker.recovery_modes, "disaggregated")))
+    return worker
+
+
+def _run(command: str, s: dict[str, Any]) -> None:
+    if command == "demo":
+        from .demo import run_demo
+
+        run_demo(s["demo"].model, s["demo"].max_new_tokens)
+    elif command == "chat":
+        from .chat_cli import run_chat
+
+        run_chat(s["chat"])
+    else:
+        from . import launch
+
+        runs: dict[str, Callable[[], None]] = {
+            "serve": lambda: launch.serve(s["frontend"], s["worker"], s["http"]),
+            "frontend": lambda: launch.run_frontend(s["frontend"]),
+            "http": lambda: launch.run_http(s["frontend"], s["http"]),
+            "decode-worker": lambda: launch.run_decode_worker(s["worker"]),
+            "deferred-worker": lambda: launch.run_deferred_workers(s["deferred"], s["spec"]),
+        }
+        runs[command]()
+
+
+def _setup_logging(command: str, log: LogSettings) -> None:
+    if command in ("demo", "chat"):     # a person reads these: plain lines
+        logging.basicConfig(level=log.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     else:
         from .common.logs import setup_logging
 
-        setup_logging(args.log_level, json_lines=not args.plain_logs)
-    if args.command == "demo":
-        from .demo import run_demo
+        setup_logging(log.log_level, json_lines=not log.plain_logs)
 
-        run_demo(args.model, args.max_new_tokens)
-    elif args.command == "chat":
-        from .chat_cli import run_chat
 
-        run_chat(args.address, args.api_key, args.session, args.policy, args.max_new_tokens)
-    elif args.command == "serve":
-        from .launch import serve
+def describe(error: BaseException) -> str:
+    """An error as a person reads it: the message, and the kind when the message alone is unclear."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    text = str(error).strip() or type(error).__name__
+    module = type(error).__module__.split(".")[0]
+    return text if module in ("raincheck_core", "raincheck_client") else f"{type(error).__name__}: {text}"
 
-        serve(frontend_settings(args), worker_settings(args))
-    elif args.command == "frontend":
-        from .launch import run_frontend
 
-        run_frontend(frontend_settings(args))
-    elif args.command == "deferred-worker":
-        from .launch import run_deferred_workers
-
-        run_deferred_workers(deferred_settings(args), model_spec(args))
-    else:
-        from .launch import run_decode_worker
-
-        run_decode_worker(worker_settings(args))
+def main(argv: list[str] | None = None) -> None:
+    try:
+        command, built = settings(argv)
+    except SettingsError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
+    log: LogSettings = built["log"]
+    _setup_logging(command, log)
+    try:
+        _run(command, built)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:
+        if log.debug:
+            raise
+        sys.exit(f"raincheck {command}: error: {describe(e)} (--debug shows the traceback)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""Running the services as processes: `serve` (everything in one process), `frontend`, `decode-worker`."""
+"""Running the services as processes: `serve` (everything in one process), `frontend`, `http`, `decode-worker`."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import threading
@@ -11,6 +10,7 @@ from collections.abc import Callable
 from .common.metrics import serve_metrics
 from .common.settings import DeferredSettings, FrontendSettings, ModelSpec, StoreSettings, WorkerSettings
 from .common.store import Store, make_store
+from .http.settings import HttpSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +37,42 @@ def _until_signal(stops: list[Callable[[], None]]) -> None:
         stop()
 
 
-def serve(front: FrontendSettings, worker: WorkerSettings) -> None:
+def serve(front: FrontendSettings, worker: WorkerSettings, http: HttpSettings | None = None) -> None:
     """The embedded default: a frontend and one decode worker (colocated recovery; with
     `--deferred-workers N`, disaggregated too, on a local Ray) in this process, talking gRPC over
-    loopback, sharing one store (in-process unless REDIS_URL is set)."""
-    from .decode_worker.server import DecodeWorkerServer
+    loopback, sharing one store (in-process unless REDIS_URL is set); with an HTTP port, the HTTP API
+    too. The frontend starts first: until the model has loaded it answers UNAVAILABLE, which
+    `raincheck chat` shows as a progress line."""
     from .frontend.server import FrontendServer
 
     store = _store(front.store)
     _metrics(front.metrics_port, front.metrics_host)
-    worker = dataclasses.replace(worker, host="127.0.0.1", port=0, advertise=None, store=front.store)
-    w = DecodeWorkerServer(worker, store).start()
     f = FrontendServer(front, store).start()
+    print(f"raincheck frontend on {f.address}; loading {worker.model or 'the default model'} "
+          f"({worker.device}, {worker.dtype}) ...", flush=True)
+    try:
+        from .decode_worker.server import DecodeWorkerServer
+
+        w = DecodeWorkerServer(worker, store).start()
+    except BaseException:
+        f.stop(0)
+        store.close()
+        raise
     print(f"raincheck serving {w.model} on {f.address}  (raincheck chat --address {f.address})", flush=True)
-    _until_signal([lambda: f.stop(front.drain_s), lambda: w.stop(front.drain_s), store.close])
+    stops = [lambda: f.stop(front.drain_s), lambda: w.stop(front.drain_s), store.close]
+    if http is not None and http.port is not None:
+        from .http.server import HttpServer
+
+        try:
+            h = HttpServer(http, front, store, f.router).start()
+        except BaseException:
+            f.stop(0)
+            w.stop(0)
+            store.close()
+            raise
+        print(f"HTTP API on {h.url}  (OpenAI base_url {h.url}/v1, SGLang {h.url}/generate)", flush=True)
+        stops.insert(0, lambda: h.stop(front.drain_s))
+    _until_signal(stops)
 
 
 def run_frontend(settings: FrontendSettings) -> None:
@@ -61,6 +83,17 @@ def run_frontend(settings: FrontendSettings) -> None:
     f = FrontendServer(settings, store).start()
     print(f"raincheck frontend on {f.address}", flush=True)
     _until_signal([lambda: f.stop(settings.drain_s), store.close])
+
+
+def run_http(front: FrontendSettings, http: HttpSettings) -> None:
+    """The HTTP API alone, in front of the workers and sessions of the store (Redis, to share them)."""
+    from .http.server import HttpServer
+
+    store = _store(front.store)
+    _metrics(front.metrics_port, front.metrics_host)
+    h = HttpServer(http, front, store).start()
+    print(f"raincheck HTTP API on {h.url}  (OpenAI base_url {h.url}/v1, SGLang {h.url}/generate)", flush=True)
+    _until_signal([lambda: h.stop(front.drain_s), store.close])
 
 
 def run_decode_worker(settings: WorkerSettings) -> None:

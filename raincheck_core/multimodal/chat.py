@@ -11,7 +11,16 @@ template puts after that token. We find it by rendering a probe conversation
 
 as long as the template renders earlier turns the same way whatever follows (it does not rewrite history,
 e.g. strip `<think>` blocks from past answers) and tokenization does not merge across special tokens
-(Hugging Face tokenizers split at added special tokens first, so it does not).
+(Hugging Face tokenizers split at added special tokens first, so it does not). The cut is found at the
+probe's own SENTINEL, the first occurrence in the render: the templates render messages in order, so
+nothing in the new message (which comes after it) can move the cut.
+
+Control tokens in user text are refused (`InvalidInputError` naming the token): Hugging Face tokenizers
+match every special or added token (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|image_pad|>`, …)
+inside plain text, so a message containing one could forge a system or assistant turn, or a visual
+placeholder. Refusing is the documented behaviour (docs/services.md, Errors); rendering such text as
+plain characters would need the user's text tokenized apart from the template's, which changes how it
+tokenizes next to the template's text.
 """
 
 from __future__ import annotations
@@ -67,6 +76,10 @@ class ChatFormatter:
         self.turn_end_id: int = tokenizer.convert_tokens_to_ids(self.turn_end)
         stops = [*eos_token_ids, tokenizer.eos_token_id, self.turn_end_id]
         self.stop_token_ids: list[int] = list(dict.fromkeys(s for s in stops if s is not None))
+        # what the tokenizer matches as one token anywhere in a text (longest first, for the message)
+        control = {t for t in [*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()] if t}
+        self.control_tokens: tuple[str, ...] = tuple(sorted(control, key=lambda t: (-len(t), t)))
+        self._control = re.compile("|".join(map(re.escape, self.control_tokens))) if control else None
 
     @classmethod
     def from_checkpoint(cls, folder: Path, *, template_kwargs: dict | None = None) -> ChatFormatter | None:
@@ -88,6 +101,19 @@ class ChatFormatter:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def check_text(self, text: str, reserved: Sequence[str] = ()) -> None:
+        """InvalidInputError if `text` contains a control token of the tokenizer (see the module doc), or
+        one of `reserved` (the model's visual placeholders, whether the tokenizer lists them or not)."""
+        if not isinstance(text, str):
+            raise InvalidInputError(f"message text must be a string, got {type(text).__name__}")
+        found = self._control.search(text) if self._control is not None else None
+        token = found.group() if found is not None else next((r for r in reserved if r in text), None)
+        if token is not None:
+            raise InvalidInputError(
+                f"message text contains the reserved token {token!r} at character {text.index(token)}: the "
+                "chat template's control tokens cannot be sent as text"
+            )
+
     def render_turn(self, message: Message, *, first_turn: bool, image_pad: str = "<|image_pad|>",
                     video_pad: str = "<|video_pad|>", vision_start: str = "<|vision_start|>",
                     vision_end: str = "<|vision_end|>") -> str:
@@ -97,7 +123,7 @@ class ChatFormatter:
             return self._render([new], (image_pad, video_pad, vision_start, vision_end))
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}, new]
         full = self._render(probe, (image_pad, video_pad, vision_start, vision_end))
-        cut = full.rfind(_SENTINEL) + len(_SENTINEL)
+        cut = full.find(_SENTINEL) + len(_SENTINEL)   # the probe's answer precedes the new message
         if not full.startswith(self.turn_end, cut):
             raise UnsupportedModelError(
                 f"the chat template does not close an assistant turn with {self.turn_end!r} right after "
@@ -120,20 +146,17 @@ class ChatFormatter:
                      vision_end_id: int | None, selection_signals: bool = False) -> Prompt:
         """Render, encode the visuals, expand each placeholder to its visual tokens, tokenize.
         `selection_signals`: the encoder also returns what attention-based selectors read."""
-        if not isinstance(message.text, str):
-            raise InvalidInputError(f"message text must be a string, got {type(message.text).__name__}")
+        ids = (image_token_id, video_token_id, vision_start_id, vision_end_id)
+        pads = () if None in ids else tuple(self.tokenizer.convert_ids_to_tokens(list(ids)))
+        self.check_text(message.text, pads)
         has_visuals = bool(message.images or message.videos)
         if has_visuals and vision is None:
             raise InvalidInputError("this model has no vision encoder: images and videos cannot be sent")
-        ids = (image_token_id, video_token_id, vision_start_id, vision_end_id)
-        if None in ids:
+        if not pads:
             if has_visuals:
                 raise InvalidInputError("this model has no image/video token ids: visuals cannot be sent")
             return Prompt(self.encode(self.render_turn(message, first_turn=first_turn)), [])
-        image_pad, video_pad, vs, ve = self.tokenizer.convert_ids_to_tokens(list(ids))
-        for reserved in (image_pad, video_pad, vs, ve):
-            if reserved in message.text:
-                raise InvalidInputError(f"message text contains the reserved token {reserved!r}")
+        image_pad, video_pad, vs, ve = pads
         text = self.render_turn(message, first_turn=first_turn, image_pad=image_pad, video_pad=video_pad,
                                 vision_start=vs, vision_end=ve)
         signals = selection_signals

@@ -1,6 +1,6 @@
 """3-D M-RoPE positions of a prompt, computed by the project (no transformers at run time).
 
-Matches transformers' `get_rope_index` (Qwen3VLModel / Qwen3_5Model, see design/research/models.md §6.3):
+Matches transformers' `get_rope_index` (Qwen3VLModel / Qwen3_5Model, see docs/mechanism.md §3):
 text tokens get `(p, p, p)` and advance `p` by one; a visual run with merged grid `(t, H, W)` gets
 `(p + ti, p + r, p + c)` row-major and advances `p` by `max(H, W)`. A video is split per temporal patch:
 each of its `t` runs restarts like an image at the current `p` (the timestamp text between runs moves `p`).

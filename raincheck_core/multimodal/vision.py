@@ -11,8 +11,8 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,12 @@ VISION_PREFIXES = ("model.visual.", "visual.")
 # Qwen3-VL / Qwen3.5 processor defaults (their preprocessor_config.json / video_preprocessor_config.json).
 IMAGE_PIXELS = (65536, 16777216)
 VIDEO_PIXELS = (4096, 25165824)
+# The largest image or frame decoded, read from its header before decoding (a 231 KiB PNG can claim
+# 9000x9000 px, 243 MB decoded): Qwen3-VL's own max_pixels, to which anything larger is downscaled anyway.
+MAX_DECODE_PIXELS = IMAGE_PIXELS[1]
+# What images are decoded from: the common web formats, not every format Pillow knows (its EPS plugin
+# runs Ghostscript, for one).
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 _MEAN_STD = [0.5, 0.5, 0.5]
 
 
@@ -191,26 +197,41 @@ class VisionEncoder:
         ]
 
 
-def load_image(obj: ImageLike, index: int = 0, *, what: str = "image") -> Image.Image:
-    """A loaded PIL image from a PIL image, encoded bytes or a file path; InvalidInputError otherwise."""
+def load_image(obj: ImageLike, index: int = 0, *, what: str = "image",
+               max_pixels: int = MAX_DECODE_PIXELS) -> Image.Image:
+    """A loaded PIL image from a PIL image, encoded bytes or a file path; InvalidInputError otherwise,
+    and for one whose header says it has more than `max_pixels` pixels (checked before decoding)."""
     if isinstance(obj, Image.Image):
         return obj
     if isinstance(obj, (bytes, bytearray)):
         source, label = io.BytesIO(obj), f"{what} {index} ({len(obj)} bytes)"
     elif isinstance(obj, (str, Path)):
         if not Path(obj).is_file():
-            raise InvalidInputError(f"{what} {index}: no such file {str(obj)!r}")
-        source, label = obj, f"{what} {index} ({obj})"
+            raise InvalidInputError(f"{what} {index}: no such file {str(obj)[:200]!r}")
+        source, label = obj, f"{what} {index}"
     else:
         raise InvalidInputError(
             f"{what} {index} is a {type(obj).__name__}; expected a PIL image, bytes or a path"
         )
-    try:
-        img = Image.open(source)
-        img.load()  # open() is lazy: decode now so truncated data fails here
-    except (OSError, Image.DecompressionBombError, ValueError) as e:
-        raise InvalidInputError(f"{label} could not be decoded as an image: {e}") from e
+    with _decoding(label):
+        img = Image.open(source, formats=IMAGE_FORMATS)   # lazy: reads the header only
+    width, height = img.size
+    if width * height > max_pixels:
+        side = math.isqrt(max_pixels)
+        raise InvalidInputError(f"{label} is {width}x{height} pixels; at most {max_pixels} pixels ({side}x{side}) "
+                                "are accepted")
+    with _decoding(label):
+        img.load()  # decode now so truncated data fails here
     return img
+
+
+@contextmanager
+def _decoding(label: str) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, Image.DecompressionBombError, ValueError) as e:
+        raise InvalidInputError(f"{label} could not be decoded as an image ({', '.join(IMAGE_FORMATS)}): "
+                                f"{str(e)[:200]}") from e
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

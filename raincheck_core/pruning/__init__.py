@@ -1,7 +1,7 @@
-"""Visual-token selectors for the first prefill (MECHANISM.md §2, research/pruning.md).
+"""Visual-token selectors for the first prefill (docs/mechanism.md §2, docs/selectors.md).
 
 A selector picks the tokens of one span that go into the first prefill; the others are deferred
-(or dropped under the `hard` policy). `select_span` applies the budget rule of MECHANISM.md §2.
+(or dropped under the `hard` policy). `select_span` applies the budget rule of docs/mechanism.md §2.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ SELECTORS: dict[str, Callable[..., Selector]] = {
 
 
 def keep_count(n: int, retention: float) -> int:
-    """Tokens kept in a span of n: n - floor((1 - r) * n) (MECHANISM.md §2), for r in (0, 1].
+    """Tokens kept in a span of n: n - floor((1 - r) * n) (docs/mechanism.md §2), for r in (0, 1].
 
-    This is the binding rule, not pruning.md's floor(r * n): it rounds the kept count up, so any
-    non-empty span keeps at least one token.
+    This is the binding rule, not the floor(r * n) of the published selectors: it rounds the kept count
+    up, so any non-empty span keeps at least one token.
     """
     if isinstance(retention, bool) or not isinstance(retention, int | float) or not 0 < retention <= 1:
         raise InvalidInputError(f"retention must be a number in (0, 1], got {retention!r}")

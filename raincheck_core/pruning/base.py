@@ -1,4 +1,4 @@
-"""The common selector interface (MECHANISM.md §2, research/pruning.md §2).
+"""The common selector interface (docs/mechanism.md §2, docs/selectors.md §2).
 
 A selector picks which visual tokens of ONE span (an image, or a video's tokens) go into the first
 prefill; the others are deferred. It sees only what the engine has before the LLM prefill
@@ -33,7 +33,7 @@ class SelectionContext:
     query: [m, d] `embed_tokens` rows of the current question (first user turn), or None.
     vision_features: [N, d_v] F, last-ViT-block hidden states averaged per merge group, or None.
     attention_received: per named ViT layer ("middle", "last"), a length-N attention-received score
-        (pruning.md §1.3; see `vit_attention`), or None.
+        (docs/selectors.md §1.3; see `vit_attention`), or None.
     """
 
     embeddings: Tensor
@@ -135,7 +135,7 @@ class Selector(ABC):
 def attention_or_proxy(selector: Selector, ctx: SelectionContext, layer: str) -> Tensor:
     """The attention-received score of `layer`, or the L2 norm of E when the tower gave none.
 
-    The norm proxy follows pruning.md §1.3's only documented fallback (a per-token norm, there the mean
+    The norm proxy is the substitute of docs/selectors.md §1.3 (a per-token norm, there the mean
     key norm): tokens that receive much ViT attention tend to be high-norm ones. It is NOT validated
     and results obtained with it must be reported as a different method; `fallback_used` says so.
     """

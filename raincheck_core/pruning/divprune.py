@@ -1,4 +1,4 @@
-"""DivPrune (pruning.md §3): greedy max-min diversity over cosine distance.
+"""DivPrune (docs/selectors.md §3): greedy max-min diversity over cosine distance.
 
 Signals: E (default, as the official LLaVA code: LLM-input embeddings) or F (`features="vision"`,
 MMTok's Qwen2.5-VL port). Query-agnostic. Fallback: `features="vision"` without F uses E, flagged.
@@ -26,7 +26,7 @@ def divprune_order(x: Tensor, keep: int) -> Tensor:
     first = int(torch.argmax(dist.amin(dim=0)))
     order = [first]
     gap = dist[first].clone()
-    # [ref-quirk] the reference relies on chosen tokens having gap 0 and can re-pick one when all
+    # The published code relies on chosen tokens having gap 0 and can re-pick one when all
     # remaining gaps are 0 too (duplicates); mask chosen tokens with -inf as intended.
     gap[first] = float("-inf")
     for _ in range(keep - 1):

@@ -1,11 +1,11 @@
-"""HiPrune (pruning.md §5): anchors and buffers from a middle ViT layer, registers from the last.
+"""HiPrune (docs/selectors.md §5): anchors and buffers from a middle ViT layer, registers from the last.
 
 Signals: a^middle (object-centric layer, default the ViT's middle block) and a^last, from
 `ctx.attention_received["middle"]` / `["last"]` (`vit_attention`), plus the merged grid.
 Fallback: a missing layer's score is replaced by the L2 norm of E (`base.attention_or_proxy`),
 flagged in `fallback_used`; with both missing, anchors and registers rank by the same proxy.
 
-The reference's quirks are fixed as the spec asks: row-aware 4-neighbours that never wrap across a row
+The reference code's quirks are fixed: row-aware 4-neighbours that never wrap across a row
 end or cross a video frame (the reference uses flat +-1 and clamps); anchors/buffers are excluded from
 the registers by masking (the reference subtracts 1, which fails with query-sum scores); and an
 anchor+buffer set larger than the budget is truncated (the reference asks for a negative top-k).

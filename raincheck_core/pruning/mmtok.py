@@ -1,9 +1,9 @@
-"""MMTok (pruning.md §4): multimodal coverage maximisation by submodular greedy.
+"""MMTok (docs/selectors.md §4): multimodal coverage maximisation by submodular greedy.
 
 Signals: E (text-to-vision similarity), F (vision-to-vision similarity) and T, the question's raw
 `embed_tokens` rows (the engine builds T from the first user turn; the reference's Qwen path embeds
 "Question: " + q word by word). Fallbacks, flagged in `fallback_used`: no F -> E stands in for it
-(pruning.md calls this a workable deviation); no query (None or m = 0) -> the text part vanishes and
+(a deviation from the method); no query (None or m = 0) -> the text part vanishes and
 the selection is pure vision coverage, as in the reference.
 Cost: a (m + N) x N matrix and `keep` greedy steps of O((m + N) N) each (plain, not lazy, greedy).
 """

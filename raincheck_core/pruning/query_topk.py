@@ -1,4 +1,4 @@
-"""Query-similarity top-k (pruning.md §7.2): text relevance without MMTok's coverage term."""
+"""Query-similarity top-k (docs/selectors.md §7.2): text relevance without MMTok's coverage term."""
 
 from __future__ import annotations
 

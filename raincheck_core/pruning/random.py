@@ -1,4 +1,4 @@
-"""Seeded random subset (pruning.md §7.3): the noise floor."""
+"""Seeded random subset (docs/selectors.md §7.3): the noise floor."""
 
 from __future__ import annotations
 

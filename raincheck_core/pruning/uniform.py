@@ -1,4 +1,4 @@
-"""Uniform stride over the span (pruning.md §7.1): the query-agnostic baseline needing no signal."""
+"""Uniform stride over the span (docs/selectors.md §7.1): the query-agnostic baseline needing no signal."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""VisionZip-Select (pruning.md §6): the dominant tokens only, no contextual merging.
+"""VisionZip-Select (docs/selectors.md §6): the dominant tokens only, no contextual merging.
 
 Signals: a^last, the attention received at the last ViT block (`ctx.attention_received["last"]`,
 computed by `vit_attention`), which replaces the CLS attention that Qwen3-VL does not have.
 Fallback: without it, the L2 norm of E (`base.attention_or_proxy`), flagged in `fallback_used`.
 Selection is made at merged-token level from pooled scores; the Qwen2-VL port's patch-level selection
-before the merger (a [ref-quirk], it breaks the 2x2 grouping) is deliberately not copied.
+before the merger (which breaks the 2x2 grouping) is deliberately not copied.
 """
 
 from __future__ import annotations

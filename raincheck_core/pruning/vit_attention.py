@@ -1,10 +1,10 @@
-"""Attention-received scores from a transformers Qwen3-VL / Qwen3.5 vision tower (pruning.md §1.3).
+"""Attention-received scores from a transformers Qwen3-VL / Qwen3.5 vision tower (docs/selectors.md §1.3).
 
 The tower runs SDPA / FlashAttention, which never materialise attention probabilities, so a forward
 pre-hook on each chosen block's attention module takes that module's input (hidden states, cu_seqlens,
 RoPE cos/sin), recomputes the post-RoPE q, k and softmax(q kᵀ / sqrt(d_h)) in fp32, in query chunks and
-only within each image's / frame's own cu_seqlens block (the HiPrune port ignores the blocks, a
-[ref-quirk]). The hook returns nothing, so the tower's output is unchanged. Per patch j of a block:
+only within each image's / frame's own cu_seqlens block (the published HiPrune port ignores the
+blocks). The hook returns nothing, so the tower's output is unchanged. Per patch j of a block:
 s[j] = mean over heads and queries of A[i, j]; per merged token, the mean over its merge group
 (Qwen3-VL puts a group's merge**2 patches next to each other, in merged raster order).
 

@@ -16,6 +16,13 @@ from .metrics import REQUESTS
 
 log = logging.getLogger(__name__)
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+ECHO_CHARS = 64          # of a caller's value quoted in an error message
+MESSAGE_CHARS = 2048     # of any error message (a status message travels in gRPC metadata, which is bounded)
+
+
+def shown(value: str, limit: int = ECHO_CHARS) -> str:
+    """A caller's value as an error message quotes it: cut to `limit` characters, saying how long it was."""
+    return value if len(value) <= limit else f"{value[:limit]}… ({len(value)} characters)"
 
 
 class ServiceError(Exception):
@@ -65,7 +72,7 @@ def rpc(service: str, translate: Translate) -> Callable:
                     log.exception("%s.%s failed", service, name)
                     error = ServiceError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
                 REQUESTS.labels(service, name, error.code.name).inc()
-                context.abort(error.code, error.message)
+                context.abort(error.code, shown(error.message, MESSAGE_CHARS))
             REQUESTS.labels(service, name, "OK").inc()
             return reply
 

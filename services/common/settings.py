@@ -1,251 +1,244 @@
-"""Service settings: dataclasses with defaults, filled from command-line flags whose defaults come from
-the environment (flag > env > default). Every flag's environment variable is in `--help`."""
+"""Service settings: one validated dataclass per component, each field declared once with its default,
+its environment variable and its help.
+
+A field made with `setting(default, "ENV_VAR", "help")` is also a command-line flag (`--field-name`, or
+`flag=`); `services/common/flags.py` builds the flags from these declarations (flag > env > default) and
+reports a bad value as one line. A field made with plain `Field(...)` or a default is set only from code.
+To add a setting: add one `setting(...)` field here, then read it where it is used.
+
+Values are validated on construction (pydantic), from flags, the environment or code alike.
+"""
 
 from __future__ import annotations
 
-import argparse
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic.dataclasses import dataclass
+
+from .grpc_util import is_loopback
 
 MiB = 1024 * 1024
 RECOVERY_MODES = ("colocated", "disaggregated")
+RecoveryMode = Literal["colocated", "disaggregated"]
+# The engine's choices (raincheck_core.deferral.policy.POLICIES, raincheck_core.config.DTYPES), spelled
+# out here because settings are read by processes that never import torch; tests/services/test_cli.py
+# checks that they agree.
+Policy = Literal["full", "hard", "raincheck", "post_answer"]
+DType = Literal["float32", "bfloat16", "float16"]
+RandomSize = Literal["tiny", "bench"]
+LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                     BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
+
+
+def _off(value: Any) -> Any:
+    """-1, "off" or "" turn an optional port off."""
+    return None if value in (-1, "-1", "off", "") else value
+
+
+def _checkpoint(model: str | None) -> str | None:
+    if model is not None and model != "demo" and not (Path(model) / "config.json").is_file():
+        what = "has no config.json" if Path(model).is_dir() else "is not a folder"
+        raise ValueError(f"no checkpoint at {model}: it {what} (give a Hugging Face checkpoint folder, or 'demo')")
+    return model
+
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+OptionalPort = Annotated[Port | None, BeforeValidator(_off)]
+Checkpoint = Annotated[str | None, AfterValidator(_checkpoint)]
+RecoveryModes = Annotated[tuple[RecoveryMode, ...], Field(min_length=1),
+                          AfterValidator(lambda modes: tuple(dict.fromkeys(modes)))]
+
+
+def setting(default: Any = None, env: str | None = None, help: str = "", *, flag: str | None = None,
+            shown: str | None = None, factory: Any = None, **constraints: Any) -> Any:
+    """A field that is also a flag read from `env` when not given. `shown`: how --help names the default
+    when the value itself says little (None, a factory)."""
+    extra = {"env": env, "flag": flag, "shown": shown}
+    kwargs = {"default_factory": factory} if factory is not None else {"default": default}
+    return Field(description=help, json_schema_extra={k: v for k, v in extra.items() if v is not None},
+                 **kwargs, **constraints)
 
 
 @dataclass
 class StoreSettings:
-    redis_url: str | None = None          # None: the in-process store (one process only)
-    prefix: str = "raincheck:"
-    session_ttl_s: float = 86400.0        # a session record expires this long after its last turn
+    redis_url: str | None = setting(None, "REDIS_URL", "Redis for shared state (redis://host:port/db)",
+                                    shown="an in-process store (this process only)")
+    prefix: str = setting("raincheck:", "RAINCHECK_STORE_PREFIX", "Redis key prefix", flag="--store-prefix")
+    session_ttl_s: float = setting(86400.0, "RAINCHECK_SESSION_TTL_S",
+                                   "a session record expires this long after its last turn", gt=0)
 
 
 @dataclass
 class FrontendSettings:
-    host: str = "127.0.0.1"
-    port: int = 50051
-    api_keys: tuple[str, ...] = ()        # none: no authentication (loopback only, or allow_no_auth)
-    allow_no_auth: bool = False
-    tls_cert: str | None = None           # PEM files; both or neither
-    tls_key: str | None = None
-    max_image_bytes: int = 10 * MiB
-    max_images: int = 16                  # images per message
-    max_video_frames: int = 64            # frames per message, over all videos
-    max_message_bytes: int = 64 * MiB
-    worker_timeout_s: float = 30.0        # unary calls to decode workers
-    threads: int = 64                     # concurrent RPCs (each streaming turn holds one)
-    default_recovery_mode: str = "colocated"   # for sessions that do not ask for one
-    metrics_port: int | None = 9464       # None: no /metrics
-    metrics_host: str = "127.0.0.1"
-    drain_s: float = 5.0                  # on shutdown, running turns get this long to finish
-    store: StoreSettings = field(default_factory=StoreSettings)
+    host: str = setting("127.0.0.1", "RAINCHECK_HOST", "address the frontend listens on")
+    port: Port = setting(50051, "RAINCHECK_PORT", "port the frontend listens on (0: any free port)")
+    api_keys: tuple[str, ...] = setting((), "RAINCHECK_API_KEYS", "comma-separated API keys", shown="none")
+    api_keys_file: str | None = setting(None, "RAINCHECK_API_KEYS_FILE", "file with one API key per line",
+                                        shown="none")
+    allow_no_auth: bool = setting(False, "RAINCHECK_INSECURE_ALLOW_NO_AUTH",
+                                  "serve without API keys on a non-loopback address",
+                                  flag="--insecure-allow-no-auth")
+    tls_cert: str | None = setting(None, "RAINCHECK_TLS_CERT", "PEM certificate (with --tls-key)",
+                                   shown="plaintext")
+    tls_key: str | None = setting(None, "RAINCHECK_TLS_KEY", "PEM private key (with --tls-cert)",
+                                  shown="plaintext")
+    max_image_bytes: int = setting(10 * MiB, "RAINCHECK_MAX_IMAGE_BYTES", "largest encoded image accepted",
+                                   shown="10485760 (10 MiB)", gt=0)
+    max_images: int = setting(16, "RAINCHECK_MAX_IMAGES", "images per message", ge=0)
+    max_video_frames: int = setting(64, "RAINCHECK_MAX_VIDEO_FRAMES", "frames per message, over all videos",
+                                    ge=0)
+    max_image_pixels: int = setting(16_777_216, "RAINCHECK_MAX_IMAGE_PIXELS", "pixels of one image or frame, "
+                                    "read from its header before anything decodes it", shown="16777216 (4096²)",
+                                    gt=0)
+    max_message_pixels: int = setting(33_554_432, "RAINCHECK_MAX_MESSAGE_PIXELS", "pixels over all images and "
+                                      "frames of one message (about 100 MB decoded)", gt=0)
+    max_text_chars: int = setting(262_144, "RAINCHECK_MAX_TEXT_CHARS", "characters of text per message", gt=0)
+    max_sessions_per_key: int = setting(32, "RAINCHECK_MAX_SESSIONS_PER_KEY", "open sessions per API key "
+                                        "(without API keys: no limit)", gt=0)
+    max_turns_per_key: int = setting(8, "RAINCHECK_MAX_TURNS_PER_KEY", "turns streaming at once per API key "
+                                     "(without API keys: no limit)", gt=0)
+    max_message_bytes: int = Field(64 * MiB, gt=0)
+    worker_timeout_s: float = Field(30.0, gt=0)      # unary calls to decode workers
+    threads: int = Field(64, gt=0)                   # concurrent RPCs (each streaming turn holds one)
+    default_recovery_mode: RecoveryMode = setting("colocated", "RAINCHECK_RECOVERY_MODE",
+                                                  "recovery mode of sessions that do not ask for one",
+                                                  flag="--recovery-mode")
+    metrics_port: OptionalPort = setting(9464, "RAINCHECK_METRICS_PORT", "Prometheus /metrics port (-1: off)")
+    metrics_host: str = setting("127.0.0.1", "RAINCHECK_METRICS_HOST", "address /metrics listens on")
+    drain_s: float = setting(5.0, "RAINCHECK_DRAIN_TIMEOUT_S", "on SIGTERM, seconds running turns get to finish",
+                             flag="--drain-timeout-s", ge=0)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+
+    @model_validator(mode="after")
+    def _auth(self) -> FrontendSettings:
+        if self.api_keys_file:
+            try:
+                lines = Path(self.api_keys_file).read_text().splitlines()
+            except OSError as e:
+                raise ValueError(f"cannot read the API keys file {self.api_keys_file}: {e.strerror}") from None
+            self.api_keys = tuple(dict.fromkeys(k for k in (*self.api_keys, *(s.strip() for s in lines)) if k))
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        # Checked here, so that a server refuses before it loads anything.
+        if not self.api_keys and not self.allow_no_auth and not is_loopback(self.host):
+            raise ValueError(f"refusing to serve without API keys on {self.host}: set --api-keys (or "
+                             "RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
+        return self
 
 
 @dataclass
 class ModelSpec:
     """What an Engine loads. A decode worker and its deferred workers must load the same weights."""
 
-    model: str | None = None              # checkpoint folder; None: the seeded random model
-    name: str | None = None               # the name clients ask for (default: the folder's name)
-    random_size: str = "tiny"             # size of the random model: tiny | bench
-    device: str = "cpu"
-    dtype: str = "float32"
-    engine: dict = field(default_factory=dict)   # EngineConfig options (num_pages, page_size, ...)
+    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder, or 'demo'",
+                                shown="the demo model (models/demo); without it a random model")
+    model_name: str | None = setting(None, "RAINCHECK_MODEL_NAME", "the name clients ask for",
+                                     shown="the folder's name")
+    random_size: RandomSize = setting("tiny", "RAINCHECK_RANDOM_SIZE",
+                                      "size of the random model served when there is no checkpoint")
+    device: str = setting("cpu", "RAINCHECK_DEVICE", "torch device (cpu, cuda, cuda:1, ...)")
+    dtype: DType = setting("float32", "RAINCHECK_DTYPE",
+                           "weights and activations: float32 on CPUs, bfloat16 on GPUs")
+    num_pages: int | None = setting(None, "RAINCHECK_NUM_PAGES", "KV pages in the pool (16 tokens each)",
+                                    shown="the engine's default", gt=0)
+    engine: dict = Field(default_factory=dict)    # EngineConfig options (page_size, ...); gets num_pages
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> ModelSpec:
+        if self.num_pages is not None:
+            self.engine = {**self.engine, "num_pages": self.num_pages}
+        return self
 
 
 @dataclass
 class DeferredSettings:
     """Ray deferred workers, for `disaggregated` recovery (docs/services.md, Recovery modes)."""
 
-    ray_address: str | None = None        # a cluster (host:port, `ray://` for Ray Client); None: a local Ray
-    namespace: str = "raincheck"          # where deferred-worker actors are registered by name
-    workers: int = 1                      # actors of its own to start when none is registered
-    num_cpus: float = 1.0                 # what each actor asks Ray for
-    num_gpus: float = 0.0
-    resource: str = "raincheck_deferred"  # custom resource each actor asks one unit of ("": none)
-    timeout_s: float = 120.0              # answer end -> result joined; past it, the decode worker finishes
+    ray_address: str | None = setting(None, "RAY_ADDRESS", "Ray cluster of the deferred workers (host:port, or "
+                                      "ray://host:10001 for Ray Client)", shown="a local Ray in this process")
+    namespace: str = setting("raincheck", "RAINCHECK_RAY_NAMESPACE", "Ray namespace of the deferred-worker actors",
+                             flag="--ray-namespace")
+    workers: int = setting(1, "RAINCHECK_DEFERRED_WORKERS", "actors to start when none is registered in the "
+                           "namespace", flag="--deferred-workers", ge=1)
+    num_cpus: float = setting(1.0, "RAINCHECK_DEFERRED_NUM_CPUS", "CPUs each deferred-worker actor asks Ray for",
+                              flag="--deferred-num-cpus", ge=0)
+    num_gpus: float = setting(0.0, "RAINCHECK_DEFERRED_NUM_GPUS", "GPUs each actor asks Ray for (needed for "
+                              "--device cuda)", flag="--deferred-num-gpus", ge=0)
+    resource: str = setting("raincheck_deferred", "RAINCHECK_DEFERRED_RESOURCE",
+                            "custom Ray resource each actor asks one unit of ('': none)", flag="--deferred-resource")
+    timeout_s: float = setting(120.0, "RAINCHECK_DEFERRED_TIMEOUT_S", "seconds from an answer's end until a "
+                               "shipped recovery is given up on and finished locally",
+                               flag="--deferred-timeout-s", gt=0)
 
 
 @dataclass
-class WorkerSettings:
-    model: str | None = None              # checkpoint folder; None: a random model (noise answers)
-    model_name: str | None = None         # the name clients ask for (default: the folder's name)
-    random_size: str = "tiny"             # size of the random model without --model: tiny | bench
-    device: str = "cpu"
-    dtype: str = "float32"
-    engine: dict = field(default_factory=dict)   # EngineConfig options (num_pages, page_size, ...)
-    host: str = "127.0.0.1"
-    port: int = 50061
-    advertise: str | None = None          # host:port frontends dial (default host:bound port)
-    worker_id: str | None = None
-    default_policy: str = "raincheck"
-    max_new_tokens: int = 256             # when a request does not say
-    heartbeat_s: float = 2.0
-    registration_ttl_s: float = 10.0
-    session_idle_s: float = 3600.0        # close sessions idle this long
-    threads: int = 64
-    max_message_bytes: int = 256 * MiB    # rebuilds carry a session's whole history
-    metrics_port: int | None = 9465
-    metrics_host: str = "127.0.0.1"
-    drain_s: float = 5.0
-    recovery_modes: tuple[str, ...] = ("colocated",)
-    deferred: DeferredSettings = field(default_factory=DeferredSettings)
-    store: StoreSettings = field(default_factory=StoreSettings)
+class WorkerSettings(ModelSpec):
+    """A decode worker: the model it loads (ModelSpec's fields) and how it serves it."""
+
+    host: str = setting("127.0.0.1", "RAINCHECK_WORKER_HOST", "address the decode worker listens on")
+    port: Port = setting(50061, "RAINCHECK_WORKER_PORT", "port the decode worker listens on (0: any free port)")
+    advertise: str | None = setting(None, "RAINCHECK_ADVERTISE", "host:port frontends dial",
+                                    shown="host:bound port")
+    worker_id: str | None = setting(None, "RAINCHECK_WORKER_ID", "this worker's id in the store",
+                                    shown="a random one")
+    default_policy: Policy = setting("raincheck", "RAINCHECK_POLICY", "deferral policy of sessions that do not "
+                                     "ask for one", flag="--policy")
+    max_new_tokens: int = setting(256, "RAINCHECK_MAX_NEW_TOKENS", "answer length limit of requests that do not "
+                                  "say", gt=0)
+    heartbeat_s: float = Field(2.0, gt=0)
+    registration_ttl_s: float = Field(10.0, gt=0)
+    session_idle_s: float = setting(600.0, "RAINCHECK_SESSION_IDLE_S", "seconds without a turn after which a "
+                                    "session's cache is freed (its next turn rebuilds it from the turn log)", gt=0)
+    threads: int = Field(64, gt=0)
+    max_message_bytes: int = Field(256 * MiB, gt=0)   # rebuilds carry a session's whole history
+    metrics_port: OptionalPort = setting(9465, "RAINCHECK_METRICS_PORT", "Prometheus /metrics port (-1: off)")
+    metrics_host: str = setting("127.0.0.1", "RAINCHECK_METRICS_HOST", "address /metrics listens on")
+    drain_s: float = setting(5.0, "RAINCHECK_DRAIN_TIMEOUT_S", "on SIGTERM, seconds running turns get to finish",
+                             flag="--drain-timeout-s", ge=0)
+    recovery_modes: RecoveryModes = setting(("colocated",), "RAINCHECK_RECOVERY_MODES",
+                                            "comma-separated recovery modes offered")
+    deferred: DeferredSettings = Field(default_factory=DeferredSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
 
     def model_spec(self) -> ModelSpec:
-        return ModelSpec(self.model, self.model_name, self.random_size, self.device, self.dtype, self.engine)
+        return ModelSpec(self.model, self.model_name, self.random_size, self.device, self.dtype, self.num_pages,
+                         self.engine)
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
+@dataclass
+class ServeSettings:
+    """`raincheck serve`'s own choices (the frontend's and the worker's are theirs)."""
+
+    deferred_workers: int = setting(0, "RAINCHECK_DEFERRED_WORKERS", "N > 0: start a local Ray with N "
+                                    "deferred-worker actors and offer disaggregated recovery too", ge=0)
 
 
-def add_store_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", default=_env("REDIS_URL"), help="Redis for shared state [REDIS_URL]; "
-                   "without it an in-process store serves this process only")
-    p.add_argument("--store-prefix", default=_env("RAINCHECK_STORE_PREFIX", "raincheck:"),
-                   help="Redis key prefix [RAINCHECK_STORE_PREFIX]")
+@dataclass
+class ChatSettings:
+    address: str = setting("127.0.0.1:50051", "RAINCHECK_ADDRESS", "the server's host:port")
+    api_key: str | None = setting(None, "RAINCHECK_API_KEY", "API key", shown="none")
+    session: str | None = setting(None, "RAINCHECK_SESSION", "continue this session instead of opening one",
+                                  shown="a new session")
+    policy: Policy | None = setting(None, "RAINCHECK_CHAT_POLICY", "deferral policy of the new session",
+                                    shown="the server's")
+    max_new_tokens: int = setting(64, "RAINCHECK_CHAT_MAX_NEW_TOKENS", "answer length limit", gt=0)
+    wait_s: float = setting(60.0, "RAINCHECK_CHAT_WAIT_S", "how long to wait for a server that is unreachable "
+                            "or still loading its model", ge=0)
 
 
-def add_frontend_flags(p: argparse.ArgumentParser, port: int = 50051) -> None:
-    p.add_argument("--host", default=_env("RAINCHECK_HOST", "127.0.0.1"), help="[RAINCHECK_HOST]")
-    p.add_argument("--port", type=int, default=int(_env("RAINCHECK_PORT", str(port))), help="[RAINCHECK_PORT]")
-    p.add_argument("--api-keys", default=_env("RAINCHECK_API_KEYS", ""),
-                   help="comma-separated API keys [RAINCHECK_API_KEYS]")
-    p.add_argument("--api-keys-file", default=_env("RAINCHECK_API_KEYS_FILE"),
-                   help="file with one API key per line [RAINCHECK_API_KEYS_FILE]")
-    p.add_argument("--insecure-allow-no-auth", action="store_true",
-                   help="serve without API keys on a non-loopback address")
-    p.add_argument("--tls-cert", default=_env("RAINCHECK_TLS_CERT"), help="PEM certificate [RAINCHECK_TLS_CERT]")
-    p.add_argument("--tls-key", default=_env("RAINCHECK_TLS_KEY"), help="PEM private key [RAINCHECK_TLS_KEY]")
-    p.add_argument("--max-image-bytes", type=int, default=10 * MiB)
-    p.add_argument("--recovery-mode", choices=RECOVERY_MODES,
-                   default=_env("RAINCHECK_RECOVERY_MODE", "colocated"),
-                   help="recovery mode of sessions that do not ask for one [RAINCHECK_RECOVERY_MODE]")
-    _add_process_flags(p, 9464)
+@dataclass
+class DemoSettings:
+    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder",
+                                shown="the demo model (models/demo); without it a random model")
+    max_new_tokens: int = setting(48, "RAINCHECK_DEMO_MAX_NEW_TOKENS", "room for a 36-token list answer", gt=0)
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=_env("RAINCHECK_MODEL"),
-                   help="checkpoint folder [RAINCHECK_MODEL]; default: a random model (noise answers)")
-    p.add_argument("--model-name", default=_env("RAINCHECK_MODEL_NAME"), help="[RAINCHECK_MODEL_NAME]")
-    p.add_argument("--random-size", choices=["tiny", "bench"], default="tiny",
-                   help="size of the random model used without --model")
-    p.add_argument("--device", default=_env("RAINCHECK_DEVICE", "cpu"), help="[RAINCHECK_DEVICE]")
-    p.add_argument("--dtype", default=_env("RAINCHECK_DTYPE", "float32"), help="[RAINCHECK_DTYPE]")
-    p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool")
+@dataclass
+class LogSettings:
+    """Options of every command (before or after its name)."""
 
-
-def add_ray_flags(p: argparse.ArgumentParser, workers: int, workers_help: str) -> None:
-    """Where the deferred workers live and what each asks Ray for."""
-    p.add_argument("--ray-address", default=_env("RAY_ADDRESS"),
-                   help="Ray cluster of the deferred workers (host:port, or ray://host:10001 for Ray Client) "
-                        "[RAY_ADDRESS]; empty: start a local Ray in this process")
-    p.add_argument("--ray-namespace", default=_env("RAINCHECK_RAY_NAMESPACE", "raincheck"),
-                   help="Ray namespace of the deferred-worker actors [RAINCHECK_RAY_NAMESPACE]")
-    p.add_argument("--deferred-workers", type=int, default=int(_env("RAINCHECK_DEFERRED_WORKERS", str(workers))),
-                   help=f"{workers_help} [RAINCHECK_DEFERRED_WORKERS]")
-    p.add_argument("--deferred-num-cpus", type=float, default=float(_env("RAINCHECK_DEFERRED_NUM_CPUS", "1")),
-                   help="CPUs each deferred-worker actor asks Ray for [RAINCHECK_DEFERRED_NUM_CPUS]")
-    p.add_argument("--deferred-num-gpus", type=float, default=float(_env("RAINCHECK_DEFERRED_NUM_GPUS", "0")),
-                   help="GPUs each deferred-worker actor asks Ray for (needed for --device cuda) "
-                        "[RAINCHECK_DEFERRED_NUM_GPUS]")
-    p.add_argument("--deferred-resource", default=_env("RAINCHECK_DEFERRED_RESOURCE", "raincheck_deferred"),
-                   help="custom Ray resource each actor asks one unit of; empty: none "
-                        "[RAINCHECK_DEFERRED_RESOURCE]")
-
-
-def add_worker_flags(p: argparse.ArgumentParser, *, network: bool = True) -> None:
-    add_model_flags(p)
-    p.add_argument("--policy", default=_env("RAINCHECK_POLICY", "raincheck"),
-                   help="default deferral policy of new sessions [RAINCHECK_POLICY]")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="default answer length limit")
-    p.add_argument("--recovery-modes", type=_modes, default=_env("RAINCHECK_RECOVERY_MODES", "colocated"),
-                   help="comma-separated recovery modes offered: colocated, disaggregated "
-                        "[RAINCHECK_RECOVERY_MODES]")
-    p.add_argument("--deferred-timeout-s", type=float, default=float(_env("RAINCHECK_DEFERRED_TIMEOUT_S", "120")),
-                   help="seconds from an answer's end until a deferred worker's result is given up on and "
-                        "the recovery finished locally [RAINCHECK_DEFERRED_TIMEOUT_S]")
-    if network:
-        add_ray_flags(p, 1, "actors this worker starts for itself when none is registered in the namespace")
-        p.add_argument("--host", default=_env("RAINCHECK_WORKER_HOST", "127.0.0.1"), help="[RAINCHECK_WORKER_HOST]")
-        p.add_argument("--port", type=int, default=int(_env("RAINCHECK_WORKER_PORT", "50061")),
-                       help="[RAINCHECK_WORKER_PORT]")
-        p.add_argument("--advertise", default=_env("RAINCHECK_ADVERTISE"),
-                       help="host:port frontends dial [RAINCHECK_ADVERTISE]")
-        p.add_argument("--worker-id", default=_env("RAINCHECK_WORKER_ID"), help="[RAINCHECK_WORKER_ID]")
-        _add_process_flags(p, 9465)
-    else:
-        add_ray_flags(p, 0, "N > 0: start a local Ray with N deferred-worker actors and offer disaggregated "
-                            "recovery too")
-
-
-def _modes(value: str) -> tuple[str, ...]:
-    modes = tuple(dict.fromkeys(m.strip() for m in value.split(",") if m.strip()))
-    unknown = set(modes) - set(RECOVERY_MODES)
-    if unknown or not modes:
-        raise argparse.ArgumentTypeError(f"recovery modes are {', '.join(RECOVERY_MODES)}; got {value!r}")
-    return modes
-
-
-def _add_process_flags(p: argparse.ArgumentParser, metrics_port: int) -> None:
-    p.add_argument("--metrics-port", type=int, default=int(_env("RAINCHECK_METRICS_PORT", str(metrics_port))),
-                   help="Prometheus /metrics port [RAINCHECK_METRICS_PORT]; -1 disables")
-    p.add_argument("--metrics-host", default=_env("RAINCHECK_METRICS_HOST", "127.0.0.1"),
-                   help="address /metrics listens on [RAINCHECK_METRICS_HOST]")
-    p.add_argument("--drain-timeout-s", type=float, default=float(_env("RAINCHECK_DRAIN_TIMEOUT_S", "5")),
-                   help="on SIGTERM, seconds running turns get to finish [RAINCHECK_DRAIN_TIMEOUT_S]")
-
-
-def store_settings(args: argparse.Namespace) -> StoreSettings:
-    return StoreSettings(redis_url=args.redis_url or None, prefix=args.store_prefix)
-
-
-def _process(args: argparse.Namespace) -> dict:
-    return dict(metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                metrics_host=args.metrics_host, drain_s=args.drain_timeout_s)
-
-
-def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    keys = [k.strip() for k in args.api_keys.split(",")]
-    if args.api_keys_file:
-        keys += [line.strip() for line in Path(args.api_keys_file).read_text().splitlines()]
-    return tuple(k for k in keys if k)
-
-
-def frontend_settings(args: argparse.Namespace) -> FrontendSettings:
-    return FrontendSettings(
-        host=args.host, port=args.port, api_keys=_api_keys(args), allow_no_auth=args.insecure_allow_no_auth,
-        tls_cert=args.tls_cert, tls_key=args.tls_key, max_image_bytes=args.max_image_bytes,
-        default_recovery_mode=args.recovery_mode, store=store_settings(args), **_process(args),
-    )
-
-
-def model_spec(args: argparse.Namespace) -> ModelSpec:
-    engine = {} if args.num_pages is None else {"num_pages": args.num_pages}
-    return ModelSpec(args.model, args.model_name, args.random_size, args.device, args.dtype, engine)
-
-
-def deferred_settings(args: argparse.Namespace, timeout_s: float = DeferredSettings.timeout_s) -> DeferredSettings:
-    return DeferredSettings(
-        ray_address=args.ray_address or None, namespace=args.ray_namespace, workers=max(1, args.deferred_workers),
-        num_cpus=args.deferred_num_cpus, num_gpus=args.deferred_num_gpus, resource=args.deferred_resource,
-        timeout_s=timeout_s,
-    )
-
-
-def worker_settings(args: argparse.Namespace) -> WorkerSettings:
-    spec = model_spec(args)
-    modes = args.recovery_modes
-    settings = WorkerSettings(
-        model=spec.model, model_name=spec.name, random_size=spec.random_size, device=spec.device, dtype=spec.dtype,
-        engine=spec.engine, default_policy=args.policy, max_new_tokens=args.max_new_tokens, recovery_modes=modes,
-        deferred=deferred_settings(args, args.deferred_timeout_s), store=store_settings(args),
-    )
-    if hasattr(args, "worker_id"):   # a worker process of its own (not inside `serve`)
-        settings.host, settings.port, settings.advertise = args.host, args.port, args.advertise
-        settings.worker_id = args.worker_id
-        for name, value in _process(args).items():
-            setattr(settings, name, value)
-    elif args.deferred_workers > 0 and "disaggregated" not in modes:   # `serve --deferred-workers N`
-        settings.recovery_modes = (*modes, "disaggregated")
-    return settings
+    log_level: LogLevel = setting("INFO", "RAINCHECK_LOG_LEVEL", "log level")
+    plain_logs: bool = setting(False, "RAINCHECK_PLAIN_LOGS", "human-readable logs instead of JSON lines")
+    debug: bool = setting(False, "RAINCHECK_DEBUG", "show the traceback of an error")

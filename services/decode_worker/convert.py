@@ -20,6 +20,8 @@ from raincheck_core import (
 )
 from raincheck_core.deferral.policy import DeferralConfig
 
+from ..common.grpc_util import MESSAGE_CHARS, shown
+
 _STATUS: list[tuple[type[RaincheckError], grpc.StatusCode]] = [
     (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
     (OutOfPagesError, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -91,4 +93,4 @@ def progress_event(turn_id: str, pending: int, elapsed_s: float = 0.0) -> chat_p
 
 def error_event(turn_id: str, error: BaseException) -> chat_pb2.ChatEvent:
     return chat_pb2.ChatEvent(turn_id=turn_id, error=chat_pb2.ErrorEvent(
-        code=status_for(error).name, message=str(error) or type(error).__name__))
+        code=status_for(error).name, message=shown(str(error) or type(error).__name__, MESSAGE_CHARS)))

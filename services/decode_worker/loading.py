@@ -26,7 +26,7 @@ def default_model() -> str | None:
 def model_name(spec: ModelSpec) -> str:
     """The name clients (and deferred-worker actor names) know the model by."""
     model = spec.model or default_model()
-    return spec.name or (Path(model).name if model is not None else f"random-{spec.random_size}")
+    return spec.model_name or (Path(model).name if model is not None else f"random-{spec.random_size}")
 
 
 def load_engine(spec: ModelSpec) -> Engine:

@@ -8,13 +8,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, RaincheckError, SessionClosedError
 from raincheck_core.deferral.policy import DeferralConfig
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import DEFERRED_PENDING, KV_USAGE, SESSIONS
 from ..common.settings import WorkerSettings
+from .admission import admit
 from .convert import MODES, from_deferral, to_deferral, to_mode
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession
@@ -93,15 +95,19 @@ class WorkerRuntime:
         if mode not in self.backends:
             raise ModeUnavailableError(f"worker {self.worker_id} does not offer {mode} recovery "
                                        f"(it offers: {', '.join(self.backends)})")
+        ws = admit(self, lambda: self._open(request, deferral, mode))
+        bind(log, session_id=ws.id).info("session opened (%s, %s recovery, %d turns to replay)",
+                                         deferral.policy, mode, len(ws.history))
+        self.on_change()
+        return ws
+
+    def _open(self, request: worker_pb2.OpenSessionRequest, deferral: DeferralConfig, mode: str) -> WorkerSession:
         with self._lock:
             if request.session_id in self.sessions:
                 raise SessionExistsError(f"session {request.session_id} is already open on worker {self.worker_id}")
             session = self.engine.open_session(session_id=request.session_id or None, deferral=deferral)
-            ws = WorkerSession(session, mode, list(request.history))
+            ws = WorkerSession(session, mode, request.owner, list(request.history))
             self.sessions[session.id] = ws
-        bind(log, session_id=session.id).info("session opened (%s, %s recovery, %d turns to replay)",
-                                              deferral.policy, mode, len(ws.history))
-        self.on_change()
         return ws
 
     def get(self, session_id: str) -> WorkerSession:
@@ -143,7 +149,7 @@ class WorkerRuntime:
         self._check_serving()
         ws = self.get(request.session_id)
         backend = self.backends[ws.recovery_mode]
-        stream = start_turn(self.engine, ws, request, self.settings.max_new_tokens)
+        stream = admit(self, lambda: start_turn(self.engine, ws, request, self.settings.max_new_tokens), ws.id)
         backend.turn_started(ws)
         with self._lock:
             self._turn_rpcs += 1

@@ -8,8 +8,7 @@ import threading
 import time
 import uuid
 
-from raincheck_client._gen import worker_pb2, worker_pb2_grpc
-
+from .._gen import worker_pb2, worker_pb2_grpc
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.settings import WorkerSettings
 from ..common.store import Store, WorkerInfo

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from raincheck_client._gen import chat_pb2, worker_pb2, worker_pb2_grpc
+from raincheck_client._gen import chat_pb2
 from raincheck_core import RaincheckError
 
+from .._gen import worker_pb2, worker_pb2_grpc
 from ..common.grpc_util import ServiceError, rpc
 from .convert import status_for
 from .runtime import DrainingError, ModeUnavailableError, SessionExistsError, WorkerRuntime

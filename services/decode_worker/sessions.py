@@ -6,15 +6,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from raincheck_client._gen import worker_pb2
 from raincheck_core import Session
 from raincheck_core.engine import TurnStream
+
+from .._gen import worker_pb2
 
 
 @dataclass
 class WorkerSession:
     session: Session
     recovery_mode: str                                  # colocated | disaggregated
+    owner: str = ""                                     # the API key id it belongs to ("": no auth)
     history: list[worker_pb2.HistoryTurn] = field(default_factory=list)   # re-prefilled by the next turn
     stream: TurnStream | None = None                    # the latest turn
     active: bool = False                                # a turn is streaming

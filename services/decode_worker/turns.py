@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, SessionBusyError, TokenEvent, TurnEnd
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine import TurnStream
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import BARRIER_WAIT, TurnTimer
 from .convert import error_event, final_event, metrics_event, progress_event, to_deferral, to_message, to_sampling
@@ -33,11 +35,28 @@ def start_turn(engine: Engine, ws: WorkerSession, request: worker_pb2.TurnReques
     with ws.lock:
         if ws.active:
             raise SessionBusyError(f"session {ws.id} is still streaming its previous turn")
-        turn_input = replay_prompt(engine, ws.history, message) if ws.history else message
+        turn_input = message
+        if ws.history:
+            turn_input = replay_prompt(engine, ws.history, message)
+            deferral = rebuild_deferral(ws.history, deferral or ws.session.deferral)
         stream = ws.session.turn(turn_input, sampling, deferral=deferral)
         ws.history = []
         ws.stream, ws.active = stream, True
     return stream
+
+
+def rebuild_deferral(history: list[worker_pb2.HistoryTurn], cfg: DeferralConfig) -> DeferralConfig:
+    """The policy of the turn that re-prefills a rebuilt session's history in front of its new message.
+
+    The lost cache held every past image whole (`raincheck` and `post_answer` recover what they defer;
+    `full` defers nothing), so its history is admitted with nothing deferred: `full` for the whole turn,
+    because the engine applies one policy per turn and cannot yet take the history apart from the new
+    message. The new message's own images are then not pruned either, for this one turn (a slower first
+    token, never a worse answer). Under `hard` the lost cache never had the pruned tokens: it stays `hard`."""
+    has_visuals = any(turn.message.images or turn.message.videos for turn in history)
+    if not has_visuals or cfg.policy in ("full", "hard"):
+        return cfg
+    return dataclasses.replace(cfg, policy="full")
 
 
 def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequest, backend: RecoveryBackend,

@@ -1,1 +1,1 @@
-"""Ray deferred workers: turn-boundary recovery on other processes or machines (MECHANISM.md §8)."""
+"""Ray deferred workers: turn-boundary recovery on other processes or machines (docs/mechanism.md §8)."""

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 
+from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import TurnTimer
 from ..common.store import SessionRecord
@@ -44,7 +45,10 @@ def start(sessions: Sessions, record: SessionRecord, request: chat_pb2.ChatReque
             if attempt == 2 or e.code() not in LOST:
                 raise
             tlog.warning("worker %s lost the session (%s): rebuilding it", worker.worker_id, e.code().name)
-            gone = frozenset({worker.worker_id}) if e.code() == grpc.StatusCode.UNAVAILABLE else frozenset()
+            gone = frozenset()
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                sessions.router.failed(worker.worker_id)
+                gone = frozenset({worker.worker_id})
             worker = sessions.rebuild(record, exclude=gone)
     tlog.info("turn started on worker %s", worker.worker_id)
     return _relay(sessions, record.session_id, request.message, first, call, timer, tlog)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 
 import grpc
 
-from raincheck_client._gen import chat_pb2, chat_pb2_grpc, worker_pb2
+from raincheck_client._gen import chat_pb2, chat_pb2_grpc
 
+from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, rpc
 from ..common.settings import FrontendSettings
 from ..common.store import SessionRecord, Store
@@ -28,13 +30,21 @@ def _translate(error: BaseException) -> ServiceError | None:
 frontend_rpc = rpc("frontend", _translate)
 
 
+def _until_done(events: Iterator[chat_pb2.ChatEvent], done: Callable[[], None]) -> Iterator[chat_pb2.ChatEvent]:
+    """`events`, then `done()` however the stream ends (finished, failed, or the client went away)."""
+    try:
+        yield from events
+    finally:
+        done()
+
+
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     def __init__(self, settings: FrontendSettings, store: Store, router: Router):
         self.settings = settings
         self.store = store
         self.router = router
         self.auth = Auth(settings.api_keys)
-        self.sessions = Sessions(store, router, settings.worker_timeout_s, settings.default_recovery_mode)
+        self.sessions = Sessions(store, router, settings)
         self.timeout_s = settings.worker_timeout_s
 
     @frontend_rpc
@@ -43,9 +53,16 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
 
     @frontend_rpc
     def Chat(self, request, context):
-        record = self.sessions.owned(request.session_id, self.auth.identify(context))
+        caller = self.auth.identify(context)
+        record = self.sessions.owned(request.session_id, caller)
         check_message(request.message, self.settings)
-        return relay.start(self.sessions, record, request, context)
+        end_turn = self.sessions.begin_turn(caller)
+        try:
+            events = relay.start(self.sessions, record, request, context)
+        except BaseException:
+            end_turn()
+            raise
+        return _until_done(events, end_turn)
 
     @frontend_rpc
     def GetSession(self, request, context):

@@ -1,6 +1,13 @@
-"""Checks on a user message before it goes to a worker (the worker checks what needs the model)."""
+"""Checks on a user message before it goes to a worker, cheapest first (the worker checks what needs the
+model): counts and sizes, then text length, then each image's header (its pixel count, read without
+decoding). Sampling values are the engine's to judge (`SamplingParams`); its InvalidInputError comes back
+from the worker as INVALID_ARGUMENT before anything runs."""
 
 from __future__ import annotations
+
+import io
+
+from PIL import Image
 
 from raincheck_client._gen import chat_pb2
 
@@ -13,9 +20,12 @@ def _mib(n: int) -> str:
 
 
 def check_message(m: chat_pb2.UserMessage, limits: FrontendSettings) -> None:
-    """INVALID_ARGUMENT for an empty message, or images/frames empty, too many or too large."""
+    """INVALID_ARGUMENT for an empty message, text too long, or images/frames empty, too many, too large
+    (bytes, or pixels as their headers say), or not an image at all."""
     if not m.text.strip() and not m.images and not m.videos:
         raise ServiceError.invalid("empty message: send text, images or videos")
+    if len(m.text) > limits.max_text_chars:
+        raise ServiceError.invalid(f"the text has {len(m.text)} characters; the limit is {limits.max_text_chars}")
     if len(m.images) > limits.max_images:
         raise ServiceError.invalid(f"{len(m.images)} images in one message; the limit is {limits.max_images}")
     frames = sum(len(v.frames) for v in m.videos)
@@ -31,3 +41,23 @@ def check_message(m: chat_pb2.UserMessage, limits: FrontendSettings) -> None:
             raise ServiceError.invalid(f"{name} is empty")
         if len(data) > limits.max_image_bytes:
             raise ServiceError.invalid(f"{name} is {_mib(len(data))}; the limit is {_mib(limits.max_image_bytes)}")
+    total = 0
+    for name, data in items:
+        width, height = _size(name, data)
+        if width * height > limits.max_image_pixels:
+            raise ServiceError.invalid(f"{name} is {width}x{height} pixels; the limit is "
+                                       f"{limits.max_image_pixels} pixels")
+        total += width * height
+    if total > limits.max_message_pixels:
+        raise ServiceError.invalid(f"the message's images and frames have {total} pixels in all; the limit is "
+                                   f"{limits.max_message_pixels}")
+
+
+def _size(name: str, data: bytes) -> tuple[int, int]:
+    """(width, height) from the image's header; Pillow's open() reads nothing more."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.size
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise ServiceError.invalid(f"{name} ({len(data)} bytes) could not be decoded as an image "
+                                   "(its header names no image format Pillow reads)") from e

@@ -13,7 +13,7 @@ import sys
 sys.modules["torch"] = None          # any `import torch` now raises ImportError
 import raincheck_client
 from raincheck_client import AsyncClient, Client
-from raincheck_client._gen import chat_pb2, worker_pb2
+from raincheck_client._gen import chat_pb2
 client = Client("127.0.0.1:1")
 request = raincheck_client._build.chat("s", "hi", [b"png"], [], follow_recovery=False, policy=None)
 assert request.message.images == [b"png"]

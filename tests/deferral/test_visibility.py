@@ -1,4 +1,4 @@
-"""Deferred rows never attend to the current turn's generated tokens (MECHANISM.md §4)."""
+"""Deferred rows never attend to the current turn's generated tokens (docs/mechanism.md §4)."""
 
 from __future__ import annotations
 

@@ -72,3 +72,19 @@ def save_tokenizer(folder: Path, chat_template: str | None = None, generation_eo
     if generation_eos is not None:
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
     return folder
+
+
+def huge_png(width: int = 9000, height: int = 9000) -> bytes:
+    """A genuine greyscale PNG of width x height px that compresses to a few hundred KiB (built row by row,
+    so the test never holds the decoded image)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z = zlib.compressobj(9)
+    row = bytes(width + 1)                # filter byte 0, then black pixels
+    body = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b"")

@@ -10,8 +10,9 @@ import torch
 from PIL import Image
 
 from raincheck_core.errors import CheckpointError, InvalidInputError
-from raincheck_core.multimodal import VisionEncoder
-from tests.multimodal.mm_helpers import encoder, model, png, tiny
+from raincheck_core.multimodal import VisionEncoder, load_image
+from raincheck_core.multimodal.vision import IMAGE_FORMATS
+from tests.multimodal.mm_helpers import encoder, huge_png, model, png, tiny
 
 
 def hf_processor(**kw):
@@ -129,3 +130,25 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(InvalidInputError, match="differ in size"):
         enc.encode_video([png(), png(64, 64)])
     assert enc.encode_images([]) == []
+
+
+def test_oversized_images_are_refused_from_their_header():
+    enc = encoder("qwen3_5")
+    with pytest.raises(InvalidInputError, match=r"image 0 \(\d+ bytes\) is 9000x9000 pixels; at most 16777216"):
+        enc.encode_images([huge_png()])
+    with pytest.raises(InvalidInputError, match=r"video frame 1 \(\d+ bytes\) is 4200x4200 pixels"):
+        enc.encode_video([png(), huge_png(4200, 4200)])
+    assert load_image(huge_png(64, 64), max_pixels=64 * 64).size == (64, 64)
+    with pytest.raises(InvalidInputError, match="is 64x65 pixels; at most 4096 pixels"):
+        load_image(huge_png(64, 65), max_pixels=64 * 64)
+
+
+def test_only_common_image_formats_are_decoded():
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(buf, format="PPM")
+    with pytest.raises(InvalidInputError, match=r"could not be decoded as an image \(PNG, JPEG, WEBP"):
+        load_image(buf.getvalue())
+    for fmt in IMAGE_FORMATS:
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8), "red").save(buf, format=fmt)
+        assert load_image(buf.getvalue()).size == (8, 8)

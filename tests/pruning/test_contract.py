@@ -1,4 +1,4 @@
-"""The MECHANISM.md §2 contract, for every registered selector."""
+"""The selector contract (docs/mechanism.md §2, docs/selectors.md §2), for every registered selector."""
 
 from __future__ import annotations
 

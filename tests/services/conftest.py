@@ -84,9 +84,9 @@ class Cluster:
         self.clients: list[Client] = []
 
     def worker(self, store: Store, **overrides) -> DecodeWorkerServer:
+        engine = {"num_pages": NUM_PAGES, **overrides.pop("engine", {})}
         settings = WorkerSettings(model=str(self.checkpoint), model_name=MODEL, port=0, metrics_port=None,
-                                  engine={"num_pages": NUM_PAGES}, heartbeat_s=0.5, registration_ttl_s=5.0,
-                                  threads=16, **overrides)
+                                  engine=engine, heartbeat_s=0.5, registration_ttl_s=5.0, threads=16, **overrides)
         return self._start(DecodeWorkerServer(settings, store))
 
     def frontend(self, store: Store, **overrides) -> FrontendServer:

@@ -9,9 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from raincheck_client import AsyncClient, Final, Metrics, RecoveryProgress, Token
-from raincheck_client._gen import chat_pb2, worker_pb2, worker_pb2_grpc
+from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, Message, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
+from services._gen import worker_pb2, worker_pb2_grpc
 from tests.multimodal.mm_helpers import png
 
 POLICY = dict(policy="raincheck", retention=0.3, chunk_size=7, guard=2)

@@ -1,4 +1,4 @@
-"""Startup rules, metrics endpoint and the CLI's wiring."""
+"""Startup rules, metrics endpoint, TLS. (The CLI's flags and errors: test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import urllib.request
 import pytest
 
 from raincheck_client import Client, Unavailable
-from services.cli import _parser
 from services.common.metrics import serve_metrics
-from services.common.settings import FrontendSettings, frontend_settings, worker_settings
+from services.common.settings import FrontendSettings
 from services.common.store import MemoryStore
 from services.frontend.server import FrontendServer
 from tests.multimodal.mm_helpers import png
@@ -20,8 +19,8 @@ from tests.multimodal.mm_helpers import png
 
 def test_no_keys_refused_off_loopback_unless_allowed(caplog):
     store = MemoryStore()
-    with pytest.raises(SystemExit, match=r"refusing to serve without API keys on 0\.0\.0\.0"):
-        FrontendServer(FrontendSettings(host="0.0.0.0", port=0), store)
+    with pytest.raises(ValueError, match=r"refusing to serve without API keys on 0\.0\.0\.0"):
+        FrontendSettings(host="0.0.0.0", port=0)      # refused by the settings, before anything starts
     with caplog.at_level(logging.WARNING):
         server = FrontendServer(FrontendSettings(host="0.0.0.0", port=0, allow_no_auth=True), store)
     assert "WITHOUT authentication" in caplog.text
@@ -43,48 +42,6 @@ def test_metrics_endpoint_on_loopback(embedded):
                  "raincheck:recovery_bytes_shipped_count{mode=\"colocated\"}", "raincheck:barrier_wait_seconds_count",
                  "raincheck:requests_total{code=\"OK\",method=\"Chat\",service=\"frontend\"}"):
         assert name in body, name
-
-
-def test_cli_flags_and_environment(monkeypatch, tmp_path):
-    keys = tmp_path / "keys"
-    keys.write_text("k2\n\nk3\n")
-    monkeypatch.setenv("RAINCHECK_API_KEYS", "k1")
-    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/5")
-    monkeypatch.setenv("RAINCHECK_DRAIN_TIMEOUT_S", "30")
-    args = _parser().parse_args(["serve", "--port", "0", "--api-keys-file", str(keys), "--metrics-port", "-1",
-                                 "--model", "/ckpt", "--policy", "full", "--num-pages", "64",
-                                 "--recovery-mode", "disaggregated"])
-    front, worker = frontend_settings(args), worker_settings(args)
-    assert front.api_keys == ("k1", "k2", "k3") and front.metrics_port is None and front.port == 0
-    assert (front.default_recovery_mode, front.drain_s, front.metrics_host) == ("disaggregated", 30.0, "127.0.0.1")
-    assert front.store.redis_url == "redis://127.0.0.1:6379/5"
-    assert (worker.model, worker.default_policy, worker.engine) == ("/ckpt", "full", {"num_pages": 64})
-    monkeypatch.setenv("RAINCHECK_METRICS_HOST", "0.0.0.0")
-    worker_args = _parser().parse_args(["decode-worker", "--port", "7", "--worker-id", "w", "--advertise", "h:7"])
-    w = worker_settings(worker_args)
-    assert (w.port, w.worker_id, w.advertise, w.metrics_port, w.metrics_host) == (7, "w", "h:7", 9465, "0.0.0.0")
-    assert w.recovery_modes == ("colocated",) and (w.deferred.ray_address, w.deferred.workers) == (None, 1)
-
-
-def test_recovery_and_ray_settings(monkeypatch, capsys):
-    monkeypatch.setenv("RAINCHECK_RECOVERY_MODES", "colocated, disaggregated")
-    monkeypatch.setenv("RAINCHECK_RAY_NAMESPACE", "ns")
-    monkeypatch.setenv("RAINCHECK_DEFERRED_NUM_GPUS", "1")
-    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    w = worker_settings(_parser().parse_args(["decode-worker", "--deferred-timeout-s", "9",
-                                              "--deferred-resource", ""]))
-    assert w.recovery_modes == ("colocated", "disaggregated")
-    d = w.deferred
-    assert (d.ray_address, d.namespace, d.num_gpus, d.num_cpus, d.resource, d.timeout_s) == \
-        ("ray://head:10001", "ns", 1.0, 1.0, "", 9.0)
-    monkeypatch.delenv("RAINCHECK_RECOVERY_MODES")
-    serve = worker_settings(_parser().parse_args(["serve"]))
-    assert serve.recovery_modes == ("colocated",)
-    serve = worker_settings(_parser().parse_args(["serve", "--deferred-workers", "3"]))
-    assert serve.recovery_modes == ("colocated", "disaggregated") and serve.deferred.workers == 3
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["decode-worker", "--recovery-modes", "colocated,remote"])
-    assert "recovery modes are colocated, disaggregated" in capsys.readouterr().err
 
 
 def test_client_reports_an_unreachable_server():

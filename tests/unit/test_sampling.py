@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from raincheck_core.sampling import Sampler, SamplingParams
+from raincheck_core.errors import InvalidInputError, SamplingError
+from raincheck_core.sampling import MIN_TEMPERATURE, MIN_TOP_P, Sampler, SamplingParams
 
 
 def test_greedy_takes_argmax():
@@ -23,3 +27,60 @@ def test_top_k_and_top_p_restrict_support():
     assert {k(logits) for _ in range(200)} <= {0, 1}
     p = Sampler(SamplingParams(temperature=1.0, top_p=0.5, seed=0))
     assert {p(logits) for _ in range(200)} == {0}     # token 0 alone holds over half the mass
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(temperature=1e-40), "temperature must be 0 .greedy. or at least 1e-05, got 1e-40"),
+    (dict(temperature=-1.0), "temperature must be 0"),
+    (dict(temperature=math.nan), "temperature must be a finite number, got nan"),
+    (dict(temperature=math.inf), "temperature must be a finite number, got inf"),
+    (dict(temperature="0.7"), "temperature must be a finite number"),
+    (dict(temperature=True), "temperature must be a finite number"),
+    (dict(temperature=1.0, top_p=1e-300), r"top_p must be in \[1e-06, 1\], got 1e-300"),
+    (dict(top_p=0.0), r"top_p must be in \[1e-06, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \[1e-06, 1\]"),
+    (dict(top_p=-math.inf), "top_p must be a finite number"),
+    (dict(top_p=math.nan), "top_p must be a finite number"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_k=2.5), "top_k must be an integer"),
+    (dict(seed=1.5), "seed must be an integer"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(max_new_tokens=8.0), "max_new_tokens must be an integer"),
+    (dict(stop_token_ids=(3, -1)), "stop token ids must be >= 0"),
+])
+def test_unworkable_parameters_are_refused(kwargs, message):
+    with pytest.raises(InvalidInputError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_smallest_accepted_values_sample_the_top_token():
+    logits = torch.tensor([1e30, 3e30, -1e30, 2.9e30])      # huge logits, smallest temperature: no overflow
+    for params in (SamplingParams(temperature=MIN_TEMPERATURE, seed=1),
+                   SamplingParams(temperature=1.0, top_p=MIN_TOP_P, seed=1),
+                   SamplingParams(temperature=1e30, top_p=MIN_TOP_P, seed=2**70),
+                   SamplingParams(temperature=0.5, seed=-5)):
+        sampler = Sampler(params)
+        assert {sampler(logits) for _ in range(20)} == {1}
+        assert sampler.fallback is None
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, seed=0)])
+def test_nan_logits_are_never_drawn(params):
+    logits = torch.tensor([0.5, math.nan, 0.4, math.nan])
+    sampler = Sampler(params)
+    assert {sampler(logits) for _ in range(50)} <= {0, 2}
+    assert sampler.fallback == "NaN logits left out"
+
+
+def test_infinite_logits_fall_back_to_greedy():
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=0))
+    assert sampler(torch.tensor([0.0, math.inf, 1.0, -math.inf])) == 1
+    assert sampler.fallback == "+inf logits: greedy"
+    assert sampler(torch.tensor([0.0, 2.0, -math.inf])) in (0, 1) and sampler.fallback is None
+
+
+@pytest.mark.parametrize("logits", [[math.nan, math.nan], [-math.inf, -math.inf], [math.nan, -math.inf]])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=5, seed=0)])
+def test_no_usable_logit_is_a_typed_error(logits, params):
+    with pytest.raises(SamplingError, match="no usable logit"):
+        Sampler(params)(torch.tensor(logits))

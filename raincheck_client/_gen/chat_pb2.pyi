@@ -1,0 +1,250 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RecoveryMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECOVERY_MODE_UNSPECIFIED: _ClassVar[RecoveryMode]
+    RECOVERY_MODE_COLOCATED: _ClassVar[RecoveryMode]
+    RECOVERY_MODE_DISAGGREGATED: _ClassVar[RecoveryMode]
+
+class SessionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_STATUS_UNSPECIFIED: _ClassVar[SessionStatus]
+    SESSION_STATUS_IDLE: _ClassVar[SessionStatus]
+    SESSION_STATUS_STREAMING: _ClassVar[SessionStatus]
+    SESSION_STATUS_RECOVERING: _ClassVar[SessionStatus]
+    SESSION_STATUS_DETACHED: _ClassVar[SessionStatus]
+RECOVERY_MODE_UNSPECIFIED: RecoveryMode
+RECOVERY_MODE_COLOCATED: RecoveryMode
+RECOVERY_MODE_DISAGGREGATED: RecoveryMode
+SESSION_STATUS_UNSPECIFIED: SessionStatus
+SESSION_STATUS_IDLE: SessionStatus
+SESSION_STATUS_STREAMING: SessionStatus
+SESSION_STATUS_RECOVERING: SessionStatus
+SESSION_STATUS_DETACHED: SessionStatus
+
+class DeferralSettings(_message.Message):
+    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    selector: str
+    retention: float
+    chunk_size: int
+    guard: int
+    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("model", "deferral", "recovery_mode")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEFERRAL_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_MODE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    deferral: DeferralSettings
+    recovery_mode: RecoveryMode
+    def __init__(self, model: _Optional[str] = ..., deferral: _Optional[_Union[DeferralSettings, _Mapping]] = ..., recovery_mode: _Optional[_Union[RecoveryMode, str]] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "model", "deferral", "recovery_mode", "status", "turns", "pending_deferred_tokens", "cached_tokens", "worker_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEFERRAL_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_MODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_DEFERRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: str
+    deferral: DeferralSettings
+    recovery_mode: RecoveryMode
+    status: SessionStatus
+    turns: int
+    pending_deferred_tokens: int
+    cached_tokens: int
+    worker_id: str
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., deferral: _Optional[_Union[DeferralSettings, _Mapping]] = ..., recovery_mode: _Optional[_Union[RecoveryMode, str]] = ..., status: _Optional[_Union[SessionStatus, str]] = ..., turns: _Optional[int] = ..., pending_deferred_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class Video(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, frames: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class UserMessage(_message.Message):
+    __slots__ = ("text", "images", "videos")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    videos: _containers.RepeatedCompositeFieldContainer[Video]
+    def __init__(self, text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ...) -> None: ...
+
+class SamplingOptions(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "ignore_eos")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_new_tokens: int
+    ignore_eos: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+
+class ChatRequest(_message.Message):
+    __slots__ = ("session_id", "message", "sampling", "deferral", "follow_recovery")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DEFERRAL_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    message: UserMessage
+    sampling: SamplingOptions
+    deferral: DeferralSettings
+    follow_recovery: bool
+    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[_Union[UserMessage, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., deferral: _Optional[_Union[DeferralSettings, _Mapping]] = ..., follow_recovery: _Optional[bool] = ...) -> None: ...
+
+class TokenDelta(_message.Message):
+    __slots__ = ("token_id", "text", "index")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    index: int
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+
+class TurnMetrics(_message.Message):
+    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_PENDING_FIELD_NUMBER: _ClassVar[int]
+    TPOT_RESTORING_S_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    queue_s: float
+    deferred_tokens: int
+    deferred_pending: int
+    tpot_restoring_s: float
+    barrier_wait_s: float
+    previous_recovery_s: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ...) -> None: ...
+
+class RecoveryProgress(_message.Message):
+    __slots__ = ("pending_tokens", "complete", "elapsed_s")
+    PENDING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    pending_tokens: int
+    complete: bool
+    elapsed_s: float
+    def __init__(self, pending_tokens: _Optional[int] = ..., complete: _Optional[bool] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+
+class TurnFinal(_message.Message):
+    __slots__ = ("finish_reason", "token_ids", "text")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    def __init__(self, finish_reason: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ErrorEvent(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ChatEvent(_message.Message):
+    __slots__ = ("turn_id", "token", "metrics", "recovery", "final", "error")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    token: TokenDelta
+    metrics: TurnMetrics
+    recovery: RecoveryProgress
+    final: TurnFinal
+    error: ErrorEvent
+    def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CancelTurnRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CancelTurnResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "workers", "recovery_modes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_MODES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    workers: int
+    recovery_modes: _containers.RepeatedScalarFieldContainer[RecoveryMode]
+    def __init__(self, name: _Optional[str] = ..., workers: _Optional[int] = ..., recovery_modes: _Optional[_Iterable[_Union[RecoveryMode, str]]] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...

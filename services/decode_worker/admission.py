@@ -1,0 +1,62 @@
+"""Admission under memory pressure: idle sessions yield their caches to work that needs room.
+
+A worker keeps every open session's KV pages and GDN state slot between turns. When a new session or a
+turn cannot be admitted (`OutOfPagesError`: the page pool, or every GDN slot, is taken), the worker frees
+idle sessions' caches one at a time and tries again: first those of the API key holding the most
+sessions here (so that one key's idle sessions cannot lock the others out), least recently used first.
+A freed session stays open in the store; its next turn finds it gone here, and the frontend rebuilds it
+on a worker from its turn log, whole history included (replay.py). A session whose turn is streaming, or
+whose deferred tokens are still being recovered, is never freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from raincheck_core import OutOfPagesError, SessionClosedError
+
+from ..common.logs import bind
+
+if TYPE_CHECKING:
+    from .runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def admit(runtime: WorkerRuntime, action: Callable[[], T], keep: str = "") -> T:
+    """`action()`; while it runs out of pool pages or slots, free an idle session (never `keep`) and retry.
+    Nothing is freed for what freeing cannot help: more pages than the pool has, or than the session's own
+    page budget allows."""
+    while True:
+        try:
+            return action()
+        except OutOfPagesError as e:
+            if not _shared(runtime, e) or not free_one(runtime, keep, str(e)):
+                raise
+
+
+def _shared(runtime: WorkerRuntime, error: OutOfPagesError) -> bool:
+    """The error is about the worker's shared pool or slots, and the request fits the pool at all."""
+    return not str(error).startswith("session page budget") and error.needed <= runtime.engine.pool_stats().total_pages
+
+
+def free_one(runtime: WorkerRuntime, keep: str, reason: str) -> bool:
+    """Close one idle session here (see the module doc for which); False if none can go."""
+    sessions = list(runtime.sessions.values())
+    held = Counter(ws.owner for ws in sessions)
+    for ws in sorted((ws for ws in sessions if ws.id != keep), key=lambda ws: (-held[ws.owner], ws.last_used)):
+        with ws.lock:          # no turn of it can start while it is judged and closed
+            if ws.active or runtime.backends[ws.recovery_mode].pending(ws):
+                continue
+            try:
+                runtime.close(ws.id)
+            except SessionClosedError:   # closed meanwhile
+                continue
+        bind(log, session_id=ws.id).info("freed an idle session's cache (its key holds %d sessions here): %s",
+                                         held[ws.owner], reason)
+        return True
+    return False

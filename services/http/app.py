@@ -1,0 +1,237 @@
+"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/models`), SGLang routes (`/generate`,
+`/get_model_info`) and `/health`, over one ChatBackend (the frontend's ChatService + the session index).
+
+Calls into the frontend block (gRPC to the workers), so they run in worker threads; a streamed answer
+holds a thread only while it waits for its next event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from ..common.grpc_util import ServiceError
+from ..common.metrics import REQUESTS
+from . import openai_api, sglang_api
+from .call import HttpCall
+from .chat import ChatBackend, Delta, Done, Turn
+from .errors import HttpError
+from .images import ImageLoader
+from .settings import HttpSettings
+
+log = logging.getLogger(__name__)
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, found before it is held in memory whole."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = JSONResponse(HttpError(413, f"the request body is over {self.limit} bytes, the limit").body(),
+                               status_code=413)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.limit:
+            return await refusal(scope, receive, send)
+        received, over = 0, False
+
+        async def limited():               # a body sent without its length is counted as it arrives
+            nonlocal received, over
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:      # the app sees the client leave; the refusal is sent instead
+                over = True
+                return {"type": "http.disconnect"}
+            return message
+
+        async def unless_over(message) -> None:
+            if not over:
+                await send(message)
+
+        try:
+            await self.app(scope, limited, unless_over)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            await refusal(scope, receive, send)
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that stop as soon as the client goes away, so that its turn is cancelled at once
+    (Starlette watches for the disconnect only under ASGI < 2.4, and uvicorn drops writes to a closed
+    connection without an error)."""
+
+    def __init__(self, content: AsyncIterator[str]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            await self.stream_response(send)
+            group.cancel_scope.cancel()
+
+
+def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int, max_body_bytes: int) -> FastAPI:
+    images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+        yield
+
+    app = FastAPI(title="Raincheck Serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.exception_handler(HttpError)
+    async def _http_error(request: Request, e: HttpError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'][1:]) or 'body'}: {err['msg']}"
+                             for err in e.errors())
+        return JSONResponse(HttpError.invalid(f"invalid request: {problems}").body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _starlette(request: Request, e: HTTPException):
+        return JSONResponse(HttpError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next: Callable):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        REQUESTS.labels("http", route.path if route is not None else "other", str(response.status_code)).inc()
+        return response
+
+    async def blocking(fn: Callable, *args):
+        """Run a blocking frontend call; its ServiceError becomes the matching HTTP error."""
+        try:
+            return await run_in_threadpool(fn, *args)
+        except ServiceError as e:
+            raise HttpError.from_service(e) from None
+
+    async def start(request: Request, spec_of: Callable) -> Turn:
+        call = HttpCall(request.headers.get("authorization"))
+        try:
+            owner = await blocking(backend.owner, call)
+            spec = await spec_of()
+            return await blocking(backend.start, call, owner, spec)
+        except BaseException:
+            call.end()
+            raise
+
+    async def finish(turn: Turn) -> Done:
+        """Run a turn to its end (non-streaming responses)."""
+        def run() -> Done:
+            *_, done = turn.run()
+            return done
+        try:
+            return await blocking(run)
+        finally:
+            turn.close()
+
+    async def sse(turn: Turn, chunks: Callable[[Delta | Done], list[dict]], opening: tuple[dict, ...] = ()
+                  ) -> AsyncIterator[str]:
+        """Server-sent events: `opening`, each event's chunks, then `[DONE]`; a failure mid-answer as an
+        error chunk."""
+        try:
+            for chunk in opening:
+                yield f"data: {json.dumps(chunk)}\n\n"
+            async for event in iterate_in_threadpool(turn.run()):
+                for chunk in chunks(event):
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        except ServiceError as e:
+            yield f"data: {json.dumps(HttpError.from_service(e).body())}\n\n"
+        finally:
+            turn.close()
+        yield "data: [DONE]\n\n"
+
+    # -- OpenAI --------------------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
+        turn = await start(request, lambda: openai_api.to_spec(body, images))
+        cid, model = openai_api.completion_id(), body.model
+        if not body.stream:
+            return openai_api.completion_body(cid, model, await finish(turn))
+        created, usage_chunk = int(time.time()), body.stream_options is not None and body.stream_options.include_usage
+
+        def chunks(event: Delta | Done) -> list[dict]:
+            if isinstance(event, Delta):
+                return [openai_api.chunk_body(cid, model, created, {"content": event.text})]
+            out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, raincheck=event.details())]
+            if usage_chunk:
+                out.append(openai_api.chunk_body(cid, model, created, None, usage=openai_api.usage_body(event)))
+            return out
+
+        opening = (openai_api.chunk_body(cid, model, created, {"role": "assistant", "content": ""}),)
+        return EventStream(sse(turn, chunks, opening))
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+        return openai_api.models_body(await blocking(backend.models))
+
+    # -- SGLang --------------------------------------------------------------------------------------------
+    async def sglang_model(requested: str | None) -> str:
+        if requested:
+            return requested
+        served = await blocking(backend.models)
+        if len(served) != 1:
+            raise HttpError(404 if not served else 400,
+                            "no model is served" if not served else
+                            f"several models are served ({', '.join(served)}): add \"model\" to the request")
+        return served[0]
+
+    @app.post("/generate")
+    async def generate(body: sglang_api.GenerateRequest, request: Request):
+        if sglang_api.prefill_only(body):
+            await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+            sglang_api.check(body)
+            return sglang_api.prefill_only_body(body.rid)
+        model = await sglang_model(body.model)
+        turn = await start(request, lambda: sglang_api.to_spec(body, model, images, settings.sglang_max_new_tokens))
+        if not body.stream:
+            return sglang_api.generate_body(await finish(turn), body.rid)
+        rid, text = body.rid or turn.session_id, []
+
+        def chunks(event: Delta | Done) -> list[dict]:
+            if isinstance(event, Done):
+                return [sglang_api.generate_body(event, rid)]
+            text.append(event.text)
+            return [sglang_api.partial_body("".join(text), rid)]
+
+        return EventStream(sse(turn, chunks))
+
+    @app.get("/get_model_info")
+    async def get_model_info(request: Request, model: str | None = None):
+        await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+        return sglang_api.model_info(await sglang_model(model))
+
+    @app.get("/health")
+    async def health():
+        served = await blocking(backend.models)
+        status = 200 if served else 503
+        return JSONResponse({"status": "ok" if served else "no healthy decode worker", "models": served},
+                            status_code=status)
+
+    return app

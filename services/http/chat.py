@@ -1,0 +1,288 @@
+"""One HTTP chat request as one session turn, through the frontend's ChatService.
+
+Matching (docs/services.md, HTTP API): the request's history digest is looked up as a session tip.
+- found: the session's own next turn (`continued`): only the new message is prefilled, after the
+  previous turn's recovery completes at the barrier;
+- not found, with history: a new session (`forked`) whose turn log is the history: copied from the
+  session that logged its longest matching prefix (answer token ids included), the rest from the request
+  (answers tokenized by the worker). Its first turn re-prefills the history, as a rebuild does; the
+  session it diverged from is never touched;
+- no history: a new session (`new`).
+After the answer, the session's new history becomes its tip. A turn that ends early (a stop string, a
+cancel) leaves no tip: what the client saw is not what the session holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import json_format
+
+from raincheck_client._gen import chat_pb2
+
+from ..common.grpc_util import ServiceError
+from ..common.logs import bind
+from ..common.store import QuotaError, SessionRecord, Store, TurnRecord
+from ..frontend.servicer import ChatServicer
+from ..frontend.sessions import MODES
+from .call import HttpCall
+from .conversation import Conversation, record_digest
+from .index import SessionIndex, Tip
+from .metrics import PROMPT_TOKENS, SESSION_MATCHES
+from .stops import StopMatcher
+
+log = logging.getLogger(__name__)
+# A claimed tip whose session answers these is gone (expired, closed, its history's images expired).
+GONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.DATA_LOSS)
+
+
+@dataclass
+class TurnSpec:
+    model: str
+    conversation: Conversation
+    sampling: chat_pb2.SamplingOptions
+    deferral: chat_pb2.DeferralSettings | None = None   # Raincheck's knobs from the request; None: defaults
+    recovery_mode: str | None = None                     # for a new session; None: the frontend's default
+    stop: Sequence[str] = ()
+    keep_stop: bool = False
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int                     # the whole conversation's, as the model saw it
+    completion_tokens: int
+    cached_tokens: int                     # of the prompt tokens, those the session already held
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    text: str                              # the answer as shown (cut at a stop string)
+    finish_reason: str                     # stop | length | cancelled
+    matched_stop: str | None
+    usage: Usage
+    session_id: str
+    match: str                             # continued | forked | new
+    metrics: chat_pb2.TurnMetrics = field(repr=False)
+
+    def details(self) -> dict:
+        """Raincheck's view of the turn (the `raincheck` field of responses)."""
+        m = self.metrics
+        return {"session_id": self.session_id, "match": self.match, "prefilled_tokens": m.prompt_tokens,
+                "deferred_tokens": m.deferred_tokens, "deferred_pending": m.deferred_pending,
+                "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "barrier_wait_s": m.barrier_wait_s}
+
+
+class ChatBackend:
+    def __init__(self, servicer: ChatServicer, store: Store, index: SessionIndex):
+        self.servicer = servicer
+        self.store = store
+        self.index = index
+
+    def owner(self, call: HttpCall) -> str:
+        """The caller's key id ("" without auth); UNAUTHENTICATED otherwise."""
+        return self.servicer.auth.identify(call)
+
+    def models(self) -> list[str]:
+        return sorted({w.model for w in self.store.workers()})
+
+    def start(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
+        """Match the history and start the turn (errors raise here as ServiceError, before any output)."""
+        served = self.models()
+        if spec.model not in served:
+            raise ServiceError.not_found(f"the model {spec.model!r} does not exist (served: {', '.join(served)})")
+        conv = spec.conversation
+        conv.bind(owner, spec.model, spec.recovery_mode or "")
+        if not conv.history:
+            return self._new(call, owner, spec)
+        tip = self.index.claim(conv.digests[-1])
+        if tip is not None:
+            turn = self._continue(call, owner, spec, tip)
+            if turn is not None:
+                return turn
+        return self._fork(call, owner, spec)
+
+    # -- the three ways a turn starts -------------------------------------------------------------------
+    def _continue(self, call: HttpCall, owner: str, spec: TurnSpec, tip: Tip) -> Turn | None:
+        """The tip's session's next turn; None when that session is gone (the caller forks instead)."""
+        digest = spec.conversation.digests[-1]
+        try:
+            info = self.servicer.GetSession(chat_pb2.GetSessionRequest(session_id=tip.session_id), call)
+            # a detached session (its worker is gone) is rebuilt by this turn: nothing of it is cached
+            cached = 0 if info.status == chat_pb2.SESSION_STATUS_DETACHED else tip.context_tokens
+            events = self._chat(call, tip.session_id, spec, spec.deferral)
+        except ServiceError as e:
+            if e.code in GONE:
+                bind(log, session_id=tip.session_id).info("matched session is gone (%s): forking", e.message)
+                return None
+            self.index.release(digest, tip)
+            raise
+        return Turn(self, call, owner, spec, tip.session_id, "continued", cached, events)
+
+    def _new(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
+        self._make_room(call, owner)
+        info = self.servicer.CreateSession(chat_pb2.CreateSessionRequest(
+            model=spec.model, deferral=spec.deferral, recovery_mode=self._mode(spec)), call)
+        return Turn(self, call, owner, spec, info.session_id, "new", 0, self._first_chat(call, info.session_id, spec))
+
+    def _fork(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
+        """A new session holding the history as its turn log (detached: its first turn opens it on a worker
+        with the log as history, which re-prefills it in front of the new message)."""
+        conv = spec.conversation
+        records = self._logged_prefix(conv)
+        logged = len(records)
+        records += [TurnRecord(text=t.user.text, images=t.user.image_hashes, videos=[], answer_token_ids=[],
+                               answer_text=t.answer, finish_reason="stop") for t in conv.history[len(records):]]
+        self._mode(spec)
+        self._make_room(call, owner)
+        record = SessionRecord(uuid.uuid4().hex, owner, spec.model, "", json_format.MessageToDict(
+            spec.deferral or chat_pb2.DeferralSettings()), spec.recovery_mode or self.servicer.sessions.default_mode)
+        try:
+            self.store.create_session(record, self._quota(owner))
+        except QuotaError as e:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+        for r, turn in zip(records, conv.history, strict=True):   # the rebuild reads the images as blobs
+            self.store.append_turn(record.session_id, r, dict(zip(turn.user.image_hashes, turn.user.images,
+                                                                  strict=True)))
+        bind(log, session_id=record.session_id).info("forked: %d history turns, %d copied from a session's log",
+                                                     len(records), logged)
+        events = self._first_chat(call, record.session_id, spec)
+        return Turn(self, call, owner, spec, record.session_id, "forked", 0, events)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _quota(self, owner: str) -> int | None:
+        """The key's limit of open sessions (None without API keys)."""
+        return self.servicer.settings.max_sessions_per_key if owner else None
+
+    def _make_room(self, call: HttpCall, owner: str) -> None:
+        """At the key's session quota, close its least recently used idle session that this API matched:
+        stateless clients never close sessions themselves. A later request for that conversation forks."""
+        limit = self._quota(owner)
+        if limit is None or self.store.open_sessions(owner) < limit:
+            return
+        victim = self.index.evict(owner)
+        if victim is not None:
+            bind(log, session_id=victim).info("closing the key's least recently used HTTP session (quota %d)",
+                                              limit)
+            self._close(call, victim)
+
+    def _mode(self, spec: TurnSpec) -> int:
+        if spec.recovery_mode is None:
+            return chat_pb2.RECOVERY_MODE_UNSPECIFIED
+        if spec.recovery_mode not in MODES:
+            raise ServiceError.invalid(f"recovery_mode is one of {', '.join(MODES)}; got {spec.recovery_mode!r}")
+        return MODES[spec.recovery_mode]
+
+    def _chat(self, call: HttpCall, session_id: str, spec: TurnSpec,
+              deferral: chat_pb2.DeferralSettings | None) -> Iterator[chat_pb2.ChatEvent]:
+        request = chat_pb2.ChatRequest(session_id=session_id, message=spec.conversation.message.proto(),
+                                       sampling=spec.sampling, deferral=deferral)
+        return self.servicer.Chat(request, call)
+
+    def _first_chat(self, call: HttpCall, session_id: str, spec: TurnSpec) -> Iterator[chat_pb2.ChatEvent]:
+        """The first turn of a session opened for this request; the session is closed if it cannot start."""
+        try:
+            return self._chat(call, session_id, spec, None)
+        except ServiceError:
+            self._close(call, session_id)
+            raise
+
+    def _close(self, call: HttpCall, session_id: str) -> None:
+        try:
+            self.servicer.CloseSession(chat_pb2.CloseSessionRequest(session_id=session_id), call)
+        except ServiceError as e:
+            bind(log, session_id=session_id).warning("cannot close the session: %s", e.message)
+
+    def _logged_prefix(self, conv: Conversation) -> list[TurnRecord]:
+        """The longest prefix of the history that a session logged, as logged (None found: [])."""
+        for j in range(len(conv.history), 0, -1):
+            source = self.index.source(conv.digests[j])
+            if source is None or source.turns != j:
+                continue
+            records = self.store.turns(source.session_id)[:j]
+            digest = conv.digests[0]
+            for k, record in enumerate(records):
+                digest = record_digest(digest, record)
+                if digest != conv.digests[k + 1]:
+                    break
+            else:
+                if len(records) == j:
+                    return records
+        return []
+
+
+class Turn:
+    """A started turn: `run()` yields the answer's text deltas, then `Done` (blocking; call from a thread).
+    `close()` ends the call, cancelling the worker's turn if it still runs; call it in every case."""
+
+    def __init__(self, backend: ChatBackend, call: HttpCall, owner: str, spec: TurnSpec, session_id: str,
+                 match: str, cached_tokens: int, events: Iterator[chat_pb2.ChatEvent]):
+        self.backend = backend
+        self.call = call
+        self.owner = owner
+        self.spec = spec
+        self.session_id = session_id
+        self.match = match
+        self.cached_tokens = cached_tokens
+        self._events = events
+        SESSION_MATCHES.labels(match).inc()
+
+    def run(self) -> Iterator[Delta | Done]:
+        """Errors after the start (the worker failed mid-turn) raise ServiceError."""
+        stops = StopMatcher(self.spec.stop, keep=self.spec.keep_stop)
+        shown: list[str] = []
+        metrics = None
+        for event in self._events:
+            kind = event.WhichOneof("event")
+            if kind == "token" and stops.matched is None:
+                text = stops.feed(event.token.text)
+                if stops.matched is not None:   # the rest of the answer is not wanted: stop the turn now
+                    self.backend.servicer.CancelTurn(chat_pb2.CancelTurnRequest(session_id=self.session_id),
+                                                     self.call)
+                if text:
+                    shown.append(text)
+                    yield Delta(text)
+            elif kind == "metrics":
+                metrics = event.metrics
+            elif kind == "error":
+                code = getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL)
+                raise ServiceError(code, event.error.message)
+            elif kind == "final":
+                if stops.matched is None and (tail := stops.flush()):
+                    shown.append(tail)
+                    yield Delta(tail)
+                yield self._done(event.final, metrics or chat_pb2.TurnMetrics(), "".join(shown), stops.matched)
+                return
+        raise ServiceError(grpc.StatusCode.INTERNAL, "the turn's stream ended without its final event")
+
+    def _done(self, final: chat_pb2.TurnFinal, metrics: chat_pb2.TurnMetrics, shown: str,
+              matched: str | None) -> Done:
+        rows = metrics.prompt_tokens + metrics.deferred_tokens    # this turn's input, deferred part included
+        generated = len(final.token_ids)
+        usage = Usage(self.cached_tokens + rows, generated, self.cached_tokens)
+        PROMPT_TOKENS.labels("cached").inc(usage.cached_tokens)
+        PROMPT_TOKENS.labels("prefilled").inc(rows)
+        if matched is None and final.finish_reason in ("stop", "length"):
+            conv = self.spec.conversation
+            # the last sampled token is fed by the next turn: the session holds all but it
+            context = usage.prompt_tokens + max(generated - 1, 0)
+            self.backend.index.publish(self.owner, [*conv.digests, conv.digest_after(final.text)],
+                                       Tip(self.session_id, context))
+        reason = "stop" if matched is not None else final.finish_reason
+        return Done(shown, reason, matched, usage, self.session_id, self.match, metrics)
+
+    def close(self) -> None:
+        self.call.end()
+        # the frontend's end-of-stream bookkeeping runs now, not when the stream is garbage-collected; if a
+        # thread is inside the stream (ValueError), the call cancelled above ends it there
+        with contextlib.suppress(ValueError):
+            self._events.close()

@@ -1,0 +1,48 @@
+"""Errors as OpenAI-shaped bodies (`{"error": {"message", "type", "param", "code"}}`) with the HTTP status
+that matches the frontend's gRPC status."""
+
+from __future__ import annotations
+
+import grpc
+
+from ..common.grpc_util import ServiceError
+
+# gRPC status -> (HTTP status, OpenAI error type)
+_FROM_GRPC: dict[grpc.StatusCode, tuple[int, str]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+    grpc.StatusCode.FAILED_PRECONDITION: (409, "invalid_request_error"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.CANCELLED: (499, "api_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error"),
+}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, *, type: str | None = None, code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.code = code
+        self.param = param
+
+    @classmethod
+    def invalid(cls, message: str, param: str | None = None) -> HttpError:
+        return cls(400, message, param=param)
+
+    @classmethod
+    def from_service(cls, error: ServiceError) -> HttpError:
+        status, kind = _FROM_GRPC.get(error.code, (500, "server_error"))
+        code = "invalid_api_key" if error.code == grpc.StatusCode.UNAUTHENTICATED else error.code.name.lower()
+        return cls(status, error.message, type=kind, code=code)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -1,0 +1,147 @@
+"""SGLang's native API: `POST /generate` and `GET /get_model_info`, as SGLang's frontend language
+(`RuntimeEndpoint`) drives them.
+
+`text` is the whole program so far, rendered with SGLang's `qwen2-vl` chat template: ChatML turns
+(`<|im_start|>role\\n...<|im_end|>\\n`) ending with the generation prompt `<|im_start|>assistant\\n`, one
+`<|vision_start|><|image_pad|><|vision_end|>` per image, and `image_data` holding the images in order
+(base64, a data URL, or an http(s) URL where allowed). It is parsed into turns and matched to sessions
+exactly like a chat completion. `sampling_params` follow SGLang's names; those a session cannot honour
+(regex, json_schema, penalties, stop_token_ids, ...) are refused unless neutral. Requests with
+`max_new_tokens: 0` (SGLang's "cache this prefix") are answered without running anything: the prefix is
+prefilled with its turn. Batches (`text` as a list), `input_ids` and logprobs are not supported.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from raincheck_client._gen import chat_pb2
+
+from .chat import Done, TurnSpec
+from .conversation import RoleMessage, group_turns
+from .errors import HttpError
+from .images import ImageLoader
+from .openai_api import deferral_of
+
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+_MESSAGE = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n?", re.S)
+# SGLang sampling parameters a session cannot honour, with the value that means "off"
+_NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "n": 1, "stop_token_ids": None, "stop_regex": None, "min_p": 0.0,
+                            "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                            "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+                            "skip_special_tokens": True, "custom_params": None, "logit_bias": None}
+_IGNORED = ("spaces_between_special_tokens", "stream_interval")
+_USED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos", "no_stop_trim", "sampling_seed")
+TOP_K_ALL = 1 << 30                       # SGLang's "no top-k"
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str | list[str] | None = None
+    input_ids: Any = None
+    image_data: str | list[str] | None = None
+    sampling_params: dict[str, Any] | None = None
+    stream: bool = False
+    rid: str | None = None
+    return_logprob: bool | None = None
+    # Raincheck's own
+    model: str | None = None              # needed only where several models are served
+    policy: str | None = None
+    selector: str | None = None
+    retention: float | None = None
+    chunk_size: int | None = None
+    guard: int | None = None
+    recovery_mode: str | None = None
+
+
+def prefill_only(r: GenerateRequest) -> bool:
+    return (r.sampling_params or {}).get("max_new_tokens") == 0
+
+
+def check(r: GenerateRequest) -> None:
+    if r.input_ids is not None or not isinstance(r.text, str):
+        raise HttpError.invalid("text must be one string (input_ids and batches are not supported)", param="text")
+    if r.return_logprob:
+        raise HttpError.invalid("logprobs are not supported", param="return_logprob")
+
+
+async def to_spec(r: GenerateRequest, model: str, images: ImageLoader, default_max_new_tokens: int) -> TurnSpec:
+    check(r)
+    refs = [r.image_data] if isinstance(r.image_data, str) else list(r.image_data or [])
+    loaded = [await images.load(ref, f"image_data[{i}]", bare_base64=True) for i, ref in enumerate(refs)]
+    messages = parse_chatml(r.text, loaded)
+    sampling, stop, keep_stop = _sampling(r.sampling_params or {}, default_max_new_tokens)
+    return TurnSpec(model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop, keep_stop)
+
+
+def parse_chatml(text: str, images: list[bytes]) -> list[RoleMessage]:
+    """ChatML turns ending with the generation prompt -> role messages with their images (400 otherwise)."""
+    if not text.endswith(GENERATION_PROMPT):
+        raise HttpError.invalid("text must end with the generation prompt '<|im_start|>assistant\\n': render the "
+                                "conversation with the qwen2-vl chat template", param="text")
+    body, pos, messages, used = text[:-len(GENERATION_PROMPT)], 0, [], 0
+    while pos < len(body):
+        m = _MESSAGE.match(body, pos)
+        if m is None:
+            raise HttpError.invalid(f"text is not a ChatML conversation at character {pos}: {body[pos:pos + 40]!r}",
+                                    param="text")
+        role, content = m.group(1), m.group(2)
+        n = content.count(IMAGE)
+        if n and role != "user":
+            raise HttpError.invalid(f"only user messages hold images (an image placeholder in a {role} turn)",
+                                    param="text")
+        messages.append(RoleMessage(role, content.replace(IMAGE, ""), tuple(images[used:used + n])))
+        used += n
+        pos = m.end()
+    if used != len(images):
+        raise HttpError.invalid(f"text has {used} image placeholders ({IMAGE}) for {len(images)} image_data "
+                                "entries", param="image_data")
+    return messages
+
+
+def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.SamplingOptions, list[str], bool]:
+    for name, value in p.items():
+        if name in _NEUTRAL:
+            if value not in (None, [], {}, "") and value != _NEUTRAL[name]:
+                raise HttpError.invalid(f"sampling_params.{name} = {value!r} is not supported",
+                                        param=f"sampling_params.{name}")
+        elif name not in _IGNORED and name not in _USED:
+            raise HttpError.invalid(f"unknown sampling parameter {name!r}", param=f"sampling_params.{name}")
+    top_k = p.get("top_k")
+    options = chat_pb2.SamplingOptions(
+        temperature=p.get("temperature", 1.0), top_p=p.get("top_p"), seed=p.get("sampling_seed"),
+        top_k=top_k if top_k is not None and 0 < top_k < TOP_K_ALL else None,
+        max_new_tokens=p.get("max_new_tokens") or default_max_new_tokens, ignore_eos=bool(p.get("ignore_eos")))
+    stop = p.get("stop") or []
+    return options, [stop] if isinstance(stop, str) else list(stop), bool(p.get("no_stop_trim"))
+
+
+def generate_body(done: Done, rid: str | None, text: str | None = None) -> dict:
+    """`/generate`'s response (and each streamed chunk: `text` so far, meta_info complete only at the end)."""
+    u = done.usage
+    if done.finish_reason == "length":
+        finish = {"type": "length", "length": u.completion_tokens}
+    else:
+        finish = {"type": "stop", "matched": done.matched_stop}
+    return {"text": done.text if text is None else text,
+            "meta_info": {"id": rid or uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": u.prompt_tokens,
+                          "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens,
+                          "raincheck": done.details()}}
+
+
+def partial_body(text: str, rid: str) -> dict:
+    return {"text": text, "meta_info": {"id": rid, "finish_reason": None}}
+
+
+def prefill_only_body(rid: str | None) -> dict:
+    return {"text": "", "meta_info": {"id": rid or uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
+                                      "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
+
+
+def model_info(model: str) -> dict:
+    return {"model_path": model, "tokenizer_path": model, "is_generation": True}

@@ -1,0 +1,27 @@
+"""The server distribution, `raincheck-serve` (metadata in pyproject.toml; this file adds what a static
+table cannot say).
+
+- Packages: `raincheck_core`, and the repository's `services/` installed as `raincheck_serve` (no generic
+  top-level name in site-packages; services import each other relatively, so the code is the same under
+  either name). `bench/` and `tests/` are tools of the repository and are not installed.
+- Dependencies: requirements/runtime.txt (one source for the metadata and for scripts/setup.sh), plus the
+  client SDK of the same version (raincheck_client/pyproject.toml, a distribution of its own).
+"""
+
+import tomllib
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+requirements = [line.strip() for line in (ROOT / "requirements" / "runtime.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+setup(
+    packages=[*find_packages(include=["raincheck_core", "raincheck_core.*"]),
+              "raincheck_serve", *(f"raincheck_serve.{p}" for p in find_packages("services"))],
+    package_dir={"raincheck_serve": "services"},
+    package_data={"raincheck_serve._gen": ["*.pyi"]},
+    install_requires=[*requirements, f"raincheck-client=={version}"],
+)
