@@ -6,8 +6,9 @@ With transformers' state layout `S [H, Dk, Dv]`, token t acts from the LEFT:
 run started from changes by `Δ`, the state after the run changes by exactly `P Δ`.
 
 Orientation matters and fails silently: because Dk = Dv in Qwen3.5, `Δ P` or `Pᵀ Δ` have valid shapes
-but are wrong (27–53 % and 7–19 % error at the 9B layer shape, docs/mechanism.md §5.6–5.7). Keep `P` in fp32: rounding it to bf16
-per token gives O(1) error after ~1000 tokens. All functions return new tensors and modify nothing.
+but are wrong (27–53 % and 7–19 % error at the 9B layer shape, docs/mechanism.md §5.6–5.7). Keep `P` in
+fp32: rounding it to bf16 per token gives O(1) error after ~1000 tokens. All functions return new tensors
+and modify nothing.
 """
 
 from __future__ import annotations
