@@ -47,7 +47,18 @@ class SessionBusyError(RaincheckError):
 
 
 class SamplingError(RaincheckError):
-    """No token can be drawn from a turn's logits (none is usable); fails that turn only."""
+    """No token can be drawn from a turn's logits (none is usable), or sampling failed; fails that turn
+    only (it is undone), the others in its step go on."""
+
+
+class StepFailedError(RaincheckError):
+    """The forward pass that ran this turn's rows failed (alone, so it was this turn's own); the turn is
+    undone: the session's cache is as it was before the turn started."""
+
+
+class RecoveryStateError(RaincheckError):
+    """A hand-off verb does not fit the session's recovery: nothing to hand off, or a result for an
+    earlier recovery (a stale result is never applied)."""
 
 
 def _preview(names: list[str], limit: int = 8) -> str:

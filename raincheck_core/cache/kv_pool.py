@@ -61,6 +61,7 @@ class PageTable:
         self.max_pages = max_pages
         self.pages: list[int] = []
         self.length = 0
+        self._slot_ids = torch.empty(0, dtype=torch.long)   # of every reserved slot, rebuilt as pages come
 
     def pages_needed(self, n: int) -> int:
         ps = self.pool.page_size
@@ -75,34 +76,56 @@ class PageTable:
             )
         if need:
             self.pages.extend(self.pool.allocate(need))
+            self._index()
+
+    def ahead(self, offset: int, n: int) -> torch.Tensor:
+        """Slot ids of the `n` slots `offset` past the filled ones, reserving pages for them as needed;
+        the length does not move (a step claims slots when it is planned and fills them if it runs)."""
+        self.reserve(offset + n)
+        start = self.length + offset
+        return self.reserved_slots(start, start + n)
+
+    def advance(self, n: int) -> None:
+        """`n` more slots are filled (their pages were reserved by `ahead` or `reserve`)."""
+        if self.pages_needed(n):
+            raise InvalidInputError(f"advancing by {n} slots past the reserved pages")
+        self.length += n
 
     def append(self, n: int) -> torch.Tensor:
-        """Claim the next `n` slots (reserving pages as needed); returns their global slot ids."""
-        self.reserve(n)
-        start = self.length
+        """Claim and fill the next `n` slots (reserving pages as needed); returns their global slot ids."""
+        slots = self.ahead(0, n)
         self.length += n
-        return self.slots(start, start + n)
+        return slots
+
+    def truncate(self, length: int) -> None:
+        """Forget every slot from `length` on and return the pages no longer needed to the pool."""
+        if not 0 <= length <= self.length:
+            raise InvalidInputError(f"cannot truncate {self.length} slots to {length}")
+        self.length = length
+        keep = -(-length // self.pool.page_size)
+        self.pool.release(self.pages[keep:])
+        del self.pages[keep:]
+        self._index()
 
     def slots(self, start: int, end: int) -> torch.Tensor:
         if not 0 <= start <= end <= self.length:
             raise InvalidInputError(f"slot range [{start}, {end}) outside the sequence's {self.length} slots")
-        ps = self.pool.page_size
-        idx = torch.arange(start, end)
-        pages = torch.tensor(self.pages, dtype=torch.long)
-        return pages[idx // ps] * ps + idx % ps
+        return self.reserved_slots(start, end)
 
-    def readable(self, start: int, end: int) -> torch.Tensor | slice:
-        """Slots `[start, end)` for reading: a slice (a view, no gather) when their pages are consecutive,
-        which admission-time reservation makes the common case; else the slot ids."""
+    def reserved_slots(self, start: int, end: int) -> torch.Tensor:
+        """Slot ids of `[start, end)` within the reserved pages (filled or not); a view, not a copy."""
+        reserved = self._slot_ids.shape[0]
+        if not 0 <= start <= end <= reserved:
+            raise InvalidInputError(f"slot range [{start}, {end}) outside the {reserved} reserved slots")
+        return self._slot_ids[start:end]
+
+    def _index(self) -> None:
         ps = self.pool.page_size
-        first, last = start // ps, max(start, end - 1) // ps
-        if self.pages[last] - self.pages[first] == last - first and \
-                all(b - a == 1 for a, b in zip(self.pages[first:last], self.pages[first + 1:last + 1], strict=True)):
-            base = self.pages[first] * ps - first * ps
-            return slice(base + start, base + end)
-        return self.slots(start, end)
+        pages = torch.tensor(self.pages, dtype=torch.long)
+        self._slot_ids = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()
 
     def release(self) -> None:
         self.pool.release(self.pages)
         self.pages = []
         self.length = 0
+        self._index()

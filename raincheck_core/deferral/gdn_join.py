@@ -1,13 +1,14 @@
-"""The GDN affine state map of one turn's deferred recovery (MECHANISM.md §5).
+"""What one turn's deferred recovery keeps for the GDN join (docs/mechanism.md §5).
 
 Per GDN layer: the prefix state (recurrent state + conv history at the insertion boundary, a slot in
-the GDN pool); the pre-conv inputs and factors of the first `kernel - 1` generated tokens (the
-*lead*, whose conv windows reach back into the input) and the state after them from the prefix,
-`S_lead`; and `P_rest`, the product of the transitions of every later generated token, extended
-online with a rank-1 update per token, fp32 throughout.
+the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of the first `kernel - 1`
+generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
+state right after them; and `P_rest`, the product of the transitions of every later generated token,
+extended online with a rank-1 update per token, fp32 throughout.
 
-After a deferred chunk advances the prefix slot: re-run the lead from the new boundary (boundary
-repair) -> `S_lead'`, then `S_live += P_rest · (S_lead' − S_lead)` (P on the left).
+The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
+with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −
+S_lead)` (P on the left). This class only holds the state and records what the engine's update feeds it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from __future__ import annotations
 import torch
 
 from ..cache.gdn_state import GDNStatePool
-from ..ops.gdn import recurrent_gated_delta_rule
-from ..ops.gdn_state_map import extend_map, identity_map, join_state
+from ..ops.gdn_state_map import extend_map, identity_map
 
 
 class GDNJoin:
     def __init__(self, pool: GDNStatePool, live_slot: int, kernel: int, keep_factors: bool = False):
         self.pool = pool
         self.live = live_slot
-        self.prefix = pool.allocate()              # at admission, so a full pool fails the turn early
+        self.prefix: int | None = pool.allocate()   # at admission, so a full pool fails the turn early
         layers, _, conv_dim = pool.conv.shape[1:]
         heads, dk = pool.ssm.shape[2], pool.ssm.shape[3]
         self.lead = kernel - 1
@@ -37,47 +37,45 @@ class GDNJoin:
         self.factors: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(layers)] \
             if keep_factors else None
 
+    @property
+    def lead_rows(self) -> int:
+        """Lead tokens recorded so far: the rows a chunk's boundary repair re-runs."""
+        return min(self.fed, self.lead)
+
     def begin(self) -> None:
         """The turn's I0 is prefilled: the live state is the insertion boundary (input-end insertion)."""
         self.pool.copy(self.live, self.prefix)
         self.s_lead.copy_(self.pool.ssm[self.live])
 
-    def after_generated(self, layer, u: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
-                        k: torch.Tensor, v: torch.Tensor) -> None:
-        """A generated token (one row) just ran on the live path of `layer`."""
-        i = layer.gdn_index
-        if self.fed < self.lead:
-            self.lead_u[i, self.fed] = u[0]
-            self.lead_beta[i, self.fed] = beta[0]
-            self.lead_g[i, self.fed] = g[0]
-            self.s_lead[i].copy_(self.pool.ssm[self.live, i])
-        else:
-            self.p_rest[i] = extend_map(self.p_rest[i], k, g, beta)
-            if self.factors is not None:
-                self.factors[i].append((k.clone(), v.clone(), g.clone(), beta.clone()))
-
-    def after_chunk(self, layer, *_: torch.Tensor) -> None:
-        """A deferred chunk just advanced the prefix slot of `layer`: repair the lead, join into live."""
-        i = layer.gdn_index
-        n = min(self.fed, self.lead)
-        hist = self.pool.conv[self.prefix, i]
-        s_prefix = self.pool.ssm[self.prefix, i]
-        if n:
-            q, k, v, _ = layer.factors(self.lead_u[i, :n], hist)
-            _, s_lead = recurrent_gated_delta_rule(q, k, v, self.lead_g[i, :n], self.lead_beta[i, :n], s_prefix)
-        else:
-            s_lead = s_prefix.clone()
-        live = self.pool.ssm[self.live, i]
-        live.copy_(join_state(live, self.p_rest[i], s_lead - self.s_lead[i]))
-        self.s_lead[i].copy_(s_lead)
-        if self.fed < self.lead:   # the live conv window still reaches back across the boundary
-            window = torch.cat([hist, self.lead_u[i, :n]])[-self.lead:]
-            self.pool.conv[self.live, i].copy_(window)
-
-    def advance(self) -> None:
+    def record_lead(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor) -> None:
+        """Generated token number `fed` (< lead) ran: its per-layer pre-conv input `u [layers, conv dim]`,
+        `g`, `beta [layers, H]`, and the live state after it `[layers, H, Dk, Dv]`."""
+        self.lead_u[:, self.fed] = u
+        self.lead_g[:, self.fed] = g
+        self.lead_beta[:, self.fed] = beta
+        self.s_lead.copy_(state)
         self.fed += 1
+
+    def fold(self, p_rest: torch.Tensor, factors: tuple[torch.Tensor, ...] | None = None) -> None:
+        """A generated token past the lead ran; `p_rest` is P_rest with its transition folded in
+        (computed for many sessions at once by the update). `factors` (k, v, g, beta per layer) for audits."""
+        self.p_rest.copy_(p_rest)
+        if self.factors is not None and factors is not None:
+            for layer, f in zip(self.factors, zip(*factors, strict=True), strict=True):
+                layer.append(tuple(t[None].clone() for t in f))
+        self.fed += 1
+
+    def set_joined(self, s_lead: torch.Tensor) -> None:
+        """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""
+        self.s_lead.copy_(s_lead)
 
     def release(self) -> None:
         if self.prefix is not None:
             self.pool.release(self.prefix)
             self.prefix = None
+
+
+def fold_transitions(p_rest: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """P_rest of M sessions `[M, layers, H, Dk, Dk]` with one more token each: k `[M, layers, H, Dk]`,
+    g and beta `[M, layers, H]`. One batched rank-1 update."""
+    return extend_map(p_rest, k[None], g[None], beta[None])

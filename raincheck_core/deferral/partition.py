@@ -1,5 +1,5 @@
 """Split a turn's input into I0 (text/control + selected visual tokens) and D (the rest), both in
-source order (MECHANISM.md §2–3). Rows keep the positions they have in the full input."""
+source order (docs/mechanism.md §2–3). Rows keep the positions they have in the full input."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.turn_input import TurnInput
 from ..inputs import VisualInput
+from ..multimodal.turn_input import TurnInput
 from ..pruning import SelectionContext, get_selector, select_span
 from .policy import DeferralConfig
 

@@ -1,4 +1,4 @@
-"""Deferral policies (MECHANISM.md §1) and their knobs, chosen per session and overridable per turn."""
+"""Deferral policies (docs/mechanism.md §1) and their knobs, chosen per session and overridable per turn."""
 
 from __future__ import annotations
 

@@ -16,22 +16,22 @@ from .gdn_join import GDNJoin
 from .policy import DeferralConfig
 
 if TYPE_CHECKING:
-    from ..engine.turn_input import TurnInput
+    from ..multimodal.turn_input import TurnInput
 
 
 class Recovery:
-    def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None):
+    def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None, turn: int = 0):
         self.rows = rows
+        self.turn = turn               # the session's turn index: names this recovery (hand-off results)
         self.cfg = cfg
         self.join = join
         self.cursor = 0
         self.slots: list[torch.Tensor] = []   # KV slots each processed chunk wrote, in order (pages to ship)
         self.answer_done = False
-        self.handed_off = False        # a deferred worker is prefilling the rest (deferral/handoff.py)
+        self.handed_off = False        # a deferred worker is prefilling the rest (Engine.hold_residual)
         self.t_answer_end: float | None = None
         self.t_done: float | None = None
-        self.fused_rows = 0            # rows prefilled inside decode steps
-        self.post_rows = 0             # rows prefilled after the answer
+        self.failures = 0              # steps that failed on this recovery's own rows
 
     @property
     def total(self) -> int:
@@ -55,10 +55,6 @@ class Recovery:
 
     def advance(self, n: int) -> None:
         self.cursor += n
-        if self.answer_done:
-            self.post_rows += n
-        else:
-            self.fused_rows += n
         if self.done:
             self.t_done = time.perf_counter()
 

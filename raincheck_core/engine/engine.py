@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,20 +18,27 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
+from ..deferral.handoff import ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
-from ..errors import CheckpointError, InvalidInputError
+from ..errors import CheckpointError, InvalidInputError, StepFailedError
 from ..inputs import VisualInput
-from ..layers.batch import ForwardBatch
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
+from ..multimodal.turn_input import TurnInput, build_turn_input
+from . import residual
+from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Sequence
 from .session import Session
-from .turn_input import build_turn_input
+from .session_cache import SessionCache
+from .step import run_step
 
 log = logging.getLogger(__name__)
+
+# A post-answer recovery whose own chunk fails this many times is given up: its remaining deferred rows
+# are dropped (the session continues as if they had been pruned) rather than blocking the next turn.
+MAX_RECOVERY_FAILURES = 3
 
 
 class Engine:
@@ -57,11 +65,12 @@ class Engine:
                                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device)
         self.scheduler = Scheduler(self.config.max_rows_per_step, self.config.deferred_budget,
                                    self.config.recovery_chunk)
-        self.runner = ModelRunner(self.model, self.kv, self.gdn)
+        self.runner = ModelRunner(self.model, self.kv, self.gdn, cfg.linear_conv_kernel)
         self.lock = threading.RLock()
         self.sessions: dict[str, Session] = {}
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         self._background: tuple[threading.Thread, threading.Event] | None = None
+        self._wake = threading.Event()
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -94,16 +103,9 @@ class Engine:
         with self.lock:
             if session_id is not None and session_id in self.sessions:
                 raise InvalidInputError(f"a session with id {session_id!r} already exists")
-            seq = Sequence(self.kv, self.gdn, limit)
-            session = Session(self, seq, session_id, deferral)
+            session = Session(self, SessionCache(self.kv, self.gdn, limit), session_id, deferral)
             self.sessions[session.id] = session
         return session
-
-    def _forget(self, session: Session) -> None:
-        with self.lock:
-            self.sessions.pop(session.id, None)
-            self.scheduler.remove_recovering(session.seq)
-            session.seq.release()
 
     def stop_token_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -111,43 +113,18 @@ class Engine:
             ids |= set(self.formatter.stop_token_ids)
         return ids
 
+    def pool_stats(self) -> PoolStats:
+        return self.kv.stats()
+
     # ---------------------------------------------------------------- stepping
-    def step(self, only: Sequence | None = None) -> bool:
-        """Run one forward over the scheduled rows of all running turns (and recoveries in the gaps).
-        False when there was no work."""
+    def step(self, only: SessionCache | None = None) -> bool:
+        """One step over every running turn (and recoveries in the gaps; only `only`'s when given):
+        engine/step.py. False when there was no work."""
         with self.lock:
-            work = self.scheduler.schedule(only)
-            if not work:
-                return False
-            try:
-                self.runner.run(work)
-            except Exception as e:  # a broken step fails its turns, not the engine
-                log.exception("step failed")
-                for item in work:
-                    if item.request is not None:
-                        item.request.fail(e)
-            for item in work:
-                req = item.request
-                if req is not None and req.finished:
-                    self.scheduler.remove(req)
-                    self._answer_done(req)
-                if item.seq is not None and item.seq.recovery is not None and item.seq.recovery.done:
-                    self._recovery_done(item.seq)
-            return True
+            return run_step(self, only)
 
-    def _answer_done(self, req: TurnRequest) -> None:
-        rec = req.recovery
-        if rec is not None and req.seq.recovery is rec and not rec.done:
-            rec.mark_answer_done()
-            self.scheduler.add_recovering(req.seq)
-
-    def _recovery_done(self, seq: Sequence) -> None:
-        rec = seq.recovery
-        rec.release()
-        seq.clear_generated()
-        seq.last_recovery_s = rec.completion_s
-        seq.recovery = None
-        self.scheduler.remove_recovering(seq)
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
 
     def drive(self, request: TurnRequest) -> None:
         """Step until `request` has an event to hand out or has ended."""
@@ -156,47 +133,152 @@ class Engine:
                 if not request.events and not request.finished:
                     self.step()
 
-    def complete_recovery(self, seq: Sequence) -> None:
-        """Run `seq`'s deferred rows to the end (the completion barrier), in prefill-only chunks
+    def complete_recovery(self, cache: SessionCache) -> None:
+        """Run `cache`'s deferred rows to the end (the completion barrier), in prefill-only chunks
         shared with whatever else is running."""
-        while seq.recovery is not None:
+        while cache.recovery is not None:
             with self.lock:
-                if seq.recovery is None:
+                rec = cache.recovery
+                if rec is None:
                     break
-                rec = seq.recovery
                 if not rec.answer_done:       # the answer is still streaming: finish it first
                     self.step()
                     continue
                 if rec.handed_off:            # nobody applied the deferred worker's result: do it here
                     log.warning("recovery handed off but not applied; finishing it locally")
                     rec.handed_off = False
-                self.step(only=seq)
+                if not self.step(only=cache):
+                    self.scheduler.add_recovering(cache)
 
-    def start_background(self, idle_wait_s: float = 0.02) -> None:
+    def start_background(self, after_step: Callable[[], None] | None = None, idle_wait_s: float = 0.02) -> None:
         """Step in a daemon thread whenever there is work nobody is waiting for — chiefly post-answer
-        recovery in the gaps between turns. Consumers keep driving their own turns as before."""
+        recovery in the gaps between turns; `after_step` runs after each step and each idle wait (the
+        services observe recoveries there). Consumers keep driving their own turns as before."""
         if self._background is not None:
             return
         stop = threading.Event()
 
         def loop() -> None:
             while not stop.is_set():
-                if not (self.scheduler.has_work() and self.step()):
-                    stop.wait(idle_wait_s)
+                stepped = False
+                try:
+                    stepped = self.has_work() and self.step()
+                    if after_step is not None:
+                        after_step()
+                except Exception:   # keep stepping; a failing turn gets its error from the step
+                    log.exception("background engine step failed")
+                if not stepped:
+                    self._wake.wait(idle_wait_s)
+                    self._wake.clear()
 
         thread = threading.Thread(target=loop, name="raincheck-engine-steps", daemon=True)
         self._background = (thread, stop)
         thread.start()
 
+    def wake(self) -> None:
+        """Tell the background stepper there is work now (instead of at its next idle check)."""
+        self._wake.set()
+
     def stop_background(self) -> None:
         if self._background is not None:
             thread, stop = self._background
             stop.set()
-            thread.join()
+            self._wake.set()
+            thread.join(timeout=10)
             self._background = None
 
-    def pool_stats(self) -> PoolStats:
-        return self.kv.stats()
+    # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
+    def hold_residual(self, session: Session) -> int | None:
+        """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
+        alone (fused chunks during the answer still run), so what is left at the answer's end can be
+        exported whole. Returns the recovery's ticket (its turn index), or None when nothing is left."""
+        with self.lock:
+            rec = session.cache.recovery
+            if rec is None or rec.done:
+                return None
+            rec.handed_off = True
+            return rec.turn
+
+    def export_residual(self, session: Session, ticket: int) -> ResidualPayload:
+        """After the answer: what the held recovery's remaining rows may see (every non-GEN slot's K/V, the
+        GDN prefix state) and the rows. RecoveryStateError if the recovery is not held or is over."""
+        with self.lock:
+            return residual.export(self, session.cache, ticket)
+
+    def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
+        """Deferred-worker side: prefill the payload's rows on top of its context (a scratch cache)."""
+        with self.lock:
+            return residual.prefill(self, payload)
+
+    def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> None:
+        """Join a deferred worker's result: the recovery is complete. RecoveryStateError (nothing applied)
+        when the recovery named by `ticket` is no longer the session's held one (taken back, finished
+        by the barrier, an earlier turn's) or the result does not cover exactly its pending rows."""
+        with self.lock:
+            residual.apply(self, session.cache, ticket, result)
+
+    def take_back(self, session: Session, ticket: int) -> bool:
+        """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
+        never lost). False when that recovery is no longer held (nothing to do)."""
+        with self.lock:
+            rec = session.cache.recovery
+            if rec is None or rec.turn != ticket or not rec.handed_off:
+                return False
+            rec.handed_off = False
+            self.wake()
+            return True
+
+    # ---------------------------------------------------------------- the engine's own verbs
+    def _turn_ended(self, req: TurnRequest) -> None:
+        """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
+        self.scheduler.remove(req)
+        rec = req.recovery
+        if rec is not None and req.cache.recovery is rec and not rec.done:
+            rec.mark_answer_done()
+            self.scheduler.add_recovering(req.cache)
+
+    def _recovery_done(self, cache: SessionCache) -> None:
+        rec = cache.recovery
+        rec.release()
+        cache.clear_generated()
+        cache.last_recovery_s = rec.completion_s
+        cache.recovery = None
+        self.scheduler.remove_recovering(cache)
+
+    def _fail_turn(self, req: TurnRequest, error: Exception) -> None:
+        """`req` fails alone; its session is undone to the turn's admission (as if it never ran)."""
+        if req.finished:
+            return
+        self.scheduler.remove(req)
+        if req.checkpoint is not None:
+            self.scheduler.remove_recovering(req.cache)
+            req.cache.restore(req.checkpoint)
+        log.warning("turn %d failed and was undone: %s", req.id, error)
+        req.fail(error)
+
+    def _step_failed(self, cache: SessionCache, error: Exception) -> None:
+        """A step holding only `cache`'s rows failed."""
+        req = next((r for r in self.scheduler.running if r.cache is cache), None)
+        if req is not None:
+            self._fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
+            return
+        rec = cache.recovery
+        if rec is None:
+            return
+        rec.failures += 1
+        if rec.failures < MAX_RECOVERY_FAILURES:
+            log.error("a recovery chunk failed (%d of %d tries): %s", rec.failures, MAX_RECOVERY_FAILURES, error)
+            return
+        log.error("giving up a recovery after %d failed chunks; %d deferred tokens dropped: %s",
+                  rec.failures, rec.pending, error)
+        rec.cursor = rec.total
+        self._recovery_done(cache)
+
+    def _forget(self, session: Session) -> None:
+        with self.lock:
+            self.sessions.pop(session.id, None)
+            self.scheduler.remove_recovering(session.cache)
+            session.cache.release()
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -209,31 +291,30 @@ class Engine:
         cfg = self.model_config
         if (input_ids is None) == (inputs_embeds is None):
             raise InvalidInputError("pass exactly one of input_ids and inputs_embeds")
-        deepstack_rows, deepstack = None, []
         if input_ids is not None:
-            ti = build_turn_input(self.model, cfg, _as_list(input_ids), list(visual or []), 0)
-            embeds, positions = ti.embeds, ti.positions
-            if ti.deepstack:
-                deepstack_rows, deepstack = ti.deepstack_index, ti.deepstack
+            rows = build_turn_input(self.model, cfg, _as_list(input_ids), list(visual or []), 0)
         else:
             if visual:
                 raise InvalidInputError("visual inputs need input_ids with their placeholder tokens")
             embeds = inputs_embeds.to(device=self.device, dtype=self.dtype)
             if embeds.dim() != 2 or embeds.shape[1] != cfg.hidden_size:
                 raise InvalidInputError(f"inputs_embeds must be [T, {cfg.hidden_size}], got {tuple(embeds.shape)}")
-            positions = torch.arange(embeds.shape[0]).expand(3, -1)
+            t = embeds.shape[0]
+            rows = TurnInput([0] * t, embeds, torch.arange(t).expand(3, -1), t, None,
+                             torch.empty(0, dtype=torch.long), [])
         if position_ids is not None:
-            positions = _positions(position_ids, embeds.shape[0])
+            rows.positions = _positions(position_ids, len(rows))
         with self.lock:
-            seq = Sequence(self.kv, self.gdn, self.kv.num_pages)
+            cache = SessionCache(self.kv, self.gdn, self.kv.num_pages)
             try:
-                seg = seq.add_rows(0, embeds.shape[0])
-                batch = ForwardBatch(embeds, positions.to(self.device), [seg], self.kv, self.gdn,
-                                     deepstack_rows=deepstack_rows, deepstack=deepstack)
-                with torch.inference_mode():
-                    return self.model(batch)
+                n = len(rows)
+                write = cache.claim(n)
+                inputs = self.runner.prepare(StepPlan([Segment(Kind.RESIDUAL, cache, n, write, cache.readable(n),
+                                                               cache.gdn_slot, source=rows)]))
+                inputs.batch.logit_rows = None
+                return self.runner.forward(inputs).logits
             finally:
-                seq.release()
+                cache.release()
 
 
 def resolve_model_path(path: str | Path) -> Path:

@@ -1,4 +1,8 @@
-"""One turn in flight: its input rows, how far it has run, its sampler, and the events it has produced."""
+"""One turn in flight: its input rows, how far it has run, its sampler, and the events it has produced.
+
+A request changes only through the engine's update (engine/update.py): `fed` after its rows ran,
+`accept` after a token was sampled for it, `finish` / `fail` when it ends.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +14,39 @@ from collections.abc import Callable
 import torch
 
 from ..deferral.recovery import Recovery
+from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler, SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
-from .sequence import Sequence
-from .turn_input import TurnInput
+from .session_cache import Checkpoint, SessionCache
 
 _ids = itertools.count(1)
 
 
+def answer_tail(token_ids: list[int], finish_reason: str, turn_end_id: int | None) -> list[int]:
+    """What a transcript holds after an answer that the cache has not fed yet.
+
+    The last sampled token was never fed; the next turn feeds it first, as one pass over the whole
+    conversation would. A chat transcript closes every answer with the template's turn-end token,
+    whatever stop token (or length limit) ended it; a cancelled answer keeps nothing unfed."""
+    if not token_ids or finish_reason == "cancelled":
+        return []
+    last = token_ids[-1]
+    if turn_end_id is None or last == turn_end_id:
+        return [last]
+    if finish_reason == "stop":
+        return [turn_end_id]
+    return [last, turn_end_id]
+
+
 class TurnRequest:
     def __init__(
-        self, seq: Sequence, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
+        self, cache: SessionCache, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
         recovery: Recovery | None = None, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
+        checkpoint: Checkpoint | None = None,
     ):
         self.id = next(_ids)
-        self.seq = seq
+        self.cache = cache
         self.input = turn_input
         self.params = params
         self.sampler = Sampler(params)
@@ -34,9 +55,9 @@ class TurnRequest:
         self.return_logits = return_logits
         self.turn_end_id = turn_end_id    # the chat template's closing token, for chat-level turns
         self.recovery = recovery          # this turn's deferred input D, if any
+        self.checkpoint = checkpoint      # the cache at admission: a failed turn is undone to it
         self.barrier_wait_s = barrier_wait_s
         self.previous_recovery_s = previous_recovery_s
-        self.restoring = False            # the current decode step carries a deferred chunk
         self._restoring_gaps: list[float] = []
         self.cursor = 0                    # input rows already run
         self.generated: list[int] = []
@@ -57,32 +78,28 @@ class TurnRequest:
     def input_remaining(self) -> int:
         return len(self.input) - self.cursor
 
-    def mark_started(self) -> None:
-        if self.t_start is None:
-            self.t_start = time.perf_counter()
-
-    def advance(self, n: int) -> None:
-        """Record that `n` rows ran (input rows, or the one decode row)."""
-        if self.decoding:
-            self.seq.tokens.append(self.generated[-1])
-            self.seq.next_position += 1
-        else:
-            self.seq.tokens.extend(self.input.token_ids[self.cursor:self.cursor + n])
-            self.cursor += n
-            if self.decoding:
-                self.seq.next_position = self.input.next_position
-                if self.recovery is not None and self.recovery.join is not None:
-                    self.recovery.join.begin()
-
     @property
     def last_token(self) -> int:
         return self.generated[-1]
 
-    def on_logits(self, logits: torch.Tensor) -> None:
-        """Sample the next token from this step's logits `[vocab]` and emit its event(s)."""
-        token = self.sampler(logits)
-        now = time.perf_counter()
-        if self.restoring and self.t_last is not None:
+    def fed(self, n: int, now: float) -> None:
+        """`n` rows of this turn ran: input rows, or the one row of the last sampled token."""
+        if self.t_start is None:
+            self.t_start = now
+        cache = self.cache
+        if self.decoding:
+            cache.tokens.append(self.generated[-1])
+            cache.next_position += 1
+        else:
+            cache.tokens.extend(self.input.token_ids[self.cursor:self.cursor + n])
+            self.cursor += n
+            if self.decoding:
+                cache.next_position = self.input.next_position
+
+    def accept(self, token: int, logits: torch.Tensor, now: float, restoring: bool) -> None:
+        """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk):
+        emit its event, and end the turn on a stop token or the length limit."""
+        if restoring and self.t_last is not None:
             self._restoring_gaps.append(now - self.t_last)
         self.t_first = self.t_first or now
         self.t_last = now
@@ -99,17 +116,9 @@ class TurnRequest:
         if self.finished:
             return
         self.finished = True
-        if self.generated and reason != "cancelled":
-            # The last sampled token was never fed; the next turn feeds it first, as a single pass
-            # over the whole conversation would. A chat transcript closes every answer with the
-            # template's turn-end token, whatever stop token (or length limit) ended it.
-            last = self.generated[-1]
-            if self.turn_end_id is None or last == self.turn_end_id:
-                self.seq.pending_ids = [last]
-            elif reason == "stop":
-                self.seq.pending_ids = [self.turn_end_id]
-            else:
-                self.seq.pending_ids = [last, self.turn_end_id]
+        self.checkpoint = None
+        if reason != "cancelled":
+            self.cache.pending_ids = answer_tail(self.generated, reason, self.turn_end_id)
         self.events.append(TurnEnd(reason, list(self.generated), self._full_text(), self.metrics()))
 
     def fail(self, error: BaseException) -> None:

@@ -1,149 +1,254 @@
-"""Turns a step's work into forward batches, runs the decoder, and hands each turn its logits.
+"""Turns a step's plan into tensors and runs the decoder once over all of it, changing no session.
 
-A step's work is a list of pieces, each one sequence's contiguous rows: a prefill chunk, a decode
-row, a deferred chunk. A deferred chunk goes right before its session's decode row (MECHANISM.md §6:
-within each layer the chunk's K/V and GDN join happen before the decode row reads them). Fused, all
-pieces share one forward (weights read once); serial mode runs deferred pieces in a pass of their own
-first, for comparison.
+`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features), builds the
+attention layout (what each segment may read) and the GDN groups (which state each sequence starts
+from; deferred chunks with their turn's conv lead appended, and the live state their join corrects).
+`forward` runs the model and returns the sampled rows' logits and, for GDN models, the new states as
+writes to apply, plus what the deferred join's bookkeeping needs. Only the engine's update applies
+them (engine/update.py): a forward that raises leaves the caches as they were.
+
+K/V are written into the claimed slots during the forward (they are not visible to anyone until the
+update fills those slots).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
-from ..layers.batch import ForwardBatch, Segment
+from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..models import DecoderLM
-from .request import TurnRequest
-from .scheduler import Work
-from .turn_input import TurnInput
+from ..ops.attention import attention_layout
+from ..ops.gdn_varlen import varlen_layout
+from .plan import Kind, Segment, StepPlan
 
 
 @dataclass
-class Piece:
-    n: int
-    positions: torch.Tensor                      # [3, n]
-    segment: Callable[[int], Segment]            # claims the rows' slots; called in batch order
-    after: Callable[[], None]                    # advances cursors once the forward ran
-    embeds: torch.Tensor | None = None           # [n, hidden]; None: a decode row (token below)
-    token: int | None = None
-    deepstack_rows: torch.Tensor | None = None   # rows within the piece that receive DeepStack
-    deepstack: list[torch.Tensor] = field(default_factory=list)
-    sample: TurnRequest | None = None            # the turn that samples from the piece's last row
-    deferred: bool = False
+class StateWrite:
+    """New GDN states for `slots`, per layer; conv or ssm may be None (left as they are)."""
+
+    slots: torch.Tensor
+    conv: list[torch.Tensor] | None     # per layer [N, K-1, conv dim]
+    ssm: list[torch.Tensor] | None      # per layer [N, H, Dk, Dv] fp32
 
 
-def _input_piece(source: TurnInput, first: int, n: int, **kw) -> Piece:
-    """Rows `[first, first + n)` of an input (a turn's I0 or its deferred rows D)."""
-    sel = (source.deepstack_index >= first) & (source.deepstack_index < first + n)
-    ds_rows, ds = None, []
-    if source.deepstack and bool(sel.any()):
-        ds_rows = source.deepstack_index[sel] - first
-        ds = [level[sel.to(level.device)] for level in source.deepstack]
-    return Piece(n, source.positions[:, first:first + n], embeds=source.embeds[first:first + n],
-                 deepstack_rows=ds_rows, deepstack=ds, **kw)
+@dataclass
+class Tracked:
+    """A generated token of a turn whose GDN map is tracked: its factors per layer and the state after it."""
+
+    segment: Segment
+    u: torch.Tensor                 # [layers, conv dim]
+    k: torch.Tensor                 # [layers, H, Dk]
+    v: torch.Tensor                 # [layers, H, Dv]
+    g: torch.Tensor                 # [layers, H]
+    beta: torch.Tensor              # [layers, H]
+    state: torch.Tensor             # [layers, H, Dk, Dv]
+
+
+@dataclass
+class StepOutputs:
+    logits: torch.Tensor                                  # [sampled segments, vocab] fp32, in plan order
+    writes: list[StateWrite] = field(default_factory=list)
+    joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
+    tracked: list[Tracked] = field(default_factory=list)
+
+
+@dataclass
+class StepInputs:
+    plan: StepPlan
+    batch: ForwardBatch
+    multi: list[Segment]
+    joins: list[Segment]
+    single: list[Segment]
+    keep: list[Segment]
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None):
+    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int):
         self.model = model
         self.kv = kv
         self.gdn = gdn
+        self.kernel = kernel
+        self.device = model.embed_tokens.weight.device
 
-    def run(self, work: list[Work]) -> None:
-        pieces: list[Piece] = []
-        for item in work:
-            if item.recovery is not None and item.deferred:
-                pieces.append(self._deferred_piece(item))
-            if item.request is not None:
-                item.request.restoring = item.deferred > 0
-                pieces.append(self._request_piece(item.request, item.rows))
-        serial = any(p.deferred for p in pieces) and any(
-            item.recovery is not None and item.deferred and not item.recovery.cfg.fused for item in work)
-        if serial:
-            self._forward([p for p in pieces if p.deferred])
-            self._forward([p for p in pieces if not p.deferred])
-        else:
-            self._forward(pieces)
+    def run(self, plan: StepPlan) -> StepOutputs:
+        return self.forward(self.prepare(plan))
 
-    # ---------------------------------------------------------------- pieces
-    def _request_piece(self, req: TurnRequest, n: int) -> Piece:
-        seq = req.seq
-        req.mark_started()
-        if not req.decoding:
-            first = req.cursor
-            done = first + n == len(req.input)
-            return _input_piece(req.input, first, n, segment=lambda row: seq.add_rows(row, n),
-                                after=lambda: req.advance(n), sample=req if done else None)
-        rec = req.recovery
-        tracking = rec is not None and not rec.done
-        join = rec.join if tracking else None
-
-        def after() -> None:
-            req.advance(1)
-            if join is not None:
-                join.advance()
-
-        pos = torch.full((3, 1), seq.next_position, dtype=torch.long)
-        return Piece(1, pos, token=req.last_token, sample=req, after=after, segment=lambda row: seq.add_rows(
-            row, 1, generated=tracking, gdn_hook=join.after_generated if join is not None else None))
-
-    def _deferred_piece(self, item: Work) -> Piece:
-        rec, seq, n = item.recovery, item.seq, item.deferred
-        first = rec.cursor
-        slot = rec.join.prefix if rec.join is not None else None
-        hook = rec.join.after_chunk if rec.join is not None else None
-
-        def segment(row: int) -> Segment:
-            seg = seq.add_deferred_rows(row, n, slot, hook)
-            rec.slots.append(seg.write_slots)
-            return seg
-
-        return _input_piece(rec.rows, first, n, deferred=True, after=lambda: rec.advance(n), segment=segment)
-
-    # ---------------------------------------------------------------- one forward
-    def _forward(self, pieces: list[Piece]) -> None:
-        if not pieces:
-            return
+    # ---------------------------------------------------------------- tensors from the plan
+    def prepare(self, plan: StepPlan) -> StepInputs:
         embeds: list[torch.Tensor | None] = []
-        segments, logit_rows, samplers, ds_rows, ds_feats = [], [], [], [], []
+        positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
         row = 0
-        for p in pieces:
-            if p.embeds is None:
+        starts = []
+        for seg in plan.segments:
+            starts.append(row)
+            if seg.source is None:
                 decode_at.append(len(embeds))
-                decode_tokens.append(p.token)
-            embeds.append(p.embeds)
-            segments.append(p.segment(row))
-            if p.deepstack_rows is not None:
-                ds_rows.append(p.deepstack_rows + row)
-                ds_feats.append(p.deepstack)
-            if p.sample is not None:
-                logit_rows.append(row + p.n - 1)
-                samplers.append(p.sample)
-            row += p.n
+                decode_tokens.append(seg.token)
+                embeds.append(None)
+                positions.append(torch.full((3, 1), seg.position, dtype=torch.long))
+            else:
+                src, first, n = seg.source, seg.first, seg.rows
+                embeds.append(src.embeds[first:first + n])
+                positions.append(src.positions[:, first:first + n].cpu())
+                if src.deepstack:
+                    sel = (src.deepstack_index >= first) & (src.deepstack_index < first + n)
+                    if bool(sel.any()):
+                        ds_rows.append(src.deepstack_index[sel] - first + row)
+                        ds_feats.append([level[sel.to(level.device)] for level in src.deepstack])
+            if seg.sample:
+                logit_rows.append(row + seg.rows - 1)
+            row += seg.rows
         if decode_tokens:
-            ids = torch.tensor(decode_tokens, dtype=torch.long, device=self.model.embed_tokens.weight.device)
+            ids = torch.tensor(decode_tokens, dtype=torch.long, device=self.device)
             with torch.inference_mode():
                 rows = self.model.embed_tokens(ids)
             for at, e in zip(decode_at, rows.split(1), strict=True):
                 embeds[at] = e
+        attention = None
+        if self.model.config.num_attention_layers:
+            attention = attention_layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
+                                         torch.cat([s.write_slots for s in plan.segments]), self.device)
+        gdn, multi, joins, single, keep = self._gdn(plan, starts)
         batch = ForwardBatch(
-            embeds=torch.cat(embeds), positions=torch.cat([p.positions for p in pieces], dim=1),
-            segments=segments, kv=self.kv, gdn=self.gdn,
-            logit_rows=torch.tensor(logit_rows, dtype=torch.long),
-            deepstack_rows=torch.cat(ds_rows) if ds_rows else None,
+            embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv,
+            attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+            deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
+        return StepInputs(plan, batch, multi, joins, single, keep)
+
+    def _gdn(self, plan: StepPlan, starts: list[int]):
+        if self.gdn is None:
+            return None, [], [], [], []
+        dev = self.device
+        single = [i for i, s in enumerate(plan.segments) if s.rows == 1 and s.live_slot is None]
+        multi = [i for i, s in enumerate(plan.segments) if not (s.rows == 1 and s.live_slot is None)]
+        segs = plan.segments
+        step = GDNStep(self.gdn)
+        joins: list[Segment] = []
+        keep: list[Segment] = []
+        single_segs = [segs[i] for i in single]
+        if multi:
+            lengths, splits, step_rows, step_at, extra_at = [], [], [], [], []
+            extra_u, extra_g, extra_b, join_seqs = [], [], [], []
+            at = 0
+            for j, i in enumerate(multi):
+                s = segs[i]
+                lengths.append(s.rows + s.lead)
+                step_rows.append(torch.arange(starts[i], starts[i] + s.rows))
+                step_at.append(torch.arange(at, at + s.rows))
+                if s.live_slot is not None:
+                    splits.append(s.rows)
+                    join_seqs.append(j)
+                    joins.append(s)
+                    if s.lead:
+                        jn = s.recovery.join
+                        extra_at.append(torch.arange(at + s.rows, at + s.rows + s.lead))
+                        extra_u.append(jn.lead_u[:, :s.lead])
+                        extra_g.append(jn.lead_g[:, :s.lead])
+                        extra_b.append(jn.lead_beta[:, :s.lead])
+                else:
+                    splits.append(None)
+                at += s.rows + s.lead
+            step.multi = GDNMulti(
+                slots=torch.tensor([segs[i].gdn_slot for i in multi], device=dev),
+                layout=varlen_layout(lengths, self.kernel, splits, device=dev),
+                step_rows=torch.cat(step_rows).to(dev), step_at=torch.cat(step_at).to(dev),
+                extra_at=torch.cat(extra_at).to(dev) if extra_at else None,
+            )
+            if joins:
+                fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]
+                decode_at = [_decode_of(s, single_segs) for s in joins]
+                starting = [(j, k) for j, k in enumerate(decode_at) if k >= 0]
+                repairs = [(j, k) for j, k in starting if fed_lead[j]]
+                step.corrections = GDNCorrections(
+                    seqs=torch.tensor(join_seqs, device=dev),
+                    slots=torch.tensor([s.live_slot for s in joins], device=dev),
+                    p=torch.stack([s.recovery.join.p_rest for s in joins]),
+                    s_ref=torch.stack([s.recovery.join.s_lead for s in joins]),
+                    extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
+                    extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
+                    extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
+                    conv_from_multi=torch.tensor(fed_lead, device=dev),
+                    starts_single=_pairs(starting, dev), repairs_single=_pairs(repairs, dev),
+                )
+        if single:
+            keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
+            keep = [single_segs[k] for k in keep_at]
+            rows = [starts[i] for i in single]
+            step.single = GDNSingle(
+                slots=torch.tensor([s.gdn_slot for s in single_segs], device=dev),
+                step_rows=torch.tensor(rows, device=dev),
+                keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
+                all_rows=not multi and rows == list(range(len(rows))),
+            )
+        return step, [segs[i] for i in multi], joins, single_segs, keep
+
+    # ---------------------------------------------------------------- the forward
+    def forward(self, inputs: StepInputs) -> StepOutputs:
+        batch = inputs.batch
         with torch.inference_mode():
             logits = self.model(batch)
-        for p in pieces:
-            p.after()
-        for req, row_logits in zip(samplers, logits, strict=True):
-            req.on_logits(row_logits)
+        out = StepOutputs(logits)
+        if batch.gdn is not None:
+            self._collect(inputs, out)
+        return out
+
+    def _collect(self, inputs: StepInputs, out: StepOutputs) -> None:
+        """Layer-by-layer GDN results -> state writes per slot, in the order to apply. Whole-step tensors
+        stay per layer (the update writes each into its layer); only the few rows the join's bookkeeping
+        needs are stacked across layers."""
+        res, step = inputs.batch.gdn.out, inputs.batch.gdn
+        if step.multi is not None:
+            tails, finals = [m[0] for m in res.multi], [m[1] for m in res.multi]
+            is_join = torch.tensor([s.live_slot is not None for s in inputs.multi])
+            plain = (~is_join).nonzero().flatten().to(self.device)
+            if len(plain) == len(inputs.multi):
+                out.writes.append(StateWrite(step.multi.slots, tails, finals))
+            elif len(plain):
+                out.writes.append(StateWrite(step.multi.slots[plain], [t[plain] for t in tails],
+                                             [f[plain] for f in finals]))
+            if inputs.joins:
+                c = step.corrections
+                prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
+                out.writes.append(StateWrite(prefix, [m[2] for m in res.multi], [m[3] for m in res.multi]))
+                out.writes.append(StateWrite(c.slots, None, res.corrected))
+                repair = c.conv_from_multi.nonzero().flatten()
+                if len(repair):
+                    rows = c.seqs[repair]
+                    out.writes.append(StateWrite(c.slots[repair], [t[rows] for t in tails], None))
+                s_lead = torch.stack([f[c.seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
+                out.joined = [(seg, s_lead[j]) for j, seg in enumerate(inputs.joins)]
+        if step.single is not None:
+            finals = [s[1] for s in res.single]
+            out.writes.append(StateWrite(step.single.slots, [s[0] for s in res.single], finals))
+            if inputs.keep:
+                keep = step.single.keep
+                u, k, v, g, beta = (torch.stack(list(parts), dim=1) for parts in zip(*res.factors, strict=True))
+                state = torch.stack([f[keep] for f in finals], dim=1)
+                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], state[j])
+                               for j, seg in enumerate(inputs.keep)]
 
 
+def _tracks(seg: Segment) -> bool:
+    """A decode row of a turn whose deferred recovery tracks the GDN map of its generated tokens."""
+    return seg.kind is Kind.DECODE and seg.recovery is not None and seg.recovery.join is not None
+
+
+def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if not pairs:
+        return None
+    a, b = zip(*pairs, strict=True)
+    return torch.tensor(a, device=device), torch.tensor(b, device=device)
+
+
+def _decode_of(chunk: Segment, single: list[Segment]) -> int:
+    for k, s in enumerate(single):
+        if s.kind is Kind.DECODE and s.cache is chunk.cache:
+            return k
+    return -1

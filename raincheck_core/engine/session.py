@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..deferral.gdn_join import GDNJoin
@@ -13,11 +14,11 @@ from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError, SessionBusyError, SessionClosedError
 from ..inputs import Message, Prompt
+from ..multimodal.turn_input import build_turn_input
 from ..sampling import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent
 from .request import TurnRequest
-from .sequence import Sequence
-from .turn_input import build_turn_input
+from .session_cache import SessionCache
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -25,16 +26,34 @@ if TYPE_CHECKING:
 TurnMessage = Message | Prompt | str | list[int]
 
 
+@dataclass(frozen=True)
+class SessionStatus:
+    """Where a session stands, read at one instant (under the engine lock)."""
+
+    turns: int                      # turns admitted (a failed turn is undone and not counted)
+    cached_tokens: int              # slots the cache holds
+    busy: bool                      # a turn's answer is streaming
+    closed: bool
+    pending_deferred: int           # deferred tokens of the latest turn not yet prefilled
+    recovering: bool                # the answer is over and deferred tokens are still to prefill
+    handed_off: bool                # … and they are held for a deferred worker (Engine.hold_residual)
+    recovery_ticket: int | None     # the turn index naming the current recovery (hand-off verbs)
+    last_recovery_s: float | None   # post-answer completion time of the last finished recovery
+
+
 class Session:
-    def __init__(self, engine: Engine, seq: Sequence, session_id: str | None = None,
+    def __init__(self, engine: Engine, cache: SessionCache, session_id: str | None = None,
                  deferral: DeferralConfig | None = None):
         self.id = session_id or uuid.uuid4().hex
         self.engine = engine
-        self.seq = seq
+        self.cache = cache
         self.deferral = deferral or DeferralConfig()
-        self.turns = 0
         self.closed = False
         self._current: TurnRequest | None = None
+
+    @property
+    def turns(self) -> int:
+        return self.cache.turns
 
     def turn(self, message: TurnMessage, sampling: SamplingParams | None = None, *,
              deferral: DeferralConfig | None = None, return_logits: bool = False) -> TurnStream:
@@ -53,32 +72,39 @@ class Session:
         prompt, chat_level = self._prompt(message, cfg)
         with engine.lock:
             self._check_idle()
-            ids = self.seq.pending_ids + prompt.token_ids
-            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, self.seq.next_position)
+            cache = self.cache
+            ids = cache.pending_ids + prompt.token_ids
+            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position)
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
-            # Reserve every page the turn can need now (D included), so neither the answer nor the
-            # recovery can fail halfway for lack of memory.
             waited = self._barrier()
-            self.seq.table.reserve(len(parts.keep_rows) + deferred + params.max_new_tokens)
-            turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
-            recovery = None
-            if deferred:
-                join = None
-                if engine.gdn is not None:
-                    join = GDNJoin(engine.gdn, self.seq.gdn_slot, engine.model_config.linear_conv_kernel,
-                                   keep_factors=engine.audit_gdn_join)
-                recovery = Recovery(full.subset(parts.deferred_rows), cfg, join)
-                self.seq.recovery = recovery
+            checkpoint = cache.checkpoint()
+            try:
+                # Reserve every page the turn can need now (D included), so neither the answer nor the
+                # recovery can fail halfway for lack of memory.
+                cache.table.reserve(len(parts.keep_rows) + deferred + params.max_new_tokens)
+                turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
+                recovery = None
+                if deferred:
+                    join = None
+                    if engine.gdn is not None:
+                        join = GDNJoin(engine.gdn, cache.gdn_slot, engine.model_config.linear_conv_kernel,
+                                       keep_factors=engine.audit_gdn_join)
+                    recovery = Recovery(full.subset(parts.deferred_rows), cfg, join, turn=cache.turns)
+                    cache.recovery = recovery
+            except Exception:
+                cache.restore(checkpoint)
+                raise
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
             decode = engine.formatter.decode if engine.formatter is not None else None
             turn_end = engine.formatter.turn_end_id if chat_level else None
-            request = TurnRequest(self.seq, turn_input, params, stops, decode, return_logits, turn_end,
-                                  recovery, waited, self.seq.last_recovery_s if self.turns else None)
-            self.seq.pending_ids = []
+            request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
+                                  recovery, waited, cache.last_recovery_s if cache.turns else None, checkpoint)
+            cache.pending_ids = []
             self._current = request
-            self.turns += 1
+            cache.turns += 1
             engine.scheduler.add(request)
+            engine.wake()
         return TurnStream(self, request)
 
     def _check_idle(self) -> None:
@@ -92,18 +118,12 @@ class Session:
         """A turn of this session is running (its answer is still streaming)."""
         return self._current is not None and not self._current.finished
 
-    @property
-    def deferred_total(self) -> int:
-        """Deferred tokens of the latest turn's input (0 when nothing was deferred or all is done)."""
-        rec = self.seq.recovery
-        return rec.total if rec is not None else 0
-
     def _barrier(self) -> float:
         """Complete the previous turn's recovery; returns the time waited."""
-        if self.seq.recovery is None:
+        if self.cache.recovery is None:
             return 0.0
         t0 = time.perf_counter()
-        self.engine.complete_recovery(self.seq)
+        self.engine.complete_recovery(self.cache)
         return time.perf_counter() - t0
 
     def complete_recovery(self) -> float:
@@ -115,8 +135,19 @@ class Session:
     @property
     def pending_deferred(self) -> int:
         """Deferred tokens of the latest turn not yet prefilled."""
-        rec = self.seq.recovery
+        rec = self.cache.recovery
         return rec.pending if rec is not None else 0
+
+    def status(self) -> SessionStatus:
+        with self.engine.lock:
+            rec = self.cache.recovery
+            live = rec is not None and not rec.done
+            return SessionStatus(
+                turns=self.turns, cached_tokens=self.cached_tokens, busy=self.busy, closed=self.closed,
+                pending_deferred=rec.pending if rec is not None else 0,
+                recovering=live and rec.answer_done, handed_off=live and rec.handed_off,
+                recovery_ticket=rec.turn if live else None, last_recovery_s=self.cache.last_recovery_s,
+            )
 
     def _prompt(self, message: TurnMessage, cfg: DeferralConfig) -> tuple[Prompt, bool]:
         """The turn's token-level prompt, and whether it came through the chat template."""
@@ -146,8 +177,7 @@ class Session:
             req = self._current
             if req is not None and not req.finished:
                 req.finish("cancelled")
-                self.engine.scheduler.remove(req)
-                self.engine._answer_done(req)
+                self.engine._turn_ended(req)
 
     def close(self) -> None:
         """Cancel any running turn and return the session's pages and state slot."""
@@ -159,7 +189,7 @@ class Session:
 
     @property
     def cached_tokens(self) -> int:
-        return self.seq.length
+        return self.cache.length
 
 
 class TurnStream:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops.attention import paged_attention
+from ..ops.attention import varlen_attention
 from ..ops.rope import apply_rope
 from .batch import ForwardBatch
 from .linear import MergedLinear
@@ -37,13 +37,7 @@ class Attention(nn.Module):
         k = self.k_norm(k.reshape(r, self.kv_heads, self.head_dim))
         v = v.reshape(r, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, batch.cos, batch.sin), apply_rope(k, batch.cos, batch.sin)
-        k_cache, v_cache = batch.kv.k[self.attn_index], batch.kv.v[self.attn_index]
-        out = torch.empty_like(q)
-        for seg in batch.segments:
-            rows = seg.rows
-            out[rows] = paged_attention(
-                q[rows], k[rows], v[rows], k_cache, v_cache, seg.write_slots, seg.read_slots, seg.mask
-            )
+        out = varlen_attention(q, k, v, batch.kv.k[self.attn_index], batch.kv.v[self.attn_index], batch.attention)
         out = out.reshape(r, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)

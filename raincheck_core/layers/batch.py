@@ -1,66 +1,94 @@
-"""One forward pass: stacked rows of one or more sequences and what each row may see.
+"""What one forward pass reads: the packed rows of a step and, per mixer kind, where they go.
 
-Linear layers run once over all rows; attention and GDN layers walk the segments (one sequence's
-contiguous rows each), so a step can mix prefill chunks and decode rows of many sessions — and,
-later, a session's deferred chunk next to its own decode row.
+The model runner builds a `ForwardBatch` from the step's plan (engine/runner.py); the layers read it
+and never see sessions. Attention layers share one `AttentionLayout`; GDN layers share one `GDNStep`,
+which splits the step's sequences into two groups run as one call each:
+- `multi`: sequences of several rows (prefill and deferred chunks) through the chunked rule;
+- `single`: one-row sequences (decode rows) through one batched recurrent step, *after* `multi`,
+  because a decode row may start from a state that `multi` just corrected (see `GDNCorrections`).
+New states are not written back by the layers: they are collected in `GDNOutputs` and applied by the
+engine's update, so a forward that fails half-way leaves every state as it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
+from ..ops.attention import AttentionLayout
+from ..ops.gdn_varlen import VarlenLayout
 
 
 @dataclass
-class Segment:
-    """Contiguous rows `[start, end)` of one sequence.
+class GDNMulti:
+    """Multi-row sequences. Packed in the group: each sequence's step rows, then its appended rows."""
 
-    `write_slots`: KV slots that receive these rows' K/V. `read_slots`: every slot the rows may attend
-    to, own slots included, or None when the rows see only themselves, causally (a first prefill: the
-    fast path, no gather). `mask` `[n, len(read_slots)]` (True = visible); None = all read slots.
-    `gdn_slot`: the GDN state slot these rows read and advance (None for models without GDN).
-    `gdn_hook(layer, u, beta, g, k, v)`: called by each GDN layer after these rows ran (deferred
-    recovery bookkeeping: the join after a deferred chunk, the lead / P_rest update after a decode row).
-    """
+    slots: torch.Tensor              # [N] state slot each sequence starts from
+    layout: VarlenLayout
+    step_rows: torch.Tensor          # [R_real] the step's rows in this group
+    step_at: torch.Tensor            # [R_real] their positions in the group's packed rows
+    extra_at: torch.Tensor | None    # [T] positions of appended rows (recorded inputs, not step rows)
 
-    start: int
-    end: int
-    write_slots: torch.Tensor
-    read_slots: torch.Tensor | slice | None
-    mask: torch.Tensor | None = None
-    gdn_slot: int | None = None
-    gdn_hook: Callable[..., None] | None = None
 
-    @property
-    def rows(self) -> slice:
-        return slice(self.start, self.end)
+@dataclass
+class GDNCorrections:
+    """Affine corrections of some states, computed after `multi`: `S_j + P_j (F_j − S_ref_j)` where `F_j`
+    is the final state of `multi` sequence `seqs[j]` (which runs the appended rows last). The deferred
+    join (docs/mechanism.md §5): a deferred chunk with the turn's conv lead appended; S_j the live state."""
 
-    @property
-    def length(self) -> int:
-        return self.end - self.start
+    seqs: torch.Tensor               # [J] multi sequences whose final state drives the correction
+    slots: torch.Tensor              # [J] slots of the corrected states
+    p: torch.Tensor                  # [J, layers, H, Dk, Dk] fp32
+    s_ref: torch.Tensor              # [J, layers, H, Dk, Dv] fp32
+    extra_u: torch.Tensor | None     # [layers, T, conv dim] appended rows' pre-conv inputs (all J, packed)
+    extra_g: torch.Tensor | None     # [layers, T, H]
+    extra_beta: torch.Tensor | None  # [layers, T, H]
+    conv_from_multi: torch.Tensor    # [J] bool: the corrected slot's conv history becomes multi's tail
+    # (corrections j, positions in `single`) of one-row sequences that start from a corrected state /
+    # whose conv history is also replaced; None when there are none
+    starts_single: tuple[torch.Tensor, torch.Tensor] | None = None
+    repairs_single: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class GDNSingle:
+    slots: torch.Tensor              # [N] state slot of each one-row sequence
+    step_rows: torch.Tensor          # [N] the step's rows
+    keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
+    all_rows: bool = False           # the step's rows are exactly these, in order (a decode-only step)
+
+
+@dataclass
+class GDNOutputs:
+    """Per GDN layer, appended in layer order by the layers."""
+
+    multi: list[tuple[torch.Tensor, ...]] = field(default_factory=list)    # tails, finals, split tails, split states
+    corrected: list[torch.Tensor] = field(default_factory=list)            # [J, H, Dk, Dv]
+    single: list[tuple[torch.Tensor, ...]] = field(default_factory=list)   # tails, finals
+    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # u, k, v, g, beta of `keep` rows
+
+
+@dataclass
+class GDNStep:
+    pool: GDNStatePool
+    multi: GDNMulti | None = None
+    corrections: GDNCorrections | None = None
+    single: GDNSingle | None = None
+    out: GDNOutputs = field(default_factory=GDNOutputs)
 
 
 @dataclass
 class ForwardBatch:
     embeds: torch.Tensor                     # [R, hidden]
     positions: torch.Tensor                  # [3, R]
-    segments: list[Segment]
     kv: KVPool | None
-    gdn: GDNStatePool | None
+    attention: AttentionLayout | None
+    gdn: GDNStep | None
     logit_rows: torch.Tensor | None = None   # rows whose logits are needed; None = all
     deepstack_rows: torch.Tensor | None = None          # visual rows that receive DeepStack features
     deepstack: list[torch.Tensor] = field(default_factory=list)   # per level, [len(deepstack_rows), hidden]
     cos: torch.Tensor | None = None          # filled by the model once per step
     sin: torch.Tensor | None = None
-
-
-def causal_mask(past: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """`[n, past + n]`: every row sees the whole past and its own chunk causally."""
-    cols = torch.arange(past + n, device=device)
-    rows = torch.arange(n, device=device)[:, None]
-    return cols[None, :] <= past + rows

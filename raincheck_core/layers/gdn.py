@@ -1,8 +1,9 @@
 """Gated DeltaNet token mixer (Qwen3.5 linear-attention layers).
 
-Projections run once over all rows of the step; the short convolution and the delta-rule recurrence
-run per segment from that sequence's state slot. Multi-row segments use the chunked algorithm, single
-rows the recurrent step; both keep the state in fp32.
+Projections run once over all rows of the step. The short convolution and the delta-rule recurrence
+run as two packed calls (layers/batch.py): multi-row sequences through the chunked rule, then one-row
+sequences through one batched recurrent step, each from its own state slot; states stay fp32. New
+states go to the batch's outputs, never back into the pool (the engine's update writes them).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.gdn_state import GDNStatePool
 from ..config import ModelConfig
-from ..ops.gdn import causal_conv1d, chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
-from .batch import ForwardBatch
+from ..ops import gdn_state_map
+from ..ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
+from ..ops.gdn_varlen import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
+from .batch import ForwardBatch, GDNStep
 from .linear import MergedLinear
 from .norm import GatedRMSNorm
 
@@ -44,38 +46,84 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b).float()          # sigmoid in model dtype, as transformers does
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
-        for seg in batch.segments:
-            rows = seg.rows
-            out, k, v = self.mix(u[rows], g[rows], beta[rows], batch.gdn, seg.gdn_slot)
-            o[rows] = out.to(x.dtype)
-            if seg.gdn_hook is not None:    # deferred recovery bookkeeping (deferral/gdn_join.py)
-                seg.gdn_hook(self, u[rows], beta[rows], g[rows], k, v)
+        step = batch.gdn
+        corrected = self._multi(step, u, g, beta, o) if step.multi is not None else None
+        if step.single is not None:
+            self._single(step, u, g, beta, o, corrected)
         y = self.norm(o, z)
         return self.out_proj(y.reshape(r, self.value_dim))
 
-    def mix(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, pool: GDNStatePool,
-            slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Conv + recurrence of one sequence's rows from state slot `slot`, which it advances.
-        Returns the output `[T, Hv, Dv]` fp32 and the rows' prepared keys and values."""
-        conv_hist = pool.conv[slot, self.gdn_index]
-        ssm = pool.ssm[slot, self.gdn_index]
-        q, k, v, new_hist = self.factors(u, conv_hist)
-        rule = recurrent_gated_delta_rule if u.shape[0] == 1 else chunk_gated_delta_rule
-        out, new_ssm = rule(q, k, v, g, beta, ssm)
-        conv_hist.copy_(new_hist)
-        ssm.copy_(new_ssm)
-        return out, k, v
+    def _multi(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Multi-row sequences in one chunked call; returns the corrected states and the conv tails of
+        their driving sequences, if the step has corrections."""
+        m, c, i = step.multi, step.corrections, self.gdn_index
+        rows = m.layout.row_at.shape[0]
+        um = u.new_empty(rows, u.shape[1])
+        gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
+        um[m.step_at], gm[m.step_at], bm[m.step_at] = u[m.step_rows], g[m.step_rows], beta[m.step_rows]
+        if m.extra_at is not None:   # recorded rows appended after a sequence's own (the conv lead)
+            um[m.extra_at] = c.extra_u[i].to(u.dtype)
+            gm[m.extra_at], bm[m.extra_at] = c.extra_g[i], c.extra_beta[i]
+        pool = step.pool
+        conv, tails, split_tails = causal_conv1d_varlen(um, self.conv1d.weight[:, 0],
+                                                        pool.conv[:, i].index_select(0, m.slots), m.layout)
+        q, k, v = self._qkv(conv)
+        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm,
+                                                                  pool.ssm[:, i].index_select(0, m.slots), m.layout)
+        o[m.step_rows] = out[m.step_at].to(o.dtype)
+        step.out.multi.append((tails, finals, split_tails, split_states))
+        if c is None:
+            return None
+        live = pool.ssm[:, i].index_select(0, c.slots)
+        live = gdn_state_map.join_state(live, c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
+        step.out.corrected.append(live)
+        return live, tails[c.seqs]
 
-    def factors(self, u: torch.Tensor, conv_hist: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (fp32, prepared for the delta rule) of pre-conv inputs `u` after `conv_hist`, and
-        the conv history after them."""
-        c, new_hist = causal_conv1d(u, self.conv1d.weight[:, 0], conv_hist)
-        c = F.silu(c)
+    def _single(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor,
+                corrected: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        s, i, pool = step.single, self.gdn_index, step.pool
+        # gathered copies: safe to overwrite rows, and the recurrent step updates `state` in place
+        hist, state = pool.conv[:, i].index_select(0, s.slots), pool.ssm[:, i].index_select(0, s.slots)
+        c = step.corrections
+        if corrected is not None and c.starts_single is not None:
+            live, tails = corrected
+            at, into = c.starts_single
+            state[into] = live[at]
+            if c.repairs_single is not None:
+                at, into = c.repairs_single
+                hist[into] = tails[at].to(hist.dtype)
+        if s.all_rows:      # a step of decode rows only: no gather, no scatter
+            us, gs, bs = u, g, beta
+        else:
+            us, gs, bs = u[s.step_rows], g[s.step_rows], beta[s.step_rows]
+        conv, new_hist = conv_step(us, self.conv1d.weight[:, 0], hist)
+        q, k, v = self._qkv(conv)
+        out = gated_delta_step(q, k, v, gs, bs, state)
+        if s.all_rows:
+            o.copy_(out)
+        else:
+            o[s.step_rows] = out.to(o.dtype)
+        step.out.single.append((new_hist, state))
+        if s.keep is not None:
+            step.out.factors.append((us[s.keep], k[s.keep], v[s.keep], gs[s.keep], bs[s.keep]))
+
+    def rerun(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_hist: torch.Tensor,
+              state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run recorded rows (pre-conv inputs `u [T, conv dim]`, `g`, `beta [T, H]`) of one sequence from
+        the given conv history and state; returns the history and state after them (nothing written)."""
+        conv, new_hist = causal_conv1d(u, self.conv1d.weight[:, 0], conv_hist)
+        q, k, v = self._qkv(conv)
+        _, final = recurrent_gated_delta_rule(q, k, v, g, beta, state)
+        return new_hist, final
+
+    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (fp32, prepared for the delta rule) from conv outputs `[T, conv dim]`."""
+        c = F.silu(conv)
         q, k, v = torch.split(c, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         t = c.shape[0]
         q, k = self.prepare_qk(q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk))
-        return q, k, v.reshape(t, self.hv, self.dv).float(), new_hist
+        return q, k, v.reshape(t, self.hv, self.dv).float()
 
     def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32, L2-normalised, q scaled by Dk^-1/2, expanded to the value heads (head j uses key head j // r)."""

@@ -50,6 +50,10 @@ class DecoderLM(nn.Module):
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         raise NotImplementedError
 
+    def gdn_layers(self) -> list[nn.Module]:
+        """The Gated DeltaNet token mixers, in layer order (empty for full-attention models)."""
+        return [layer.linear_attn for layer in self.layers if layer.mixer_name == "linear_attn"]
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits `[len(logit_rows) or R, vocab]` in fp32."""
         h = batch.embeds

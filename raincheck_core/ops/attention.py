@@ -1,65 +1,161 @@
-"""Attention over the paged KV cache for one segment, with grouped-query heads."""
+"""Attention of a packed step over the paged KV cache: every segment of every sequence in one call.
+
+A step packs the rows of many sequences (prefill chunks, decode rows, deferred chunks) one after
+another. Each segment names the cache slots it may read — its visible past followed by its own new
+slots — and sees them *bottom-right causally*: row i of an n-row segment with k readable slots sees the
+first k - n + i + 1 of them. That one rule covers a first prefill (k = n), a continued prefill, a
+decode row (sees everything) and a deferred chunk (its readable list simply leaves out the slots it
+must not see; docs/mechanism.md §4).
+
+`AttentionLayout` is built once per step and shared by all attention layers. On the CPU the segments
+are grouped by query length (decode rows; short chunks; long prefills) and each group runs as one
+padded batched call; a GPU backend would run one varlen paged kernel over the same layout.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-# Up to this many query rows (decode rows, fused deferred chunks) a grouped matmul beats SDPA, which
-# would need K/V copied out to every query head; longer prefills take SDPA's fused kernel.
+# Up to this many query rows per segment a grouped matmul beats SDPA, which would need K/V copied out
+# to every query head; longer prefills take SDPA's fused kernel.
 SMALL_QUERY_ROWS = 64
 
 
-def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor,
-    write_slots: torch.Tensor, read_slots: torch.Tensor | slice | None, mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Write `k, v [n, kv_heads, d]` at `write_slots`, then attend `q [n, heads, d]` to `read_slots`.
+@dataclass
+class AttentionGroup:
+    """Segments of similar query length, padded to `[N, q_max]` queries and `[N, k_max]` keys."""
 
-    `read_slots=None`: the rows see only themselves, causally, so the new K/V are used directly (no
-    gather). A slice of read slots is a view of the cache, a tensor of slot ids a gather.
-    `mask [n, len(read_slots)]` (True = visible; None = all). Returns `[n, heads, d]`.
-    """
-    k_cache.index_copy_(0, write_slots, k)
-    v_cache.index_copy_(0, write_slots, v)
-    n = q.shape[0]
-    if read_slots is None:
-        keys, values = k, v
-        if n > 1:
-            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if n <= SMALL_QUERY_ROWS else None
-    else:
-        keys, values = k_cache[read_slots], v_cache[read_slots]
-    if n <= SMALL_QUERY_ROWS:
-        return _grouped_attention(q, keys, values, mask)
-    # 4-D inputs with K/V expanded to the query heads take torch's fused CPU kernel; 3-D inputs or
-    # enable_gqa fall back to the unfused math path (3-5x slower at 1k tokens).
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], _expand_heads(keys, q.shape[1]), _expand_heads(values, q.shape[1]),
-        attn_mask=mask, is_causal=read_slots is None,
+    rows: torch.Tensor              # [N * q_max] packed row of each padded query (0 for padding)
+    real: torch.Tensor              # [R_g] positions in the padded [N * q_max] that are real rows
+    real_rows: torch.Tensor         # [R_g] the packed rows they are
+    keys: torch.Tensor              # [N, k_max] readable slot ids (0 for padding)
+    mask: torch.Tensor | None       # [N, q_max, k_max] True = visible; None = all visible
+    q_max: int
+    causal_self: bool = False       # one segment reading only its own rows (a first prefill): no gather
+
+
+@dataclass
+class AttentionLayout:
+    write_slots: torch.Tensor       # [R] the slot each packed row's K/V goes to
+    groups: list[AttentionGroup]
+
+
+def attention_layout(q_lens: list[int], read_slots: list[torch.Tensor], write_slots: torch.Tensor,
+                     device: torch.device | str = "cpu") -> AttentionLayout:
+    """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]`
+    (their own slots last)."""
+    starts, row = [], 0
+    for n in q_lens:
+        starts.append(row)
+        row += n
+    small = [s for s, n in enumerate(q_lens) if n == 1]
+    medium = [s for s, n in enumerate(q_lens) if 1 < n <= SMALL_QUERY_ROWS]
+    large = [s for s, n in enumerate(q_lens) if n > SMALL_QUERY_ROWS]
+    groups = [_group(ids, q_lens, starts, read_slots, device) for ids in (small, medium, large) if ids]
+    return AttentionLayout(write_slots.to(device), groups)
+
+
+def _group(ids: list[int], q_lens: list[int], starts: list[int], read_slots: list[torch.Tensor],
+           device: torch.device | str) -> AttentionGroup:
+    n = len(ids)
+    q = torch.tensor([q_lens[s] for s in ids])
+    k = torch.tensor([len(read_slots[s]) for s in ids])
+    q_max, k_max = int(q.max()), int(k.max())
+    qi = torch.arange(q_max)
+    real_q = qi[None, :] < q[:, None]                                       # [N, q_max]
+    rows = (torch.tensor([starts[s] for s in ids])[:, None] + qi[None, :]) * real_q
+    keys = torch.nn.utils.rnn.pad_sequence([read_slots[s] for s in ids], batch_first=True)
+    causal_self = n == 1 and int(k[0]) == int(q[0]) and q_max > SMALL_QUERY_ROWS
+    mask = None
+    if not causal_self and (q_max > 1 or bool((k != k_max).any())):
+        # row i of a segment sees keys [0, k - q + i + 1); padded query rows see key 0 (no NaN)
+        limit = (k - q)[:, None] + qi[None, :] + 1                          # [N, q_max]
+        limit = torch.where(real_q, limit, torch.ones_like(limit))
+        mask = torch.arange(k_max)[None, None, :] < limit[:, :, None]
+    flat_real = real_q.flatten().nonzero().flatten()
+    return AttentionGroup(
+        rows=rows.flatten().to(device), real=flat_real.to(device), real_rows=rows.flatten()[flat_real].to(device),
+        keys=keys.to(device), mask=mask.to(device) if mask is not None else None, q_max=q_max,
+        causal_self=causal_self,
     )
-    return out[0].transpose(0, 1)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    """Write the step's `k, v [R, kv_heads, d]` into the cache, then attend `q [R, heads, d]` per the
+    layout. Returns `[R, heads, d]`."""
+    k_cache.index_copy_(0, layout.write_slots, k)
+    v_cache.index_copy_(0, layout.write_slots, v)
+    out = torch.empty_like(q)
+    heads, d = q.shape[1], q.shape[2]
+    for g in layout.groups:
+        n = g.keys.shape[0]
+        if g.causal_self:
+            rows = g.real_rows
+            res = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], _expand_heads(k[rows], heads), _expand_heads(v[rows], heads),
+                is_causal=True)
+            out[rows] = res[0].transpose(0, 1)
+            continue
+        qg = q[g.rows].view(n, g.q_max, heads, d)
+        if g.q_max <= SMALL_QUERY_ROWS:
+            res = _grouped_attention(qg, _gather_heads(k_cache, g.keys), _gather_heads(v_cache, g.keys), g.mask)
+        else:
+            keys, values = k_cache[g.keys], v_cache[g.keys]                 # [N, k_max, kv, d]
+            mask = g.mask[:, None] if g.mask is not None else None
+            res = F.scaled_dot_product_attention(
+                qg.transpose(1, 2), _expand_heads(keys, heads), _expand_heads(values, heads), attn_mask=mask,
+            ).transpose(1, 2)
+        out[g.real_rows] = res.reshape(n * g.q_max, heads, d)[g.real]
+    return out
+
+
+def _gather_heads(cache: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`cache [slots, kv, d]` read at `keys [N, s]` straight into `[N, kv, s, d]` (one copy, in the
+    layout the batched matmuls read without another)."""
+    kv, d = cache.shape[1], cache.shape[2]
+    idx = (keys[:, None, :] * kv + torch.arange(kv, device=keys.device)[None, :, None]).flatten()
+    return cache.view(-1, d).index_select(0, idx).view(keys.shape[0], kv, keys.shape[1], d)
 
 
 def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                        mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax attention with the query heads of each KV head stacked as rows: no K/V copies."""
-    n, heads, d = q.shape
-    s, kv, _ = keys.shape
+    """Softmax attention with the query heads of each KV head stacked as rows: no K/V copies per head.
+    q `[N, n, heads, d]`, keys/values `[N, kv, s, d]`, mask `[N, n, s]`; returns `[N, n, heads, d]`."""
+    b, n, heads, d = q.shape
+    kv, s = keys.shape[1], keys.shape[2]
     rep = heads // kv
-    qg = q.view(n, kv, rep, d).permute(1, 0, 2, 3).reshape(kv, n * rep, d)
-    scores = torch.matmul(qg, keys.permute(1, 2, 0)).float() * d**-0.5        # [kv, n*rep, s]
+    qg = q.view(b, n, kv, rep, d).permute(0, 2, 1, 3, 4).reshape(b * kv, n * rep, d)
+    scores = torch.bmm(qg, keys.view(b * kv, s, d).transpose(1, 2)).float() * d**-0.5   # [N*kv, n*rep, s]
     if mask is not None:
-        row_mask = mask[:, None, :].expand(n, rep, s).reshape(n * rep, s)
+        row_mask = mask[:, None, :, None, :].expand(b, kv, n, rep, s).reshape(b * kv, n * rep, s)
         scores = scores.masked_fill(~row_mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    out = torch.matmul(probs, values.transpose(0, 1))                         # [kv, n*rep, d]
-    return out.view(kv, n, rep, d).permute(1, 0, 2, 3).reshape(n, heads, d)
+    out = torch.bmm(probs, values.view(b * kv, s, d))                                   # [N*kv, n*rep, d]
+    return out.view(b, kv, n, rep, d).permute(0, 2, 1, 3, 4).reshape(b, n, heads, d)
 
 
 def _expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """`[S, kv_heads, d]` -> `[1, heads, S, d]`; query head h reads kv head h // (heads / kv_heads)."""
-    s, kv, d = x.shape
+    """`[..., S, kv_heads, d]` -> `[..., heads, S, d]`; query head h reads kv head h // (heads / kv_heads)."""
+    kv, d = x.shape[-2:]
     if kv != heads:
-        x = x[:, :, None].expand(s, kv, heads // kv, d).reshape(s, heads, d)
-    return x.transpose(0, 1)[None]
+        x = x.unsqueeze(-2).expand(*x.shape[:-1], heads // kv, d).reshape(*x.shape[:-2], heads, d)
+    return x.transpose(-3, -2) if x.dim() == 4 else x.transpose(0, 1)[None]
+
+
+def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        read_slots: torch.Tensor) -> torch.Tensor:
+    """Slow reference for tests: one segment's rows `q [n, heads, d]` over `read_slots` (own last),
+    bottom-right causal, in fp32 with explicit softmax."""
+    n, heads, d = q.shape
+    keys, values = k_cache[read_slots].float(), v_cache[read_slots].float()
+    rep = heads // keys.shape[1]
+    keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("nhd,shd->hns", q.float(), keys) * d**-0.5
+    s = keys.shape[0]
+    visible = torch.arange(s)[None, :] < (s - n + torch.arange(n) + 1)[:, None]
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.einsum("hns,shd->nhd", torch.softmax(scores, dim=-1), values)

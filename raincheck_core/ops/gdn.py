@@ -1,8 +1,10 @@
-"""Gated DeltaNet (GDN) kernels as pure tensor functions, for one sequence (no batch dimension).
+"""Gated DeltaNet (GDN) kernels as pure tensor functions.
 
-They reproduce the torch fallbacks of transformers 5.23.0 (`Qwen3_5GatedDeltaNet`, see
-design/research/models.md §5): the depthwise causal convolution over the pre-conv `[q | k | v]`
-channels, the L2 norm, and the gated delta rule in its per-token and chunked (WY/UT transform) forms.
+They reproduce the torch fallbacks of transformers 5.23.0 (`Qwen3_5GatedDeltaNet`): the depthwise
+causal convolution over the pre-conv `[q | k | v]` channels, the L2 norm, and the gated delta rule in
+its per-token and chunked (WY/UT transform) forms. The engine runs the packed (varlen) forms in
+`ops/gdn_varlen.py`, many sequences per call; the one-sequence forms here are their slow references
+and the building blocks of the state-map tests.
 
 State layout is transformers': `S` is `[H, Dk, Dv]` fp32 (key index first), and a token acts as
 `S ← e^g S;  S ← S + k ⊗ (β (v − Sᵀk));  o = Sᵀq`.

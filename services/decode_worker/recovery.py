@@ -1,8 +1,8 @@
 """How a session's deferred tokens get prefilled after its answer: one `RecoveryBackend` per recovery mode.
 
-`colocated` (here): the worker's own engine finishes them in idle gaps, driven by the `Stepper`.
-`disaggregated` (recovery_ray.py): ships the residual to Ray deferred workers (MECHANISM.md §8) and joins
-what comes back.
+`colocated` (here): the worker's own engine finishes them in idle gaps (its background stepping).
+`disaggregated` (recovery_ray.py): ships the residual to Ray deferred workers (docs/mechanism.md §8) and
+joins what comes back.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..common.metrics import RECOVERY_BYTES, RECOVERY_LATENCY
 
 if TYPE_CHECKING:
     from .sessions import WorkerSession
-    from .stepper import Stepper
 
 
 class RecoveryBackend(ABC):
@@ -35,7 +35,7 @@ class RecoveryBackend(ABC):
     - `pending(ws)` must be side-effect free and callable from any thread at any time (progress
       events, GetSession, gauges).
     - `forget(ws)` is called when the session closes: drop any in-flight work for it.
-    - `poll()` is called by the stepper thread between steps (and while idle).
+    - `poll()` is called by the engine's background stepping thread between steps (and while idle).
     - Observe `RECOVERY_LATENCY` (answer end -> complete) and `RECOVERY_BYTES` (shipped both ways)
       once per completed recovery, labelled with `mode`.
     """
@@ -65,20 +65,20 @@ class RecoveryBackend(ABC):
 
 
 class ColocatedRecovery(RecoveryBackend):
-    """The engine finishes the remainder itself: the stepper runs its prefill-only chunks whenever the
-    engine has nothing else to do (the scheduler also fits them into other turns' steps)."""
+    """The engine finishes the remainder itself: background stepping runs its prefill-only chunks whenever
+    the engine has nothing else to do (the scheduler also fits them into other turns' steps)."""
 
     mode = "colocated"
 
-    def __init__(self, stepper: Stepper):
-        self.stepper = stepper
+    def __init__(self, wake: Callable[[], None]):
+        self.wake = wake
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[WorkerSession, float]] = {}   # session id -> (session, answer end)
 
     def answer_done(self, ws: WorkerSession) -> None:
         with self._lock:
             self._waiting[ws.session.id] = (ws, time.perf_counter())
-        self.stepper.wake()
+        self.wake()
 
     def pending(self, ws: WorkerSession) -> int:
         return ws.session.pending_deferred
@@ -88,7 +88,7 @@ class ColocatedRecovery(RecoveryBackend):
             self._waiting.pop(ws.session.id, None)
 
     def poll(self) -> None:
-        """Observe the recoveries that have completed (called by the stepper between steps)."""
+        """Observe the recoveries that have completed (called between background steps)."""
         now = time.perf_counter()
         with self._lock:
             done = [(sid, t) for sid, (ws, t) in self._waiting.items() if ws.session.pending_deferred == 0]

@@ -1,11 +1,12 @@
 """`disaggregated` recovery: a turn's post-answer remainder is prefilled by a Ray deferred worker.
 
-At the answer's end the residual is exported (`export_residual`: the K/V the deferred rows may see, the
-GDN prefix state, the rows) and shipped to a deferred-worker actor; its K/V, prefix-state delta and conv
-history come back and are joined under the engine lock (`apply_residual`). Local gap recovery stays off
-for the session meanwhile. If the actor dies, fails or misses the deadline, the recovery is taken back
-(`take_back`) and the engine finishes it in its gaps: a recovery is never lost, and the session's next
-turn passes the engine's barrier, which also takes back a shipped recovery that has not come back.
+When a turn is admitted its recovery is held for this backend (`Engine.hold_residual`, a ticket naming
+it); at the answer's end the residual is exported (the K/V the deferred rows may see, the GDN prefix
+state, the rows), shipped to a deferred-worker actor, and what comes back is joined
+(`Engine.apply_residual`). If the actor dies, fails or misses the deadline, the recovery is taken back
+(`Engine.take_back`) and the engine finishes it in its gaps: a recovery is never lost, and the
+session's next turn passes the engine's barrier, which also finishes a shipped recovery that has not
+come back. The engine refuses a result whose ticket is no longer current, so a late result is dropped.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import RayActorError
 
-from raincheck_core.deferral.handoff import ResidualResult, apply_residual, export_residual, hold, take_back
-from raincheck_core.deferral.recovery import Recovery
+from raincheck_core.deferral.handoff import ResidualResult
+from raincheck_core.errors import RecoveryStateError
 
 from ..common.logs import bind
 from ..common.metrics import RECOVERY_BYTES, RECOVERY_FALLBACKS, RECOVERY_LATENCY
@@ -38,13 +39,20 @@ class _Job:
     """One turn's remainder, from its answer's end until it is joined (here or by the engine)."""
 
     ws: WorkerSession
-    rec: Recovery
+    ticket: int
     shipped: int = 0        # bytes sent to the deferred worker
     local: bool = False     # the engine finishes it (taken back, or done by the next turn's barrier)
+    t_answer_end: float = field(default_factory=time.perf_counter)
 
     def current(self) -> bool:
-        """Still this backend's to finish (exact under the engine lock; a hint without it)."""
-        return not self.ws.session.closed and self.ws.session.seq.recovery is self.rec and self.rec.handed_off
+        """Still this backend's to finish (a hint: the engine's verbs check it exactly)."""
+        status = self.ws.session.status()
+        return not status.closed and status.recovery_ticket == self.ticket and status.handed_off
+
+    def finished(self) -> bool:
+        """The engine has no recovery by this ticket any more (joined, or finished locally)."""
+        status = self.ws.session.status()
+        return status.closed or status.recovery_ticket != self.ticket
 
 
 class DisaggregatedRecovery(RecoveryBackend):
@@ -55,8 +63,8 @@ class DisaggregatedRecovery(RecoveryBackend):
         self.timeout_s = timeout_s
         self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="raincheck-deferred")
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[WorkerSession, Recovery]] = {}   # answer streaming, not shipped yet
-        self._jobs: dict[Recovery, _Job] = {}
+        self._held: dict[str, tuple[WorkerSession, int]] = {}   # answer streaming, not shipped yet
+        self._jobs: dict[tuple[str, int], _Job] = {}
         self._stopping = threading.Event()
 
     def start(self) -> None:
@@ -69,21 +77,21 @@ class DisaggregatedRecovery(RecoveryBackend):
 
     def turn_started(self, ws: WorkerSession) -> None:
         """Keep the engine's gap recovery off this turn's remainder: it is shipped at the answer's end
-        (fused chunks still ride on the turn's decode steps). This sets the engine's hand-off mark right
-        after admission; only a turn that ends within a step or two can lose that race, and then some
-        of its rows are simply recovered locally first."""
-        rec = hold(ws.session.engine, ws.session)
-        if rec is None:
+        (fused chunks still ride on the turn's decode steps). This holds the recovery right after
+        admission; only a turn that ends within a step or two can lose that race, and then some of its
+        rows are simply recovered locally first."""
+        ticket = ws.session.engine.hold_residual(ws.session)
+        if ticket is None:
             return
         with self._lock:
-            self._held[ws.id] = (ws, rec)
+            self._held[ws.id] = (ws, ticket)
 
     def answer_done(self, ws: WorkerSession) -> None:
         with self._lock:
             held = self._held.pop(ws.id, None)
             if held is None:
                 return
-            job = self._jobs[held[1]] = _Job(ws, held[1])
+            job = self._jobs[(ws.id, held[1])] = _Job(ws, held[1])
         self._executor.submit(self._run, job)
 
     def pending(self, ws: WorkerSession) -> int:
@@ -92,19 +100,27 @@ class DisaggregatedRecovery(RecoveryBackend):
     def forget(self, ws: WorkerSession) -> None:
         with self._lock:
             self._held.pop(ws.id, None)
-            for rec in [rec for rec, job in self._jobs.items() if job.ws is ws]:
-                del self._jobs[rec]
+            for key in [key for key, job in self._jobs.items() if job.ws is ws]:
+                del self._jobs[key]
 
     def poll(self) -> None:
         """Ship the remainders of turns that ended without `answer_done` (abandoned or failed streams),
         and observe the recoveries the engine finished after a take-back."""
         with self._lock:
-            for sid in [sid for sid, (_, rec) in self._held.items() if rec.done]:   # all fused in the answer
-                del self._held[sid]
-            ended = [ws for ws, rec in self._held.values() if rec.answer_done and not ws.active]
-            finished = [job for job in self._jobs.values() if job.local and job.rec.done]
+            held = list(self._held.values())
+            jobs = list(self._jobs.values())
+        ended = []
+        for ws, ticket in held:
+            status = ws.session.status()
+            if status.recovery_ticket != ticket:          # all fused during the answer, or closed
+                with self._lock:
+                    self._held.pop(ws.id, None)
+            elif status.recovering and not ws.active:
+                ended.append(ws)
+        finished = [job for job in jobs if job.local and job.finished()]
+        with self._lock:
             for job in finished:
-                del self._jobs[job.rec]
+                self._jobs.pop((job.ws.id, job.ticket), None)
         for ws in ended:
             self.answer_done(ws)
         for job in finished:
@@ -112,44 +128,43 @@ class DisaggregatedRecovery(RecoveryBackend):
 
     # ---------------------------------------------------------------- one recovery
     def _run(self, job: _Job) -> None:
-        engine = job.ws.session.engine
+        engine, session = job.ws.session.engine, job.ws.session
+        applied = False
         try:
-            with engine.lock:
-                if not job.current():   # the next turn's barrier took it first
-                    job.local = True
-                    return
-                payload = export_residual(engine, job.ws.session)
+            try:
+                payload = engine.export_residual(session, job.ticket)
+            except RecoveryStateError:   # the next turn's barrier took it first, or the session closed
+                job.local = True
+                return
             job.shipped = payload.nbytes()
             reply = self._remote(job, pack(payload))
-            with engine.lock:
-                applied = reply is not None and job.current()
-                if applied:
-                    result, compute_s = reply
-                    apply_residual(engine, job.ws.session, result)
+            if reply is not None:
+                result, compute_s = reply
+                try:
+                    engine.apply_residual(session, job.ticket, result)
+                    applied = True
+                except RecoveryStateError:   # taken back or finished meanwhile: the result is dropped
+                    pass
         except Exception as e:   # the deferred worker failed: finish here (a recovery is never lost)
             reason = "timeout" if isinstance(e, TimeoutError) else "worker_died" if isinstance(e, RayActorError) \
                 else "no_worker" if isinstance(e, NoDeferredWorkerError) else "error"
             bind(log, session_id=job.ws.id).warning("deferred worker failed (%s: %s); recovering %d tokens "
-                                                    "locally", reason, e, job.rec.pending)
+                                                    "locally", reason, e, session.pending_deferred)
             RECOVERY_FALLBACKS.labels(reason).inc()
-            applied = False
         if not applied:
             self._take_back(job)
             return
         with self._lock:
-            self._jobs.pop(job.rec, None)
+            self._jobs.pop((job.ws.id, job.ticket), None)
         nbytes = job.shipped + result.nbytes()
         bind(log, session_id=job.ws.id).info(
             "%d deferred tokens recovered on a deferred worker in %.3fs (%.3fs of it prefill; %d bytes shipped)",
-            payload.rows, job.rec.completion_s, compute_s, nbytes)
+            payload.rows, time.perf_counter() - job.t_answer_end, compute_s, nbytes)
         self._observe(job, nbytes)
 
     def _take_back(self, job: _Job) -> None:
         """The engine finishes this remainder (or has finished it): `poll` observes it when done."""
-        engine = job.ws.session.engine
-        with engine.lock:
-            if job.current():
-                take_back(engine, job.ws.session)
+        job.ws.session.engine.take_back(job.ws.session, job.ticket)
         job.local = True
 
     def _remote(self, job: _Job, wire: dict) -> tuple[ResidualResult, float] | None:
@@ -158,7 +173,7 @@ class DisaggregatedRecovery(RecoveryBackend):
         when the actor fails."""
         actor = self.pool.pick()
         ref = actor.prefill.remote(wire)
-        deadline = (job.rec.t_answer_end or time.perf_counter()) + self.timeout_s
+        deadline = job.t_answer_end + self.timeout_s
         while True:
             ready, _ = ray.wait([ref], timeout=WAIT_S)
             if ready:
@@ -175,5 +190,5 @@ class DisaggregatedRecovery(RecoveryBackend):
         return unpack(ResidualResult, reply["result"], job.ws.session.engine.device), reply["compute_s"]
 
     def _observe(self, job: _Job, nbytes: int) -> None:
-        RECOVERY_LATENCY.labels(self.mode).observe(job.rec.completion_s)
+        RECOVERY_LATENCY.labels(self.mode).observe(job.ws.session.status().last_recovery_s or 0.0)
         RECOVERY_BYTES.labels(self.mode).observe(nbytes)

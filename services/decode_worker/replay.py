@@ -2,9 +2,9 @@
 
 The turn log holds each earlier turn's message and answer ids. The chat-level prompts are rendered as
 the engine's own chat turns would be, and each answer is followed by what the engine keeps for the next
-turn (`TurnRequest.finish`): the last sampled token and, unless it already is one, the template's
-turn-end token (for a stop, the turn-end token replaces the model's other stop token). A turn logged
-with its answer's text only (history an HTTP client sent) is tokenized as the template renders it.
+turn (`raincheck_core.engine.answer_tail`): the last sampled token and, unless it already is one, the
+template's turn-end token (for a stop, the turn-end token replaces the model's other stop token). A turn
+logged with its answer's text only (history an HTTP client sent) is tokenized as the template renders it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raincheck_core import Engine, InvalidInputError, Message, Prompt
+from raincheck_core.engine import answer_tail
 
 from .._gen import worker_pb2
 from .convert import to_message
@@ -20,20 +21,13 @@ if TYPE_CHECKING:
     from raincheck_core.multimodal.chat import ChatFormatter
 
 
-def _answer_tail(turn: worker_pb2.HistoryTurn, formatter: ChatFormatter) -> list[int]:
-    turn_end_id = formatter.turn_end_id
+def _answer(turn: worker_pb2.HistoryTurn, formatter: ChatFormatter) -> list[int]:
+    """The answer as the cache holds it: the fed tokens (all but the last sampled), then its tail."""
     ids = list(turn.answer_token_ids)
     if not ids and turn.answer_text:   # an answer given as text: as the template renders an assistant message
         formatter.check_text(turn.answer_text)     # no control tokens smuggled in as an "answer"
-        return [*formatter.encode(turn.answer_text), turn_end_id]
-    if not ids or turn.finish_reason == "cancelled":
-        return ids[:-1]
-    last = ids[-1]
-    if last == turn_end_id:
-        return ids
-    if turn.finish_reason == "stop":
-        return [*ids[:-1], turn_end_id]
-    return [*ids, turn_end_id]
+        return [*formatter.encode(turn.answer_text), formatter.turn_end_id]
+    return ids[:-1] + answer_tail(ids, turn.finish_reason, formatter.turn_end_id)
 
 
 def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message: Message) -> Prompt:
@@ -53,5 +47,5 @@ def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message
         ids += prompt.token_ids
         visuals += prompt.visuals
         if i < len(history):
-            ids += _answer_tail(history[i], formatter)
+            ids += _answer(history[i], formatter)
     return Prompt(ids, visuals)

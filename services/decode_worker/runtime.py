@@ -1,4 +1,5 @@
-"""One Engine and the sessions it holds: open, turn, cancel, close, status, load; the background stepper."""
+"""One Engine and the sessions it holds: open, turn, cancel, close, status, load; the engine's background
+stepping (post-answer recovery in idle gaps; the recovery backends are polled between steps)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from .admission import admit
 from .convert import MODES, from_deferral, to_deferral, to_mode
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession
-from .stepper import Stepper
 from .turns import run_turn, start_turn
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.05
+STEP_IDLE_S = 0.05      # how often the idle background stepper looks for work it was not woken for
 
 
 class ModeUnavailableError(RaincheckError):
@@ -47,8 +48,7 @@ class WorkerRuntime:
         self.default_deferral = DeferralConfig(policy=settings.default_policy)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
-        self.stepper = Stepper(engine, self._after_step)
-        self.colocated = ColocatedRecovery(self.stepper)
+        self.colocated = ColocatedRecovery(engine.wake)
         offered = [self.colocated] if "colocated" in settings.recovery_modes else []
         self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [*offered, *(backends or [])]}
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
@@ -59,7 +59,7 @@ class WorkerRuntime:
     def start(self) -> None:
         for backend in self.backends.values():
             backend.start()
-        self.stepper.start()
+        self.engine.start_background(self._after_step, idle_wait_s=STEP_IDLE_S)
 
     def drain(self, timeout_s: float) -> bool:
         """Refuse new sessions and turns, and wait (up to `timeout_s`) until the running turns' streams
@@ -79,7 +79,7 @@ class WorkerRuntime:
         return (streams, pending) if streams or pending else None
 
     def stop(self) -> None:
-        self.stepper.stop()
+        self.engine.stop_background()
         for session_id in list(self.sessions):
             self.close(session_id)
         for backend in self.backends.values():
@@ -153,7 +153,7 @@ class WorkerRuntime:
         backend.turn_started(ws)
         with self._lock:
             self._turn_rpcs += 1
-        self.stepper.wake()
+        self.engine.wake()
         self.on_change()
 
         def rpc_ended() -> None:

@@ -1,7 +1,7 @@
 """The deferred-worker Ray actor, and how to reach Ray and name, find and start such actors.
 
 A `DeferredWorker` holds one Engine on the decode workers' checkpoint and prefills the residuals they
-ship (`raincheck_core.deferral.handoff.prefill_residual`). Payloads and results cross Ray's object
+ship (`Engine.prefill_residual`). Payloads and results cross Ray's object
 store as numpy arrays (wire.py): Ray deserializes them zero-copy, and the actor never unpickles a torch
 tensor. Ray itself pickles what it carries, so the cluster must be trusted (it is Raincheck's own).
 """
@@ -14,7 +14,7 @@ import time
 
 import ray
 
-from raincheck_core.deferral.handoff import ResidualPayload, prefill_residual
+from raincheck_core.deferral.handoff import ResidualPayload
 
 from ..common.settings import DeferredSettings, ModelSpec
 from ..decode_worker.loading import load_engine
@@ -33,7 +33,7 @@ class DeferredWorker:
     def prefill(self, payload: dict) -> dict:
         """Prefill a packed `ResidualPayload`; returns the packed `ResidualResult` and the compute time."""
         t0 = time.perf_counter()
-        result = prefill_residual(self.engine, unpack(ResidualPayload, payload, self.engine.device))
+        result = self.engine.prefill_residual(unpack(ResidualPayload, payload, self.engine.device))
         self.calls += 1
         return {"result": pack(result), "compute_s": time.perf_counter() - t0}
 

@@ -7,7 +7,7 @@ import torch
 from raincheck_core import Engine, Prompt
 from raincheck_core.deferral.partition import partition_turn
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine.turn_input import TurnInput, build_turn_input
+from raincheck_core.multimodal.turn_input import TurnInput, build_turn_input
 from tests.engine.reference import image_tokens, random_visual
 
 GRID = (1, 8, 12)            # 24 visual tokens; at r = 0.3, 8 kept and 16 deferred

@@ -10,6 +10,7 @@ import torch
 from raincheck_core import Engine, SamplingParams
 from raincheck_core.deferral import gdn_join
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.ops import gdn_state_map
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
 from tests.deferral.helpers import image_prompt, rel_err
 
@@ -63,5 +64,5 @@ def test_join_equals_token_by_token_reapplication(engine, monkeypatch):
 
 
 def test_transposed_join_fails_the_same_check(engine, monkeypatch):
-    monkeypatch.setattr(gdn_join, "join_state", lambda s, p, d: s + torch.bmm(d, p))   # ΔS·P: wrong side
+    monkeypatch.setattr(gdn_state_map, "join_state", lambda s, p, d: s + d @ p)   # ΔS·P: wrong side
     assert _joined_vs_reapplied(engine, monkeypatch) > 1e-3

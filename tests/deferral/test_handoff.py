@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raincheck_core import Engine, InvalidInputError, Prompt, SamplingParams
-from raincheck_core.deferral.handoff import apply_residual, export_residual, prefill_residual, take_back
+from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.errors import RecoveryStateError
 from tests.deferral.helpers import image_prompt
 
 CFG = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
@@ -19,10 +19,12 @@ def _two_turns(engine: Engine, remote: Engine | None):
     session.turn(image_prompt(engine, seed=31), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
     assert session.pending_deferred == 9
     if remote is not None:
-        payload = export_residual(engine, session)
+        ticket = engine.hold_residual(session)
+        assert session.status().handed_off and session.status().recovery_ticket == ticket == 0
+        payload = engine.export_residual(session, ticket)
         assert payload.rows == 9 and payload.context_k.shape[1] == session.cached_tokens - 3   # GEN not shipped
-        apply_residual(engine, session, prefill_residual(remote, payload))
-        assert session.pending_deferred == 0
+        engine.apply_residual(session, ticket, remote.prefill_residual(payload))
+        assert session.pending_deferred == 0 and not session.status().recovering
     events = session.turn(Prompt([11, 12, 13]), SamplingParams(max_new_tokens=6, ignore_eos=True),
                           return_logits=True).tokens()
     session.close()
@@ -43,11 +45,36 @@ def test_lost_worker_is_taken_back_and_finished_locally(tiny_checkpoints):
     engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
     session = engine.open_session(deferral=CFG)
     session.turn(image_prompt(engine, seed=32), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
-    export_residual(engine, session)
+    ticket = engine.hold_residual(session)
+    payload = engine.export_residual(session, ticket)
     assert not engine.step()                 # handed off: no local gap work for it
-    take_back(engine, session)
+    assert engine.take_back(session, ticket)
+    assert not engine.take_back(session, ticket)       # not held any more: nothing to do
+    result = engine.prefill_residual(payload)
+    with pytest.raises(RecoveryStateError, match="not held"):   # a late result after the take-back
+        engine.apply_residual(session, ticket, result)
     session.complete_recovery()
     assert session.pending_deferred == 0
-    with pytest.raises(InvalidInputError, match="no deferred input"):
-        export_residual(engine, session)
+    with pytest.raises(RecoveryStateError, match="no deferred input"):
+        engine.export_residual(session, ticket)
+    session.close()
+
+
+def test_a_stale_result_is_never_applied(tiny_checkpoints):
+    """A result for turn 1's recovery that arrives after turn 2 started its own recovery is refused,
+    and turn 2's recovery is untouched."""
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    remote = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    session = engine.open_session(deferral=CFG)
+    session.turn(image_prompt(engine, seed=33), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    first = engine.hold_residual(session)
+    stale = remote.prefill_residual(engine.export_residual(session, first))
+    session.turn(image_prompt(engine, seed=34), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    second = engine.hold_residual(session)
+    assert second == 1 and session.pending_deferred == 9
+    with pytest.raises(RecoveryStateError, match="turn 0 is over"):
+        engine.apply_residual(session, first, stale)
+    assert session.pending_deferred == 9 and session.status().handed_off
+    engine.apply_residual(session, second, remote.prefill_residual(engine.export_residual(session, second)))
+    assert session.pending_deferred == 0
     session.close()

@@ -103,12 +103,12 @@ def test_recovered_cache_equals_one_plain_pass_over_i0_d(engines, family, answer
     cfg = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
     session = engine.open_session(deferral=cfg)
     stream = session.turn(prompt, SamplingParams(max_new_tokens=answer, ignore_eos=True))
-    rec = session.seq.recovery
+    rec = session.cache.recovery
     end = stream.result()
     # guard 2: chunks of 7 ride on the decode steps that feed y3, y4, …; what is left goes after the answer
     assert end.metrics.deferred_pending == pending
     session.complete_recovery()
-    assert session.pending_deferred == 0 and session.seq.recovery is None
+    assert session.pending_deferred == 0 and session.cache.recovery is None
 
     i0, d = split(engine, prompt, cfg)
     cache = DynamicCache(config=hf.config.get_text_config())
@@ -172,7 +172,7 @@ def test_raincheck_turn_two_waits_at_the_barrier_then_sees_every_token(engines, 
     assert session.pending_deferred == 0                      # the barrier ran before admission
     # every input token of turn 1 (I0 and all of D) and its 3 fed answer tokens
     assert session.cached_tokens == len(prompt.token_ids) + 3
-    assert not session.seq._generated.any()                   # no slot is hidden any more
+    assert not len(session.cache.generated_slots())                   # no slot is hidden any more
     end = stream.result()
     assert session.cached_tokens == len(prompt.token_ids) + 3 + 3 + 1   # + y4, turn 2, one answer token
     assert end.metrics.barrier_wait_s > 0 and end.metrics.previous_recovery_s is not None
@@ -193,5 +193,5 @@ def test_background_steps_finish_recovery_in_the_idle_gap(engines):
             time.sleep(0.01)
     finally:
         engine.stop_background()
-    assert session.pending_deferred == 0 and session.seq.last_recovery_s is not None
+    assert session.pending_deferred == 0 and session.cache.last_recovery_s is not None
     session.close()

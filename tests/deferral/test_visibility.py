@@ -25,15 +25,14 @@ def _deferred_kv_with_gen_corrupted(folder, corrupt: bool):
     session = engine.open_session(deferral=cfg)
     stream = session.turn(image_prompt(engine, seed=21), SamplingParams(max_new_tokens=8, ignore_eos=True),
                           return_logits=True)
-    rec = session.seq.recovery
+    rec = session.cache.recovery
     events = []
     for event in stream:
         events.append(event)
         if corrupt and getattr(event, "index", None) == 2:
             # y1 and y2 are in the cache now, labelled GEN; the next step carries the first chunk
-            gen = session.seq._generated[: session.seq.length].nonzero().flatten()
-            assert len(gen) == 2
-            slots = torch.cat([session.seq.table.slots(int(i), int(i) + 1) for i in gen])
+            slots = session.cache.generated_slots()
+            assert len(slots) == 2
             engine.kv.k[:, slots] += 3.0
             engine.kv.v[:, slots] -= 3.0
     session.complete_recovery()

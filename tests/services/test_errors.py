@@ -128,7 +128,7 @@ def test_turn_while_streaming_then_cancel(service):
     cluster, frontend = service
     client = cluster.client(frontend, "key-alice")
     session = client.create_session()
-    first = session.send("what is this ?", max_new_tokens=200, ignore_eos=True)
+    first = session.send("what is this ?", max_new_tokens=2000, ignore_eos=True)   # still streaming when cancelled
     stream = iter(first)
     assert isinstance(next(stream), Token)
     with pytest.raises(FailedPrecondition, match="still streaming its previous turn"):

@@ -5,7 +5,7 @@ import torch
 
 from raincheck_core.cache.gdn_state import GDNStatePool
 from raincheck_core.cache.kv_pool import KVPool, PageTable
-from raincheck_core.errors import OutOfPagesError
+from raincheck_core.errors import InvalidInputError, OutOfPagesError
 
 
 def _pool(pages: int = 4, page_size: int = 4) -> KVPool:
@@ -60,14 +60,19 @@ def test_gdn_slots_zeroed_on_allocate_and_bounded():
         pool.allocate()
 
 
-def test_readable_is_a_view_for_consecutive_pages_and_a_gather_otherwise():
+def test_slots_are_claimed_ahead_then_filled_and_truncation_returns_pages():
     pool = _pool(pages=6)
     a, b = PageTable(pool, 4), PageTable(pool, 4)
     a.append(6)                         # pages 0, 1
     b.append(2)                         # page 2
-    a.append(4)                         # page 3: a's pages are now 0, 1, 3
-    assert a.readable(0, 8) == slice(0, 8)
-    gathered = a.readable(0, 10)
-    assert isinstance(gathered, torch.Tensor)
-    assert gathered.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 12, 13]
-    assert a.readable(8, 10) == slice(12, 14)
+    ahead = a.ahead(0, 4)               # claims slots 6..9: page 3 is reserved, the length stays
+    assert ahead.tolist() == [6, 7, 12, 13] and a.length == 6 and pool.stats().free_pages == 2
+    assert a.reserved_slots(0, 10).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 12, 13]
+    with pytest.raises(InvalidInputError):
+        a.slots(0, 10)                  # not filled yet
+    a.advance(4)
+    assert a.slots(8, 10).tolist() == [12, 13]
+    a.truncate(5)                       # back to 5 slots: page 3 is free again, pages 0 and 1 stay
+    assert a.length == 5 and a.pages == [0, 1] and pool.stats().free_pages == 3
+    with pytest.raises(InvalidInputError):
+        a.advance(4)                    # past the reserved pages

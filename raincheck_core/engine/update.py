@@ -1,0 +1,91 @@
+"""Applies one step's results: the only place where a step changes sessions.
+
+In order: fill the claimed slots, write the new GDN states, do the deferred join's bookkeeping (the
+new `S_lead`, the lead of a turn's first generated tokens, `P_rest` extended by each later one), move
+cursors, then sample each turn's next token — one turn's sampling failure fails that turn alone — and
+end turns and recoveries that are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..deferral.gdn_join import fold_transitions
+from ..errors import SamplingError
+from .plan import Kind, StepPlan
+from .runner import StepOutputs
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
+    now = time.perf_counter()
+    # 1. the claimed slots now hold K/V; a tracked turn's generated tokens are GEN
+    for seg in plan.segments:
+        seg.cache.fill(seg.rows, generated=seg.kind is Kind.DECODE and seg.recovery is not None)
+    # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
+    if engine.gdn is not None:
+        pool = engine.gdn
+        for w in out.writes:
+            for i, conv in enumerate(w.conv or ()):
+                pool.conv[:, i].index_copy_(0, w.slots, conv.to(pool.conv.dtype))
+            for i, ssm in enumerate(w.ssm or ()):
+                pool.ssm[:, i].index_copy_(0, w.slots, ssm)
+        _join_bookkeeping(out)
+    # 3. cursors
+    chunk_of = {}
+    for seg in plan.segments:
+        if seg.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL):
+            if seg.recovery is not None:
+                seg.recovery.advance(seg.rows)
+                seg.recovery.slots.append(seg.write_slots)
+            chunk_of[seg.cache] = True
+        elif seg.request is not None:
+            req = seg.request
+            was_prefilling = not req.decoding
+            req.fed(seg.rows, now)
+            if was_prefilling and req.decoding and req.recovery is not None and req.recovery.join is not None:
+                req.recovery.join.begin()      # I0 is in: the live state is the insertion boundary
+    # 4. sample; end turns
+    for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
+        req = seg.request
+        if req.finished:
+            continue
+        try:
+            token = req.sampler(logits)
+        except Exception as e:   # this turn's sampling only: the others in the step go on
+            engine._fail_turn(req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}"))
+            continue
+        req.accept(token, logits, now, restoring=chunk_of.get(seg.cache, False))
+        if req.finished:
+            engine._turn_ended(req)
+    # 5. recoveries that are complete
+    for seg in plan.segments:
+        rec = seg.cache.recovery
+        if rec is not None and rec.done and (seg.recovery is rec):
+            engine._recovery_done(seg.cache)
+
+
+def _join_bookkeeping(out: StepOutputs) -> None:
+    for seg, s_lead in out.joined:
+        seg.recovery.join.set_joined(s_lead)
+    folding = []
+    for t in out.tracked:
+        join = t.segment.recovery.join
+        if join.fed < join.lead:
+            join.record_lead(t.u, t.g, t.beta, t.state)
+        else:
+            folding.append(t)
+    if folding:   # one batched rank-1 update for every session's P_rest
+        p = fold_transitions(torch.stack([t.segment.recovery.join.p_rest for t in folding]),
+                             torch.stack([t.k for t in folding]), torch.stack([t.g for t in folding]),
+                             torch.stack([t.beta for t in folding]))
+        for t, p_rest in zip(folding, p, strict=True):
+            t.segment.recovery.join.fold(p_rest, (t.k, t.v, t.g, t.beta))

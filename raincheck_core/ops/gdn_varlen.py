@@ -1,0 +1,220 @@
+"""Gated DeltaNet kernels over packed sequences (the layout flash-linear-attention calls `cu_seqlens`).
+
+A step packs the rows of many sequences one after another; each sequence starts from its own conv
+history and recurrent state and ends with its own. Nothing here loops over sequences in Python: the
+short convolution is K gathered multiply-adds over all rows, the chunked delta rule batches every
+block of every sequence and scans only over block *steps* (the longest sequence's block count), and
+single-row sequences (decode rows) take one batched recurrent step.
+
+A sequence may carry a *split*: the state and conv history after its first `split` rows are returned
+too. The deferred-prefill join uses it: a deferred chunk runs with its turn's first generated tokens
+(the conv lead) appended, and needs both the state after the chunk (the new prefix) and after the lead
+(docs/mechanism.md §5). The split starts a new block, so its state falls out of the scan.
+
+State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g S; S ← S + k ⊗ β(v − Sᵀk)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class VarlenLayout:
+    """Where the rows of N packed sequences go; built once per step, shared by every GDN layer.
+
+    Conv: each sequence's K-1 history rows are laid out right before its rows in an extended buffer.
+    Chunked rule: each sequence (each part of a split sequence) is cut into blocks of `chunk` rows.
+    """
+
+    num_seqs: int
+    kernel: int
+    # conv
+    ext_rows: int
+    hist_at: Tensor                 # [N * (K-1)] extended-buffer rows of the incoming histories
+    row_at: Tensor                  # [R] extended-buffer row of each packed row
+    tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
+    split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
+    # chunked rule
+    chunk: int
+    num_blocks: int
+    row_slot: Tensor                # [R] flat position (block * chunk + offset) of each row
+    steps: list[tuple[Tensor, Tensor, bool]]   # per scan step: blocks, their sequences, all-in-order
+    captures: list[tuple[Tensor, Tensor]]      # per scan step: (positions in its blocks, split index)
+
+
+def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
+                  chunk_size: int = 64, device: torch.device | str = "cpu") -> VarlenLayout:
+    """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows."""
+    n = len(lengths)
+    splits = splits or [None] * n
+    lead = kernel - 1
+    # ---- conv: [hist_0, rows_0, hist_1, rows_1, ...]
+    seq_start = torch.tensor([0, *lengths]).cumsum(0)[:-1]
+    ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
+    hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
+    lens = torch.tensor(lengths)
+    row_seq = torch.repeat_interleave(torch.arange(n), lens)
+    row_at = torch.arange(int(lens.sum())) + (row_seq + 1) * lead
+    tail_at = (ext_start + lens)[:, None] + torch.arange(lead)[None, :]
+    split_ids = [s for s in range(n) if splits[s] is not None]
+    split_tail_at = None
+    if split_ids:
+        ends = torch.tensor([int(ext_start[s]) + splits[s] for s in split_ids])
+        split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
+    # ---- blocks: every part of every sequence starts a block
+    parts: list[tuple[int, int, int, int | None]] = []              # (seq, first row, rows, split index)
+    for s, length in enumerate(lengths):
+        if splits[s] is None:
+            parts.append((s, 0, length, None))
+        else:
+            j = split_ids.index(s)
+            parts.append((s, 0, splits[s], j))
+            if length > splits[s]:
+                parts.append((s, splits[s], length - splits[s], None))
+    longest = max((p[2] for p in parts), default=1)
+    chunk = max(1, min(chunk_size, longest))
+    row_slot = torch.empty(int(lens.sum()), dtype=torch.long)
+    block_seq, block_step, capture_blocks = [], [], []
+    step_of_seq = [0] * n
+    for s, first, rows, split_index in parts:
+        nb = -(-rows // chunk) if rows else 0
+        base = len(block_seq)
+        offs = torch.arange(rows)
+        row_slot[int(seq_start[s]) + first + offs] = (base + offs // chunk) * chunk + offs % chunk
+        for _ in range(nb):
+            block_seq.append(s)
+            block_step.append(step_of_seq[s])
+            step_of_seq[s] += 1
+        if split_index is not None:
+            # the state after this part: after its last block, or the incoming one for an empty part
+            capture_blocks.append((base + nb - 1 if nb else None, split_index, s))
+    seq_t, step_t = torch.tensor(block_seq, dtype=torch.long), torch.tensor(block_step, dtype=torch.long)
+    num_steps = int(step_t.max()) + 1 if len(block_step) else 0
+    steps, captures = [], []
+    for st in range(num_steps):
+        blocks = (step_t == st).nonzero().flatten()
+        seqs = seq_t[blocks]
+        in_order = len(seqs) == n and bool((seqs == torch.arange(n)).all())
+        steps.append((blocks.to(device), seqs.to(device), in_order))
+        pos, idx = [], []
+        for b, j, _ in capture_blocks:
+            if b is not None and block_step[b] == st:
+                pos.append(int((blocks == b).nonzero()))
+                idx.append(j)
+        captures.append((torch.tensor(pos, dtype=torch.long, device=device),
+                         torch.tensor(idx, dtype=torch.long, device=device)))
+    empty_captures = [(j, s) for b, j, s in capture_blocks if b is None]
+    if empty_captures:   # a split at row 0: the state after zero rows is the initial state
+        raise ValueError(f"split after 0 rows is not supported (sequences {[s for _, s in empty_captures]})")
+    return VarlenLayout(
+        num_seqs=n, kernel=kernel, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
+        row_at=row_at.to(device), tail_at=tail_at.to(device),
+        split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
+        chunk=chunk, num_blocks=len(block_seq), row_slot=row_slot.to(device), steps=steps, captures=captures,
+    )
+
+
+def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: VarlenLayout
+                         ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Depthwise causal convolution of packed rows `x [R, C]` (weight `[C, K]`), each sequence after its
+    own `history [N, K-1, C]`. Returns (out `[R, C]` in x's dtype, the histories after each sequence
+    `[N, K-1, C]`, the histories at the splits `[J, K-1, C]` or None).
+
+    The K multiply-adds accumulate in fp32 in tap order, as F.conv1d does (transformers casts to the
+    weight dtype first and back after)."""
+    lead = layout.kernel - 1
+    ext = x.new_empty(layout.ext_rows, x.shape[1])
+    ext[layout.hist_at] = history.reshape(-1, x.shape[1]).to(x.dtype)
+    ext[layout.row_at] = x
+    tails = ext[layout.tail_at]
+    split_tails = ext[layout.split_tail_at] if layout.split_tail_at is not None else None
+    full32 = ext.to(weight.dtype).float()
+    w32 = weight.t().float()
+    base = layout.row_at - lead
+    acc = full32[base] * w32[0]
+    for j in range(1, layout.kernel):
+        acc.addcmul_(full32[base + j], w32[j])
+    return acc.to(weight.dtype).to(x.dtype), tails, split_tails
+
+
+def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                                  layout: VarlenLayout) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The chunked gated delta rule over packed rows (q, k `[R, H, Dk]` prepared, v `[R, H, Dv]`, g, beta
+    `[R, H]`) from per-sequence states `[N, H, Dk, Dv]`. Returns (o `[R, H, Dv]` fp32, final states
+    `[N, H, Dk, Dv]`, states at the splits `[J, H, Dk, Dv]` or None). Inputs are not modified."""
+    C, B = layout.chunk, layout.num_blocks
+    num_heads, dk, dv = k.shape[1], k.shape[2], v.shape[2]
+
+    def blocked(x: Tensor) -> Tensor:
+        """[R, H, ...] -> [B, H, C, ...], zero where no row (padding: no write, no decay)."""
+        out = x.new_zeros(B * C, *x.shape[1:], dtype=torch.float32)
+        out[layout.row_slot] = x.float()
+        return out.view(B, C, *x.shape[1:]).transpose(1, 2)
+
+    qb, kb, vb, gb, bb = (blocked(t) for t in (q, k, v, g, beta))
+    cum = gb.cumsum(-1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~causal, float("-inf")).exp_()
+    k_beta = kb * bb.unsqueeze(-1)
+    # UT transform (see ops/gdn.py chunk_gated_delta_rule): u = values written on a zero state, w turns
+    # the incoming state into their correction.
+    system = (k_beta @ kb.mT).mul_(decay)
+    rhs = torch.cat([vb * bb.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
+    u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, dk], dim=-1)
+    intra = (qb @ kb.mT).mul_(decay)
+    readers = torch.cat([w, qb * cum.exp().unsqueeze(-1)], dim=-2)         # [B, H, 2C, Dk]
+    last = cum[..., -1:]
+    k_to_end = (kb * (last - cum).exp().unsqueeze(-1)).mT                  # [B, H, Dk, C]
+    chunk_decay = last.exp().unsqueeze(-1)                                 # [B, H, 1, 1]
+
+    S = state.to(device=q.device, dtype=torch.float32, copy=True)
+    o = torch.empty(B, num_heads, C, dv, dtype=torch.float32, device=q.device)
+    split_states = None
+    if any(len(idx) for _, idx in layout.captures):
+        split_states = S.new_empty(sum(len(idx) for _, idx in layout.captures), num_heads, dk, dv)
+    for (blocks, seqs, in_order), (cap_pos, cap_idx) in zip(layout.steps, layout.captures, strict=True):
+        s_in = S if in_order else S[seqs]
+        read = readers[blocks] @ s_in
+        v_new = u[blocks] - read[:, :, :C]
+        o[blocks] = torch.baddbmm(read[:, :, C:].flatten(0, 1), intra[blocks].flatten(0, 1),
+                                  v_new.flatten(0, 1)).view(len(blocks), num_heads, C, dv)
+        s_out = torch.baddbmm((s_in * chunk_decay[blocks]).flatten(0, 1), k_to_end[blocks].flatten(0, 1),
+                              v_new.flatten(0, 1)).view(len(blocks), num_heads, dk, dv)
+        if in_order:
+            S = s_out
+        else:
+            S[seqs] = s_out
+        if len(cap_idx):
+            split_states[cap_idx] = s_out[cap_pos]
+    out = o.transpose(1, 2).reshape(B * C, num_heads, dv)[layout.row_slot]
+    return out, S, split_states
+
+
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
+    """One token for each of N sequences, updating `state [N, H, Dk, Dv]` (fp32, contiguous) IN PLACE:
+    q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`. Returns o `[N, H, Dv]` fp32.
+    (The callers pass states gathered from the pool, which are private copies.)"""
+    n, h, dk = k.shape
+    dv = v.shape[-1]
+    S = state.view(n * h, dk, dv)
+    S.mul_(g.float().exp().view(n * h, 1, 1))                             # decay first
+    kf = k.float().reshape(n * h, 1, dk)
+    read = torch.bmm(kf, S)                                                # Sᵀk as [NH, 1, Dv]
+    delta = (v.float().reshape(n * h, 1, dv) - read).mul_(beta.float().reshape(n * h, 1, 1))
+    S.addcmul_(kf.mT, delta)                                               # rank-1 write k ⊗ delta
+    return torch.bmm(q.float().reshape(n * h, 1, dk), S).view(n, h, dv)
+
+
+def conv_step(x: Tensor, weight: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
+    """The short convolution for one new row of each of N sequences: x `[N, C]`, history `[N, K-1, C]`.
+    Returns (out `[N, C]`, new histories `[N, K-1, C]`); same arithmetic as `causal_conv1d_varlen`."""
+    full = torch.cat([history.to(x.dtype), x[:, None]], dim=1)            # [N, K, C]
+    full32, w32 = full.to(weight.dtype).float(), weight.t().float()
+    acc = full32[:, 0] * w32[0]
+    for j in range(1, weight.shape[1]):
+        acc.addcmul_(full32[:, j], w32[j])
+    return acc.to(weight.dtype).to(x.dtype), full[:, 1:]

@@ -1,0 +1,121 @@
+"""Packed (varlen) ops against their one-sequence references: many sequences in one call give each
+sequence what it would get alone (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core.deferral.visibility import deferred_mask
+from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
+from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
+from raincheck_core.ops.gdn_varlen import (
+    causal_conv1d_varlen,
+    chunk_gated_delta_rule_varlen,
+    conv_step,
+    gated_delta_step,
+    varlen_layout,
+)
+
+H, DK, DV, C, K = 4, 32, 24, 40, 4          # Dk != Dv: a swapped state layout cannot pass
+
+
+def _gdn_inputs(r: int, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = l2norm(torch.randn(r, H, DK, generator=g)) * DK**-0.5
+    k = l2norm(torch.randn(r, H, DK, generator=g))
+    v = torch.randn(r, H, DV, generator=g)
+    gate = -torch.nn.functional.softplus(torch.randn(r, H, generator=g)) * torch.tensor([0.01, 0.1, 1.0, 3.0])
+    beta = torch.rand(r, H, generator=g)
+    return q, k, v, gate, beta, torch.randn(n, H, DK, DV, generator=g)
+
+
+@pytest.mark.parametrize(("lengths", "splits"), [
+    ([5, 1, 70, 130, 3, 64], [3, None, None, 100, None, 60]),   # a split at a block end, one inside a block
+    ([31, 3], [28, None]),                                       # a deferred chunk with its 3-row lead
+    ([7], [7]),                                                  # a split at the end: the final state twice
+])
+def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
+    q, k, v, g, beta, s0 = _gdn_inputs(sum(lengths), len(lengths), seed=len(lengths))
+    layout = varlen_layout(lengths, K, splits)
+    out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, s0, layout)
+    at, j = 0, 0
+    for i, n in enumerate(lengths):
+        rows = slice(at, at + n)
+        ref_o, ref_s = recurrent_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], s0[i])
+        assert float((out[rows] - ref_o).abs().max()) <= 1e-5
+        assert float((finals[i] - ref_s).abs().max()) <= 1e-5
+        if splits[i] is not None:
+            m = slice(at, at + splits[i])
+            _, ref_split = recurrent_gated_delta_rule(q[m], k[m], v[m], g[m], beta[m], s0[i])
+            assert float((split_states[j] - ref_split).abs().max()) <= 1e-5
+            j += 1
+        at += n
+
+
+def test_conv_over_packed_sequences_equals_each_alone():
+    lengths, splits = [5, 1, 70, 2], [3, None, None, 1]
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(sum(lengths), C, generator=gen), torch.randn(C, K, generator=gen)
+    hist = torch.randn(len(lengths), K - 1, C, generator=gen)
+    out, tails, split_tails = causal_conv1d_varlen(x, w, hist, varlen_layout(lengths, K, splits))
+    at, j = 0, 0
+    for i, n in enumerate(lengths):
+        ref, ref_tail = causal_conv1d(x[at:at + n], w, hist[i])
+        assert float((out[at:at + n] - ref).abs().max()) <= 1e-6
+        assert torch.equal(tails[i], ref_tail)
+        if splits[i] is not None:
+            _, ref_split = causal_conv1d(x[at:at + splits[i]], w, hist[i])
+            assert torch.equal(split_tails[j], ref_split)
+            j += 1
+        at += n
+    one, one_tails = conv_step(x[:3], w, hist[:3])                # one row of each of 3 sequences
+    for i in range(3):
+        ref, ref_tail = causal_conv1d(x[i:i + 1], w, hist[i])
+        assert float((one[i] - ref[0]).abs().max()) <= 1e-6 and torch.equal(one_tails[i], ref_tail)
+
+
+def test_batched_recurrent_step_equals_each_alone_and_updates_in_place():
+    q, k, v, g, beta, s0 = _gdn_inputs(7, 7, seed=3)
+    state = s0.clone()
+    out = gated_delta_step(q, k, v, g, beta, state)
+    for i in range(7):
+        ref_o, ref_s = recurrent_gated_delta_rule(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], s0[i])
+        assert float((out[i] - ref_o[0]).abs().max()) <= 1e-5
+        assert float((state[i] - ref_s).abs().max()) <= 1e-5
+
+
+def test_attention_over_packed_segments_equals_each_alone():
+    """Decode rows, short chunks and a long prefill in one call; a deferred chunk's read list leaves out
+    GEN slots, which must equal the dense visibility mask of docs/mechanism.md §4."""
+    gen = torch.Generator().manual_seed(1)
+    kv, heads, d, slots = 2, 6, 16, 600
+    k_cache, v_cache = torch.randn(slots, kv, d, generator=gen), torch.randn(slots, kv, d, generator=gen)
+    perm = torch.randperm(slots, generator=gen)
+    q_lens, pasts = [1, 5, 1, 70, 7, 1], [40, 0, 3, 20, 30, 0]
+    reads, writes, at = [], [], 0
+    for n, past in zip(q_lens, pasts, strict=True):
+        reads.append(perm[at:at + past + n])
+        writes.append(reads[-1][past:])
+        at += past + n
+    generated = torch.zeros(pasts[4], dtype=torch.bool)
+    generated[[3, 17, 18]] = True                                 # the chunk of segment 4 must not see these
+    full_read_4 = reads[4]
+    reads[4] = torch.cat([full_read_4[:pasts[4]][~generated], full_read_4[pasts[4]:]])
+    rows = sum(q_lens)
+    q = torch.randn(rows, heads, d, generator=gen)
+    k, v = torch.randn(rows, kv, d, generator=gen), torch.randn(rows, kv, d, generator=gen)
+    out = varlen_attention(q, k, v, k_cache, v_cache, attention_layout(q_lens, reads, torch.cat(writes)))
+    at = 0
+    for s, n in enumerate(q_lens):
+        ref = reference_attention(q[at:at + n], k_cache, v_cache, reads[s])
+        assert float((out[at:at + n] - ref).abs().max()) <= 1e-5, s
+        at += n
+    # the same chunk as a dense masked softmax over its full read list
+    at = sum(q_lens[:4])
+    keys, values = k_cache[full_read_4].float(), v_cache[full_read_4].float()
+    rep = heads // kv
+    scores = torch.einsum("nhd,shd->hns", q[at:at + 7], keys.repeat_interleave(rep, 1)) * d**-0.5
+    scores = scores.masked_fill(~deferred_mask(generated, 7)[None], float("-inf"))
+    dense = torch.einsum("hns,shd->nhd", scores.softmax(-1), values.repeat_interleave(rep, 1))
+    assert float((out[at:at + 7] - dense).abs().max()) <= 1e-5
