@@ -56,6 +56,10 @@ class StepFailedError(RaincheckError):
     undone: the session's cache is as it was before the turn started."""
 
 
+class TurnAbortedError(RaincheckError):
+    """The turn was stopped and undone (`Session.abort`): nobody was left to read its answer."""
+
+
 class RecoveryStateError(RaincheckError):
     """A hand-off verb does not fit the session's recovery: nothing to hand off, or a result for an
     earlier recovery (a stale result is never applied)."""

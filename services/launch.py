@@ -31,7 +31,10 @@ def _until_signal(stops: list[Callable[[], None]]) -> None:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    # Not a bare wait(): Python runs a signal's handler only when the main thread wakes, and a signal the
+    # kernel hands to another thread does not wake a main thread blocked on a lock.
+    while not done.wait(0.5):
+        pass
     log.info("shutting down")
     for stop in stops:
         stop()

@@ -12,13 +12,13 @@ from ..deferral.gdn_join import GDNJoin
 from ..deferral.partition import partition_turn
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import InvalidInputError, SessionBusyError, SessionClosedError
+from ..errors import InvalidInputError, SessionBusyError, SessionClosedError, TurnAbortedError
 from ..inputs import Message, Prompt
 from ..multimodal.turn_input import build_turn_input
 from ..sampling import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent
 from .request import TurnRequest
-from .session_cache import SessionCache
+from .session_cache import Checkpoint, SessionCache
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -50,6 +50,7 @@ class Session:
         self.deferral = deferral or DeferralConfig()
         self.closed = False
         self._current: TurnRequest | None = None
+        self._undo: Checkpoint | None = None     # the cache before the current turn, until its end is read
 
     @property
     def turns(self) -> int:
@@ -102,6 +103,7 @@ class Session:
                                   recovery, waited, cache.last_recovery_s if cache.turns else None, checkpoint)
             cache.pending_ids = []
             self._current = request
+            self._undo = checkpoint
             cache.turns += 1
             engine.scheduler.add(request)
             engine.wake()
@@ -179,6 +181,27 @@ class Session:
                 req.finish("cancelled")
                 self.engine._turn_ended(req)
 
+    def abort(self) -> None:
+        """Undo the current turn unless its end has been read from its stream: stop it if it still runs,
+        and put the session back as it was before the turn was admitted (as after a failed turn; its
+        recovery, if any, is dropped). For a turn whose reader has gone, so that the session holds only
+        turns someone saw to the end."""
+        with self.engine.lock:
+            req, undo = self._current, self._undo
+            if req is None or undo is None or req.error is not None:
+                return
+            if not req.finished:
+                self.engine._fail_turn(req, TurnAbortedError(f"the turn of session {self.id} was abandoned"))
+            else:     # it ended, but nobody read the end
+                self.engine.scheduler.remove_recovering(self.cache)
+                self.cache.restore(undo)
+            self._undo = None
+
+    def _end_read(self, request: TurnRequest) -> None:
+        """`request`'s end was handed to its reader: it is part of the session for good."""
+        if self._current is request:
+            self._undo = None
+
     def close(self) -> None:
         """Cancel any running turn and return the session's pages and state slot."""
         if self.closed:
@@ -212,6 +235,8 @@ class TurnStream:
             event = req.events.popleft()
             if isinstance(event, TurnEnd):
                 self.end = event
+                with self.session.engine.lock:
+                    self.session._end_read(req)
             return event
         if req.error is not None:
             raise req.error

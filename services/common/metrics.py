@@ -34,6 +34,11 @@ RECOVERY_FALLBACKS = Counter("raincheck:deferred_fallbacks",
                              "worker did not (timeout, worker_died, no_worker, error).", ["reason"])
 BARRIER_WAIT = Histogram("raincheck:barrier_wait_seconds",
                          "Time a turn waited for its session's previous recovery to complete.", buckets=_LATENCY)
+RECOVERY_UP = Gauge("raincheck:recovery_mode_up", "1 while the worker's recovery mode works as designed; 0 while it is "
+                    "degraded (disaggregated without Ray: its recoveries finish locally).", ["worker", "mode"])
+DEFERRED_QUEUE = Gauge("raincheck:deferred_queue_depth", "Residuals waiting for a free deferred worker.", ["worker"])
+DEFERRED_QUEUE_WAIT = Histogram("raincheck:deferred_queue_wait_seconds",
+                                "Time a residual waited for a free deferred worker.", buckets=_LATENCY)
 SESSIONS = Gauge("raincheck:sessions_active", "Open sessions on the worker.", ["worker"])
 KV_USAGE = Gauge("raincheck:kv_cache_usage_perc", "Fraction of the worker's KV pages in use.", ["worker"])
 

@@ -157,11 +157,18 @@ class DeferredSettings:
     """Ray deferred workers, for `disaggregated` recovery (docs/services.md, Recovery modes)."""
 
     ray_address: str | None = setting(None, "RAY_ADDRESS", "Ray cluster of the deferred workers (host:port, or "
-                                      "ray://host:10001 for Ray Client)", shown="a local Ray in this process")
+                                      "ray://host:10001 for Ray Client)", shown="a local Ray of the worker's own")
     namespace: str = setting("raincheck", "RAINCHECK_RAY_NAMESPACE", "Ray namespace of the deferred-worker actors",
                              flag="--ray-namespace")
     workers: int = setting(1, "RAINCHECK_DEFERRED_WORKERS", "actors to start when none is registered in the "
-                           "namespace", flag="--deferred-workers", ge=1)
+                           "namespace (and to keep while idle)", flag="--deferred-workers", ge=1)
+    max_workers: int | None = setting(None, "RAINCHECK_DEFERRED_MAX_WORKERS", "the most actors a decode worker "
+                                      "grows its own pool to while residuals wait", flag="--deferred-max-workers",
+                                      shown="--deferred-workers (no growth)", ge=1)
+    scale_up_wait_s: float = setting(0.5, "RAINCHECK_DEFERRED_SCALE_UP_WAIT_S", "a residual waiting this long "
+                                     "for a free actor asks for one more", flag="--deferred-scale-up-wait-s", gt=0)
+    idle_s: float = setting(300.0, "RAINCHECK_DEFERRED_IDLE_S", "an actor beyond --deferred-workers idle this "
+                            "long is stopped", flag="--deferred-idle-s", gt=0)
     num_cpus: float = setting(1.0, "RAINCHECK_DEFERRED_NUM_CPUS", "CPUs each deferred-worker actor asks Ray for",
                               flag="--deferred-num-cpus", ge=0)
     num_gpus: float = setting(0.0, "RAINCHECK_DEFERRED_NUM_GPUS", "GPUs each actor asks Ray for (needed for "
@@ -171,6 +178,18 @@ class DeferredSettings:
     timeout_s: float = setting(120.0, "RAINCHECK_DEFERRED_TIMEOUT_S", "seconds from an answer's end until a "
                                "shipped recovery is given up on and finished locally",
                                flag="--deferred-timeout-s", gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DeferredSettings:
+        if self.max_workers is not None and self.max_workers < self.workers:
+            raise ValueError(f"--deferred-max-workers ({self.max_workers}) is below --deferred-workers "
+                             f"({self.workers})")
+        return self
+
+    @property
+    def most_workers(self) -> int:
+        """The most actors a decode worker's own pool grows to."""
+        return self.max_workers or self.workers
 
 
 @dataclass

@@ -36,6 +36,7 @@ class RecoveryBackend(ABC):
       events, GetSession, gauges).
     - `forget(ws)` is called when the session closes: drop any in-flight work for it.
     - `poll()` is called by the engine's background stepping thread between steps (and while idle).
+    - `watch(on_change)` is called once, before `start()`, with the callback that reports the mode's health.
     - Observe `RECOVERY_LATENCY` (answer end -> complete) and `RECOVERY_BYTES` (shipped both ways)
       once per completed recovery, labelled with `mode`.
     """
@@ -53,6 +54,10 @@ class RecoveryBackend(ABC):
 
     def poll(self) -> None:  # noqa: B027 (an optional hook)
         """Between engine steps."""
+
+    def watch(self, on_change: Callable[[bool], None]) -> None:  # noqa: B027 (an optional hook)
+        """`on_change(up)` whenever the mode becomes usable as designed (True) or degraded (False, recoveries
+        then finish locally). A mode that cannot degrade never calls it."""
 
     @abstractmethod
     def answer_done(self, ws: WorkerSession) -> None: ...

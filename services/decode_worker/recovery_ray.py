@@ -14,25 +14,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-
-import ray
-from ray.exceptions import RayActorError
 
 from raincheck_core.deferral.handoff import ResidualResult
 from raincheck_core.errors import RecoveryStateError
 
 from ..common.logs import bind
-from ..common.metrics import RECOVERY_BYTES, RECOVERY_FALLBACKS, RECOVERY_LATENCY
-from ..deferred_worker.pool import DeferredPool, NoDeferredWorkerError
+from ..common.metrics import (
+    DEFERRED_QUEUE,
+    DEFERRED_QUEUE_WAIT,
+    RECOVERY_BYTES,
+    RECOVERY_FALLBACKS,
+    RECOVERY_LATENCY,
+)
+from ..deferred_worker.bridge import DeferredWorkerError, RayBridge
 from ..deferred_worker.wire import pack, unpack
 from .recovery import RecoveryBackend
 from .sessions import WorkerSession
 
 log = logging.getLogger(__name__)
 WAIT_S = 0.05           # how often a shipped recovery checks whether it is still wanted
-
 
 @dataclass(eq=False)
 class _Job:
@@ -58,8 +62,10 @@ class _Job:
 class DisaggregatedRecovery(RecoveryBackend):
     mode = "disaggregated"
 
-    def __init__(self, pool: DeferredPool, timeout_s: float, max_in_flight: int = 32):
-        self.pool = pool
+    def __init__(self, bridge: RayBridge, timeout_s: float, worker_id: str = "", max_in_flight: int = 32):
+        self.bridge = bridge
+        self.worker_id = worker_id
+        bridge.on_queue = lambda depth: DEFERRED_QUEUE.labels(worker_id).set(depth)
         self.timeout_s = timeout_s
         self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="raincheck-deferred")
         self._lock = threading.Lock()
@@ -68,18 +74,25 @@ class DisaggregatedRecovery(RecoveryBackend):
         self._stopping = threading.Event()
 
     def start(self) -> None:
-        self.pool.start()
+        self.bridge.start()
 
     def stop(self) -> None:
         self._stopping.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self.pool.stop()
+        self.bridge.stop()
+        DEFERRED_QUEUE.remove(self.worker_id)
+
+    def watch(self, on_change: Callable[[bool], None]) -> None:
+        self.bridge.on_state = on_change
 
     def turn_started(self, ws: WorkerSession) -> None:
         """Keep the engine's gap recovery off this turn's remainder: it is shipped at the answer's end
         (fused chunks still ride on the turn's decode steps). This holds the recovery right after
         admission; only a turn that ends within a step or two can lose that race, and then some of its
-        rows are simply recovered locally first."""
+        rows are simply recovered locally first. Without Ray nothing is held: the engine recovers the turn
+        as colocated would."""
+        if not self.bridge.connected:
+            return
         ticket = ws.session.engine.hold_residual(ws.session)
         if ticket is None:
             return
@@ -137,6 +150,8 @@ class DisaggregatedRecovery(RecoveryBackend):
                 job.local = True
                 return
             job.shipped = payload.nbytes()
+            bind(log, session_id=job.ws.id).info("shipping %d deferred tokens to a deferred worker (%d bytes)",
+                                                 payload.rows, job.shipped)
             reply = self._remote(job, pack(payload))
             if reply is not None:
                 result, compute_s = reply
@@ -146,8 +161,8 @@ class DisaggregatedRecovery(RecoveryBackend):
                 except RecoveryStateError:   # taken back or finished meanwhile: the result is dropped
                     pass
         except Exception as e:   # the deferred worker failed: finish here (a recovery is never lost)
-            reason = "timeout" if isinstance(e, TimeoutError) else "worker_died" if isinstance(e, RayActorError) \
-                else "no_worker" if isinstance(e, NoDeferredWorkerError) else "error"
+            reason = "timeout" if isinstance(e, TimeoutError) else e.reason if isinstance(e, DeferredWorkerError) \
+                else "error"
             bind(log, session_id=job.ws.id).warning("deferred worker failed (%s: %s); recovering %d tokens "
                                                     "locally", reason, e, session.pending_deferred)
             RECOVERY_FALLBACKS.labels(reason).inc()
@@ -169,24 +184,23 @@ class DisaggregatedRecovery(RecoveryBackend):
 
     def _remote(self, job: _Job, wire: dict) -> tuple[ResidualResult, float] | None:
         """Prefill on a deferred worker: the result and the actor's compute time; None once the recovery
-        is no longer this backend's or the worker stops. TimeoutError past the deadline; Ray's errors
-        when the actor fails."""
-        actor = self.pool.pick()
-        ref = actor.prefill.remote(wire)
+        is no longer this backend's or the worker stops. TimeoutError past the deadline;
+        DeferredWorkerError when the deferred workers fail it."""
+        future = self.bridge.prefill(job.ws.id, None, {"payload": wire})
         deadline = job.t_answer_end + self.timeout_s
         while True:
-            ready, _ = ray.wait([ref], timeout=WAIT_S)
-            if ready:
+            try:
+                reply = future.result(timeout=WAIT_S)
                 break
+            except FutureTimeout:
+                pass
             if self._stopping.is_set() or not job.current():
+                self.bridge.cancel(future)
                 return None
             if time.perf_counter() > deadline:
+                self.bridge.cancel(future)
                 raise TimeoutError(f"no result within {self.timeout_s:g}s of the answer's end")
-        try:
-            reply = ray.get(ref)
-        except RayActorError:
-            self.pool.lost(actor)
-            raise
+        DEFERRED_QUEUE_WAIT.observe(reply["wait_s"])
         return unpack(ResidualResult, reply["result"], job.ws.session.engine.device), reply["compute_s"]
 
     def _observe(self, job: _Job, nbytes: int) -> None:

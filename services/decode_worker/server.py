@@ -8,8 +8,11 @@ import threading
 import time
 import uuid
 
+from grpc_health.v1 import health_pb2
+
 from .._gen import worker_pb2, worker_pb2_grpc
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
+from ..common.metrics import RECOVERY_UP
 from ..common.settings import WorkerSettings
 from ..common.store import Store, WorkerInfo
 from .loading import load_engine, model_name
@@ -19,17 +22,18 @@ from .servicer import DecodeWorkerServicer
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].full_name
+RECOVERY_HEALTH = "raincheck.recovery."     # + mode: a health service per recovery mode
 
 
-def recovery_backends(settings: WorkerSettings, model: str) -> list[RecoveryBackend]:
+def recovery_backends(settings: WorkerSettings, model: str, worker_id: str) -> list[RecoveryBackend]:
     """The backends besides colocated that `settings.recovery_modes` asks for."""
     if "disaggregated" not in settings.recovery_modes:
         return []
-    from ..deferred_worker.pool import DeferredPool
+    from ..deferred_worker.bridge import RayBridge
     from .recovery_ray import DisaggregatedRecovery
 
-    pool = DeferredPool(settings.deferred, settings.model_spec(), model)
-    return [DisaggregatedRecovery(pool, settings.deferred.timeout_s)]
+    bridge = RayBridge(settings.deferred, settings.model_spec(), model)
+    return [DisaggregatedRecovery(bridge, settings.deferred.timeout_s, worker_id)]
 
 
 class DecodeWorkerServer:
@@ -41,18 +45,28 @@ class DecodeWorkerServer:
         self.store = store
         spec = settings.model_spec()
         engine, self.model = load_engine(spec), model_name(spec)
-        if backends is None:
-            backends = recovery_backends(settings, self.model)
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        if backends is None:
+            backends = recovery_backends(settings, self.model, self.worker_id)
         self.runtime = WorkerRuntime(engine, settings, self.worker_id, backends)
         self.runtime.on_change = self.register
         self.server = make_server(settings.threads, settings.max_message_bytes)
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(self.runtime), self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        for mode, backend in self.runtime.backends.items():
+            self._recovery_health(mode, mode == "colocated")
+            backend.watch(lambda up, mode=mode: self._recovery_health(mode, up))
         self.port = bind(self.server, settings.host, settings.port)
         self.address = settings.advertise or f"{settings.host}:{self.port}"
         self._stopping = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="raincheck-heartbeat", daemon=True)
+
+    def _recovery_health(self, mode: str, up: bool) -> None:
+        """Health service `raincheck.recovery.<mode>` and `raincheck:recovery_mode_up`: NOT_SERVING / 0 while
+        the mode is degraded. The worker itself keeps serving (its overall health is unaffected)."""
+        status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
+        self.health.set(f"{RECOVERY_HEALTH}{mode}", status)
+        RECOVERY_UP.labels(self.worker_id, mode).set(int(up))
 
     def info(self) -> WorkerInfo:
         stats = self.runtime.stats()
@@ -98,6 +112,8 @@ class DecodeWorkerServer:
         self._detach_sessions()
         self.server.stop(max(0.0, deadline - time.monotonic())).wait()
         self.runtime.stop()
+        for mode in self.runtime.backends:
+            RECOVERY_UP.remove(self.worker_id, mode)
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=5)
 

@@ -28,12 +28,14 @@ class WorkerSession:
         return self.session.id
 
     def release(self, stream: TurnStream) -> None:
-        """The RPC streaming `stream` is over (finished, failed or abandoned): cancel the turn if it is
-        still running, and free the session for its next turn. A no-op once a newer turn has started."""
+        """The RPC streaming `stream` is over (finished, failed or abandoned): undo the turn if it is still
+        running (its client never saw it end, and its frontend never logged it: the session must hold
+        what its turn log holds, which a rebuild replays), and free the session for its next turn. A
+        no-op once a newer turn has started."""
         with self.lock:
             if self.stream is not stream:
                 return
             if stream.end is None:
-                self.session.cancel()
+                self.session.abort()
             self.active = False
             self.last_used = time.monotonic()

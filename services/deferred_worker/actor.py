@@ -1,9 +1,11 @@
 """The deferred-worker Ray actor, and how to reach Ray and name, find and start such actors.
 
 A `DeferredWorker` holds one Engine on the decode workers' checkpoint and prefills the residuals they
-ship (`Engine.prefill_residual`). Payloads and results cross Ray's object
-store as numpy arrays (wire.py): Ray deserializes them zero-copy, and the actor never unpickles a torch
-tensor. Ray itself pickles what it carries, so the cluster must be trusted (it is Raincheck's own).
+ship (`Engine.prefill_residual`). Payloads and results cross Ray's object store as numpy arrays
+(wire.py): Ray deserializes them zero-copy, and the actor never unpickles a torch tensor. Ray itself
+pickles what it carries, so the cluster must be trusted (it is Raincheck's own). This module imports
+neither torch nor the engine at the top: the decode worker's Ray driver process (driver.py) only names
+the class; the actor's own process loads them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ import time
 
 import ray
 
-from raincheck_core.deferral.handoff import ResidualPayload
-
 from ..common.settings import DeferredSettings, ModelSpec
-from ..decode_worker.loading import load_engine
-from .wire import pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +25,29 @@ class DeferredWorker:
     """Ray actor class (wrapped with `ray.remote` where it is started, with the options it asks for)."""
 
     def __init__(self, spec: ModelSpec):
+        from ..decode_worker.loading import load_engine
+
         self.engine = load_engine(spec)
         self.calls = 0
 
-    def prefill(self, payload: dict) -> dict:
-        """Prefill a packed `ResidualPayload`; returns the packed `ResidualResult` and the compute time."""
+    def ready(self) -> int:
+        """Answers once the checkpoint has loaded: the actor's process id."""
+        return os.getpid()
+
+    def prefill(self, request: dict) -> dict:
+        """Prefill a packed `ResidualPayload` (`request["payload"]`); returns the packed `ResidualResult`
+        and the compute time."""
+        from raincheck_core.deferral.handoff import ResidualPayload
+
+        from .wire import pack, unpack
+
         t0 = time.perf_counter()
-        result = self.engine.prefill_residual(unpack(ResidualPayload, payload, self.engine.device))
+        result = self.engine.prefill_residual(unpack(ResidualPayload, request["payload"], self.engine.device))
         self.calls += 1
         return {"result": pack(result), "compute_s": time.perf_counter() - t0}
+
+    def forget(self, session_id: str) -> None:
+        """The session closed (nothing is kept per session yet)."""
 
     def stats(self) -> dict[str, int]:
         return {"pid": os.getpid(), "calls": self.calls}
@@ -68,22 +80,27 @@ def actor_prefix(model: str) -> str:
     return f"deferred:{model}:"
 
 
-def registered(settings: DeferredSettings, model: str) -> list[ray.actor.ActorHandle]:
-    """The live actors registered by name in the namespace for `model`."""
+def own_prefix(model: str) -> str:
+    """Names of a decode worker's own deferred workers (never taken for registered ones)."""
+    return f"own:{model}:"
+
+
+def registered(settings: DeferredSettings, model: str) -> dict[str, ray.actor.ActorHandle]:
+    """The live actors registered by name in the namespace for `model`, by name."""
     prefix = actor_prefix(model)
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                    if a["namespace"] == settings.namespace and a["name"].startswith(prefix))
-    found = []
+    found = {}
     for name in names:
         try:
-            found.append(ray.get_actor(name, namespace=settings.namespace))
+            found[name] = ray.get_actor(name, namespace=settings.namespace)
         except ValueError:   # gone since it was listed
             continue
     return found
 
 
 def actor_options(settings: DeferredSettings) -> dict:
-    """What each deferred worker asks Ray for."""
+    """What each deferred worker asks Ray for: the resource shape the autoscaler provides nodes for."""
     options = dict(num_cpus=settings.num_cpus, num_gpus=settings.num_gpus, namespace=settings.namespace)
     if settings.resource:
         options["resources"] = {settings.resource: 1}

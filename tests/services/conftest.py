@@ -51,6 +51,13 @@ def ray_session():
 
 
 @pytest.fixture
+def ray_address(ray_session) -> str:
+    """Where decode workers' Ray drivers attach to the shared Ray (by GCS address: they run in processes of
+    their own, with the token auth the local Ray turned on in this process's environment)."""
+    return ray_session.get_runtime_context().gcs_address
+
+
+@pytest.fixture
 def ray_namespace(ray_session) -> str:
     """A Ray namespace of the test's own, so that no other test's deferred workers are found."""
     return f"raincheck-test-{uuid.uuid4().hex[:12]}"

@@ -15,10 +15,10 @@ class SlowDeferredWorker(DeferredWorker):
         self.delay_s = delay_s
         self.begun = 0
 
-    def prefill(self, payload: dict) -> dict:
+    def prefill(self, request: dict) -> dict:
         self.begun += 1
         time.sleep(self.delay_s)
-        return super().prefill(payload)
+        return super().prefill(request)
 
     def started(self) -> int:
         """Prefills begun (answers while one sleeps: the actor runs with max_concurrency > 1)."""

@@ -37,13 +37,13 @@ def _metric(name: str, **labels: str) -> float:
 
 
 def _fallbacks(reason: str | None = None) -> float:
-    reasons = [reason] if reason else ["timeout", "worker_died", "no_worker", "error"]
+    reasons = [reason] if reason else ["timeout", "worker_died", "ray_lost", "error"]
     return sum(_metric("raincheck:deferred_fallbacks_total", reason=r) for r in reasons)
 
 
-def _worker(cluster, store, namespace: str, **deferred):
+def _worker(cluster, store, address: str, namespace: str, **deferred):
     return cluster.worker(store, recovery_modes=("colocated", "disaggregated"),
-                          deferred=DeferredSettings(namespace=namespace, num_cpus=0, **deferred))
+                          deferred=DeferredSettings(ray_address=address, namespace=namespace, num_cpus=0, **deferred))
 
 
 def _chat(client, mode: str, follow: bool = True):
@@ -65,9 +65,9 @@ def _wait(condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_namespace):
+def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_address, ray_namespace):
     store = MemoryStore()
-    worker = _worker(cluster, store, ray_namespace)
+    worker = _worker(cluster, store, ray_address, ray_namespace)
     client = cluster.client(cluster.frontend(store))
     assert client.list_models()[0].recovery_modes == ["colocated", "disaggregated"]
     shipped = _metric("raincheck:recovery_bytes_shipped_sum", mode="disaggregated")
@@ -77,9 +77,10 @@ def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_namespac
     assert session.status().pending_deferred_tokens == 0
     tokens = [first, second()]
 
-    (actor,) = worker.runtime.backends["disaggregated"].pool.actors()     # the worker's own: none registered
-    stats = ray.get(actor.stats.remote())
-    assert stats["calls"] == 1 and stats["pid"] != os.getpid()            # it ran in the actor's process
+    stats = worker.runtime.backends["disaggregated"].bridge.stats()
+    (actor,) = stats["actors"]                                            # the worker's own: none registered
+    assert actor["own"] and not stats["registered"]
+    assert actor["calls"] == 1 and actor["pid"] != os.getpid()           # it ran in the actor's process
     assert _metric("raincheck:recovery_bytes_shipped_sum", mode="disaggregated") > shipped
     assert _fallbacks() == fallbacks
 
@@ -88,7 +89,7 @@ def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_namespac
 
 
 @pytest.mark.parametrize("failure", ["killed", "hangs"])
-def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_namespace, failure):
+def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_address, ray_namespace, failure):
     """The only registered deferred worker is killed while it holds the payload, or never answers (a
     short timeout): the decode worker takes the recovery back and finishes it; the next turn matches
     colocated recovery."""
@@ -96,8 +97,9 @@ def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_namesp
     slow = ray.remote(SlowDeferredWorker).options(name=f"deferred:{MODEL}:0", namespace=ray_namespace, num_cpus=0,
                                                   max_concurrency=2).remote(spec, 60.0)
     store = MemoryStore()
-    worker = _worker(cluster, store, ray_namespace, timeout_s=60.0 if failure == "killed" else 1.0)
-    assert worker.runtime.backends["disaggregated"].pool.actors() == [slow]
+    worker = _worker(cluster, store, ray_address, ray_namespace, timeout_s=60.0 if failure == "killed" else 1.0)
+    stats = worker.runtime.backends["disaggregated"].bridge.stats()
+    assert stats["registered"] and [a["key"] for a in stats["actors"]] == [f"deferred:{MODEL}:0"]
     client = cluster.client(cluster.frontend(store))
     reason = {"killed": "worker_died", "hangs": "timeout"}[failure]
     fallbacks = _fallbacks(reason)
@@ -124,12 +126,13 @@ def test_keeper_keeps_named_actors_alive(checkpoint, ray_namespace):
     try:
         assert keeper.names == [f"deferred:{MODEL}:0", f"deferred:{MODEL}:1"]
         first = registered(settings, MODEL)
-        assert len(first) == 2 and registered(settings, "other-model") == []
-        ray.kill(first[0])
-        _wait(lambda: (now := registered(settings, MODEL)) and len(now) == 2 and now[0] != first[0])
+        assert list(first) == keeper.names and registered(settings, "other-model") == {}
+        ray.kill(first[keeper.names[0]])
+        _wait(lambda: (now := registered(settings, MODEL)) and len(now) == 2
+              and now[keeper.names[0]] != first[keeper.names[0]])
     finally:
         keeper.stop()
-    assert registered(settings, MODEL) == []
+    assert registered(settings, MODEL) == {}
 
 
 def test_serve_with_deferred_workers(checkpoint, tmp_path):
