@@ -148,7 +148,7 @@ class Deployment:
         since `since` (their lengths then)."""
         logs = [self.log(w, n) for w, n in since.items()]
         return (sum(t.count("recovered on a deferred worker") for t in logs),
-                sum(t.count("deferred worker failed (") + t.count("handed off but not applied") for t in logs))
+                sum(t.count("deferred worker failed (") + t.count("recovered locally first") for t in logs))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.pop(name)

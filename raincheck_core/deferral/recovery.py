@@ -7,6 +7,7 @@ the answer in larger prefill-only chunks, until none is left; the session's next
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import TYPE_CHECKING
 
@@ -19,16 +20,25 @@ if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
 
 
+_serials = itertools.count(1)
+
+
 class Recovery:
     def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None, turn: int = 0):
         self.rows = rows
-        self.turn = turn               # the session's turn index: names this recovery (hand-off results)
+        self.turn = turn               # the session's turn index: names this recovery (hand-off tickets)
+        self.serial = next(_serials)   # unique: a result made for an undone attempt of the same turn is refused
         self.cfg = cfg
         self.join = join
         self.cursor = 0
         self.slots: list[torch.Tensor] = []   # KV slots each processed chunk wrote, in order (pages to ship)
         self.answer_done = False
-        self.handed_off = False        # a deferred worker is prefilling the rest (Engine.hold_residual)
+        # Hand-off (engine/residual.py): `held` while a deferred worker may deliver the rows from the cursor
+        # on. Then post-answer gap recovery leaves them alone, and fused chunks run only if `fuse_held`;
+        # `racing` once a barrier waits for them: local recovery runs too, and whichever ends first wins.
+        self.held = False
+        self.fuse_held = True
+        self.racing = False
         self.t_answer_end: float | None = None
         self.t_done: float | None = None
         self.failures = 0              # steps that failed on this recovery's own rows
@@ -45,9 +55,16 @@ class Recovery:
     def done(self) -> bool:
         return self.cursor >= self.total
 
+    @property
+    def handed_off(self) -> bool:
+        """Local gap recovery leaves this recovery to a deferred worker."""
+        return self.held and not self.racing
+
     def fuses_now(self, fed: int) -> bool:
-        """A chunk may ride on a decode step: raincheck policy, past the guard, rows left."""
-        return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done
+        """A chunk may ride on a decode step: raincheck policy, past the guard, rows left (and, while held
+        for a deferred worker, fusing allowed)."""
+        return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done \
+            and (self.fuse_held or not self.held)
 
     def mark_answer_done(self) -> None:
         self.answer_done = True

@@ -18,7 +18,7 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
-from ..deferral.handoff import ResidualPayload, ResidualResult
+from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..errors import CheckpointError, InvalidInputError, StepFailedError
 from ..inputs import VisualInput
@@ -144,9 +144,9 @@ class Engine:
                 if not rec.answer_done:       # the answer is still streaming: finish it first
                     self.step()
                     continue
-                if rec.handed_off:            # nobody applied the deferred worker's result: do it here
-                    log.warning("recovery handed off but not applied; finishing it locally")
-                    rec.handed_off = False
+                if rec.handed_off:            # the deferred worker's result is not back: recover here too
+                    log.info("a deferred worker's result is not back yet: recovering locally too")
+                    residual.race(rec)
                 if not self.step(only=cache):
                     self.scheduler.add_recovering(cache)
 
@@ -188,43 +188,47 @@ class Engine:
             self._background = None
 
     # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
-    def hold_residual(self, session: Session) -> int | None:
+    def hold_residual(self, session: Session, *, fuse: bool = True) -> int | None:
         """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
-        alone (fused chunks during the answer still run), so what is left at the answer's end can be
-        exported whole. Returns the recovery's ticket (its turn index), or None when nothing is left."""
+        alone, and fused chunks during the answer run only with `fuse`. Returns the recovery's ticket (its
+        turn index), or None when nothing is left."""
         with self.lock:
             rec = session.cache.recovery
             if rec is None or rec.done:
                 return None
-            rec.handed_off = True
+            rec.held, rec.fuse_held = True, fuse
             return rec.turn
 
-    def export_residual(self, session: Session, ticket: int) -> ResidualPayload:
-        """After the answer: what the held recovery's remaining rows may see (every non-GEN slot's K/V, the
-        GDN prefix state) and the rows. RecoveryStateError if the recovery is not held or is over."""
+    def export_residual(self, session: Session, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
+        """What the held recovery's remaining rows may see (every non-GEN slot's K/V, the GDN prefix state)
+        and the rows, as soon as the turn's I0 is prefilled (before that, or once the recovery is not held
+        or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
+        already holds; they are not shipped."""
         with self.lock:
-            return residual.export(self, session.cache, ticket)
+            return residual.export(self, session.cache, ticket, have)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch cache)."""
         with self.lock:
             return residual.prefill(self, payload)
 
-    def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> None:
-        """Join a deferred worker's result: the recovery is complete. RecoveryStateError (nothing applied)
-        when the recovery named by `ticket` is no longer the session's held one (taken back, finished
-        by the barrier, an earlier turn's) or the result does not cover exactly its pending rows."""
+    def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
+        """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
+        have restored some since the export); the recovery is complete. None, with nothing changed, while
+        the answer streams and no chunk may join now (a policy without fused chunks, or the guard): call
+        again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
+        held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
         with self.lock:
-            residual.apply(self, session.cache, ticket, result)
+            return residual.apply(self, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
-        never lost). False when that recovery is no longer held (nothing to do)."""
+        never lost) and refuses a result that comes later. False when that recovery is no longer held."""
         with self.lock:
             rec = session.cache.recovery
-            if rec is None or rec.turn != ticket or not rec.handed_off:
+            if rec is None or rec.turn != ticket or not rec.held:
                 return False
-            rec.handed_off = False
+            rec.held = rec.racing = False
             self.wake()
             return True
 

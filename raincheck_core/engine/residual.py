@@ -1,9 +1,17 @@
-"""The engine's hand-off verbs: a turn's post-answer residual prefilled on another worker (docs/mechanism.md §8).
+"""The engine's hand-off verbs: a turn's deferred residual prefilled on another worker (docs/mechanism.md §8).
 
-Decode side: `hold` keeps local gap recovery off a recovery, `export` ships what its rows may see,
-`apply` joins what comes back, `take_back` gives it to local recovery again. Deferred-worker side:
-`prefill` runs the shipped rows through the ordinary step on a scratch cache. A recovery is named by
-its turn index (the *ticket*), so a late result for an earlier recovery is refused, never applied.
+Decode side: `hold` keeps local gap recovery off a recovery (and, if asked, fused chunks too), `export`
+ships what its remaining rows may see (once the turn's I0 is in; a receiver that holds part of the context
+gets only the rest), `apply` joins what comes back, `take_back` gives it to local recovery again, `race`
+lets a barrier recover it locally while the result may still come. Deferred-worker side: `prefill` runs
+the shipped rows through the ordinary step on a scratch cache.
+
+The split between local and shipped rows is made at the join: a result covers D from the cursor at its
+export; fused chunks (or a racing barrier) may have restored a prefix of that since, and `apply` joins
+only the rows after the cursor, so no row is restored twice. A recovery is named by its turn index (the
+*ticket*) and checked by its serial, so a late result for an earlier recovery, or for an undone attempt
+of the same turn, is refused, never applied. Mid-answer, a result is joined only where a fused chunk
+could be (policy `raincheck`, past the guard); otherwise `apply` says "not yet".
 """
 
 from __future__ import annotations
@@ -12,12 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..deferral.handoff import ResidualPayload, ResidualResult
+from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
 from ..multimodal.turn_input import TurnInput
 from ..ops.gdn_state_map import join_state
 from .plan import Kind, Segment, StepPlan
+from .request import TurnRequest
 from .session_cache import SessionCache
 from .update import apply_step
 
@@ -33,30 +42,53 @@ def current(cache: SessionCache, ticket: int | None = None, *, held: bool | None
         raise RecoveryStateError("the session has no deferred input left to recover")
     if ticket is not None and rec.turn != ticket:
         raise RecoveryStateError(f"the recovery of turn {ticket} is over (the session is at turn {rec.turn})")
-    if held is not None and rec.handed_off != held:
+    if held is not None and rec.held != held:
         raise RecoveryStateError("the recovery is " + ("not " if held else "") + "held for a deferred worker")
     return rec
 
 
-def export(engine: Engine, cache: SessionCache, ticket: int) -> ResidualPayload:
+def race(rec: Recovery) -> None:
+    """A barrier waits for this held recovery: recover it locally too; a result that comes first still joins."""
+    rec.racing = True
+
+
+def visible_positions(cache: SessionCache) -> torch.Tensor:
+    """Positions in the cache (0 .. length - 1) of the slots deferred rows may read, ascending."""
+    slots = cache.table.slots(0, cache.length)
+    return torch.isin(slots, cache.visible_slots()).nonzero().flatten()
+
+
+def export(engine: Engine, cache: SessionCache, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
     rec = current(cache, ticket, held=True)
-    if not rec.answer_done:
-        raise RecoveryStateError("the answer is still streaming; hand off after it ends")
-    slots = cache.visible_slots()
+    req = _running(engine, cache)
+    if req is not None and not req.decoding:
+        raise RecoveryStateError("the turn's input is still being prefilled: hand off once it is in")
+    positions = visible_positions(cache)
+    shipped = positions
+    if have is not None:
+        held = torch.isin(positions, have)
+        if int(held.sum()) != have.numel() or have.unique().numel() != have.numel():
+            raise RecoveryStateError("the receiver holds context rows this session's cache does not have visible")
+        shipped = positions[~held]
+    slots = cache.table.slots(0, cache.length)[shipped]
     rows = rec.rows.subset(torch.arange(rec.cursor, rec.total))
     join, kv, gdn = rec.join, engine.kv, engine.gdn
     return ResidualPayload(
-        context_k=kv.k[:, slots].clone(), context_v=kv.v[:, slots].clone(),
+        context_k=kv.k[:, slots].clone(), context_v=kv.v[:, slots].clone(), context_index=shipped,
+        visible=len(positions),
         prefix_conv=gdn.conv[join.prefix].clone() if join is not None else None,
         prefix_ssm=gdn.ssm[join.prefix].clone() if join is not None else None,
         embeds=rows.embeds.clone(), positions=rows.positions.clone(),
         deepstack_index=rows.deepstack_index.clone(), deepstack=[d.clone() for d in rows.deepstack],
+        recovery=rec.serial, first=rec.cursor,
     )
 
 
 def prefill(engine: Engine, payload: ResidualPayload) -> ResidualResult:
     """Prefill the residual rows on top of the shipped context, on a scratch cache."""
     ctx, r = payload.context_k.shape[1], payload.rows
+    if ctx != payload.visible:
+        raise RecoveryStateError(f"the payload ships {ctx} of the {payload.visible} context rows its residual sees")
     cache = SessionCache(engine.kv, engine.gdn, engine.kv.num_pages)
     try:
         slots = cache.table.append(ctx)
@@ -75,33 +107,50 @@ def prefill(engine: Engine, payload: ResidualPayload) -> ResidualResult:
                                      source=rows, first=first)])
             apply_step(engine, plan, engine.runner.run(plan))
         new = cache.table.slots(ctx, ctx + r)
-        delta = conv = None
+        ssm = conv = None
         if engine.gdn is not None:
-            delta = engine.gdn.ssm[cache.gdn_slot] - payload.prefix_ssm.float()
+            ssm = engine.gdn.ssm[cache.gdn_slot].clone()
             conv = engine.gdn.conv[cache.gdn_slot].clone()
-        return ResidualResult(engine.kv.k[:, new].clone(), engine.kv.v[:, new].clone(), delta, conv)
+        return ResidualResult(engine.kv.k[:, new].clone(), engine.kv.v[:, new].clone(), ssm, conv,
+                              recovery=payload.recovery, first=payload.first)
     finally:
         cache.release()
 
 
-def apply(engine: Engine, cache: SessionCache, ticket: int, result: ResidualResult) -> None:
-    """Append the residual's K/V, rebuild the prefix state, repair the lead and join; the recovery is done."""
+def apply(engine: Engine, cache: SessionCache, ticket: int, result: ResidualResult) -> Joined | None:
+    """Join the result's rows from the cursor on: append their K/V, set the prefix state, repair the lead
+    and join; the recovery is done. None (nothing changed) while the answer streams and a chunk could not
+    be fused now (policy without fused chunks, or within the guard): try again later."""
     rec = current(cache, ticket, held=True)
-    r = result.k.shape[1]
-    if r != rec.pending:
-        raise RecoveryStateError(f"the result covers {r} rows, {rec.pending} are pending")
+    if result.recovery != rec.serial:
+        raise RecoveryStateError(f"the result was made for another recovery of turn {ticket} (an undone attempt)")
+    if not result.first <= rec.cursor or result.first + result.rows != rec.total:
+        raise RecoveryStateError(f"the result covers deferred rows {result.first}..{result.first + result.rows}; "
+                                 f"the recovery has {rec.cursor}..{rec.total} left")
+    req = _running(engine, cache)
+    if req is not None and not (rec.cfg.fuses and len(req.generated) - 1 >= rec.cfg.guard):
+        return None
+    offset, r = rec.cursor - result.first, rec.pending
+    start = cache.length
     slots = cache.claim(r)
-    engine.kv.k[:, slots] = result.k.to(device=engine.device, dtype=engine.kv.k.dtype)
-    engine.kv.v[:, slots] = result.v.to(device=engine.device, dtype=engine.kv.v.dtype)
+    engine.kv.k[:, slots] = result.k[:, offset:].to(device=engine.device, dtype=engine.kv.k.dtype)
+    engine.kv.v[:, slots] = result.v[:, offset:].to(device=engine.device, dtype=engine.kv.v.dtype)
     cache.fill(r)
     rec.slots.append(slots)
     if rec.join is not None:
         gdn = engine.gdn
-        gdn.ssm[rec.join.prefix] += result.delta_ssm.to(gdn.ssm.device)
+        gdn.ssm[rec.join.prefix] = result.ssm.to(gdn.ssm.device)
         gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
-        _join(engine, rec)
+        with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
+            _join(engine, rec)
     rec.advance(r)
     engine._recovery_done(cache)
+    return Joined(offset, torch.arange(start, start + r))
+
+
+def _running(engine: Engine, cache: SessionCache) -> TurnRequest | None:
+    """The session's turn whose answer is still streaming, if any."""
+    return next((r for r in engine.scheduler.running if r.cache is cache), None)
 
 
 def _join(engine: Engine, rec: Recovery) -> None:

@@ -190,11 +190,13 @@ class Session:
             req, undo = self._current, self._undo
             if req is None or undo is None or req.error is not None:
                 return
+            error = TurnAbortedError(f"the turn of session {self.id} was abandoned")
             if not req.finished:
-                self.engine._fail_turn(req, TurnAbortedError(f"the turn of session {self.id} was abandoned"))
+                self.engine._fail_turn(req, error)
             else:     # it ended, but nobody read the end
                 self.engine.scheduler.remove_recovering(self.cache)
                 self.cache.restore(undo)
+                req.error = error     # marks it undone (its events are left for nobody)
             self._undo = None
 
     def _end_read(self, request: TurnRequest) -> None:

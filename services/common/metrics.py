@@ -36,6 +36,10 @@ BARRIER_WAIT = Histogram("raincheck:barrier_wait_seconds",
                          "Time a turn waited for its session's previous recovery to complete.", buckets=_LATENCY)
 RECOVERY_UP = Gauge("raincheck:recovery_mode_up", "1 while the worker's recovery mode works as designed; 0 while it is "
                     "degraded (disaggregated without Ray: its recoveries finish locally).", ["worker", "mode"])
+RESIDENT_MISSES = Counter("raincheck:deferred_resident_misses",
+                          "Recoveries that relied on a deferred worker's copy of the session's context and shipped "
+                          "the whole context after all, by why (none: evicted or a restarted actor; stale: another "
+                          "copy; gone: the actor; busy: it stayed busy).", ["reason"])
 DEFERRED_QUEUE = Gauge("raincheck:deferred_queue_depth", "Residuals waiting for a free deferred worker.", ["worker"])
 DEFERRED_QUEUE_WAIT = Histogram("raincheck:deferred_queue_wait_seconds",
                                 "Time a residual waited for a free deferred worker.", buckets=_LATENCY)

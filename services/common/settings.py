@@ -178,6 +178,17 @@ class DeferredSettings:
     timeout_s: float = setting(120.0, "RAINCHECK_DEFERRED_TIMEOUT_S", "seconds from an answer's end until a "
                                "shipped recovery is given up on and finished locally",
                                flag="--deferred-timeout-s", gt=0)
+    resident_mib: float = setting(1024.0, "RAINCHECK_DEFERRED_RESIDENT_MIB", "memory each deferred worker keeps "
+                                  "sessions' contexts in between their recoveries, so only what is new is shipped "
+                                  "(0: none, every recovery ships the whole context)", flag="--deferred-resident-mib",
+                                  ge=0)
+    ship: Literal["answer_end", "input_done"] = setting(
+        "answer_end", "RAINCHECK_DEFERRED_SHIP", "when a turn's residual is shipped: at the answer's end, or as "
+        "soon as the turn's input is prefilled (in flight: joined mid-answer where fused chunks could be, or "
+        "after the answer)", flag="--deferred-ship")
+    fuse_shipped: bool = setting(True, "RAINCHECK_DEFERRED_FUSE_SHIPPED", "while a residual is shipped in flight, "
+                                 "fused chunks still restore its rows from the front (the worker's result covers "
+                                 "the rest)", flag="--deferred-fuse-shipped")
 
     @model_validator(mode="after")
     def _bounds(self) -> DeferredSettings:

@@ -33,7 +33,7 @@ def recovery_backends(settings: WorkerSettings, model: str, worker_id: str) -> l
     from .recovery_ray import DisaggregatedRecovery
 
     bridge = RayBridge(settings.deferred, settings.model_spec(), model)
-    return [DisaggregatedRecovery(bridge, settings.deferred.timeout_s, worker_id)]
+    return [DisaggregatedRecovery(bridge, settings.deferred, worker_id)]
 
 
 class DecodeWorkerServer:

@@ -16,41 +16,62 @@ import time
 
 import ray
 
-from ..common.settings import DeferredSettings, ModelSpec
+from ..common.settings import DeferredSettings, MiB, ModelSpec
 
 log = logging.getLogger(__name__)
 
 
 class DeferredWorker:
-    """Ray actor class (wrapped with `ray.remote` where it is started, with the options it asks for)."""
+    """Ray actor class (wrapped with `ray.remote` where it is started, with the options it asks for).
+    Keeps sessions' contexts between recoveries within `resident_bytes` (resident.py; 0: none)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, resident_bytes: int = 0):
         from ..decode_worker.loading import load_engine
+        from .resident import ResidentContexts
 
         self.engine = load_engine(spec)
+        self.resident = ResidentContexts(resident_bytes)
         self.calls = 0
+        self.misses = 0
 
     def ready(self) -> int:
         """Answers once the checkpoint has loaded: the actor's process id."""
         return os.getpid()
 
     def prefill(self, request: dict) -> dict:
-        """Prefill a packed `ResidualPayload` (`request["payload"]`); returns the packed `ResidualResult`
-        and the compute time."""
+        """Prefill the packed `ResidualPayload` `request["payload"]` of session `request["session"]` on the
+        context it ships and, when it names one (`base`), on the copy of the session's context this actor
+        keeps. Returns the packed `ResidualResult`, the compute time and the digest of the copy now kept
+        (`kept`: whether it is; `request["keep"]` False keeps none); or `{"miss": reason}` when the named
+        copy is not here."""
         from raincheck_core.deferral.handoff import ResidualPayload
 
+        from .resident import Entry, Miss
         from .wire import pack, unpack
 
         t0 = time.perf_counter()
-        result = self.engine.prefill_residual(unpack(ResidualPayload, request["payload"], self.engine.device))
+        session = request["session"]
+        payload = unpack(ResidualPayload, request["payload"], self.engine.device)
+        try:
+            full, digest = self.resident.context(session, request, payload)
+        except Miss as e:
+            self.resident.forget(session)
+            self.misses += 1
+            return {"miss": e.reason}
+        result = pack(self.engine.prefill_residual(full))
+        kept = request.get("keep", True) and self.resident.budget > 0 and self.resident.keep(
+            session, Entry(request["epoch"], digest, full.context_index, full.context_k, full.context_v, result))
         self.calls += 1
-        return {"result": pack(result), "compute_s": time.perf_counter() - t0}
+        return {"result": result, "compute_s": time.perf_counter() - t0, "digest": digest, "kept": kept}
 
     def forget(self, session_id: str) -> None:
-        """The session closed (nothing is kept per session yet)."""
+        """The session closed: drop its context."""
+        self.resident.forget(session_id)
 
     def stats(self) -> dict[str, int]:
-        return {"pid": os.getpid(), "calls": self.calls}
+        return {"pid": os.getpid(), "calls": self.calls, "misses": self.misses,
+                "resident_sessions": len(self.resident.entries), "resident_bytes": self.resident.nbytes,
+                "evictions": self.resident.evictions}
 
 
 _Remote = ray.remote(DeferredWorker)
@@ -109,4 +130,4 @@ def actor_options(settings: DeferredSettings) -> dict:
 
 def start_actor(settings: DeferredSettings, spec: ModelSpec, **options) -> ray.actor.ActorHandle:
     """A new deferred worker (its checkpoint loads in the background; calls queue until it has)."""
-    return _Remote.options(**actor_options(settings), **options).remote(spec)
+    return _Remote.options(**actor_options(settings), **options).remote(spec, int(settings.resident_mib * MiB))

@@ -40,7 +40,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 class DeferredWorkerError(Exception):
     """A request the deferred workers did not answer. `reason`: ray_lost (no driver, or it went),
-    worker_died, error (the actor raised), miss (the resident context it was made for is not there)."""
+    worker_died, error (the actor raised)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)

@@ -29,7 +29,7 @@ from .actor import connect, own_prefix, registered, start_actor
 
 log = logging.getLogger(__name__)
 REFRESH_S = 10.0         # how often the registered actors are listed again
-AFFINITY_WAIT_S = 0.5    # a job for a busy actor waits this long before it may go elsewhere (as a miss)
+AFFINITY_WAIT_S = 2.0    # a job for a busy actor waits this long before it may go elsewhere (as a miss)
 WAIT_S = 0.02            # longest ray.wait of one loop turn
 
 
@@ -141,23 +141,24 @@ class DeferredPool:
             self.queue.remove(job)
             moved = True
             if isinstance(target, str):            # a miss: the decode worker ships the full context elsewhere
-                self.reply({"op": "reply", "id": job.id, "ok": False, "reason": "miss", "message": target})
+                self.reply({"op": "reply", "id": job.id, "ok": True, "miss": target, "wait_s": now - job.received})
                 continue
             target.job, target.dispatched = job, now
             target.ref = target.handle.prefill.remote(job.request)
         return moved
 
     def _target(self, job: Job, now: float) -> _Actor | str | None:
-        """The actor to run `job` now, a reason to answer it with a miss, or None to keep it queued."""
+        """The actor to run `job` now, why it is answered with a miss (`gone`, `busy`), or None to keep it
+        queued."""
         free = [a for a in self.actors.values() if a.free]
         if job.actor is not None:
             actor = self.actors.get(job.actor)
             if actor is None:
-                return f"deferred worker {job.actor} is gone"
+                return "gone"
             if actor.free:
                 return actor
             if free and now - job.received > AFFINITY_WAIT_S:
-                return f"deferred worker {job.actor} is busy"
+                return "busy"
             return None
         return min(free, key=lambda a: (a.calls, a.key)) if free else None
 

@@ -1,8 +1,9 @@
 """A residual payload or result as numpy arrays, for Ray's object store.
 
-Each tensor travels as `(dtype, array)`: the array holds its values (bfloat16, which numpy lacks, as
-its raw 16-bit patterns), so Ray serializes it zero-copy and never pickles a torch tensor. Arrays read
-from the object store are read-only, so `unpack` copies them (once) on the way to the engine's device.
+Each tensor travels as `(dtype, array)` (ints as they are): the array holds its values (bfloat16, which
+numpy lacks, as its raw 16-bit patterns), so Ray serializes it zero-copy and never pickles a torch
+tensor. Arrays read from the object store are read-only, so `unpack` copies them (once) on the way to
+the engine's device.
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ _DTYPES = {str(d).removeprefix("torch."): d
            for d in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)}
 
 
-def pack(obj: ResidualPayload | ResidualResult) -> dict[str, Packed | list[Packed] | None]:
-    """Field name -> packed tensor (lists of tensors stay lists; None stays None)."""
+def pack(obj: ResidualPayload | ResidualResult) -> dict[str, Packed | list[Packed] | int | None]:
+    """Field name -> packed tensor (lists of tensors stay lists; ints and None stay as they are)."""
     return {f.name: _map(getattr(obj, f.name), _pack) for f in dataclasses.fields(obj)}
 
 
 def unpack(cls: type[T], wire: dict, device: torch.device) -> T:
-    return cls(**{f.name: _map(wire[f.name], lambda p: _unpack(p, device)) for f in dataclasses.fields(cls)})
+    return cls(**{f.name: _map(wire[f.name], lambda p: unpack_tensor(p, device)) for f in dataclasses.fields(cls)})
 
 
 def _map(value, fn):
-    if value is None:
-        return None
+    if value is None or isinstance(value, int):
+        return value
     if isinstance(value, list):
         return [fn(v) for v in value]
     return fn(value)
@@ -45,7 +46,7 @@ def _pack(t: torch.Tensor) -> Packed:
     return str(t.dtype).removeprefix("torch."), (t.view(raw) if raw is not None else t).numpy()
 
 
-def _unpack(packed: Packed, device: torch.device) -> torch.Tensor:
+def unpack_tensor(packed: Packed, device: torch.device) -> torch.Tensor:
     dtype, array = packed
     target = _DTYPES.get(dtype)
     if target is None:
