@@ -457,9 +457,25 @@ def test_pd_disaggregated_layout(rendered: dict) -> None:
     assert config(rendered["gpu"])["RAINCHECK_RECOVERY_MODE"] == "colocated"
     decode = one(docs, "StatefulSet", "raincheck-decode")
     (group,) = one(docs, "RayCluster", "raincheck-ray")["spec"]["workerGroupSpecs"]
-    assert decode["spec"]["replicas"] == 4 and (group["minReplicas"], group["maxReplicas"]) == (2, 8)
+    assert decode["spec"]["replicas"] == 4 and (group["minReplicas"], group["maxReplicas"]) == (4, 8)
     assert decode["spec"]["template"]["spec"]["nodeSelector"]["raincheck.io/pool"] == "decode"
     assert group["template"]["spec"]["nodeSelector"]["raincheck.io/pool"] == "prefill"
+
+
+@pytest.mark.parametrize("name", ["gpu", "pd-disaggregated", "managed-redis"])
+def test_the_deferred_worker_pool_is_autoscaled_within_the_raycluster(rendered: dict, name: str) -> None:
+    """Each decode worker keeps its floor of deferred workers and grows to its ceiling while residuals wait;
+    every actor is one Ray worker pod (one `raincheck_deferred` each), so the RayCluster's bounds hold the
+    floors and the ceilings of all decode workers; each actor keeps resident contexts on its GPU."""
+    docs = rendered[name]
+    cfg = config(docs)
+    floor, ceiling = int(cfg["RAINCHECK_DEFERRED_WORKERS"]), int(cfg["RAINCHECK_DEFERRED_MAX_WORKERS"])
+    decode = one(docs, "StatefulSet", "raincheck-decode")["spec"]["replicas"]
+    (group,) = one(docs, "RayCluster", "raincheck-ray")["spec"]["workerGroupSpecs"]
+    assert 1 <= floor < ceiling
+    assert group["minReplicas"] <= decode * floor and decode * ceiling <= group["maxReplicas"]
+    assert one(docs, "RayCluster", "raincheck-ray")["spec"]["enableInTreeAutoscaling"] is True
+    assert float(cfg["RAINCHECK_DEFERRED_RESIDENT_MIB"]) >= 4096
 
 
 def test_managed_redis_replaces_the_statefulset(rendered: dict) -> None:
@@ -484,7 +500,10 @@ CLI_CONTRACT = {
     "decode-worker": {"REDIS_URL", "RAINCHECK_STORE_PREFIX", "RAINCHECK_MODEL", "RAINCHECK_MODEL_NAME",
                       "RAINCHECK_DEVICE", "RAINCHECK_DTYPE", "RAINCHECK_POLICY", "RAINCHECK_RECOVERY_MODES",
                       "RAINCHECK_RAY_NAMESPACE", "RAINCHECK_DEFERRED_NUM_GPUS", "RAINCHECK_DRAIN_TIMEOUT_S",
-                      "RAINCHECK_METRICS_HOST", "RAINCHECK_WORKER_ID", "RAINCHECK_ADVERTISE"},
+                      "RAINCHECK_METRICS_HOST", "RAINCHECK_WORKER_ID", "RAINCHECK_ADVERTISE",
+                      "RAINCHECK_DEFERRED_WORKERS", "RAINCHECK_DEFERRED_MAX_WORKERS",
+                      "RAINCHECK_DEFERRED_SCALE_UP_WAIT_S", "RAINCHECK_DEFERRED_IDLE_S",
+                      "RAINCHECK_DEFERRED_RESIDENT_MIB"},
 }
 
 
