@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..errors import InvalidInputError
@@ -15,7 +16,13 @@ class DeferralConfig:
     """`full`: every token first. `hard`: unselected visual tokens dropped for good. `raincheck`:
     deferred, prefilled in chunks fused with decode after `guard` tokens, the rest after the answer.
     `post_answer`: deferred, prefilled only after the answer. All four use the same selection and the
-    same position ids, so they differ only in what is present and visible."""
+    same position ids, so they differ only in what is present and visible.
+
+    `tpot_slo` (raincheck): the allowed mean TPOT of the turn as a ratio of a plain decode step. The
+    scheduler then picks per step whether to fuse and how many rows (a chunk bucket), from its measured
+    step costs, and leaves what does not fit to post-answer recovery (docs/mechanism.md §7). None: no
+    objective, every step past the guard fuses `chunk_size` rows (the paper's setting). A turn's
+    objective also limits what other sessions fuse into the steps it shares."""
 
     policy: str = "full"
     selector: str = "divprune"
@@ -24,6 +31,7 @@ class DeferralConfig:
     chunk_size: int = 31
     guard: int = 16
     fused: bool = True        # False: the chunk and the decode row run as two passes (for comparison)
+    tpot_slo: float | None = 1.10
 
     def __post_init__(self) -> None:
         from ..pruning import SELECTORS, keep_count
@@ -37,6 +45,9 @@ class DeferralConfig:
             raise InvalidInputError(f"chunk_size must be one of {CHUNK_SIZES}, got {self.chunk_size}")
         if self.guard < 0:
             raise InvalidInputError(f"guard must be >= 0, got {self.guard}")
+        if self.tpot_slo is not None and not (math.isfinite(self.tpot_slo) and self.tpot_slo >= 1.0):
+            raise InvalidInputError(f"tpot_slo must be >= 1 (a ratio of the plain decode step) or None for "
+                                    f"a fixed chunk size, got {self.tpot_slo}")
 
     @property
     def needs_vision_signals(self) -> bool:

@@ -8,7 +8,6 @@ the answer in larger prefill-only chunks, until none is left; the session's next
 from __future__ import annotations
 
 import itertools
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -66,14 +65,15 @@ class Recovery:
         return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done \
             and (self.fuse_held or not self.held)
 
-    def mark_answer_done(self) -> None:
+    def mark_answer_done(self, now: float) -> None:
         self.answer_done = True
-        self.t_answer_end = time.perf_counter()
+        self.t_answer_end = now
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, now: float) -> None:
+        """`n` more rows are in (`now`: the engine's clock)."""
         self.cursor += n
         if self.done:
-            self.t_done = time.perf_counter()
+            self.t_done = now
 
     @property
     def completion_s(self) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from . import residual
+from .cost_model import StepCostModel
 from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
@@ -63,12 +65,16 @@ class Engine:
             self.gdn = GDNStatePool(self.config.max_gdn_slots, cfg.num_gdn_layers, conv_dim,
                                     cfg.linear_conv_kernel, cfg.linear_num_value_heads,
                                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device)
+        self.cost = StepCostModel()
         self.scheduler = Scheduler(self.config.max_rows_per_step, self.config.deferred_budget,
-                                   self.config.recovery_chunk)
+                                   self.config.recovery_chunk, self.cost)
         self.runner = ModelRunner(self.model, self.kv, self.gdn, cfg.linear_conv_kernel)
         self.lock = threading.RLock()
         self.sessions: dict[str, Session] = {}
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
+        # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times);
+        # a benchmark may swap in thread CPU time, a test a simulated clock
+        self.clock: Callable[[], float] = time.perf_counter
         self._background: tuple[threading.Thread, threading.Event] | None = None
         self._wake = threading.Event()
 
@@ -238,7 +244,7 @@ class Engine:
         self.scheduler.remove(req)
         rec = req.recovery
         if rec is not None and req.cache.recovery is rec and not rec.done:
-            rec.mark_answer_done()
+            rec.mark_answer_done(self.clock())
             self.scheduler.add_recovering(req.cache)
 
     def _recovery_done(self, cache: SessionCache) -> None:

@@ -43,7 +43,8 @@ class TurnRequest:
         self, cache: SessionCache, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
         recovery: Recovery | None = None, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
-        checkpoint: Checkpoint | None = None,
+        checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.id = next(_ids)
         self.cache = cache
@@ -65,7 +66,13 @@ class TurnRequest:
         self.finished = False
         self.error: BaseException | None = None
         self._text = ""
-        self.t_submit = time.perf_counter()
+        # the TPOT objective (DeferralConfig.tpot_slo): this turn's decode steps as measured, and what the
+        # same steps would have cost as plain decode steps (the scheduler's cost model)
+        self.tpot_slo = tpot_slo
+        self.decode_s = 0.0
+        self.plain_s = 0.0
+        self.clock = clock
+        self.t_submit = clock()
         self.t_start: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
@@ -81,6 +88,16 @@ class TurnRequest:
     @property
     def last_token(self) -> int:
         return self.generated[-1]
+
+    def slack_s(self, plain_step_s: float) -> float:
+        """Extra seconds the next decode step (a plain one costs `plain_step_s`) may cost with the turn's mean
+        TPOT still within its objective: the slack saved by the steps so far."""
+        return self.tpot_slo * (self.plain_s + plain_step_s) - self.decode_s - plain_step_s
+
+    def charge(self, seconds: float, plain_step_s: float) -> None:
+        """A decode step of this turn took `seconds`; a plain one would have taken `plain_step_s`."""
+        self.decode_s += seconds
+        self.plain_s += plain_step_s
 
     def fed(self, n: int, now: float) -> None:
         """`n` rows of this turn ran: input rows, or the one row of the last sampled token."""
@@ -126,7 +143,7 @@ class TurnRequest:
         self.error = error
 
     def metrics(self) -> TurnMetrics:
-        end = self.t_last or time.perf_counter()
+        end = self.t_last or self.clock()
         first = self.t_first or end
         n = len(self.generated)
         rec = self.recovery

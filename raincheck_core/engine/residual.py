@@ -143,7 +143,7 @@ def apply(engine: Engine, cache: SessionCache, ticket: int, result: ResidualResu
         gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
         with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
             _join(engine, rec)
-    rec.advance(r)
+    rec.advance(r, engine.clock())
     engine._recovery_done(cache)
     return Joined(offset, torch.arange(start, start + r))
 

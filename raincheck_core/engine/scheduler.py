@@ -2,26 +2,38 @@
 describes them as a `StepPlan` (claiming their slots; nothing else changes until the step's update).
 
 Order of claims on a step: every turn in decode gets its one row, plus a deferred chunk of its own
-input when its policy fuses one (after the guard, within the per-step deferred budget that bounds
-TPOT; the chunk goes right before the row, so the row sees it — docs/mechanism.md §6); then turns still
-prefilling share what is left, oldest first; then sessions recovering after their answer fill the gap
-with larger prefill-only chunks — the whole remaining budget in a step with no decode rows, else only
-the deferred budget left over.
+input when its policy fuses one (after the guard, within the per-step deferred budget; the chunk goes
+right before the row, so the row sees it — docs/mechanism.md §6); then turns still prefilling share what
+is left, oldest first; then sessions recovering after their answer fill the gap with larger
+prefill-only chunks — the whole remaining budget in a step with no decode rows, else only the deferred
+budget left over.
+
+The TPOT objective (docs/mechanism.md §7): deferred rows on a step with decode rows make that step
+slower for every turn in it. With objectives, such a step carries only as many deferred rows as the
+cost model (engine/cost_model.py) predicts the tightest turn's saved slack can pay for, in chunk buckets;
+what does not fit waits for a later step or the gap after the answer. A turn without an objective
+(`tpot_slo=None`) fuses its fixed `chunk_size` and bounds nothing.
 """
 
 from __future__ import annotations
 
+import math
+
+from ..deferral.policy import CHUNK_SIZES
 from ..deferral.recovery import Recovery
+from .cost_model import StepCostModel
 from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .session_cache import SessionCache
 
 
 class Scheduler:
-    def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int):
+    def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
+                 cost: StepCostModel | None = None):
         self.max_rows = max_rows_per_step
         self.deferred_budget = deferred_budget
         self.recovery_chunk = recovery_chunk
+        self.cost = cost or StepCostModel()
         self.running: list[TurnRequest] = []
         self.recovering: list[SessionCache] = []    # answer done, deferred rows left
 
@@ -50,13 +62,15 @@ class Scheduler:
         recovering = [c for c in self.recovering if solo is None or c is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
         plan = StepPlan()
-        decoding = [r for r in running if r.decoding]
+        decoding = [r for r in running if r.decoding][:budget]
+        fit = _Fit(self.cost, decoding)
         for req in decoding:
             if budget <= 0:
                 break
             rec, c = req.recovery, 0
             if rec is not None and rec.fuses_now(len(req.generated) - 1):
-                c = max(0, min(rec.cfg.chunk_size, rec.pending, deferred_budget, budget - 1))
+                limit = min(rec.pending, deferred_budget, budget - 1)
+                c = fit.rows(limit) if rec.cfg.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
             if c:
                 plan.segments.append(deferred_segment(req.cache, rec, c, Kind.DEFERRED))
             plan.segments.append(decode_segment(req))
@@ -67,7 +81,8 @@ class Scheduler:
                 n = min(req.input_remaining, budget)
                 plan.segments.append(prefill_segment(req, n))
                 budget -= n
-        # a barrier wait (`only`) is blocking a user's next turn: it may take the whole remaining budget
+        # a barrier wait (`only`) is blocking a user's next turn: it may take the whole remaining budget,
+        # whatever the other turns' objectives
         gap = budget if not decoding or only is not None else min(budget, deferred_budget)
         for cache in recovering:
             if gap <= 0:
@@ -75,9 +90,60 @@ class Scheduler:
             if (only is not None and cache is not only) or cache.recovery.handed_off:
                 continue
             n = min(cache.recovery.pending, self.recovery_chunk, gap)
+            if decoding and only is None:
+                n = fit.rows(n)
+                if not n:
+                    break
             plan.segments.append(deferred_segment(cache, cache.recovery, n, Kind.RECOVERY))
             gap -= n
         return plan
+
+    def account(self, plan: StepPlan, seconds: float) -> None:
+        """The step `plan` took `seconds`: teach the cost model (steps of decode rows only, without other
+        turns' prefill, are clean samples) and charge each decoding turn for its objective."""
+        decode = [s for s in plan.segments if s.kind is Kind.DECODE]
+        if not decode:
+            return
+        if not any(s.kind is Kind.PREFILL for s in plan.segments):
+            deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
+            self.cost.observe(len(decode), deferred, seconds)
+        plain = self.cost.plain_s(len(decode))
+        for seg in decode:
+            seg.request.charge(seconds, seconds if plain is None else plain)
+
+
+class _Fit:
+    """How many deferred rows the rest of this step may still carry under its turns' objectives."""
+
+    def __init__(self, cost: StepCostModel, decoding: list[TurnRequest]):
+        self.cost = cost
+        self.batch = len(decoding)
+        self.carried = 0
+        bound = [r for r in decoding if r.tpot_slo is not None]
+        plain = cost.plain_s(self.batch)
+        if not bound:
+            self.allowance = math.inf
+        else:   # nothing is known before a plain step was measured: fuse nothing yet
+            self.allowance = 0.0 if plain is None else min(r.slack_s(plain) for r in bound)
+
+    def rows(self, limit: int) -> int:
+        """The largest chunk bucket (or all `limit` rows, when fewer) whose predicted extra cost, with what
+        the step already carries, fits the allowance; 0 if none does."""
+        if self.allowance == math.inf:
+            n = limit
+        else:
+            n = 0
+            for size in (min(b, limit) for b in CHUNK_SIZES):
+                extra = self.cost.extra_s(self.carried + size, self.batch)
+                if size > n and extra is not None and extra <= self.allowance:
+                    n = size
+        return self.fixed(n)
+
+    def fixed(self, n: int) -> int:
+        """`n` rows whatever the allowance (a turn without an objective); later chunks count them."""
+        n = max(n, 0)
+        self.carried += n
+        return n
 
 
 def prefill_segment(req: TurnRequest, n: int) -> Segment:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,7 +99,8 @@ class Session:
             decode = engine.formatter.decode if engine.formatter is not None else None
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
-                                  recovery, waited, cache.last_recovery_s if cache.turns else None, checkpoint)
+                                  recovery, waited, cache.last_recovery_s if cache.turns else None, checkpoint,
+                                  tpot_slo=cfg.tpot_slo, clock=engine.clock)
             cache.pending_ids = []
             self._current = request
             self._undo = checkpoint
@@ -124,9 +124,10 @@ class Session:
         """Complete the previous turn's recovery; returns the time waited."""
         if self.cache.recovery is None:
             return 0.0
-        t0 = time.perf_counter()
+        clock = self.engine.clock
+        t0 = clock()
         self.engine.complete_recovery(self.cache)
-        return time.perf_counter() - t0
+        return clock() - t0
 
     def complete_recovery(self) -> float:
         """Prefill whatever deferred input is left now (normally done in idle gaps or at the next

@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 
 def run_step(engine: Engine, only: SessionCache | None = None) -> bool:
     """One step (call under the engine lock). False when there was no work."""
+    t0 = engine.clock()
     plan = engine.scheduler.schedule(only)
     if not plan:
         return False
     error = _run(engine, plan)
     if error is None:
+        engine.scheduler.account(plan, engine.clock() - t0)   # what the TPOT objective learns from
         return True
     caches = plan.caches()
     if len(caches) == 1:

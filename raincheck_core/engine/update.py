@@ -9,7 +9,6 @@ end turns and recoveries that are done.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
-    now = time.perf_counter()
+    now = engine.clock()
     # 1. the claimed slots now hold K/V; a tracked turn's generated tokens are GEN
     for seg in plan.segments:
         seg.cache.fill(seg.rows, generated=seg.kind is Kind.DECODE and seg.recovery is not None)
@@ -44,7 +43,7 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
     for seg in plan.segments:
         if seg.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL):
             if seg.recovery is not None:
-                seg.recovery.advance(seg.rows)
+                seg.recovery.advance(seg.rows, now)
                 seg.recovery.slots.append(seg.write_slots)
             chunk_of[seg.cache] = True
         elif seg.request is not None:

@@ -22,7 +22,8 @@ def test_config_errors(kwargs, message):
 def test_explicit_selection_out_of_range_leaks_nothing(tiny_checkpoints):
     engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
     free_pages, free_slots = engine.pool_stats().free_pages, engine.gdn.free_slots
-    cfg = DeferralConfig("raincheck", selector="explicit", selector_options={"indices": [0, 1, 2, 3, 4, 5, 6, 99]})
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="explicit",
+                         selector_options={"indices": [0, 1, 2, 3, 4, 5, 6, 99]})
     session = engine.open_session(deferral=cfg)
     with pytest.raises(InvalidInputError, match=r"out of range|outside"):
         session.turn(image_prompt(engine))
@@ -31,7 +32,7 @@ def test_explicit_selection_out_of_range_leaks_nothing(tiny_checkpoints):
     assert session.pending_deferred == 0 and session.cached_tokens == 0
     # the session still works with a valid override
     end = session.turn(image_prompt(engine), SamplingParams(max_new_tokens=2),
-                       deferral=DeferralConfig("raincheck", selector="uniform")).result()
+                       deferral=DeferralConfig("raincheck", tpot_slo=None, selector="uniform")).result()
     assert end.metrics.deferred_tokens == 16
     session.close()
     assert engine.pool_stats().free_pages == free_pages and engine.gdn.free_slots == free_slots
@@ -60,7 +61,8 @@ def test_every_selector_runs_through_the_vision_tower(tiny_checkpoints, tmp_path
 
     base.Selector.select = spy
     try:
-        session = engine.open_session(deferral=DeferralConfig("raincheck", selector=selector, guard=0, chunk_size=7))
+        cfg = DeferralConfig("raincheck", tpot_slo=None, selector=selector, guard=0, chunk_size=7)
+        session = engine.open_session(deferral=cfg)
         end = session.turn(Message("what is this ?", images=[png(96, 64)]), SamplingParams(max_new_tokens=3)).result()
     finally:
         base.Selector.select = original

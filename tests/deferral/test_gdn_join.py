@@ -30,7 +30,7 @@ def _joined_vs_reapplied(engine: Engine, monkeypatch) -> float:
     engine.audit_gdn_join = True
     # 16 deferred tokens, chunks of 7: 7 + 7 ride on the steps feeding y4, y5 (guard 3), then 2 after
     # the answer (a chunk shorter than the 3-token lead)
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=3, chunk_size=7)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=3, chunk_size=7)
     session = engine.open_session(deferral=cfg)
     end = session.turn(image_prompt(engine, seed=11), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
     assert end.metrics.deferred_pending == 2

@@ -11,7 +11,7 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.errors import RecoveryStateError
 from tests.deferral.helpers import image_prompt
 
-CFG = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+CFG = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
 
 
 def _two_turns(engine: Engine, remote: Engine | None):

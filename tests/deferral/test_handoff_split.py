@@ -18,7 +18,7 @@ from raincheck_core.errors import RecoveryStateError
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
 from tests.deferral.helpers import image_prompt, rel_err
 
-RAINCHECK = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)    # D: 16 rows
+RAINCHECK = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)    # D: 16 rows
 POST_ANSWER = DeferralConfig("post_answer", selector="uniform")
 ANSWER = SamplingParams(max_new_tokens=10, ignore_eos=True)
 
@@ -120,7 +120,7 @@ def test_a_mid_answer_join_is_exact_for_the_recorded_factors(tiny_checkpoints, m
 
     monkeypatch.setattr(gdn_join.GDNJoin, "release", spy)
     engine.audit_gdn_join = True
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=5, chunk_size=7)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=5, chunk_size=7)
     _in_flight(engine, remote, cfg, fuse=False, local_rows=0)
     (s_lead, live, factors), = snapshots
     for layer, recorded in enumerate(factors):

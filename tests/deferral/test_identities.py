@@ -29,7 +29,7 @@ def test_retention_one_is_full(engines, family):
     _, engine = engines[family]
     prompt = image_prompt(engine, seed=1)
     s1, ids_full, logits_full = _run(engine, prompt, DeferralConfig("full"), 8)
-    s2, ids_rc, logits_rc = _run(engine, prompt, DeferralConfig("raincheck", retention=1.0, guard=0), 8)
+    s2, ids_rc, logits_rc = _run(engine, prompt, DeferralConfig("raincheck", tpot_slo=None, retention=1.0, guard=0), 8)
     assert ids_full == ids_rc
     assert float((logits_full - logits_rc).abs().max()) == 0.0
     assert s2.pending_deferred == 0
@@ -55,7 +55,7 @@ def test_hard_is_a_plain_forward_over_i0(engines, family):
 def test_guard_zero_one_chunk_matches_plain_forward_over_i0_d_y1(engines, family):
     hf, engine = engines[family]
     prompt = image_prompt(engine, seed=3)
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=0, chunk_size=31)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=0, chunk_size=31)
     session, ids, logits = _run(engine, prompt, cfg, 2)
     i0, d = split(engine, prompt, cfg)
     y1 = token_rows(engine, ids[:1], i0.next_position)
@@ -71,8 +71,8 @@ def test_guard_zero_one_chunk_matches_plain_forward_over_i0_d_y1(engines, family
 def test_fused_equals_serial(engines, family):
     _, engine = engines[family]
     prompt = image_prompt(engine, seed=4)
-    fused = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
-    serial = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7, fused=False)
+    fused = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
+    serial = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, fused=False)
     s1, ids_f, logits_f = _run(engine, prompt, fused, 10)
     s2, ids_s, logits_s = _run(engine, prompt, serial, 10)
     assert ids_f == ids_s
@@ -100,7 +100,7 @@ def test_recovered_cache_equals_one_plain_pass_over_i0_d(engines, family, answer
 
     monkeypatch.setattr(GDNJoin, "release", spy)
     prompt = image_prompt(engine, seed=5)
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
     session = engine.open_session(deferral=cfg)
     stream = session.turn(prompt, SamplingParams(max_new_tokens=answer, ignore_eos=True))
     rec = session.cache.recovery
@@ -164,7 +164,7 @@ def test_hard_turn_two_never_sees_d_and_barrier_makes_post_answer_see_all(engine
 def test_raincheck_turn_two_waits_at_the_barrier_then_sees_every_token(engines, family):
     _, engine = engines[family]
     prompt = image_prompt(engine, seed=7)
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
     session = engine.open_session(deferral=cfg)
     first = session.turn(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
     assert first.metrics.deferred_pending == 9 and session.pending_deferred == 9

@@ -21,7 +21,7 @@ def test_mask_hides_gen_and_is_causal_inside_the_chunk():
 
 def _deferred_kv_with_gen_corrupted(folder, corrupt: bool):
     engine = Engine.from_pretrained(folder)
-    cfg = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
     session = engine.open_session(deferral=cfg)
     stream = session.turn(image_prompt(engine, seed=21), SamplingParams(max_new_tokens=8, ignore_eos=True),
                           return_logits=True)

@@ -21,12 +21,13 @@ def _scripts(engine: Engine) -> list[list[tuple[Prompt, DeferralConfig, int]]]:
     return [
         [(text[0], DeferralConfig("full"), 6)],
         [(img[1], DeferralConfig("full"), 5)],
-        [(img[2], DeferralConfig("raincheck", guard=0, chunk_size=7, **RC), 6)],
-        [(img[3], DeferralConfig("raincheck", guard=2, chunk_size=7, **RC), 4), (text[3], DeferralConfig("full"), 3)],
+        [(img[2], DeferralConfig("raincheck", tpot_slo=None, guard=0, chunk_size=7, **RC), 6)],
+        [(img[3], DeferralConfig("raincheck", tpot_slo=None, guard=2, chunk_size=7, **RC), 4),
+         (text[3], DeferralConfig("full"), 3)],
         [(img[4], DeferralConfig("post_answer", **RC), 2), (text[4], DeferralConfig("full"), 4)],
         [(text[5], DeferralConfig("full"), 2), (text[6], DeferralConfig("full"), 5)],
         [(img[6], DeferralConfig("hard", **RC), 5)],
-        [(img[7], DeferralConfig("raincheck", guard=1, chunk_size=15, fused=False, **RC), 5)],
+        [(img[7], DeferralConfig("raincheck", tpot_slo=None, guard=1, chunk_size=15, fused=False, **RC), 5)],
     ]
 
 

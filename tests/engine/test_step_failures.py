@@ -12,7 +12,7 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.errors import SamplingError, StepFailedError
 from tests.deferral.helpers import image_prompt
 
-RC = DeferralConfig("raincheck", selector="uniform", guard=2, chunk_size=7)
+RC = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
 
 
 def _params(n: int) -> SamplingParams:

@@ -18,7 +18,8 @@ SELECTORS = ("mmtok", "hiprune", "divprune", "visionzip")
 def _turn(case: tuple[str, str, bytes]) -> tuple[list[list[int]], str]:
     """Selection (the positions of the first prefill's rows) and greedy answer of one image turn."""
     selector, question, image = case
-    session = engine().open_session(deferral=DeferralConfig("raincheck", selector=selector, retention=0.3))
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector=selector, retention=0.3)
+    session = engine().open_session(deferral=cfg)
     try:
         stream = session.turn(Message(question, images=[image]), SamplingParams(max_new_tokens=16))
         answer = stream.text()

@@ -1,0 +1,88 @@
+"""What the engine's own steps cost, learned online: the input of the TPOT objective (docs/mechanism.md §7).
+
+Two things are tracked, both from measured step durations (the engine's clock, whole steps):
+- the plain decode step, per batch size (decode rows in the step);
+- the *extra* cost of a decode step that also carries deferred rows, over the plain step of its batch
+  size, as `fixed + per_row * rows` (`ChunkCost`). Observations are grouped by chunk bucket
+  (7/15/31/63 rows); each group keeps a rolling median, and the line is fitted through the medians, so
+  one slow step (a page fault, a noisy neighbour, a GC pause) moves nothing.
+
+Before any chunk step has been measured the model assumes a deliberately expensive prior (a chunk step
+costs one extra plain step plus a sixteenth of one per row): the first chunk runs only once the turn has
+saved that much slack, and its measurement replaces the prior.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from ..deferral.policy import CHUNK_SIZES
+
+WINDOW = 31           # observations kept per batch size / chunk bucket (rolling medians)
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Extra seconds of a decode step that carries `rows` deferred rows, over the plain step."""
+
+    fixed_s: float
+    per_row_s: float
+
+    def __call__(self, rows: int) -> float:
+        return self.fixed_s + self.per_row_s * rows if rows > 0 else 0.0
+
+
+def _bucket(rows: int) -> int:
+    return next((b for b in CHUNK_SIZES if rows <= b), CHUNK_SIZES[-1])
+
+
+class StepCostModel:
+    def __init__(self, window: int = WINDOW):
+        self.window = window
+        self._plain: dict[int, deque[float]] = {}
+        self._extra: dict[int, deque[tuple[int, float]]] = {}   # chunk bucket -> (rows, extra seconds)
+
+    def observe(self, batch: int, deferred_rows: int, seconds: float) -> None:
+        """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`."""
+        if deferred_rows == 0:
+            self._plain.setdefault(batch, deque(maxlen=self.window)).append(seconds)
+            return
+        plain = self.plain_s(batch)
+        if plain is not None:
+            self._extra.setdefault(_bucket(deferred_rows), deque(maxlen=self.window)).append(
+                (deferred_rows, seconds - plain))
+
+    def plain_s(self, batch: int) -> float | None:
+        """The plain decode step at this batch size (the nearest measured size's when this one is not)."""
+        if not self._plain:
+            return None
+        nearest = min(self._plain, key=lambda b: (abs(b - batch), b))
+        return statistics.median(self._plain[nearest])
+
+    def chunk_cost(self) -> ChunkCost | None:
+        """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""
+        points = [(statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))
+                  for obs in self._extra.values() if obs]
+        if not points:
+            return None
+        if len(points) == 1:   # one size measured: split it evenly between fixed and per-row cost
+            rows, extra = points[0]
+            extra = max(extra, 0.0)
+            return ChunkCost(extra / 2, extra / (2 * rows))
+        mean_r = statistics.fmean(r for r, _ in points)
+        mean_e = statistics.fmean(e for _, e in points)
+        var = sum((r - mean_r) ** 2 for r, _ in points)
+        slope = max(sum((r - mean_r) * (e - mean_e) for r, e in points) / var, 0.0)
+        fixed = max(mean_e - slope * mean_r, 0.0)
+        return ChunkCost(fixed, slope)
+
+    def extra_s(self, rows: int, batch: int) -> float | None:
+        """Predicted extra seconds of `rows` deferred rows on a decode step of `batch` rows (None: no plain
+        step measured yet, so nothing is known)."""
+        cost = self.chunk_cost()
+        if cost is not None:
+            return cost(rows)
+        plain = self.plain_s(batch)
+        return None if plain is None else ChunkCost(plain, plain / 16)(rows)

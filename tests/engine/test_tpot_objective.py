@@ -1,0 +1,172 @@
+"""The TPOT objective (DeferralConfig.tpot_slo): the scheduler fuses deferred rows only while the answer's
+mean TPOT stays within it, on a simulated clock whose step costs are known; the recovered rows are the
+same whatever it chooses."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from raincheck_core import Engine, SamplingParams
+from raincheck_core.deferral.gdn_join import GDNJoin
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.cost_model import StepCostModel
+from raincheck_core.engine.plan import Kind, StepPlan
+from raincheck_core.errors import InvalidInputError
+from tests.deferral.helpers import image_prompt
+
+GRID = (1, 24, 24)          # 144 visual tokens: D is ~100 rows at retention 0.3
+ANSWER = 64
+
+
+class SimulatedSteps:
+    """The engine's clock advances by a synthetic cost per forward: a plain decode step of b rows costs
+    10 ms + 0.2 ms * b; deferred rows on it add 20 ms + 1.5 ms per row (a CPU-like, expensive chunk);
+    prefill rows 0.5 ms each. Records each decode step's cost and deferred rows."""
+
+    def __init__(self, engine: Engine, fixed_s: float = 0.020, per_row_s: float = 0.0015):
+        self.t = 0.0
+        self.fixed_s, self.per_row_s = fixed_s, per_row_s
+        self.decode_steps: list[tuple[float, float, int]] = []    # (seconds, plain seconds, deferred rows)
+        run = engine.runner.run
+        engine.clock = lambda: self.t
+
+        def timed(plan: StepPlan):
+            out = run(plan)
+            self.t += self.cost(plan)
+            return out
+
+        engine.runner.run = timed
+
+    def cost(self, plan: StepPlan) -> float:
+        decode = sum(1 for s in plan.segments if s.kind is Kind.DECODE)
+        deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
+        prefill = sum(s.rows for s in plan.segments if s.kind is Kind.PREFILL)
+        if not decode:
+            return 0.0005 * (prefill + deferred)
+        plain = 0.010 + 0.0002 * decode
+        extra = self.fixed_s + self.per_row_s * deferred if deferred else 0.0
+        self.decode_steps.append((plain + extra, plain, deferred))
+        return plain + extra + 0.0005 * prefill
+
+
+def _answer(engine: Engine, tpot_slo: float | None, chunk_size: int = 31, seed: int = 0):
+    cfg = DeferralConfig("raincheck", selector="uniform", chunk_size=chunk_size, tpot_slo=tpot_slo)
+    session = engine.open_session(deferral=cfg)
+    end = session.turn(image_prompt(engine, seed=seed, grid=GRID),
+                       SamplingParams(max_new_tokens=ANSWER, ignore_eos=True)).result()
+    return session, end.metrics
+
+
+@pytest.fixture(params=["qwen3_vl", "qwen3_5"])
+def engine(request, tiny_checkpoints):
+    return Engine.from_pretrained(tiny_checkpoints[request.param][1])
+
+
+@pytest.mark.parametrize("slo", [1.10, 1.5])
+def test_mean_tpot_stays_within_the_objective(engine, slo):
+    sim = SimulatedSteps(engine)
+    session, m = _answer(engine, slo)
+    steps = sim.decode_steps
+    assert len(steps) == ANSWER - 1
+    spent, plain = sum(s for s, _, _ in steps), sum(p for _, p, _ in steps)
+    assert spent <= slo * plain * (1 + 1e-9)
+    restored = m.deferred_tokens - m.deferred_pending
+    assert restored > 0 and (slo > 1.2 or restored < m.deferred_tokens)   # tight: some fused, the rest after
+    chunks = [r for _, _, r in steps if r]       # each in a bucket, but for D's last rows
+    assert set(chunks[:-1]) <= {7, 15, 31, 63}
+    session.complete_recovery()
+    assert session.pending_deferred == 0
+
+
+def test_a_looser_objective_restores_more_during_the_answer(engine):
+    restored = {}
+    for slo in (1.05, 1.3, 2.0, 4.0):
+        SimulatedSteps(engine)
+        _, m = _answer(engine, slo)
+        restored[slo] = m.deferred_tokens - m.deferred_pending
+    assert list(restored.values()) == sorted(restored.values()), restored
+    assert restored[1.05] < restored[4.0]
+
+
+def test_without_an_objective_every_step_past_the_guard_fuses_chunk_size(engine):
+    sim = SimulatedSteps(engine)
+    _, m = _answer(engine, None, chunk_size=7)
+    rows = [r for _, _, r in sim.decode_steps]
+    fused = m.deferred_tokens - m.deferred_pending
+    assert rows[:16] == [0] * 16                       # guard 16: the steps that feed y1 … y16 carry nothing
+    assert rows[16:16 + fused // 7] == [7] * (fused // 7)
+
+
+def test_an_expensive_batch_of_other_turns_gets_no_chunks(engine):
+    """Sharing the steps with a turn whose slack is spent (it was slowed by a prefill of someone else's
+    long input): the objective of the tightest turn holds the chunks back."""
+    sim = SimulatedSteps(engine, fixed_s=0.5)      # a chunk costs 50 plain steps: nothing can pay for it
+    _, m = _answer(engine, 1.10)
+    assert m.deferred_pending == m.deferred_tokens - sum(r for _, _, r in sim.decode_steps)
+    assert sum(r for _, _, r in sim.decode_steps) <= 7     # at most the first try, on the prior
+
+
+def test_every_schedule_restores_the_same_rows(engine, monkeypatch):
+    """Fixed chunks of 7 or 31, objectives tight or loose: D's K/V and the GDN prefix state after I0 ‖ D
+    come out the same once recovery completes (D never sees the answer: the order of chunks is free)."""
+    prefix_states = []
+    release = GDNJoin.release
+
+    def spy(self):
+        if self.prefix is not None:
+            prefix_states.append((self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone()))
+        release(self)
+
+    monkeypatch.setattr(GDNJoin, "release", spy)
+    restored = []
+    for slo, chunk in ((None, 7), (None, 31), (1.10, 31), (2.0, 31), (1e9, 63)):
+        SimulatedSteps(engine)
+        cfg = DeferralConfig("raincheck", selector="uniform", chunk_size=chunk, tpot_slo=slo)
+        session = engine.open_session(deferral=cfg)
+        stream = session.turn(image_prompt(engine, seed=3, grid=GRID), SamplingParams(max_new_tokens=40,
+                                                                                   ignore_eos=True))
+        rec = session.cache.recovery
+        stream.result()
+        session.complete_recovery()
+        slots = torch.cat(rec.slots)
+        restored.append((engine.kv.k[:, slots].clone(), engine.kv.v[:, slots].clone()))
+        session.close()
+    for k, v in restored[1:]:
+        assert torch.allclose(k, restored[0][0], atol=1e-5) and torch.allclose(v, restored[0][1], atol=1e-5)
+    for conv, ssm in prefix_states[1:]:
+        assert torch.allclose(conv, prefix_states[0][0], atol=1e-5)
+        assert torch.allclose(ssm, prefix_states[0][1], atol=1e-5)
+
+
+def test_the_cost_model_ignores_outliers():
+    rng = random.Random(0)
+    model = StepCostModel()
+    for i in range(200):
+        noise = 1 + rng.uniform(-0.05, 0.05)
+        spike = 40.0 if i % 17 == 0 else 1.0          # a GC pause, a noisy neighbour
+        model.observe(16, 0, 0.009 * noise * spike)
+        rows = rng.choice([7, 15, 31, 63])
+        model.observe(16, rows, (0.009 + 0.006 + 0.0004 * rows) * noise * (40.0 if i % 23 == 0 else 1.0))
+    assert model.plain_s(16) == pytest.approx(0.009, rel=0.05)
+    assert model.plain_s(20) == model.plain_s(16)     # the nearest measured batch size stands in
+    cost = model.chunk_cost()
+    assert cost.fixed_s == pytest.approx(0.006, rel=0.15)
+    assert cost.per_row_s == pytest.approx(0.0004, rel=0.1)
+
+
+def test_the_cost_model_knows_nothing_before_a_plain_step():
+    model = StepCostModel()
+    assert model.plain_s(4) is None and model.extra_s(7, 4) is None and model.chunk_cost() is None
+    model.observe(4, 7, 0.05)                          # a chunk step with no plain step to compare: dropped
+    assert model.chunk_cost() is None
+    model.observe(4, 0, 0.01)
+    assert model.extra_s(16, 4) == pytest.approx(0.01 + 0.01)   # the prior: one plain step + 1/16 per row
+
+
+@pytest.mark.parametrize("slo", [0.9, 0.0, float("nan"), float("inf"), -1.0])
+def test_an_objective_below_one_is_refused(slo):
+    with pytest.raises(InvalidInputError, match="tpot_slo"):
+        DeferralConfig("raincheck", tpot_slo=slo)
