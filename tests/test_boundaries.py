@@ -1,0 +1,101 @@
+"""Package boundaries, read from the source: the services and benchmarks use raincheck_core's public
+surface only, raincheck_core imports nothing from services, and deferral/ does not reach into engine/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if "_gen" not in p.parts)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_definitions(package: str) -> set[str]:
+    """Private names a package defines: functions, classes, module globals and `self._x` attributes."""
+    names = set()
+    for path in _sources(package):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return {n for n in names if _private(n)}
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module, imported names) of every import in a file under ROOT."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out.append((module, [a.name for a in node.names]))
+    return out
+
+
+def _crossings(package: str) -> list[str]:
+    """Uses of raincheck_core's private names from `package`: imported by name, or read as an attribute
+    (`engine._step_failed`) where `package` defines no such name itself."""
+    core = _private_definitions("raincheck_core") - _private_definitions(package)
+    found = []
+    for path in _sources(package):
+        where = path.relative_to(ROOT)
+        for module, names in _imports(path):
+            if module.startswith("raincheck_core"):
+                found += [f"{where}: imports {module}.{n}" for n in names if _private(n)]
+                found += [f"{where}: imports {module}" for part in module.split(".") if _private(part)]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in core:
+                found.append(f"{where}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_services_use_only_public_names_of_the_engine():
+    assert _crossings("services") == []
+
+
+def test_benchmarks_use_only_public_names_of_the_engine():
+    assert _crossings("bench") == []
+
+
+def test_the_engine_library_imports_nothing_from_services():
+    for path in _sources("raincheck_core"):
+        for module, _ in _imports(path):
+            assert not module.startswith(("services", "grpc", "ray", "redis")), (path, module)
+
+
+def test_deferral_does_not_import_the_engine():
+    for path in _sources("raincheck_core/deferral"):
+        for module, names in _imports(path):
+            assert not module.startswith("raincheck_core.engine"), (path, module, names)
+
+
+def test_subpackages_of_the_engine_library_share_no_private_names():
+    for path in _sources("raincheck_core"):
+        own = ".".join(path.relative_to(ROOT).parts[:2])          # raincheck_core.<subpackage>
+        for module, names in _imports(path):
+            if module.startswith("raincheck_core") and not module.startswith(own):
+                assert not [n for n in names if _private(n)], (path, module, names)
+
+
+def test_the_check_catches_a_private_crossing(tmp_path, monkeypatch):
+    (tmp_path / "raincheck_core").mkdir()
+    (tmp_path / "raincheck_core" / "engine.py").write_text("class E:\n    def _fail(self): ...\n")
+    (tmp_path / "services").mkdir()
+    (tmp_path / "services" / "worker.py").write_text(
+        "from raincheck_core.engine import _helper\n\ndef f(engine):\n    engine._fail()\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    found = _crossings("services")
+    assert any("_helper" in f for f in found) and any("._fail" in f for f in found)
