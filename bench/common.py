@@ -8,10 +8,10 @@ is given as precomputed embeddings (no vision tower runs), so only the LLM decod
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from raincheck_core import Engine, Prompt, SamplingParams, TokenEvent, TurnEnd, VisualInput
+from raincheck_core import Engine, Prompt, SamplingParams, TurnEnd, TurnMetrics, VisualInput
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.cost_model import StepCostModel
+from raincheck_core.engine.plan import Kind, StepPlan
 from raincheck_core.models.random_init import save_random_checkpoint
 
 FAMILIES = ("qwen3_5", "qwen3_vl")
@@ -52,9 +54,43 @@ def image_prompt(engine: Engine, side: int = 32, text: int = 32, seed: int = 0) 
     return Prompt(ids, [visual])
 
 
+class StepLog:
+    """Every engine step's decode rows, deferred rows and duration (the engine's clock, as its TPOT
+    objective sees it), recorded by wrapping the scheduler's `account`, the one place a step is timed."""
+
+    def __init__(self, engine: Engine):
+        self.steps: list[tuple[int, int, float]] = []     # (decode rows, deferred rows, seconds)
+        account = engine.scheduler.account
+
+        def record(plan: StepPlan, seconds: float) -> None:
+            decode = sum(s.kind is Kind.DECODE for s in plan.segments)
+            deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
+            self.steps.append((decode, deferred, seconds))
+            account(plan, seconds)
+
+        engine.scheduler.account = record
+
+
+_LOGS: weakref.WeakKeyDictionary[Engine, StepLog] = weakref.WeakKeyDictionary()
+
+
+def step_log(engine: Engine) -> StepLog:
+    """The engine's step log, installed on first use."""
+    if engine not in _LOGS:
+        _LOGS[engine] = StepLog(engine)
+    return _LOGS[engine]
+
+
+def use_clock(engine: Engine, clock: Callable[[], float]) -> None:
+    """Measure with `clock` from now on, with a fresh step-cost model (its samples must share one clock)."""
+    engine.clock = clock
+    engine.cost = engine.scheduler.cost = StepCostModel()
+
+
 @dataclass
 class TurnStats:
-    """One timed turn. Times in seconds; `gaps` are the step times between consecutive tokens."""
+    """One timed turn (the engine's clock). `steps`: (deferred rows, seconds) of each decode step, one per
+    token after the first; a step with deferred rows is a chunk-carrying ("restoring") step."""
 
     ttft_s: float
     tpot_s: float
@@ -65,30 +101,36 @@ class TurnStats:
     completion_s: float                       # post-response completion (session.complete_recovery())
     prompt_tokens: int
     restoring_steps: int
-    gaps: list[float] = field(default_factory=list, repr=False)
-    guard_end: int = 0                        # index in `gaps` of the first step that may carry a chunk
+    steps: list[tuple[int, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def restored_before_end(self) -> float | None:
+        """Share of the deferred tokens D prefilled before the answer ended."""
+        if not self.deferred_tokens:
+            return None
+        return (self.deferred_tokens - self.deferred_pending) / self.deferred_tokens
 
     def plain_gaps(self) -> list[float]:
-        """Decode steps that carried no deferred chunk."""
-        return self.gaps[:self.guard_end] + self.gaps[self.guard_end + self.restoring_steps:]
+        """Decode steps that carried no deferred rows."""
+        return [s for rows, s in self.steps if not rows]
 
-    def restoring_gaps(self) -> list[float]:
-        """Decode steps that carried a deferred chunk (same steps as the engine's `tpot_restoring_s`)."""
-        return self.gaps[self.guard_end:self.guard_end + self.restoring_steps]
+    def restoring_gaps(self, rows: int | None = None) -> list[float]:
+        """Decode steps that carried deferred rows (`rows` of them, when given)."""
+        return [s for r, s in self.steps if r and (rows is None or r == rows)]
 
 
 def run_turn(engine: Engine, prompt: Prompt, cfg: DeferralConfig, max_new: int) -> TurnStats:
     session = engine.open_session(deferral=cfg)
+    log = step_log(engine)
     gc.collect()
     gc.disable()                  # no collector pauses inside the timed turn
     try:
-        stamps: list[float] = []
+        first = len(log.steps)
         end: TurnEnd | None = None
         for event in session.turn(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True)):
-            if isinstance(event, TokenEvent):
-                stamps.append(time.perf_counter())
-            else:
+            if isinstance(event, TurnEnd):
                 end = event
+        steps = [(deferred, s) for decode, deferred, s in log.steps[first:] if decode]
         pending = session.pending_deferred
         completion = session.complete_recovery() if pending else 0.0
     finally:
@@ -96,10 +138,30 @@ def run_turn(engine: Engine, prompt: Prompt, cfg: DeferralConfig, max_new: int) 
         session.close()
     assert end is not None
     m = end.metrics
-    gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    fused = m.deferred_tokens - m.deferred_pending if cfg.fuses else 0
     return TurnStats(m.ttft_s, m.tpot_s, m.e2e_s, m.tpot_restoring_s, m.deferred_tokens, m.deferred_pending,
-                     completion, m.prompt_tokens, math.ceil(fused / cfg.chunk_size), gaps, guard_end=cfg.guard)
+                     completion, m.prompt_tokens, sum(1 for rows, _ in steps if rows), steps)
+
+
+def text_prompt(words: int = 32, seed: int = 1) -> Prompt:
+    """A text-only follow-up question of `words` random ids."""
+    return Prompt(torch.randint(16, 2000, (words,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+def run_dialogue(engine: Engine, prompts: Sequence[Prompt], cfg: DeferralConfig, max_new: int,
+                 think_s: float) -> list[TurnMetrics]:
+    """One session, one turn per prompt, sleeping `think_s` (wall clock) between an answer's end and the
+    next question, as a user does; whatever steps in the background meanwhile recovers in that gap."""
+    session = engine.open_session(deferral=cfg)
+    try:
+        metrics = []
+        for i, prompt in enumerate(prompts):
+            if i:
+                time.sleep(think_s)
+            end = session.turn(prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True)).result()
+            metrics.append(end.metrics)
+        return metrics
+    finally:
+        session.close()
 
 
 @dataclass(frozen=True)
@@ -153,12 +215,14 @@ def summarise(turns: list[TurnStats]) -> dict:
     last = turns[-1]
     plain = quantile([g for t in turns for g in t.plain_gaps()], STEP_QUANTILE)
     restoring = quantile([g for t in turns for g in t.restoring_gaps()], STEP_QUANTILE)
-    n, k = len(last.gaps), last.restoring_steps
+    n, k = len(last.steps), last.restoring_steps
     out.update(plain_step_s=plain, restoring_step_s=restoring,
                tpot_steps_s=((n - k) * plain + k * (restoring or 0.0)) / n if n else None)
+    restored = [t.restored_before_end for t in turns if t.restored_before_end is not None]
+    out["restored_before_end"] = statistics.median(restored) if restored else None
     out.update(deferred_tokens=last.deferred_tokens, deferred_pending=last.deferred_pending,
                prompt_tokens=last.prompt_tokens, restoring_steps=last.restoring_steps)
-    out["raw"] = [{k: v for k, v in asdict(t).items() if k != "gaps"} for t in turns]
+    out["raw"] = [{k: v for k, v in asdict(t).items() if k != "steps"} for t in turns]
     return out
 
 
