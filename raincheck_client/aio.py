@@ -34,9 +34,10 @@ class AsyncClient:
 
     async def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                              retention: float | None = None, chunk_size: int | None = None,
-                             guard: int | None = None, recovery: str | None = None) -> AsyncSession:
+                             guard: int | None = None, tpot_slo: float | None = None,
+                             recovery: str | None = None) -> AsyncSession:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
-                                        chunk_size=chunk_size, guard=guard)
+                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo)
         return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request)))
 
     async def session(self, session_id: str) -> AsyncSession:

@@ -33,10 +33,12 @@ class Client:
 
     def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                        retention: float | None = None, chunk_size: int | None = None,
-                       guard: int | None = None, recovery: str | None = None) -> Session:
-        """A new session; unset settings take the server's defaults. `recovery`: colocated | disaggregated."""
+                       guard: int | None = None, tpot_slo: float | None = None,
+                       recovery: str | None = None) -> Session:
+        """A new session; unset settings take the server's defaults. `recovery`: colocated | disaggregated.
+        `tpot_slo`: the allowed mean TPOT as a ratio of a plain decode step (0: none, fixed chunks)."""
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
-                                        chunk_size=chunk_size, guard=guard)
+                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo)
         return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request)))
 
     def session(self, session_id: str) -> Session:

@@ -30,18 +30,20 @@ SESSION_STATUS_RECOVERING: SessionStatus
 SESSION_STATUS_DETACHED: SessionStatus
 
 class DeferralSettings(_message.Message):
-    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard")
+    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     GUARD_FIELD_NUMBER: _ClassVar[int]
+    TPOT_SLO_FIELD_NUMBER: _ClassVar[int]
     policy: str
     selector: str
     retention: float
     chunk_size: int
     guard: int
-    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ...) -> None: ...
+    tpot_slo: float
+    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("model", "deferral", "recovery_mode")

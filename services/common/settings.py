@@ -37,6 +37,12 @@ def _off(value: Any) -> Any:
     return None if value in (-1, "-1", "off", "") else value
 
 
+def _tpot_slo(value: float) -> float:
+    if 0 < value < 1:
+        raise ValueError("a TPOT objective is a ratio of the plain decode step: >= 1, or 0 for none")
+    return value
+
+
 def _checkpoint(model: str | None) -> str | None:
     if model is not None and model != "demo" and not (Path(model) / "config.json").is_file():
         what = "has no config.json" if Path(model).is_dir() else "is not a folder"
@@ -47,6 +53,7 @@ def _checkpoint(model: str | None) -> str | None:
 Port = Annotated[int, Field(ge=0, le=65535)]
 OptionalPort = Annotated[Port | None, BeforeValidator(_off)]
 Checkpoint = Annotated[str | None, AfterValidator(_checkpoint)]
+TpotSlo = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_tpot_slo)]
 RecoveryModes = Annotated[tuple[RecoveryMode, ...], Field(min_length=1),
                           AfterValidator(lambda modes: tuple(dict.fromkeys(modes)))]
 
@@ -215,6 +222,8 @@ class WorkerSettings(ModelSpec):
                                     shown="a random one")
     default_policy: Policy = setting("raincheck", "RAINCHECK_POLICY", "deferral policy of sessions that do not "
                                      "ask for one", flag="--policy")
+    tpot_slo: TpotSlo = setting(1.10, "RAINCHECK_TPOT_SLO", "allowed mean TPOT of answers, as a ratio of a plain "
+                                "decode step, for sessions that do not ask (0: none, fixed deferred chunks)")
     max_new_tokens: int = setting(256, "RAINCHECK_MAX_NEW_TOKENS", "answer length limit of requests that do not "
                                   "say", gt=0)
     heartbeat_s: float = Field(2.0, gt=0)

@@ -55,12 +55,14 @@ def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralC
     """`base` with the fields `s` sets (validated: InvalidInputError when out of range)."""
     kw = {name: getattr(s, name) for name in ("policy", "selector") if getattr(s, name)}
     kw |= {name: getattr(s, name) for name in ("retention", "chunk_size", "guard") if s.HasField(name)}
+    if s.HasField("tpot_slo"):
+        kw["tpot_slo"] = s.tpot_slo or None   # 0: no objective
     return dataclasses.replace(base, **kw) if kw else base
 
 
 def from_deferral(cfg: DeferralConfig) -> chat_pb2.DeferralSettings:
     return chat_pb2.DeferralSettings(policy=cfg.policy, selector=cfg.selector, retention=cfg.retention,
-                                     chunk_size=cfg.chunk_size, guard=cfg.guard)
+                                     chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0)
 
 
 def to_mode(mode: int) -> str:

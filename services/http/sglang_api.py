@@ -56,6 +56,7 @@ class GenerateRequest(BaseModel):
     retention: float | None = None
     chunk_size: int | None = None
     guard: int | None = None
+    tpot_slo: float | None = None
     recovery_mode: str | None = None
 
 

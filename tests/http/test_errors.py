@@ -68,6 +68,7 @@ def test_bad_image_is_400(stack, url, message):
     (dict(frequency_penalty=0.5), "frequency_penalty is not supported"),
     (dict(temperature=-1.0), "temperature"),
     (dict(extra_body={"policy": "sometimes"}), "policy"),
+    (dict(extra_body={"tpot_slo": 0.5}), "tpot_slo must be >= 1"),
     (dict(extra_body={"recovery_mode": "telepathic"}), "recovery_mode is one of"),
 ])
 def test_unsupported_or_out_of_range_options_are_400(stack, kwargs, message):

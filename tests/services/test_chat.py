@@ -22,7 +22,7 @@ TURNS = [("what is this ?", [png(128, 96)]), ("and the blue one ?", [])]
 def _reference(checkpoint) -> list[list[int]]:
     """The same conversation on an Engine, in process."""
     engine = Engine.from_pretrained(checkpoint)
-    session = engine.open_session(deferral=DeferralConfig(**POLICY))
+    session = engine.open_session(deferral=DeferralConfig(**POLICY, tpot_slo=None))
     sampling = SamplingParams(max_new_tokens=12, ignore_eos=True)
     return [session.turn(Message(text, images=images), sampling).result().token_ids for text, images in TURNS]
 
@@ -31,8 +31,9 @@ def test_two_turn_image_chat(embedded, checkpoint):
     cluster, frontend, worker = embedded
     client = cluster.client(frontend)
     assert [(m.name, m.workers, m.recovery_modes) for m in client.list_models()] == [("tiny", 1, ["colocated"])]
-    session = client.create_session(**POLICY)
-    assert (session.info.policy, session.info.chunk_size, session.info.recovery_mode) == ("raincheck", 7, "colocated")
+    session = client.create_session(**POLICY, tpot_slo=0)    # 0: fixed chunks, as in the reference
+    assert (session.info.policy, session.info.chunk_size, session.info.tpot_slo, session.info.recovery_mode) == \
+        ("raincheck", 7, None, "colocated")
 
     text, images = TURNS[0]
     turn = session.send(text, images=images, max_new_tokens=12, ignore_eos=True, follow_recovery=True)

@@ -119,6 +119,8 @@ BAD = [
     (["frontend", "--port", "70000"], {}, "--port '70000': Input should be less than or equal to 65535"),
     (["serve", "--policy", "bogus"], {}, "--policy 'bogus': Input should be 'full', 'hard', 'raincheck' or"),
     (["decode-worker"], {"RAINCHECK_POLICY": "bogus"}, "RAINCHECK_POLICY='bogus'"),
+    (["serve", "--tpot-slo", "0.5"], {}, "--tpot-slo '0.5': a TPOT objective is a ratio of the plain decode step"),
+    (["decode-worker"], {"RAINCHECK_TPOT_SLO": "nan"}, "RAINCHECK_TPOT_SLO='nan'"),
     (["serve", "--model", "/nonexistent"], {}, "no checkpoint at /nonexistent: it is not a folder"),
     (["demo", "--model", "/nonexistent"], {}, "no checkpoint at /nonexistent"),
     (["serve", "--dtype", "fp8"], {}, "--dtype 'fp8': Input should be 'float32', 'bfloat16' or 'float16'"),
