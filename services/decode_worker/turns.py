@@ -80,7 +80,7 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
             elif isinstance(event, TurnEnd):
                 timer.done()
                 BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
-                if backend.pending(ws):
+                if event.metrics.deferred_pending:   # not backend.pending: recovery may have finished already
                     backend.answer_done(ws)
                 ws.release(stream)
                 m = event.metrics
