@@ -216,6 +216,8 @@ def summarise(turns: list[TurnStats]) -> dict:
     plain = quantile([g for t in turns for g in t.plain_gaps()], STEP_QUANTILE)
     restoring = quantile([g for t in turns for g in t.restoring_gaps()], STEP_QUANTILE)
     n, k = len(last.steps), last.restoring_steps
+    plain_all = [g for t in turns for g in t.plain_gaps()]
+    out["plain_median_s"] = statistics.median(plain_all) if plain_all else None   # what the objective measures
     out.update(plain_step_s=plain, restoring_step_s=restoring,
                tpot_steps_s=((n - k) * plain + k * (restoring or 0.0)) / n if n else None)
     restored = [t.restored_before_end for t in turns if t.restored_before_end is not None]
