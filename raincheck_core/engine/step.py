@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from .plan import StepPlan
 from .session_cache import SessionCache
-from .update import apply_step
+from .update import apply_step, chunk_carriers
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -49,6 +49,7 @@ def run_step(engine: Engine, only: SessionCache | None = None) -> bool:
 
 def _run(engine: Engine, plan: StepPlan) -> Exception | None:
     passes = plan.passes()
+    restoring = chunk_carriers(plan)
     for i, part in enumerate(passes):
         try:
             out = engine.runner.run(part)
@@ -56,5 +57,5 @@ def _run(engine: Engine, plan: StepPlan) -> Exception | None:
             for rest in passes[i:]:
                 rest.cancel()
             return e
-        apply_step(engine, part, out)
+        apply_step(engine, part, out, restoring)
     return None

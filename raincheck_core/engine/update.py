@@ -20,11 +20,16 @@ from .runner import StepOutputs
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 
 
-def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
+def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs,
+               restoring: set[SessionCache] | None = None) -> None:
+    """Apply `out`, the outputs of `plan` (one pass of a step). `restoring`: the sessions whose deferred
+    rows the whole step carried (default: those in this pass; a serial step runs its chunks in a pass of
+    their own), whose next token's gap counts as a restoring one."""
     now = engine.clock()
     # 1. the claimed slots now hold K/V; a tracked turn's generated tokens are GEN
     for seg in plan.segments:
@@ -39,13 +44,13 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
                 pool.ssm[:, i].index_copy_(0, w.slots, ssm)
         _join_bookkeeping(out)
     # 3. cursors
-    chunk_of = {}
+    if restoring is None:
+        restoring = chunk_carriers(plan)
     for seg in plan.segments:
         if seg.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL):
             if seg.recovery is not None:
                 seg.recovery.advance(seg.rows, now)
                 seg.recovery.slots.append(seg.write_slots)
-            chunk_of[seg.cache] = True
         elif seg.request is not None:
             req = seg.request
             was_prefilling = not req.decoding
@@ -62,7 +67,7 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
         except Exception as e:   # this turn's sampling only: the others in the step go on
             engine._fail_turn(req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}"))
             continue
-        req.accept(token, logits, now, restoring=chunk_of.get(seg.cache, False))
+        req.accept(token, logits, now, restoring=seg.cache in restoring)
         if req.finished:
             engine._turn_ended(req)
     # 5. recoveries that are complete
@@ -70,6 +75,10 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs) -> None:
         rec = seg.cache.recovery
         if rec is not None and rec.done and (seg.recovery is rec):
             engine._recovery_done(seg.cache)
+
+
+def chunk_carriers(plan: StepPlan) -> set[SessionCache]:
+    return {s.cache for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)}
 
 
 def _join_bookkeeping(out: StepOutputs) -> None:

@@ -170,3 +170,13 @@ def test_the_cost_model_knows_nothing_before_a_plain_step():
 def test_an_objective_below_one_is_refused(slo):
     with pytest.raises(InvalidInputError, match="tpot_slo"):
         DeferralConfig("raincheck", tpot_slo=slo)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_tokens_after_a_chunk_count_as_restoring_in_both_modes(engine, fused):
+    """A serial step runs its chunk in a pass of its own: the token after it still had a restoring gap."""
+    SimulatedSteps(engine)
+    cfg = DeferralConfig("raincheck", selector="uniform", chunk_size=7, tpot_slo=None, fused=fused)
+    end = engine.open_session(deferral=cfg).turn(image_prompt(engine, grid=GRID),
+                                                  SamplingParams(max_new_tokens=24, ignore_eos=True)).result()
+    assert end.metrics.tpot_restoring_s is not None and end.metrics.tpot_restoring_s > end.metrics.tpot_s
