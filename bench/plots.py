@@ -129,3 +129,24 @@ def save_all(folder: Path, results: dict[str, dict], chunk: dict | None, retenti
         paths.append(retention_plot(retention, folder / "latency_retention_sweep.png"))
     return paths
 
+
+def batch_plot(results: dict[str, dict], path: Path) -> Path:
+    """`python -m bench.batch`: per family, decode tokens/s (CPU time) vs the number of concurrent
+    sessions N, text-only and image (raincheck) turns, with perfect scaling from N = 1 for reference."""
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.8), squeeze=False)
+    for ax, (family, res) in zip(axes[0], results.items(), strict=True):
+        for (name, rows), color in zip(res["scaling"].items(), ("C0", "C2"), strict=False):
+            ns = [r["n"] for r in rows]
+            tps = [r["tokens_per_s"] for r in rows]
+            ax.plot(ns, tps, "o-", color=color, label=name)
+            ax.plot(ns, [tps[0] * n / ns[0] for n in ns], ":", color=color, alpha=0.5, label=f"{name}, ×N ideal")
+            for n, t, r in zip(ns, tps, (row["ratio"] for row in rows), strict=True):
+                ax.annotate(f"{r:.1f}×", (n, t), textcoords="offset points", xytext=(4, -11), fontsize=7, color=color)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("concurrent sessions N")
+        ax.set_title(f"{family} (bench size), 1 thread")
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("decode tokens/s (thread CPU time)")
+    return _save(fig, path)
