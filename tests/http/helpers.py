@@ -31,7 +31,8 @@ class Stack:
         self.store = store
         self.worker = DecodeWorkerServer(WorkerSettings(
             model=str(FOLDER), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2},
-            heartbeat_s=0.5, registration_ttl_s=5.0, threads=16), store).start()
+            heartbeat_s=0.5, registration_ttl_s=5.0, threads=16,
+            tpot_slo=0.0), store).start()      # fixed chunks: answers comparable across paths (no timing in them)
         self.frontend_settings = FrontendSettings(port=0, metrics_port=None, threads=16,
                                                   **{"api_keys": KEYS, **frontend})
         self.grpc = FrontendServer(self.frontend_settings, store).start()

@@ -140,15 +140,18 @@ def test_an_in_flight_result_for_a_closed_session_or_an_abandoned_turn_is_droppe
                  for r in ("timeout", "worker_died", "ray_lost", "error"))
 
     closed = client.create_session(recovery="disaggregated", **POLICY)
-    stream = iter(closed.send(*TURNS[0][:1], images=TURNS[0][1], max_new_tokens=400, ignore_eos=True))
+    # 2,000-token answers: still streaming when the slow deferred worker has started (the engine writes 400
+    # tokens of the tiny model in well under a second, faster than Ray starts a call on a loaded machine)
+    stream = iter(closed.send(*TURNS[0][:1], images=TURNS[0][1], max_new_tokens=2000, ignore_eos=True))
     assert isinstance(next(stream), Token)                  # its input is in: the residual is on its way
     _wait(lambda: ray.get(slow.started.remote()) == 1)
     closed.close()
 
     abandoned = client.create_session(recovery="disaggregated", **POLICY)
-    turn = abandoned.send(*TURNS[0][:1], images=TURNS[0][1], max_new_tokens=400, ignore_eos=True)
+    turn = abandoned.send(*TURNS[0][:1], images=TURNS[0][1], max_new_tokens=2000, ignore_eos=True)
     assert isinstance(next(iter(turn)), Token)
     _wait(lambda: ray.get(slow.started.remote()) == 2)
+    assert abandoned.status().status == "streaming"
     turn.cancel()                                           # the client leaves: the turn is undone
     _wait(lambda: abandoned.status().status != "streaming")
 
