@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from raincheck_core import Engine, Prompt
+from raincheck_core.deferral.gdn_join import GDNJoin
 from raincheck_core.deferral.partition import partition_turn
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.multimodal.turn_input import TurnInput, build_turn_input
@@ -17,6 +19,21 @@ def image_prompt(engine: Engine, seed: int = 0, grid: tuple[int, int, int] = GRI
     visual = random_visual("image", grid, engine.model_config.hidden_size, engine.model_config.deepstack_levels,
                            seed=seed)
     return Prompt([5, 6, *image_tokens(grid), 7, 8, 9], [visual])
+
+
+def record_prefix_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A list that receives each GDN join's prefix state (conv, ssm) when its recovery completes: the
+    state after I0 ‖ D."""
+    states = []
+    release = GDNJoin.release
+
+    def spy(self: GDNJoin) -> None:
+        if self.prefix is not None:
+            states.append((self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone()))
+        release(self)
+
+    monkeypatch.setattr(GDNJoin, "release", spy)
+    return states
 
 
 def split(engine: Engine, prompt: Prompt, cfg: DeferralConfig, start: int = 0) -> tuple[TurnInput, TurnInput]:

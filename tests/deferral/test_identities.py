@@ -7,7 +7,7 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
-from tests.deferral.helpers import concat, hf_forward, image_prompt, split, token_rows
+from tests.deferral.helpers import concat, hf_forward, image_prompt, record_prefix_states, split, token_rows
 
 FAMILIES = ["qwen3_vl", "qwen3_5"]
 TOL = 1e-4
@@ -87,18 +87,8 @@ def test_recovered_cache_equals_one_plain_pass_over_i0_d(engines, family, answer
     those of one plain pass over I0 ‖ D with the original positions."""
     from transformers import DynamicCache
 
-    from raincheck_core.deferral.gdn_join import GDNJoin
-
     hf, engine = engines[family]
-    prefix_states = []
-    release = GDNJoin.release
-
-    def spy(self):
-        if self.prefix is not None:
-            prefix_states.append((self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone()))
-        release(self)
-
-    monkeypatch.setattr(GDNJoin, "release", spy)
+    prefix_states = record_prefix_states(monkeypatch)
     prompt = image_prompt(engine, seed=5)
     cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
     session = engine.open_session(deferral=cfg)

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from raincheck_core import Engine, SamplingParams
-from raincheck_core.deferral.gdn_join import GDNJoin
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.cost_model import StepCostModel
 from raincheck_core.engine.plan import Kind, StepPlan
 from raincheck_core.errors import InvalidInputError
-from tests.deferral.helpers import image_prompt
+from tests.deferral.helpers import image_prompt, record_prefix_states
 
 GRID = (1, 24, 24)          # 144 visual tokens: D is ~100 rows at retention 0.3
 ANSWER = 64
@@ -112,15 +111,7 @@ def test_an_expensive_batch_of_other_turns_gets_no_chunks(engine):
 def test_every_schedule_restores_the_same_rows(engine, monkeypatch):
     """Fixed chunks of 7 or 31, objectives tight or loose: D's K/V and the GDN prefix state after I0 ‖ D
     come out the same once recovery completes (D never sees the answer: the order of chunks is free)."""
-    prefix_states = []
-    release = GDNJoin.release
-
-    def spy(self):
-        if self.prefix is not None:
-            prefix_states.append((self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone()))
-        release(self)
-
-    monkeypatch.setattr(GDNJoin, "release", spy)
+    prefix_states = record_prefix_states(monkeypatch)
     restored = []
     for slo, chunk in ((None, 7), (None, 31), (1.10, 31), (2.0, 31), (1e9, 63)):
         SimulatedSteps(engine)
