@@ -23,20 +23,25 @@ from raincheck_core.pruning import keep_count
 
 from .helpers import FOLDER, V2, engine, needs_checkpoint, needs_v2
 
-CASES = [pytest.param("single", FOLDER, id="v1-single", marks=needs_checkpoint),
-         *(pytest.param(family, V2, id=f"v2-{family}", marks=needs_v2) for family in ("single", "multi", "video"))]
 TEST_SEED = 424242          # never used in training (see raincheck_core.models.demo.train)
 HARD_KINDS = ("relation", "list")   # two-word or list answers: a pruned cell cannot be guessed by chance
+# v2's single- and multi-image lists are not reliable yet (63-69% teacher-forced, its model card), so its
+# image cases ask relations only: this test is about what deferral gives back, the benchmark about accuracy
+CASES = [pytest.param("single", FOLDER, HARD_KINDS, id="v1-single", marks=needs_checkpoint),
+         *(pytest.param(family, V2, kinds, id=f"v2-{family}", marks=needs_v2)
+           for family, kinds in (("single", ("relation",)), ("multi", ("relation",)), ("video", HARD_KINDS)))]
 
 
-def dialogues(family: str, n: int = 4) -> list[Dialogue]:
+def dialogues(family: str, kinds: tuple[str, ...], n: int = 4) -> list[Dialogue]:
     rng = random.Random(TEST_SEED)
     if family == "single":
-        return [make_dialogue(rng, turns=3, later={"relation": 1.0, "list": 0.5}) for _ in range(n)]
-    if family == "multi":
-        return [make_multi_dialogue(rng, images=2, turns=4, kinds=HARD_KINDS, text_first=0.0, new_image_question=1.0)
+        later = {"relation": 1.0, "list": 0.5}
+        return [make_dialogue(rng, turns=3, kinds=(*kinds, "colour", "shape"), later={k: later[k] for k in kinds})
                 for _ in range(n)]
-    return [make_video_dialogue(rng, frames=3, turns=3, kinds=(*HARD_KINDS, "change"), text_first=0.0)
+    if family == "multi":
+        return [make_multi_dialogue(rng, images=2, turns=4, kinds=kinds, text_first=0.0, new_image_question=1.0)
+                for _ in range(n)]
+    return [make_video_dialogue(rng, frames=3, turns=3, kinds=(*kinds, "change"), text_first=0.0)
             for _ in range(n)]
 
 
@@ -69,10 +74,10 @@ def items(answer: str, gold: str) -> float:
     return sum(a == b for a, b in zip(answer.split(), gold.split(), strict=False)) / len(gold.split())
 
 
-@pytest.mark.parametrize(("family", "folder"), CASES)
+@pytest.mark.parametrize(("family", "folder", "kinds"), CASES)
 @pytest.mark.parametrize("index", range(2))
-def test_full_answers_hard_misses_pruned_evidence_raincheck_recovers(family, folder, index):
-    d = dialogues(family)[index]
+def test_full_answers_hard_misses_pruned_evidence_raincheck_recovers(family, folder, kinds, index):
+    d = dialogues(family, kinds)[index]
     gold = [q.answer for q in d.questions]
     arrival = [t for t, q in enumerate(d.questions) if q.cells and d.visuals[q.visual].turn == t]
     later = [t for t in range(len(gold)) if t not in arrival]
