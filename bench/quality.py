@@ -1,13 +1,23 @@
 """Answer quality of the demo model (models/demo) under full / hard / raincheck / post_answer.
 
-    python -m bench.quality [--quick] [--dialogues 160] [--json PATH] [--img docs/img]
+    python -m bench.quality [--quick] [--families single,multi,video] [--dialogues 160] [--json PATH] [--img DIR]
+    python -m bench.quality --merge SINGLE.json MULTI.json VIDEO.json [--json PATH] [--img DIR]
 
-Held-out dialogues of the demo world (seed `HELD_OUT_SEED`, never used in training) run through the
-engine's public API with greedy decoding, one session per dialogue and arm; an answer counts when it
-equals the reference exactly. Long answers (lists) also get an item score: the share of their tokens in
-the right place. Every arm of one selector and retention uses the same selection (docs/mechanism.md §1), so
-arms are paired per dialogue; the recovered fraction (raincheck − hard) / (full − hard) on turns 2+ gets
-a paired bootstrap 95% interval over dialogues. The negative control is in bench/quality_control.py.
+Held-out dialogues of the demo world (seed `HELD_OUT_SEED` and the next ones, never used in training) run
+through the engine's public API with greedy decoding, one session per dialogue and arm; an answer counts
+when it equals the reference exactly. Three families (`raincheck_core.models.demo.world.FAMILIES`): one
+image with the first question (single), 1–3 images arriving at any turn (multi), a short video (video).
+An answer's *age* is how many turns ago the visual it asks about arrived: age 0 is the arrival turn, where
+raincheck has only the kept part of that visual (turn 1 in the single family), and "later" answers
+(age ≥ 1: turns 2+ in the single family) are where deferred prefill should give back what hard pruning
+lost. Long answers (lists) also get an item score: the share of their tokens in the right place. Every arm
+of one selector and retention uses the same selection (docs/mechanism.md §1), so arms are paired per
+dialogue; the recovered fraction (raincheck − hard) / (full − hard) on later answers gets a paired
+bootstrap 95% interval over dialogues. The negative control is in bench/quality_control.py, the selectors'
+pairwise overlap in bench/quality_overlap.py.
+
+The JSON's top-level keys are the single family's (as before families existed); `families` holds the same
+report for every family.
 """
 
 from __future__ import annotations
@@ -23,11 +33,11 @@ import numpy as np
 from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
-from raincheck_core.models.demo.world import Dialogue, make_dialogue
+from raincheck_core.models.demo.world import FAMILIES, Dialogue, make
 
-from . import quality_control
+from . import quality_control, quality_overlap
 
-HELD_OUT_SEED = 20_261_129
+HELD_OUT_SEED = 20_261_129               # the single family's seed; family k uses HELD_OUT_SEED + k
 PAPER_SELECTORS = ("mmtok", "hiprune", "divprune", "visionzip")
 SELECTORS = (*PAPER_SELECTORS, "uniform", "query_topk")
 POLICIES = ("hard", "raincheck", "post_answer")
@@ -52,13 +62,16 @@ class Arm:
                               retention=self.retention, chunk_size=self.chunk, guard=16)
 
 
-def arms(quick: bool) -> list[Arm]:
+def arms(quick: bool, family: str = "single") -> list[Arm]:
+    """quick: the four paper selectors under hard and raincheck, post_answer at the default selector.
+    Full: every policy for every selector (single family: also the baselines and the MMTok sweeps)."""
+    sweeps = not quick and family == "single"
     out = [Arm("full", "full")]
-    for sel in PAPER_SELECTORS if quick else SELECTORS:
+    for sel in SELECTORS if sweeps else PAPER_SELECTORS:
         out += [Arm(f"{p}/{sel}", p, sel) for p in (("hard", "raincheck") if quick else POLICIES)]
     if quick:
         out.append(Arm(f"post_answer/{DEFAULT[0]}", "post_answer"))
-    else:
+    if sweeps:
         for r in RETENTIONS[1:]:
             out += [Arm(f"{p}/{SWEEP_SELECTOR}@{r}", p, SWEEP_SELECTOR, r) for p in POLICIES]
         out += [Arm(f"raincheck/{SWEEP_SELECTOR}/c{c}", "raincheck", SWEEP_SELECTOR, chunk=c)
@@ -67,16 +80,20 @@ def arms(quick: bool) -> list[Arm]:
     return out
 
 
+def held_out(family: str, n: int) -> list[Dialogue]:
+    rng = random.Random(HELD_OUT_SEED + FAMILIES.index(family))
+    return [make(family, rng) for _ in range(n)]
+
+
 def max_new(engine: Engine, dialogue: Dialogue) -> list[int]:
     return [len(engine.formatter.encode(q.answer)) + 8 for q in dialogue.questions]
 
 
-def run_engine_arm(engine: Engine, arm: Arm, dialogue: Dialogue, png: bytes) -> list[str]:
+def run_engine_arm(engine: Engine, arm: Arm, dialogue: Dialogue, messages: list[Message]) -> list[str]:
     session = engine.open_session(deferral=arm.config)
     answers = []
     try:
-        for t, (q, limit) in enumerate(zip(dialogue.questions, max_new(engine, dialogue), strict=True)):
-            message = Message(q.text, images=[png] if t == 0 else [])
+        for message, limit in zip(messages, max_new(engine, dialogue), strict=True):
             answers.append(session.turn(message, SamplingParams(max_new_tokens=limit)).text())
     finally:
         session.close()
@@ -88,11 +105,21 @@ def item_score(answer: str, reference: str) -> float:
     return sum(a == b for a, b in zip(got, ref, strict=False)) / len(ref)
 
 
+def ages(dialogue: Dialogue) -> list[int | None]:
+    """Per turn, how many turns ago the visual its question needs arrived (None: a text question)."""
+    return [t - dialogue.visuals[q.visual].turn if q.cells else None for t, q in enumerate(dialogue.questions)]
+
+
 def score(dialogues: list[Dialogue], answers: list[list[str]]) -> list[list[dict]]:
-    """Per dialogue, per turn: kind, turn, exact match, item score."""
-    return [[{"kind": q.kind, "turn": t + 1, "exact": " ".join(a.split()) == q.answer,
-              "items": item_score(a, q.answer)} for t, (q, a) in enumerate(zip(d.questions, ans, strict=True))]
+    """Per dialogue, per turn: kind, turn, age, exact match, item score."""
+    return [[{"kind": q.kind, "turn": t + 1, "age": age, "exact": " ".join(a.split()) == q.answer,
+              "items": item_score(a, q.answer)}
+             for t, (q, a, age) in enumerate(zip(d.questions, ans, ages(d), strict=True))]
             for d, ans in zip(dialogues, answers, strict=True)]
+
+
+def _later(s: dict) -> bool:
+    return s["age"] is not None and s["age"] >= 1
 
 
 def summarise(scored: list[list[dict]]) -> dict:
@@ -103,18 +130,22 @@ def summarise(scored: list[list[dict]]) -> dict:
 
     out = {"all": acc(flat), "T1": acc([s for s in flat if s["turn"] == 1]),
            "T2": acc([s for s in flat if s["turn"] == 2]), "T3+": acc([s for s in flat if s["turn"] >= 3]),
-           "T2+": acc([s for s in flat if s["turn"] >= 2])}
+           "T2+": acc([s for s in flat if s["turn"] >= 2]),
+           "arrival": acc([s for s in flat if s["age"] == 0]), "later": acc([s for s in flat if _later(s)])}
     for kind in sorted({s["kind"] for s in flat}):
         out[kind] = acc([s for s in flat if s["kind"] == kind])
     lists = [s for s in flat if s["kind"] == "list"]
     out["list_items_T1"] = acc([s for s in lists if s["turn"] == 1], "items")
     out["list_items_T2+"] = acc([s for s in lists if s["turn"] >= 2], "items")
+    out["list_items_arrival"] = acc([s for s in lists if s["age"] == 0], "items")
+    out["list_items_later"] = acc([s for s in lists if _later(s)], "items")
     return out
 
 
-def later_turns(scored: list[list[dict]]) -> np.ndarray:
-    """[dialogues, 2]: correct answers and answers on turns 2+, per dialogue."""
-    return np.array([[sum(s["exact"] for s in d if s["turn"] >= 2), sum(s["turn"] >= 2 for s in d)] for d in scored])
+def later_answers(scored: list[list[dict]], which=_later) -> np.ndarray:
+    """[dialogues, 2]: correct answers and answers about a visual sent in an earlier turn (or those `which`
+    picks), per dialogue (turns 2+ in the single family)."""
+    return np.array([[sum(s["exact"] for s in d if which(s)), sum(which(s) for s in d)] for d in scored])
 
 
 def recovered(full: np.ndarray, hard: np.ndarray, rc: np.ndarray, idx: np.ndarray | None = None) -> float:
@@ -125,12 +156,14 @@ def recovered(full: np.ndarray, hard: np.ndarray, rc: np.ndarray, idx: np.ndarra
     return float((r - h) / (f - h)) if f > h else float("nan")
 
 
-def accuracy_ci(scored: list[list[dict]], reps: int = 2000, seed: int = 0) -> list[float]:
-    """Marginal 95% bootstrap interval (over dialogues) of the turns-2+ exact match of one arm."""
-    per = later_turns(scored)
+def accuracy_ci(scored: list[list[dict]], which=_later, reps: int = 2000, seed: int = 0) -> list[float]:
+    """Marginal 95% bootstrap interval (over dialogues) of one arm's exact match on later answers (or those
+    `which` picks)."""
+    per = later_answers(scored, which)
     idx = np.random.default_rng(seed).integers(0, len(per), (reps, len(per)))
-    stats = per[idx, 0].sum(1) / per[idx, 1].sum(1)
-    return [float(x) for x in np.percentile(stats, [2.5, 97.5])]
+    with np.errstate(invalid="ignore"):
+        stats = per[idx, 0].sum(1) / per[idx, 1].sum(1)
+    return [float(x) for x in np.nanpercentile(stats, [2.5, 97.5])]
 
 
 def bootstrap(full: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]], reps: int = 2000,
@@ -146,56 +179,83 @@ def bootstrap(full: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]], reps
     return point, float(lo), float(hi)
 
 
-def run(args: argparse.Namespace) -> dict:
-    engine = Engine.from_pretrained(args.model, num_threads=args.threads)
-    rng = random.Random(HELD_OUT_SEED)
-    dialogues = [make_dialogue(rng) for _ in range(args.dialogues)]
-    pngs = [d.scene.png() for d in dialogues]
+def run_family(engine: Engine, family: str, args: argparse.Namespace) -> dict:
+    dialogues = held_out(family, args.dialogues)
+    messages = [[d.message(t) for t in range(len(d.questions))] for d in dialogues]
     results, timing = {}, {}
-    for arm in arms(args.quick):
-        subset = dialogues[:args.control_dialogues] if arm.control else dialogues
+    for arm in arms(args.quick, family):
+        n = args.control_dialogues if arm.control else len(dialogues)
         t0 = time.perf_counter()
         answers = []
-        for d, png in tqdm(list(zip(subset, pngs, strict=False)), desc=arm.name, leave=False):
+        for d, m in tqdm(list(zip(dialogues[:n], messages[:n], strict=True)), desc=f"{family} {arm.name}",
+                         leave=False):
             if arm.control:
-                answers.append(quality_control.run_dialogue(engine, d, png, arm.config, arm.control == "fresh",
+                answers.append(quality_control.run_dialogue(engine, d, m, arm.config, arm.control == "fresh",
                                                             max_new(engine, d)))
             else:
-                answers.append(run_engine_arm(engine, arm, d, png))
-        results[arm.name] = score(subset, answers)
+                answers.append(run_engine_arm(engine, arm, d, m))
+        results[arm.name] = score(dialogues[:n], answers)
         timing[arm.name] = time.perf_counter() - t0
-        tqdm.write(f"{arm.name:28s} {summarise(results[arm.name])['all']:.3f}  ({timing[arm.name]:.0f} s)")
-    return report(results, timing, args)
+        tqdm.write(f"{family:6s} {arm.name:28s} {summarise(results[arm.name])['all']:.3f}  ({timing[arm.name]:.0f} s)")
+    t0 = time.perf_counter()
+    overlap = quality_overlap.measure(engine, messages[:args.control_dialogues], PAPER_SELECTORS, DEFAULT[1])
+    timing["overlap"] = time.perf_counter() - t0
+    return family_report(family, results, timing, overlap, args)
 
 
-def report(results: dict, timing: dict, args: argparse.Namespace) -> dict:
-    summary = {name: {**summarise(scored), "T2+_ci95": accuracy_ci(scored)} for name, scored in results.items()}
-    full = later_turns(results["full"])
+def family_report(family: str, results: dict, timing: dict, overlap: dict, args: argparse.Namespace) -> dict:
+    summary = {name: {**summarise(scored), "later_ci95": accuracy_ci(scored),
+                      "T2+_ci95": accuracy_ci(scored, lambda s: s["turn"] >= 2)} for name, scored in results.items()}
+    full = later_answers(results["full"])
     selectors = {}
-    for sel in (PAPER_SELECTORS if args.quick else SELECTORS):
-        hard, rc = later_turns(results[f"hard/{sel}"]), later_turns(results[f"raincheck/{sel}"])
+    for sel in sorted({name.split("/")[1] for name in results if name.startswith("hard/") and "@" not in name},
+                      key=SELECTORS.index):
+        hard, rc = later_answers(results[f"hard/{sel}"]), later_answers(results[f"raincheck/{sel}"])
         point, lo, hi = bootstrap(full, [(hard, rc)])
-        selectors[sel] = {"full_acc": summary["full"]["T2+"], "hard_acc": summary[f"hard/{sel}"]["T2+"],
-                          "raincheck_acc": summary[f"raincheck/{sel}"]["T2+"],
-                          "post_answer_acc": summary.get(f"post_answer/{sel}", {}).get("T2+"),
+        selectors[sel] = {"full_acc": summary["full"]["later"], "hard_acc": summary[f"hard/{sel}"]["later"],
+                          "raincheck_acc": summary[f"raincheck/{sel}"]["later"],
+                          "post_answer_acc": summary.get(f"post_answer/{sel}", {}).get("later"),
                           "recovered_fraction": point, "ci95": [lo, hi]}
-    pairs = [(later_turns(results[f"hard/{s}"]), later_turns(results[f"raincheck/{s}"])) for s in PAPER_SELECTORS]
+    pairs = [(later_answers(results[f"hard/{s}"]), later_answers(results[f"raincheck/{s}"])) for s in PAPER_SELECTORS]
     mean_point, mean_lo, mean_hi = bootstrap(full, pairs)
     n_ctrl = len(results["control/fresh"])
-    ctrl_full = later_turns(results["full"][:n_ctrl])
+    ctrl_full = later_answers(results["full"][:n_ctrl])
     default = selectors[DEFAULT[0]]
-    out = {
-        "model": str(args.model), "dialogues": args.dialogues, "quick": args.quick, "seed": HELD_OUT_SEED,
-        "default": {"selector": DEFAULT[0], "retention": DEFAULT[1], "chunk_size": DEFAULT[2]},
+    return {
+        "family": family, "dialogues": len(results["full"]), "answers": sum(map(len, results["full"])),
+        "later_answers": int(full[:, 1].sum()),
         "full_acc": default["full_acc"], "hard_acc": default["hard_acc"], "raincheck_acc": default["raincheck_acc"],
+        "full_acc_all": summary["full"]["all"],
         "recovered_fraction": default["recovered_fraction"], "recovered_fraction_ci95": default["ci95"],
         "paper_selectors_recovered_fraction": mean_point, "paper_selectors_ci95": [mean_lo, mean_hi],
         "control_dialogues": n_ctrl,
-        "control": {"fresh_acc": summary["control/fresh"]["T2+"], "kept_acc": summary["control/kept"]["T2+"],
+        "control": {"fresh_acc": summary["control/fresh"]["later"], "kept_acc": summary["control/kept"]["later"],
                     "full_acc_same_dialogues": float(ctrl_full[:, 0].sum() / ctrl_full[:, 1].sum())},
-        "per_selector": selectors, "sweep": {"selector": SWEEP_SELECTOR, "retentions": RETENTIONS,
-                                             "chunks": CHUNKS},
-        "arms": summary, "seconds": timing,
+        "overlap": overlap, "per_selector": selectors, "arms": summary, "seconds": timing,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.merge:
+        # families measured by separate runs (e.g. in parallel), in FAMILIES order
+        runs = [json.loads(Path(path).read_text()) for path in args.merge]
+        found = {name: rep for run in runs for name, rep in run["families"].items()}
+        args.model, args.quick = runs[0]["model"], runs[0]["quick"]
+        args.dialogues = max(run["dialogues"] for run in runs)
+        return report({name: found[name] for name in FAMILIES if name in found}, args)
+    engine = Engine.from_pretrained(args.model, num_threads=args.threads)
+    families = {family: run_family(engine, family, args) for family in args.families}
+    return report(families, args)
+
+
+def report(families: dict[str, dict], args: argparse.Namespace) -> dict:
+    main = families.get("single") or next(iter(families.values()))
+    out = {
+        "model": str(args.model), "dialogues": args.dialogues, "quick": args.quick, "seed": HELD_OUT_SEED,
+        "default": {"selector": DEFAULT[0], "retention": DEFAULT[1], "chunk_size": DEFAULT[2]},
+        **{k: v for k, v in main.items() if k not in ("family", "dialogues")},
+        "sweep": {"selector": SWEEP_SELECTOR, "retentions": RETENTIONS, "chunks": CHUNKS},
+        "families": families,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -211,13 +271,21 @@ def report(results: dict, timing: dict, args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo")
-    p.add_argument("--quick", action="store_true", help="fewer dialogues and arms (about 5 minutes)")
-    p.add_argument("--dialogues", type=int, default=None, help="held-out dialogues (default 160, quick 24)")
-    p.add_argument("--control-dialogues", type=int, default=None, help="dialogues for the control arms")
+    p.add_argument("--quick", action="store_true", help="fewer dialogues and arms (a few minutes)")
+    p.add_argument("--families", default=",".join(FAMILIES), help="dialogue families to run, comma-separated")
+    p.add_argument("--dialogues", type=int, default=None, help="held-out dialogues per family (default 160, quick 24)")
+    p.add_argument("--control-dialogues", type=int, default=None,
+                   help="dialogues for the control arms and the selection overlap")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--img", default=None, help="folder for the PNG plots (e.g. docs/img)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="measure nothing: combine the families of earlier runs' --json reports into one report")
     args = p.parse_args(argv)
+    args.families = args.families.split(",")
+    unknown = sorted(set(args.families) - set(FAMILIES))
+    if unknown:
+        p.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
     args.dialogues = args.dialogues or (24 if args.quick else 160)
     args.control_dialogues = min(args.dialogues, args.control_dialogues or (12 if args.quick else 80))
     return args

@@ -44,34 +44,80 @@ def table2(out: dict) -> str:
     return "\n".join(lines)
 
 
-def markdown(out: dict) -> str:
-    arms = out["arms"]
-    kinds = [k for k in KIND_COLUMNS if k in arms["full"]]
-    head = "| arm | all | T1 | T2 | T3+ | " + " | ".join(kinds) + " | list items T1 | list items T2+ |"
-    lines = [f"Exact match (%), {out['dialogues']} held-out dialogues (control arms: {out['control_dialogues']})",
-             "", head, "|" + "---|" * (head.count("|") - 1)]
-    for name, s in arms.items():
-        cells = [s["all"], s["T1"], s["T2"], s["T3+"], *(s.get(k) for k in kinds), s["list_items_T1"],
-                 s["list_items_T2+"]]
-        lines.append(f"| {name} | " + " | ".join(_pct(c) for c in cells) + " |")
-    lines += ["", "Turns 2+: exact match (%) and recovered fraction (raincheck − hard) / (full − hard), "
-              "paired bootstrap 95% interval", "",
-              "| selector | full | hard | raincheck | post_answer | recovered | 95% interval |",
-              "|---|---|---|---|---|---|---|"]
-    for sel, s in out["per_selector"].items():
+FAMILY_TITLES = {"single": "one image with the first question", "multi": "1–3 images arriving at any turn",
+                  "video": "a video of 2–4 frames (4–8 sent)"}
+
+
+def _arm_table(rep: dict) -> list[str]:
+    """Every arm of one family: per turn (single) or per age of the asked-about visual (others)."""
+    arms = rep["arms"]
+    kinds = [k for k in (*KIND_COLUMNS, "change", "text") if k in arms["full"]]
+    if rep["family"] == "single":
+        cols = ["all", "T1", "T2", "T3+", *kinds, "list_items_T1", "list_items_T2+"]
+        names = ["all", "T1", "T2", "T3+", *kinds, "list items T1", "list items T2+"]
+    else:
+        cols = ["all", "arrival", "later", *kinds, "list_items_arrival", "list_items_later"]
+        names = ["all", "arrival turn", "later turns", *kinds, "list items arrival", "list items later"]
+    lines = ["| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {name} | " + " | ".join(_pct(s.get(c)) for c in cols) + " |" for name, s in arms.items()]
+    return lines
+
+
+def family_markdown(rep: dict) -> str:
+    """One family's tables: arms, recovered fraction per selector, negative control, selection overlap."""
+    later = "turns 2+" if rep["family"] == "single" else "later turns (the visual arrived in an earlier turn)"
+    lines = [f"**{rep['family']}** ({FAMILY_TITLES.get(rep['family'], '')}): exact match (%), {rep['dialogues']} "
+             f"held-out dialogues, {rep['answers']} answers, {rep['later_answers']} on {later}; control arms: "
+             f"first {rep['control_dialogues']}", "", *_arm_table(rep),
+             "", f"{later[0].upper() + later[1:]}: exact match (%) and recovered fraction (raincheck − hard) / "
+             "(full − hard), paired bootstrap 95% interval", "",
+             "| selector | full | hard | raincheck | post_answer | recovered | 95% interval |",
+             "|---|---|---|---|---|---|---|"]
+    for sel, s in rep["per_selector"].items():
         lo, hi = s["ci95"]
         lines.append(f"| {sel} | {_pct(s['full_acc'])} | {_pct(s['hard_acc'])} | {_pct(s['raincheck_acc'])} | "
-                     f"{_pct(s['post_answer_acc'])} | {_pct(s['recovered_fraction'])} | "
-                     f"{_pct(lo)} – {_pct(hi)} |")
-    lo, hi = out["paper_selectors_ci95"]
-    mean = _pct(out["paper_selectors_recovered_fraction"])
+                     f"{_pct(s['post_answer_acc'])} | {_pct(s['recovered_fraction'])} | {_pct(lo)} – {_pct(hi)} |")
+    lo, hi = rep["paper_selectors_ci95"]
+    mean = _pct(rep["paper_selectors_recovered_fraction"])
     lines.append(f"| **mean of the four paper selectors** | | | | | **{mean}** | {_pct(lo)} – {_pct(hi)} |")
-    c = out["control"]
-    lines += ["", f"Negative control (turns 2+, first {out['control_dialogues']} dialogues, "
-              f"{out['default']['selector']} at {out['default']['retention']}): full "
-              f"{_pct(c['full_acc_same_dialogues'])}, deferred tokens moved after the question with their original "
-              f"positions {_pct(c['kept_acc'])}, with fresh sequential positions {_pct(c['fresh_acc'])}."]
-    return "\n".join(lines) + "\n\n" + table2(out)
+    c = rep["control"]
+    lines += ["", f"Negative control ({later}, first {rep['control_dialogues']} dialogues, default selector at 0.3): "
+              f"full {_pct(c['full_acc_same_dialogues'])}, deferred tokens moved after the question with their "
+              f"original positions {_pct(c['kept_acc'])}, with fresh sequential positions {_pct(c['fresh_acc'])}."]
+    if rep.get("overlap"):
+        pairs = rep["overlap"]
+        first = next(iter(pairs.values()))
+        above = next(k for k in first if k.startswith("above_"))
+        lines += ["", f"Selection overlap: Jaccard index of the kept rows per visual ({first['visuals']} visuals), "
+                  f"mean / max / share above {above.removeprefix('above_')}", "",
+                  "| pair | mean | max | share above |", "|---|---|---|---|"]
+        lines += [f"| {pair} | {v['mean']:.3f} | {v['max']:.3f} | {_pct(v[above])} |" for pair, v in pairs.items()]
+    return "\n".join(lines)
+
+
+def overview(out: dict) -> str:
+    """One line per family: full, hard and raincheck on later answers (mean over the paper selectors)."""
+    lines = ["| family | full, all answers | full, later | hard, later (mean of 4) | raincheck, later (mean of 4) "
+             "| recovered (mean of 4) | 95% interval | control kept / fresh |", "|---|---|---|---|---|---|---|---|"]
+    for fam, rep in out["families"].items():
+        sel = rep["per_selector"]
+        paper = [s for s in sel if s in ("mmtok", "hiprune", "divprune", "visionzip")]
+        hard = sum(sel[s]["hard_acc"] for s in paper) / len(paper)
+        rc = sum(sel[s]["raincheck_acc"] for s in paper) / len(paper)
+        lo, hi = rep["paper_selectors_ci95"]
+        c = rep["control"]
+        lines.append(f"| {fam} | {_pct(rep['full_acc_all'])} | {_pct(rep['full_acc'])} | {_pct(hard)} | {_pct(rc)} | "
+                     f"{_pct(rep['paper_selectors_recovered_fraction'])} | {_pct(lo)} – {_pct(hi)} | "
+                     f"{_pct(c['kept_acc'])} / {_pct(c['fresh_acc'])} |")
+    return "\n".join(lines)
+
+
+def markdown(out: dict) -> str:
+    parts = [overview(out)]
+    parts += [family_markdown(rep) for rep in out["families"].values()]
+    if "single" in out["families"]:
+        parts.append(table2(out["families"]["single"] | {"default": out["default"]}))
+    return "\n\n".join(parts)
 
 
 def plot(out: dict, folder: Path) -> list[Path]:
@@ -100,16 +146,21 @@ def plot(out: dict, folder: Path) -> list[Path]:
     fig.savefig(per_turn, dpi=110)
     plt.close(fig)
 
-    per_sel = out["per_selector"]
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    xs = list(per_sel)
-    vals = [100 * per_sel[s]["recovered_fraction"] for s in xs]
-    errs = [[v - 100 * per_sel[s]["ci95"][0] for s, v in zip(xs, vals, strict=True)],
-            [100 * per_sel[s]["ci95"][1] - v for s, v in zip(xs, vals, strict=True)]]
-    ax.bar(xs, vals, yerr=errs, capsize=4, color="tab:green")
-    ax.axhline(85, color="grey", ls="--", lw=1)
-    ax.set_ylabel("recovered fraction, turns 2+ (%)")
-    ax.set_title("(raincheck − hard) / (full − hard), 95% paired bootstrap interval")
+    fams = out["families"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    xs = list(next(iter(fams.values()))["per_selector"])
+    width = 0.8 / len(fams)
+    for i, (fam, rep) in enumerate(fams.items()):
+        per_sel = rep["per_selector"]
+        vals = [100 * per_sel[s]["recovered_fraction"] for s in xs]
+        errs = [[v - 100 * per_sel[s]["ci95"][0] for s, v in zip(xs, vals, strict=True)],
+                [100 * per_sel[s]["ci95"][1] - v for s, v in zip(xs, vals, strict=True)]]
+        ax.bar([x + i * width for x in range(len(xs))], vals, width, yerr=errs, capsize=3, label=fam)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(xs))], xs)
+    ax.axhline(90, color="grey", ls="--", lw=1)
+    ax.set_ylabel("recovered fraction, later turns (%)")
+    ax.set_title("(raincheck − hard) / (full − hard) per family, 95% paired bootstrap interval")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     recovered = folder / "quality_recovered.png"
     fig.savefig(recovered, dpi=110)

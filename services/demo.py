@@ -1,57 +1,78 @@
 """`raincheck demo` (what `make demo` runs): the embedded default end to end.
 
 A frontend and a decode worker start in this process (gRPC over loopback, in-process store); the
-client SDK then plays one scripted multi-turn dialogue about a rendered scene under each policy —
-full, hard, raincheck, post_answer — printing every answer with its TTFT and TPOT, and how much of
-the image was deferred and still pending when the answer ended.
+client SDK then plays one scripted multi-turn dialogue under each policy — full, hard, raincheck,
+post_answer — printing every answer with its TTFT and TPOT, and how much of the turn's visuals was
+deferred and still pending when the answer ended. A second image arrives mid-conversation, as in real
+chats: every new image is a new deferral. It serves v2 of the demo model (`models/demo-v2`, which reads
+images arriving at any turn) when the checkout has it; v1, the default model, answers from the first image.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 
 from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
-from raincheck_core.models.demo.world import Question, make_dialogue
+from raincheck_core.models.demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
 
 from .common.settings import FrontendSettings, WorkerSettings
 from .common.store import make_store
 from .decode_worker.loading import default_model
 
 POLICIES = ("full", "hard", "raincheck", "post_answer")
+DEMO_SEED = 0
+DEMO_V2 = Path(__file__).resolve().parents[1] / "models" / "demo-v2"
 
 
-# Seed 16's dialogue opens with a long answer (a 12-object list) whose row the 30% selection mostly
-# misses: the fused chunks restore it while the answer is written, which `hard` cannot.
-def run_demo(model: str | None, max_new_tokens: int, seed: int = 16) -> None:
+def demo_model(model: str | None) -> str | None:
+    """The checkpoint asked for; else v2 of the demo model when present; else the default (None: random)."""
+    if model is not None:
+        return model
+    return str(DEMO_V2) if (DEMO_V2 / "config.json").is_file() else default_model()
+
+
+def demo_dialogue(seed: int) -> Dialogue:
+    """Two images: the first with the opening question, the second with a later turn."""
+    return make_multi_dialogue(random.Random(seed), images=2, turns=4, text_first=0.0)
+
+
+# Seed DEMO_SEED's dialogue: image one with turn 1, image two with turn 3, questions about image one in
+# turns 1, 2 and 4. With v2 at 30% DivPrune, `full` answers all four, `hard` none (the cells asked about
+# were pruned), and `raincheck` turns 2 and 4: image one's deferred part is back by then. Turns 1 and 3 are
+# the arrival turns, where raincheck has only the kept part of the new image, like hard.
+def run_demo(model: str | None, max_new_tokens: int, seed: int = DEMO_SEED) -> None:
     from .decode_worker.server import DecodeWorkerServer
     from .frontend.server import FrontendServer
 
     for name in ("services", "raincheck_core"):    # the demo's own lines are the output
         logging.getLogger(name).setLevel(logging.WARNING)
-    model = model or default_model()
+    model = demo_model(model)
     if model is None:
         print("The demo model is not in this checkout: serving a RANDOM model (answers are noise).")
     store = make_store(None, "raincheck-demo:", 3600)
     worker = DecodeWorkerServer(WorkerSettings(model=model, port=0, metrics_port=None), store).start()
     front = FrontendServer(FrontendSettings(port=0, metrics_port=None), store).start()
-    dialogue = make_dialogue(random.Random(seed))
-    image = dialogue.scene.png()
-    print(f"embedded default on {front.address}: model {worker.model}, scene {dialogue.scene.rows}x"
-          f"{dialogue.scene.cols} ({dialogue.scene.rows * dialogue.scene.cols} visual tokens)\n")
+    dialogue = demo_dialogue(seed)
+    messages = [dialogue.message(t) for t in range(len(dialogue.questions))]
+    sizes = ", ".join(f"image {NUMBERS[i + 1]} {v.scene.rows}x{v.scene.cols} with turn {v.turn + 1}"
+                      for i, v in enumerate(dialogue.visuals))
+    print(f"embedded default on {front.address}: model {worker.model}; {sizes} (one visual token per cell)\n")
     try:
         with Client(front.address) as client:
             for policy in POLICIES:
                 print(f"== {policy}")
                 session = client.create_session(policy=policy, retention=0.3, chunk_size=15, guard=4)
-                for i, question in enumerate(dialogue.questions):
-                    turn = session.send(question.text, images=[image] if i == 0 else [],
-                                        max_new_tokens=max_new_tokens)
+                for i, (question, message) in enumerate(zip(dialogue.questions, messages, strict=True)):
+                    turn = session.send(question.text, images=message.images, max_new_tokens=max_new_tokens)
                     final, metrics = _run(turn)
                     answer = " ".join(final.text.split())
                     ok = "ok " if answer == question.answer else "-- "
-                    print(f"  T{i + 1} {ok}Q: {question.text}\n       A: {answer!r}{_items(answer, question)}")
+                    arrives = "".join(f" [+ image {NUMBERS[k + 1]}]" for k, v in enumerate(dialogue.visuals)
+                                      if v.turn == i)
+                    print(f"  T{i + 1} {ok}Q: {question.text}{arrives}\n       A: {answer!r}{_items(answer, question)}")
                     print(f"       TTFT {1e3 * metrics.ttft_s:6.1f} ms  TPOT {1e3 * metrics.tpot_s:5.1f} ms  "
                           f"deferred {metrics.deferred_tokens}, pending at answer end {metrics.deferred_pending}"
                           + (f", barrier wait {1e3 * metrics.barrier_wait_s:.1f} ms" if i else ""))

@@ -1,4 +1,7 @@
-"""The shipped demo checkpoint, loaded once per test session (tests skip when it is absent)."""
+"""The shipped demo checkpoints, each loaded once per test session (tests skip when one is absent).
+
+`models/demo` is v1, the default model (one image with the first question); `models/demo-v2` also reads
+images arriving at any turn and short videos (issue 17)."""
 
 from __future__ import annotations
 
@@ -7,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
-FOLDER = Path(__file__).resolve().parents[2] / "models" / "demo"
+MODELS = Path(__file__).resolve().parents[2] / "models"
+FOLDER = MODELS / "demo"
+V2 = MODELS / "demo-v2"
 needs_checkpoint = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(),
                                       reason="models/demo has no trained checkpoint")
+needs_v2 = pytest.mark.skipif(not (V2 / "model.safetensors").is_file(),
+                              reason="models/demo-v2 has no trained checkpoint")
 
 
 @functools.cache
-def engine():
+def engine(folder: Path = FOLDER):
     from raincheck_core import Engine
 
-    return Engine.from_pretrained(FOLDER, num_threads=2)
+    return Engine.from_pretrained(folder, num_threads=1)

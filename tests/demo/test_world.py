@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import torch
@@ -11,7 +12,17 @@ from raincheck_core.models.demo import batch as B
 from raincheck_core.models.demo import data
 from raincheck_core.models.demo import tokenizer as tk
 from raincheck_core.models.demo.config import image_processor
-from raincheck_core.models.demo.world import CELL, KINDS, TRAINED_KINDS, make_dialogue
+from raincheck_core.models.demo.world import (
+    CELL,
+    HOLD,
+    KINDS,
+    NUMBERS,
+    TRAINED_KINDS,
+    make_dialogue,
+    make_multi_dialogue,
+    make_video_dialogue,
+)
+from raincheck_core.multimodal.positions import compute_positions
 
 
 def test_dialogues_are_seeded_and_cover_every_kind():
@@ -72,10 +83,10 @@ def test_layout_is_the_engine_turn_layout():
 
 
 def test_training_pixels_equal_the_image_processor():
-    scene = make_dialogue(random.Random(5)).scene
-    out = image_processor()(images=[scene.image()], return_tensors="pt")
-    assert out["image_grid_thw"].tolist() == [B.grid_thw(scene)]
-    assert torch.equal(B.pixels(scene), out["pixel_values"])
+    d = make_dialogue(random.Random(5))
+    out = image_processor()(images=[d.scene.image()], return_tensors="pt")
+    assert out["image_grid_thw"].tolist() == [list(data.grid_thw(d.visuals[0]))]
+    assert torch.equal(B.visual_pixels(d.visuals[0]), out["pixel_values"])
 
 
 def test_curriculum_and_dropout_keep_needed_cells_and_positions():
@@ -91,3 +102,121 @@ def test_curriculum_and_dropout_keep_needed_cells_and_positions():
     cut = lay.answers[0][0]
     first_input = late[:cut]
     assert (first_input < cut).all() and first_input.tolist() != sorted(first_input.tolist())
+
+
+def test_multi_image_dialogues_name_images_that_have_arrived():
+    rng = random.Random(7)
+    dialogues = [make_multi_dialogue(rng) for _ in range(200)]
+    assert {len(d.visuals) for d in dialogues} == {1, 2, 3}
+    assert any(d.visuals[0].turn == 1 for d in dialogues)        # a text-only turn before the first image
+    asked_new = 0
+    for d in dialogues:
+        assert d.family == "multi" and all(v.kind == "image" for v in d.visuals)
+        turns = [v.turn for v in d.visuals]
+        assert turns == sorted(set(turns)) and turns[0] in (0, 1)
+        for t, q in enumerate(d.questions):
+            if not q.cells:
+                assert q.kind == "text" and q.answer == NUMBERS[NUMBERS.index(q.text.split()[-2]) + 1]
+                continue
+            v = d.visuals[q.visual]
+            assert v.turn <= t and q.text.startswith(f"in image {NUMBERS[q.visual + 1]} , ")
+            asked_new += v.turn == t
+            r, c = q.cells[0]
+            if q.kind in ("colour", "shape"):
+                assert q.answer in v.scene.objects[r][c]
+        message = d.message(d.visuals[-1].turn)
+        assert message.images == [d.visuals[-1].scene.png()] and not message.videos
+    assert asked_new > 200
+
+
+def test_video_frames_change_and_questions_need_the_frame():
+    rng = random.Random(8)
+    for _ in range(100):
+        d = make_video_dialogue(rng)
+        (v,) = d.visuals
+        assert v.kind == "video" and 2 <= len(v.frames) <= 4
+        changed = [sum(a != b for la, lb in zip(f.objects, g.objects, strict=True) for a, b in zip(la, lb, strict=True))
+                   for f, g in itertools.pairwise(v.frames)]
+        assert all(2 <= n <= 4 for n in changed)
+        media = d.message(v.turn).videos[0]
+        assert len(media) == HOLD * len(v.frames) and media[0] == media[1] == v.frames[0].png()
+        for q in d.questions[v.turn:]:
+            assert len(q.frames) == len(q.cells)
+            if q.kind == "change":
+                (r, c), (i, j) = q.cells[0], q.frames
+                before, after = q.answer.split(" became ")
+                assert before == v.frames[i].name(r, c) != after == v.frames[j].name(r, c)
+            elif q.kind in ("colour", "shape"):
+                (r, c), (f,) = q.cells[0], q.frames
+                assert q.text.startswith(f"in frame {NUMBERS[f + 1]} , ") and q.answer in v.frames[f].objects[r][c]
+
+
+def _vision_encoder():
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from raincheck_core.models.demo.config import model_config
+    from raincheck_core.multimodal.vision import VideoSettings, VisionEncoder
+
+    torch.manual_seed(0)
+    tower = Qwen3_5ForConditionalGeneration(model_config()).model.visual.eval()
+    return VisionEncoder(tower, image_processor(), VideoSettings(), merge=2, patch_size=16, temporal_patch_size=2)
+
+
+def test_multi_image_and_video_layouts_are_the_engine_turn_layouts():
+    """Every turn of the training layout equals what the engine builds from the client's message (real PNGs
+    through the real processor), and positions continue from turn to turn as a session's do."""
+    fmt = data.formatter()
+    vision = _vision_encoder()
+    rng = random.Random(9)
+    for d in [make_multi_dialogue(rng, images=3, turns=5), make_video_dialogue(rng, frames=4)]:
+        lay = data.layout(fmt, d)
+        start, at = 0, 0
+        for t in range(len(d.questions)):
+            prompt = fmt.build_prompt(d.message(t), first_turn=t == 0, vision=vision, image_token_id=tk.IMAGE_PAD,
+                                      video_token_id=tk.VIDEO_PAD, vision_start_id=tk.VISION_START,
+                                      vision_end_id=tk.VISION_END)
+            n = len(prompt.token_ids)
+            assert lay.ids[at:at + n].tolist() == prompt.token_ids
+            assert [v.grid_thw for v in prompt.visuals] == [data.grid_thw(v) for v in d.arriving(t)]
+            pos = compute_positions(prompt.token_ids, prompt.visuals, image_token_id=tk.IMAGE_PAD,
+                                    video_token_id=tk.VIDEO_PAD, merge=2, start=start)
+            assert torch.equal(lay.positions[:, at:at + n], pos.positions)
+            at, start = lay.answers[t][1], int(lay.positions[0, lay.answers[t][1] - 1]) + 1
+        assert at == len(lay.ids)
+
+
+def test_training_video_pixels_equal_the_engine_video_processor():
+    d = make_video_dialogue(random.Random(10), frames=3)
+    (v,) = d.visuals
+    pixels, grid = _vision_encoder().preprocess_video(v.media())
+    assert grid.tolist() == [list(data.grid_thw(v))]
+    assert torch.equal(B.visual_pixels(v), pixels)
+
+
+def test_evidence_and_pointers_name_the_asked_cells():
+    fmt = data.formatter()
+    d = make_multi_dialogue(random.Random(11), images=3, turns=5)
+    lay = data.layout(fmt, d)
+    sizes = [v.cells for v in d.visuals]
+    assert [e - s for s, e in lay.visual_spans] == sizes and lay.arrivals == [v.turn for v in d.visuals]
+    for q in d.questions:
+        if q.cells:
+            for i, (r, c) in zip(d.evidence(q), q.cells, strict=True):
+                v = sum(i >= s for s, _ in lay.visual_spans) - 1
+                assert v == q.visual and int(lay.ordinals[i]) == v
+                assert i - lay.visual_spans[v][0] == r * d.visuals[v].scene.cols + c
+    assert set(lay.pointers[:, 1].tolist()) <= set(lay.needed.tolist())
+
+
+def test_raincheck_order_moves_each_visual_before_its_own_turn_answer():
+    fmt = data.formatter()
+    d = make_multi_dialogue(random.Random(12), images=2, turns=4, text_first=0.0)
+    lay = data.layout(fmt, d)
+    rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0), random.Random(0))
+    assert sorted(rows.tolist()) == list(range(len(lay.ids)))
+    place = {int(r): i for i, r in enumerate(rows)}
+    for (s, e), turn in zip(lay.visual_spans, lay.arrivals, strict=True):
+        first_answer = lay.answers[turn][0]
+        moved = [int(r) for r in lay.visual_rows[s:e] if place[int(r)] > place[first_answer - 1]]
+        assert len(moved) == (e - s) - round(0.3 * (e - s))               # 70% deferred, after the prompt
+        assert all(place[r] < place[first_answer] for r in moved)         # ... and before the answer

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import Layout
-from .world import COLOURS, SHAPES, Scene
+from .data import MERGE, TEMPORAL, Layout, grid_thw
+from .world import COLOURS, SHAPES, Dialogue, Scene, Visual
 
-PATCH, MERGE, TEMPORAL = 16, 2, 2
+PATCH = 16
 COLOUR_INDEX = {c: i for i, c in enumerate(COLOURS)}
 SHAPE_INDEX = {s: i for i, s in enumerate(SHAPES)}
 
@@ -30,13 +30,15 @@ def pixels(scene: Scene) -> torch.Tensor:
     return x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gh * gw, c * TEMPORAL * PATCH * PATCH)
 
 
-def grid_thw(scene: Scene) -> list[int]:
-    return [1, scene.rows * MERGE, scene.cols * MERGE]
+def visual_pixels(v: Visual) -> torch.Tensor:
+    """An image's pixels, or a video's: one temporal patch per world frame, whose `HOLD` = 2 identical
+    video frames fill the patch's temporal axis exactly as an image's duplicated frame does."""
+    return torch.cat([pixels(scene) for scene in v.frames])
 
 
 @dataclass
 class Views:
-    """How each example shows its image: the fraction of the training run sets the curriculum."""
+    """How each example shows its visuals: the fraction of the training run sets the curriculum."""
 
     curriculum: float = 0.4       # first part of training: the needed cells + a growing set of distractors
     start_distractors: int = 4
@@ -45,12 +47,14 @@ class Views:
 
 
 def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) -> torch.Tensor:
-    """The rows of `lay` this example shows, in processing order; text rows and needed cells always."""
+    """The rows of `lay` this example shows, in processing order; text rows and needed cells always.
+    In raincheck's order every visual's deferred part D comes right before the first answer token of the
+    turn the visual arrived with (after the row that predicts it), positions kept."""
     n = len(lay.visual_rows)
     needed = set(lay.needed.tolist())
     others = [i for i in range(n) if i not in needed]
     shown = set(others)
-    deferred: list[int] = []
+    deferred: list[tuple[int, list[int]]] = []      # (row D goes before, D)
     if progress < views.curriculum:
         k0 = min(views.start_distractors, len(others))
         k = round(k0 * (max(len(others), 1) / max(k0, 1)) ** (progress / views.curriculum))
@@ -58,35 +62,47 @@ def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) 
     elif rng.random() < views.dropout:
         shown = set(rng.sample(others, round(len(others) * rng.uniform(0.1, 0.9))))
     elif rng.random() < views.deferred_order / (1 - views.dropout):
-        kept = set(rng.sample(range(n), round(0.3 * n)))
-        deferred = [i for i in range(n) if i not in kept]
+        for (s, e), turn in zip(lay.visual_spans, lay.arrivals, strict=True):
+            kept = set(rng.sample(range(s, e), round(0.3 * (e - s))))
+            deferred.append((lay.answers[turn][0], [i for i in range(s, e) if i not in kept]))
     visible = torch.ones(len(lay.ids), dtype=torch.bool)
-    hidden = [i for i in others if i not in shown] + deferred
+    hidden = [i for i in others if i not in shown] + [i for _, d in deferred for i in d]
     visible[lay.visual_rows[hidden]] = False
     rows = torch.nonzero(visible).flatten()
     if not deferred:
         return rows
-    cut = lay.answers[0][0]
-    d_rows = lay.visual_rows[deferred]
-    return torch.cat([rows[rows < cut], d_rows, rows[rows >= cut]])
+    pieces, done = [], 0
+    for cut, d in sorted(deferred, key=lambda x: x[0]):
+        pieces += [rows[(rows >= done) & (rows < cut)], lay.visual_rows[d]]
+        done = cut
+    return torch.cat([*pieces, rows[rows >= done]])
 
 
 @dataclass
 class Batch:
     pixels: torch.Tensor       # [sum patches, 1536]
-    grids: torch.Tensor        # [B, 3]
+    grids: torch.Tensor        # [visuals, 3]
     flat_ids: torch.Tensor     # [sum T]: every example's full layout, concatenated
-    flat_visual: torch.Tensor  # [sum N]: rows of image tokens in flat_ids, image order
+    flat_visual: torch.Tensor  # [sum N]: rows of visual tokens in flat_ids, in the tower's output order
     gather: torch.Tensor       # [B, T']: flat row per position (len(flat_ids) = padding)
     positions: torch.Tensor    # [3, B, T']
     mask: torch.Tensor         # [B, T'] 1 = real row
     targets: torch.Tensor      # [B, T'] next-token id at answer rows, -100 elsewhere
-    content: torch.Tensor      # [sum N, 2]: colour and shape index of every visual token (image order)
-    cells: torch.Tensor        # [B, T', 2]: (row, column) of the cell at each visual row, -100 elsewhere
+    content: torch.Tensor      # [sum N, 2]: colour and shape index of every visual token (tower order)
+    cells: torch.Tensor        # [B, T', 3]: (row, column, image or frame number) at each visual row, -100 elsewhere
     pointers: torch.Tensor     # [P, 3]: (example, position, position of the cell its answer token names)
 
 
-def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]) -> Batch:
+def _cell_labels(dialogue: Dialogue, lay: Layout) -> torch.Tensor:
+    """[N, 3]: row, column and image/frame number of every visual token of `dialogue`."""
+    parts = []
+    for v in dialogue.visuals:
+        n = torch.arange(len(v.frames) * v.cells) % v.cells
+        parts.append(torch.stack([n // v.scene.cols, n % v.scene.cols], dim=1))
+    return torch.cat([torch.cat(parts), lay.ordinals[:, None]], dim=1)
+
+
+def collate(dialogues: list[Dialogue], layouts: list[Layout], rows: list[torch.Tensor]) -> Batch:
     offsets, total = [], 0
     for lay in layouts:
         offsets.append(total)
@@ -97,9 +113,9 @@ def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]
     positions = torch.zeros(3, b, width, dtype=torch.long)
     mask = torch.zeros(b, width, dtype=torch.long)
     targets = torch.full((b, width), -100, dtype=torch.long)
-    cells = torch.full((b, width, 2), -100, dtype=torch.long)
+    cells = torch.full((b, width, 3), -100, dtype=torch.long)
     pointers: list[tuple[int, int, int]] = []
-    for i, (lay, r, off, scene) in enumerate(zip(layouts, rows, offsets, scenes, strict=True)):
+    for i, (lay, r, off, dialogue) in enumerate(zip(layouts, rows, offsets, dialogues, strict=True)):
         gather[i, :len(r)] = r + off
         positions[:, i, :len(r)] = lay.positions[:, r]
         mask[i, :len(r)] = 1
@@ -107,16 +123,17 @@ def collate(scenes: list[Scene], layouts: list[Layout], rows: list[torch.Tensor]
         label = lay.label_mask
         nxt[label] = lay.ids[1:][label[:-1]]
         targets[i, :len(r)] = nxt[r]
-        where = torch.full((len(lay.ids), 2), -100, dtype=torch.long)
-        n = torch.arange(len(lay.visual_rows))
-        where[lay.visual_rows] = torch.stack([n // scene.cols, n % scene.cols], dim=1)
+        where = torch.full((len(lay.ids), 3), -100, dtype=torch.long)
+        where[lay.visual_rows] = _cell_labels(dialogue, lay)
         cells[i, :len(r)] = where[r]
         at = torch.full((len(lay.ids),), -1, dtype=torch.long)
         at[r] = torch.arange(len(r))
         for row, cell in lay.pointers.tolist():
             pointers.append((i, int(at[row]), int(at[lay.visual_rows[cell]])))
-    content = [[COLOUR_INDEX[col], SHAPE_INDEX[shp]] for s in scenes for line in s.objects for col, shp in line]
-    return Batch(torch.cat([pixels(s) for s in scenes]), torch.tensor([grid_thw(s) for s in scenes]),
+    visuals = [v for d in dialogues for v in d.visuals]
+    content = [[COLOUR_INDEX[col], SHAPE_INDEX[shp]] for v in visuals for scene in v.frames
+               for line in scene.objects for col, shp in line]
+    return Batch(torch.cat([visual_pixels(v) for v in visuals]), torch.tensor([grid_thw(v) for v in visuals]),
                  torch.cat([lay.ids for lay in layouts]),
                  torch.cat([lay.visual_rows + off for lay, off in zip(layouts, offsets, strict=True)]),
                  gather, positions, mask, targets, torch.tensor(content), cells,
@@ -127,10 +144,11 @@ class Probes(torch.nn.Module):
     """Training-only read-outs and targets (discarded when the model is saved). Each gives the slow steps of
     the lookup its own signal, so that they learn in minutes rather than after a long plateau:
     - content: colour and shape of every cell, linearly from the vision tower's output;
-    - position: row and column of every shown cell, from the decoder's hidden state after `position_layer`
-      (the tower has no position embedding: the decoder must get them from the 3-D M-RoPE positions);
-    - query: at each answer row naming a cell, that cell's row and column, from the input of the last
-      attention layer (the question's cell must reach the row that looks it up);
+    - position: row, column and image (or video frame) number of every shown cell, from the decoder's
+      hidden state after `position_layer` (the tower has no position embedding: the decoder must get row
+      and column from the 3-D M-RoPE positions, and which image or frame from what came before);
+    - query: at each answer row naming a cell, that cell's row, column and image/frame number, from the
+      input of the last attention layer (the question's cell must reach the row that looks it up);
     - pointer: that row's attention (head 0 of the last attention layer) on the cell."""
 
     def __init__(self, hidden: int, position_layer: int, max_cells: int = 16):
@@ -138,11 +156,11 @@ class Probes(torch.nn.Module):
         self.position_layer = position_layer
         self.max_cells = max_cells
         self.content = torch.nn.Linear(hidden, len(COLOURS) + len(SHAPES))
-        self.position = torch.nn.Linear(hidden, 2 * max_cells)
-        self.query = torch.nn.Linear(hidden, 2 * max_cells)
+        self.position = torch.nn.Linear(hidden, 3 * max_cells)
+        self.query = torch.nn.Linear(hidden, 3 * max_cells)
 
     def _cells(self, head: torch.nn.Linear, hidden: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-        logits = head(hidden).view(*hidden.shape[:-1], 2, self.max_cells)
+        logits = head(hidden).view(*hidden.shape[:-1], 3, self.max_cells)
         return F.cross_entropy(logits.reshape(-1, self.max_cells), cells.reshape(-1), ignore_index=-100)
 
     def losses(self, visual: torch.Tensor, hidden: tuple[torch.Tensor, ...], attention: torch.Tensor,

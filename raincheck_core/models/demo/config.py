@@ -21,7 +21,7 @@ TEXT = dict(
                      "mrope_interleaved": True, "mrope_section": [4, 2, 2]},
     eos_token_id=tk.IM_END, pad_token_id=tk.PAD,
 )
-VISION = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=16, spatial_merge_size=2,
+VISION = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=16, spatial_merge_size=2,
               temporal_patch_size=2, out_hidden_size=TEXT["hidden_size"], num_position_embeddings=144)
 
 

@@ -1,13 +1,16 @@
 """Dialogues as the engine lays them out: one token sequence with 3-D positions and answer labels.
 
-Turns are rendered with the engine's own `ChatFormatter` (the checkpoint's chat template), the image
-placeholder is expanded to one `<|image_pad|>` per grid cell, and every answer is followed by `<|im_end|>`,
-which the engine keeps and prefills at the start of the next turn. So the sequence equals what a
-`full` session holds after the last answer, and its positions are the engine's (`compute_positions`).
+Each turn is rendered by the engine's own `ChatFormatter.build_prompt` (the checkpoint's chat template,
+placeholders expanded to one `<|image_pad|>` per grid cell, a video's `<t seconds>` blocks per temporal
+patch) through `GridOnly`, which stands in for the vision encoder and gives each visual its grid without
+running a tower. Every answer is followed by `<|im_end|>`, which the engine keeps and prefills at the start
+of the next turn. So the sequence equals what a `full` session holds after the last answer, and its
+positions are the engine's (`compute_positions`).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -15,18 +18,24 @@ import torch
 from ...inputs import Message, VisualInput
 from ...multimodal.chat import ChatFormatter
 from ...multimodal.positions import compute_positions
+from ...multimodal.vision import VideoSettings, VisionEncoder
 from . import tokenizer as tk
-from .world import COLOURS, SHAPES, Dialogue, Question
+from .world import COLOURS, SHAPES, Dialogue, Question, Visual
+
+MERGE, TEMPORAL = 2, 2
 
 
 @dataclass
 class Layout:
     ids: torch.Tensor              # long [T]
     positions: torch.Tensor        # long [3, T]
-    visual_rows: torch.Tensor      # long [N]: rows of the image tokens, row-major over the grid
+    visual_rows: torch.Tensor      # long [N]: rows of every visual token, in prompt order (visual, frame, row, column)
     answers: list[tuple[int, int]]  # per turn, [start, end) rows of the answer tokens (incl. <|im_end|>)
     needed: torch.Tensor           # long: indices into visual_rows of every cell some answer needs
-    pointers: torch.Tensor         # long [P, 2]: (row, cell) where the row predicts that cell's colour or shape
+    pointers: torch.Tensor         # long [P, 2]: (row, index into visual_rows) where the row names that cell
+    visual_spans: list[tuple[int, int]]  # per visual, its [start, end) in visual_rows
+    arrivals: list[int]            # per visual, the turn whose message carries it
+    ordinals: torch.Tensor         # long [N]: the image's number (multi) or the frame's (video) of each visual token
 
     @property
     def label_mask(self) -> torch.Tensor:
@@ -37,44 +46,79 @@ class Layout:
         return mask
 
 
+class GridOnly:
+    """What `ChatFormatter.build_prompt` needs of a vision encoder to lay out a turn, without a tower: each
+    `Visual`'s grid (embeddings are empty) and the video timestamps of the engine's own encoder."""
+
+    merge, temporal_patch_size, video = MERGE, TEMPORAL, VideoSettings()
+    video_timestamps = VisionEncoder.video_timestamps
+
+    def encode_images(self, images: list[Visual], signals: bool = False) -> list[VisualInput]:
+        return [VisualInput("image", torch.empty(v.cells, 0), grid_thw(v)) for v in images]
+
+    def encode_video(self, frames: list[Visual], signals: bool = False) -> VisualInput:
+        (v,) = set(frames)
+        return VisualInput("video", torch.empty(len(v.frames) * v.cells, 0), grid_thw(v))
+
+
+def grid_thw(v: Visual) -> tuple[int, int, int]:
+    """The processor's grid: a video's world frames are one temporal patch each (`HOLD` video frames)."""
+    return len(v.frames), MERGE * v.scene.rows, MERGE * v.scene.cols
+
+
+def placeholder_message(dialogue: Dialogue, turn: int) -> Message:
+    """`dialogue.message(turn)` with `Visual`s in place of the media: a video of `HOLD`·frames entries."""
+    new = dialogue.arriving(turn)
+    return Message(dialogue.questions[turn].text, images=[v for v in new if v.kind == "image"],
+                   videos=[[v] * TEMPORAL * len(v.frames) for v in new if v.kind == "video"])
+
+
 def formatter() -> ChatFormatter:
     return ChatFormatter(tk.build_tokenizer(), tk.CHAT_TEMPLATE)
 
 
 def layout(fmt: ChatFormatter, dialogue: Dialogue) -> Layout:
     """The token layout of `dialogue` with its reference answers."""
-    scene = dialogue.scene
-    n = scene.rows * scene.cols
-    pad = tk.VOCAB["<|image_pad|>"]
     ids: list[int] = []
     spans: list[tuple[int, int]] = []
     pointers: list[tuple[int, int]] = []
+    visuals: list[VisualInput] = []
+    vision = GridOnly()
     for t, q in enumerate(dialogue.questions):
-        message = Message(q.text, images=[b""] if t == 0 else [])
-        text = fmt.render_turn(message, first_turn=t == 0)
-        ids += fmt.encode(text.replace("<|image_pad|>", "<|image_pad|>" * n))
+        prompt = fmt.build_prompt(placeholder_message(dialogue, t), first_turn=t == 0, vision=vision,
+                                  image_token_id=tk.IMAGE_PAD, video_token_id=tk.VIDEO_PAD,
+                                  vision_start_id=tk.VISION_START, vision_end_id=tk.VISION_END)
+        ids += prompt.token_ids
+        visuals += prompt.visuals
         answer = fmt.encode(q.answer) + [tk.IM_END]
         spans.append((len(ids), len(ids) + len(answer)))
-        pointers += [(row, r * scene.cols + c) for row, (r, c) in _attribute_rows(fmt, q, answer, len(ids))]
+        if q.cells:
+            evidence = dialogue.evidence(q)
+            pointers += [(row, evidence[k]) for row, k in _attribute_rows(fmt, q, answer, len(ids))]
         ids += answer
-    grid = VisualInput("image", torch.empty(n, 0), (1, 2 * scene.rows, 2 * scene.cols))
-    pos = compute_positions(ids, [grid], image_token_id=pad, video_token_id=tk.VIDEO_PAD, merge=2)
-    needed = sorted({r * scene.cols + c for q in dialogue.questions for r, c in q.cells})
-    return Layout(torch.tensor(ids), pos.positions, pos.spans[0].token_indices, spans,
-                  torch.tensor(needed, dtype=torch.long), torch.tensor(pointers, dtype=torch.long).view(-1, 2))
+    pos = compute_positions(ids, visuals, image_token_id=tk.IMAGE_PAD, video_token_id=tk.VIDEO_PAD, merge=MERGE)
+    visual_rows = torch.cat([s.token_indices for s in pos.spans])
+    sizes = [len(v.frames) * v.cells for v in dialogue.visuals]
+    starts = torch.tensor([0, *sizes]).cumsum(0).tolist()
+    ordinals = torch.cat([torch.full((n,), i) if v.kind == "image"
+                          else torch.arange(len(v.frames)).repeat_interleave(v.cells)
+                          for i, (v, n) in enumerate(zip(dialogue.visuals, sizes, strict=True))])
+    needed = sorted({i for q in dialogue.questions if q.cells for i in dialogue.evidence(q)})
+    return Layout(torch.tensor(ids), pos.positions, visual_rows, spans, torch.tensor(needed, dtype=torch.long),
+                  torch.tensor(pointers, dtype=torch.long).view(-1, 2), list(itertools.pairwise(starts)),
+                  [v.turn for v in dialogue.visuals], ordinals)
 
 
 def _attribute_rows(fmt: ChatFormatter, q: Question, answer: list[int], start: int) -> list[tuple[int, int]]:
-    """(row, cell) for each answer token that names one cell's colour or shape: the k-th colour and the k-th
-    shape word of an answer name `q.cells[k]`; the row predicting a token is the one before it."""
-    if q.kind not in ("colour", "shape", "relation", "list"):
+    """(row, k) for each answer token that names the colour or shape of `q.cells[k]`: the k-th colour and
+    the k-th shape word of an answer name `q.cells[k]`; the row predicting a token is the one before it."""
+    if q.kind not in ("colour", "shape", "relation", "list", "change"):
         return []
     out, seen = [], {"colour": 0, "shape": 0}
     for i, token in enumerate(fmt.tokenizer.convert_ids_to_tokens(answer)):
         word = token.removeprefix(tk.SPACE)
         kind = "colour" if word in COLOURS else "shape" if word in SHAPES else None
         if kind is not None:
-            r, c = q.cells[seen[kind]]
-            out.append((start + i - 1, (r, c)))
+            out.append((start + i - 1, seen[kind]))
             seen[kind] += 1
     return out

@@ -18,7 +18,10 @@ from .world import answer_starts, vocabulary
 SPACE, NEWLINE = "Ġ", "Ċ"      # byte-level forms of " " and "\n"
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>")
-OPENERS = ("system", "user", "assistant", "what", "how", "list", *answer_starts())   # words that start a text
+OPENERS = ("system", "user", "assistant", "what", "how", "list", "in", *answer_starts())   # words that start a text
+# A video's temporal patches are announced as "<0.2 seconds>" (transformers' Qwen3-VL processor, mirrored by
+# the engine): the pre-tokenizer splits that into "<", digits, ".", " seconds" and ">".
+TIMESTAMP_PIECES = ("<", ">", ".", *"0123456789", SPACE + "seconds")
 
 
 def _vocab_and_merges(pieces: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -38,8 +41,8 @@ def _ordered_pieces() -> list[str]:
     merge of another word would split (e.g. `re` of "red" inside "three") moves to the front until none is."""
     from transformers import Qwen3_5Tokenizer
 
-    pieces = sorted(dict.fromkeys([SPACE + w for w in [*vocabulary(), *OPENERS]] + list(OPENERS)), key=len,
-                    reverse=True)
+    pieces = sorted(dict.fromkeys([SPACE + w for w in [*vocabulary(), *OPENERS]] + [*OPENERS, *TIMESTAMP_PIECES]),
+                    key=len, reverse=True)
     for _ in range(len(pieces)):
         vocab, merges = _vocab_and_merges(pieces)
         tok = Qwen3_5Tokenizer(vocab=vocab, merges=merges, unk_token=None)
