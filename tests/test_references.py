@@ -66,8 +66,8 @@ def test_every_cited_document_is_in_the_repository():
 
 def test_the_check_catches_what_it_should(tmp_path, monkeypatch):
     """The patterns above find the kinds of reference they are meant for."""
-    assert DOC.findall("see MECHANISM.md §5 and design/research/models.md, not docs/mechanism.md") == \
-        ["MECHANISM.md", "design/research/models.md", "docs/mechanism.md"]
+    assert DOC.findall("see ABSENT.md §5 and nowhere/absent.md, not docs/mechanism.md") == \
+        ["ABSENT.md", "nowhere/absent.md", "docs/mechanism.md"]
     assert SECTION.findall("(docs/mechanism.md §5.3) and [mechanism.md](mechanism.md) §8") == \
         [("docs/mechanism.md", "5.3"), ("mechanism.md", "8")]
     assert "5.3" in _headings(ROOT / "docs" / "mechanism.md") and "9" in _headings(ROOT / "docs" / "mechanism.md")
