@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.multimodal.turn_input import TurnInput, build_turn_input
 from tests.engine.reference import image_tokens, random_visual
 
+T = TypeVar("T")
 GRID = (1, 8, 12)            # 24 visual tokens; at r = 0.3, 8 kept and 16 deferred
 
 
@@ -21,19 +25,29 @@ def image_prompt(engine: Engine, seed: int = 0, grid: tuple[int, int, int] = GRI
     return Prompt([5, 6, *image_tokens(grid), 7, 8, 9], [visual])
 
 
-def record_prefix_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A list that receives each GDN join's prefix state (conv, ssm) when its recovery completes: the
-    state after I0 ‖ D."""
-    states = []
+def on_join_release(monkeypatch: pytest.MonkeyPatch, capture: Callable[[GDNJoin], T]) -> list[T]:
+    """A list that receives `capture(join)` for each GDN join when its recovery completes (before its
+    prefix state is freed)."""
+    captured = []
     release = GDNJoin.release
 
     def spy(self: GDNJoin) -> None:
         if self.prefix is not None:
-            states.append((self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone()))
+            captured.append(capture(self))
         release(self)
 
     monkeypatch.setattr(GDNJoin, "release", spy)
-    return states
+    return captured
+
+
+def record_prefix_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each GDN join's prefix state (conv, ssm) when its recovery completes: the state after I0 ‖ D."""
+    return on_join_release(monkeypatch, lambda j: (j.pool.conv[j.prefix].clone(), j.pool.ssm[j.prefix].clone()))
+
+
+def record_joined_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, torch.Tensor, object]]:
+    """Each join's S_lead', joined live state and recorded suffix factors when its recovery completes."""
+    return on_join_release(monkeypatch, lambda j: (j.s_lead.clone(), j.pool.ssm[j.live].clone(), j.factors))
 
 
 def split(engine: Engine, prompt: Prompt, cfg: DeferralConfig, start: int = 0) -> tuple[TurnInput, TurnInput]:

@@ -8,25 +8,16 @@ import pytest
 import torch
 
 from raincheck_core import Engine, SamplingParams
-from raincheck_core.deferral import gdn_join
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.ops import gdn_state_map
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
-from tests.deferral.helpers import image_prompt, rel_err
+from tests.deferral.helpers import image_prompt, record_joined_states, rel_err
 
 
 def _joined_vs_reapplied(engine: Engine, monkeypatch) -> float:
     """Worst relative error over GDN layers between the joined live state and S_lead' with the
     recorded suffix re-applied token by token, captured when the recovery completes."""
-    snapshots = []
-    release = gdn_join.GDNJoin.release
-
-    def spy(self):
-        if self.prefix is not None:
-            snapshots.append((self.s_lead.clone(), self.pool.ssm[self.live].clone(), self.factors))
-        release(self)
-
-    monkeypatch.setattr(gdn_join.GDNJoin, "release", spy)
+    snapshots = record_joined_states(monkeypatch)
     engine.audit_gdn_join = True
     # 16 deferred tokens, chunks of 7: 7 + 7 ride on the steps feeding y4, y5 (guard 3), then 2 after
     # the answer (a chunk shorter than the 3-token lead)

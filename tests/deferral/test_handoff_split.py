@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
-from raincheck_core.deferral import gdn_join
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine import residual
 from raincheck_core.errors import RecoveryStateError
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
-from tests.deferral.helpers import image_prompt, rel_err
+from tests.deferral.helpers import image_prompt, record_joined_states, rel_err
 
 RAINCHECK = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)    # D: 16 rows
 POST_ANSWER = DeferralConfig("post_answer", selector="uniform")
@@ -110,15 +109,7 @@ def test_a_mid_answer_join_is_exact_for_the_recorded_factors(tiny_checkpoints, m
             for layer in e.model.layers:
                 if hasattr(layer, "linear_attn"):
                     layer.linear_attn.A_log.fill_(-4.0)
-    snapshots = []
-    release = gdn_join.GDNJoin.release
-
-    def spy(self):
-        if self.prefix is not None:
-            snapshots.append((self.s_lead.clone(), self.pool.ssm[self.live].clone(), self.factors))
-        release(self)
-
-    monkeypatch.setattr(gdn_join.GDNJoin, "release", spy)
+    snapshots = record_joined_states(monkeypatch)
     engine.audit_gdn_join = True
     cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=5, chunk_size=7)
     _in_flight(engine, remote, cfg, fuse=False, local_rows=0)
