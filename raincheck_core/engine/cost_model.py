@@ -71,18 +71,16 @@ class StepCostModel:
             rows, extra = points[0]
             extra = max(extra, 0.0)
             return ChunkCost(extra / 2, extra / (2 * rows))
-        mean_r = statistics.fmean(r for r, _ in points)
-        mean_e = statistics.fmean(e for _, e in points)
-        var = sum((r - mean_r) ** 2 for r, _ in points)
-        slope = max(sum((r - mean_r) * (e - mean_e) for r, e in points) / var, 0.0)
-        fixed = max(mean_e - slope * mean_r, 0.0)
-        return ChunkCost(fixed, slope)
+        rows, extra = zip(*points, strict=True)
+        slope = max(statistics.linear_regression(rows, extra).slope, 0.0)
+        # the line through the means with the (clamped) slope; a negative fixed cost is noise
+        return ChunkCost(max(statistics.fmean(extra) - slope * statistics.fmean(rows), 0.0), slope)
 
-    def extra_s(self, rows: int, batch: int) -> float | None:
-        """Predicted extra seconds of `rows` deferred rows on a decode step of `batch` rows (None: no plain
-        step measured yet, so nothing is known)."""
+    def predictor(self, batch: int) -> ChunkCost | None:
+        """What deferred rows add to a decode step of `batch` rows, as known now: the fit, else the prior
+        (one plain step + 1/16 of one per row); None before any plain step was measured."""
         cost = self.chunk_cost()
         if cost is not None:
-            return cost(rows)
+            return cost
         plain = self.plain_s(batch)
-        return None if plain is None else ChunkCost(plain, plain / 16)(rows)
+        return None if plain is None else ChunkCost(plain, plain / 16)

@@ -116,11 +116,10 @@ class _Fit:
     """How many deferred rows the rest of this step may still carry under its turns' objectives."""
 
     def __init__(self, cost: StepCostModel, decoding: list[TurnRequest]):
-        self.cost = cost
-        self.batch = len(decoding)
         self.carried = 0
+        self.predict = cost.predictor(len(decoding))    # once per step: the medians do not change within it
         bound = [r for r in decoding if r.tpot_slo is not None]
-        plain = cost.plain_s(self.batch)
+        plain = cost.plain_s(len(decoding))
         if not bound:
             self.allowance = math.inf
         else:   # nothing is known before a plain step was measured: fuse nothing yet
@@ -134,8 +133,7 @@ class _Fit:
         else:
             n = 0
             for size in (min(b, limit) for b in CHUNK_SIZES):
-                extra = self.cost.extra_s(self.carried + size, self.batch)
-                if size > n and extra is not None and extra <= self.allowance:
+                if size > n and self.predict is not None and self.predict(self.carried + size) <= self.allowance:
                     n = size
         return self.fixed(n)
 

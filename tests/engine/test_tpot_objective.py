@@ -150,11 +150,11 @@ def test_the_cost_model_ignores_outliers():
 
 def test_the_cost_model_knows_nothing_before_a_plain_step():
     model = StepCostModel()
-    assert model.plain_s(4) is None and model.extra_s(7, 4) is None and model.chunk_cost() is None
+    assert model.plain_s(4) is None and model.predictor(4) is None and model.chunk_cost() is None
     model.observe(4, 7, 0.05)                          # a chunk step with no plain step to compare: dropped
     assert model.chunk_cost() is None
     model.observe(4, 0, 0.01)
-    assert model.extra_s(16, 4) == pytest.approx(0.01 + 0.01)   # the prior: one plain step + 1/16 per row
+    assert model.predictor(4)(16) == pytest.approx(0.01 + 0.01)   # the prior: one plain step + 1/16 per row
 
 
 @pytest.mark.parametrize("slo", [0.9, 0.0, float("nan"), float("inf"), -1.0])
