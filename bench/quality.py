@@ -14,7 +14,8 @@ lost. Long answers (lists) also get an item score: the share of their tokens in 
 of one selector and retention uses the same selection (docs/mechanism.md §1), so arms are paired per
 dialogue; the recovered fraction (raincheck − hard) / (full − hard) on later answers gets a paired
 bootstrap 95% interval over dialogues. The negative control is in bench/quality_control.py, the selectors'
-pairwise overlap in bench/quality_overlap.py.
+pairwise overlap in bench/quality_overlap.py. Selectors run with the options the model folder ships
+(`selector_options.json`, raincheck_core/pruning/settings.py), else with their defaults.
 
 The JSON's top-level keys are the single family's (as before families existed); `families` holds the same
 report for every family.
@@ -34,6 +35,7 @@ from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
 from raincheck_core.models.demo.world import FAMILIES, Dialogue, make
+from raincheck_core.pruning.settings import load_selector_options
 
 from . import quality_control, quality_overlap
 
@@ -56,10 +58,11 @@ class Arm:
     chunk: int = DEFAULT[2]
     control: str | None = None           # "fresh" / "kept": bench/quality_control.py layouts
 
-    @property
-    def config(self) -> DeferralConfig:
+    def config(self, options: dict[str, dict]) -> DeferralConfig:
+        """The arm's deferral config, with the model's calibrated `options` for its selector."""
         return DeferralConfig(self.policy if self.control is None else "hard", selector=self.selector,
-                              retention=self.retention, chunk_size=self.chunk, guard=16)
+                              selector_options=options.get(self.selector, {}), retention=self.retention,
+                              chunk_size=self.chunk, guard=16)
 
 
 def arms(quick: bool, family: str = "single") -> list[Arm]:
@@ -89,8 +92,8 @@ def max_new(engine: Engine, dialogue: Dialogue) -> list[int]:
     return [len(engine.formatter.encode(q.answer)) + 8 for q in dialogue.questions]
 
 
-def run_engine_arm(engine: Engine, arm: Arm, dialogue: Dialogue, messages: list[Message]) -> list[str]:
-    session = engine.open_session(deferral=arm.config)
+def run_engine_arm(engine: Engine, cfg: DeferralConfig, dialogue: Dialogue, messages: list[Message]) -> list[str]:
+    session = engine.open_session(deferral=cfg)
     answers = []
     try:
         for message, limit in zip(messages, max_new(engine, dialogue), strict=True):
@@ -182,23 +185,25 @@ def bootstrap(full: np.ndarray, pairs: list[tuple[np.ndarray, np.ndarray]], reps
 def run_family(engine: Engine, family: str, args: argparse.Namespace) -> dict:
     dialogues = held_out(family, args.dialogues)
     messages = [[d.message(t) for t in range(len(d.questions))] for d in dialogues]
+    options = args.selector_options
     results, timing = {}, {}
     for arm in arms(args.quick, family):
+        cfg = arm.config(options)
         n = args.control_dialogues if arm.control else len(dialogues)
         t0 = time.perf_counter()
         answers = []
         for d, m in tqdm(list(zip(dialogues[:n], messages[:n], strict=True)), desc=f"{family} {arm.name}",
                          leave=False):
             if arm.control:
-                answers.append(quality_control.run_dialogue(engine, d, m, arm.config, arm.control == "fresh",
+                answers.append(quality_control.run_dialogue(engine, d, m, cfg, arm.control == "fresh",
                                                             max_new(engine, d)))
             else:
-                answers.append(run_engine_arm(engine, arm, d, m))
+                answers.append(run_engine_arm(engine, cfg, d, m))
         results[arm.name] = score(dialogues[:n], answers)
         timing[arm.name] = time.perf_counter() - t0
         tqdm.write(f"{family:6s} {arm.name:28s} {summarise(results[arm.name])['all']:.3f}  ({timing[arm.name]:.0f} s)")
     t0 = time.perf_counter()
-    overlap = quality_overlap.measure(engine, messages[:args.control_dialogues], PAPER_SELECTORS, DEFAULT[1])
+    overlap = quality_overlap.measure(engine, messages[:args.control_dialogues], PAPER_SELECTORS, DEFAULT[1], options)
     timing["overlap"] = time.perf_counter() - t0
     return family_report(family, results, timing, overlap, args)
 
@@ -241,8 +246,10 @@ def run(args: argparse.Namespace) -> dict:
         runs = [json.loads(Path(path).read_text()) for path in args.merge]
         found = {name: rep for run in runs for name, rep in run["families"].items()}
         args.model, args.quick = runs[0]["model"], runs[0]["quick"]
+        args.selector_options = runs[0].get("selector_options", {})
         args.dialogues = max(run["dialogues"] for run in runs)
         return report({name: found[name] for name in FAMILIES if name in found}, args)
+    args.selector_options = load_selector_options(args.model)
     engine = Engine.from_pretrained(args.model, num_threads=args.threads)
     families = {family: run_family(engine, family, args) for family in args.families}
     return report(families, args)
@@ -253,6 +260,7 @@ def report(families: dict[str, dict], args: argparse.Namespace) -> dict:
     out = {
         "model": str(args.model), "dialogues": args.dialogues, "quick": args.quick, "seed": HELD_OUT_SEED,
         "default": {"selector": DEFAULT[0], "retention": DEFAULT[1], "chunk_size": DEFAULT[2]},
+        "selector_options": args.selector_options,
         **{k: v for k, v in main.items() if k not in ("family", "dialogues")},
         "sweep": {"selector": SWEEP_SELECTOR, "retentions": RETENTIONS, "chunks": CHUNKS},
         "families": families,

@@ -95,6 +95,21 @@ def test_v2_is_what_training_builds_today():
 
 
 @needs_v2
+def test_v2_ships_calibrated_hiprune_layers():
+    """v2's selector options load, and with them HiPrune keeps rows of its own, not VisionZip's (issue 17:
+    with the paper's default layers the two kept 98.5-99% of the same rows)."""
+    from bench.quality_overlap import jaccard, kept_rows
+    from raincheck_core.pruning.settings import load_selector_options
+
+    options = load_selector_options(V2)
+    layers = options["hiprune"]
+    assert {layers["object_layer"], layers["deep_layer"]} == {"middle", "last"}
+    message = make_dialogue(random.Random(3), 12, 12).message(0)
+    kept = kept_rows(engine(V2), message, True, ("hiprune", "visionzip"), 0.3, options)
+    assert jaccard(kept["hiprune"][0], kept["visionzip"][0]) <= 0.8
+
+
+@needs_v2
 def test_logits_match_transformers_on_a_video():
     """A video message (each world frame sent twice) through the engine's processor and tower, against
     transformers' own VLM given the same pixels: the temporal patches, timestamps and 3-D positions agree."""

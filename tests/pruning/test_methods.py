@@ -9,7 +9,7 @@ from raincheck_core.errors import InvalidInputError
 from raincheck_core.pruning import ExplicitSelector, SelectionContext, get_selector, mmtok
 from raincheck_core.pruning.base import cosine_matrix
 from raincheck_core.pruning.divprune import divprune_order
-from raincheck_core.pruning.hiprune import buffers
+from raincheck_core.pruning.hiprune import buffers, calibrated_layers, spatial_spread
 from raincheck_core.pruning.uniform import strided
 
 from .spans import make_ctx
@@ -141,6 +141,39 @@ def test_hiprune_anchor_cluster_and_truncation() -> None:
     assert sel.select(ctx, 5).tolist() == [8, 13, 14, 15, 20]
     # round(5.0 * 3 / 5) = 3 anchors (14, then ties 0, 1) whose buffers exceed the budget: anchors only
     assert get_selector("hiprune", alpha=5.0).select(ctx, 3).tolist() == [0, 1, 14]
+
+
+def test_spatial_spread_is_smallest_for_a_concentrated_layer() -> None:
+    grid = (1, 10, 10)
+    blob = torch.zeros(100)
+    blob[[44, 45, 54, 55]] = 1.0   # a 2×2 object
+    corners = torch.zeros(100)
+    corners[[0, 9, 90, 99]] = 1.0
+    assert spatial_spread(blob, grid, share=0.04) == pytest.approx((4 + 2 * 2**0.5) * 2 / 12)
+    assert spatial_spread(corners, grid, share=0.04) == pytest.approx((9 + 9 + 9 * 2**0.5) * 4 / 12)
+    # pairs only within a frame: two frames with one top token each have no pair
+    assert spatial_spread(torch.tensor([1.0, 0, 0, 0, 1.0, 0, 0, 0]), (2, 2, 2), share=0.25) == 0.0
+
+
+def test_calibrated_layers_follow_the_measured_spread() -> None:
+    # a deep tower's middle layer is the concentrated one: the paper's default (middle, last)
+    assert calibrated_layers({"middle": 2.0, "last": 5.0}) == {"object_layer": "middle", "deep_layer": "last"}
+    # a tower whose last block concentrates more: it is the object layer, the other one the deep layer
+    assert calibrated_layers({"middle": 5.6, "last": 4.6}) == {"object_layer": "last", "deep_layer": "middle"}
+    with pytest.raises(ValueError):
+        calibrated_layers({"last": 1.0})
+
+
+def test_hiprune_layers_are_options() -> None:
+    """Swapped layers: anchors from the 'last' scores, registers from the 'middle' ones."""
+    ctx = make_ctx(grid=(1, 6, 6))
+    ctx.attention_received["last"] = torch.zeros(36)
+    ctx.attention_received["last"][14] = 1.0
+    ctx.attention_received["middle"] = torch.zeros(36)
+    ctx.attention_received["middle"][[0, 35]] = 1.0
+    sel = get_selector("hiprune", alpha=1.0, object_layer="last", deep_layer="middle")
+    assert sel.select(ctx, 7).tolist() == [0, 8, 13, 14, 15, 20, 35]
+    assert sel.fallback_used is None
 
 
 def test_explicit_validation() -> None:
