@@ -9,7 +9,9 @@ must not see; docs/mechanism.md §4).
 
 `AttentionLayout` is built once per step and shared by all attention layers. On the CPU the segments
 are grouped by query length (decode rows; short chunks; long prefills) and each group runs as one
-padded batched call; a GPU backend would run one varlen paged kernel over the same layout.
+padded batched call; a GPU backend would run one varlen paged kernel over the same layout. A group of
+one segment whose readable slots are consecutive (a lone session's pages, which the pool hands out in
+order) reads K/V as a strided view of the cache; otherwise they are gathered into one padded copy.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class AttentionGroup:
     mask: torch.Tensor | None       # [N, q_max, k_max] True = visible; None = all visible
     q_max: int
     causal_self: bool = False       # one segment reading only its own rows (a first prefill): no gather
+    span: tuple[int, int] | None = None  # one segment reading slots [a, b) in order: a view, no gather
 
 
 @dataclass
@@ -79,8 +82,16 @@ def _group(ids: list[int], q_lens: list[int], starts: list[int], read_slots: lis
     return AttentionGroup(
         rows=rows.flatten().to(device), real=flat_real.to(device), real_rows=rows.flatten()[flat_real].to(device),
         keys=keys.to(device), mask=mask.to(device) if mask is not None else None, q_max=q_max,
-        causal_self=causal_self,
+        causal_self=causal_self, span=_span(read_slots[ids[0]]) if n == 1 and not causal_self else None,
     )
+
+
+def _span(slots: torch.Tensor) -> tuple[int, int] | None:
+    """`(a, b)` if `slots` is exactly a, a+1, ..., b-1."""
+    a = int(slots[0])
+    if bool(torch.equal(slots, torch.arange(a, a + slots.shape[0], device=slots.device))):
+        return a, a + slots.shape[0]
+    return None
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -102,9 +113,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             continue
         qg = q[g.rows].view(n, g.q_max, heads, d)
         if g.q_max <= SMALL_QUERY_ROWS:
-            res = _grouped_attention(qg, _gather_heads(k_cache, g.keys), _gather_heads(v_cache, g.keys), g.mask)
+            res = _grouped_attention(qg, _read_heads(k_cache, g), _read_heads(v_cache, g), g.mask)
         else:
-            keys, values = k_cache[g.keys], v_cache[g.keys]                 # [N, k_max, kv, d]
+            keys, values = _read_rows(k_cache, g), _read_rows(v_cache, g)   # [N, k_max, kv, d]
             mask = g.mask[:, None] if g.mask is not None else None
             res = F.scaled_dot_product_attention(
                 qg.transpose(1, 2), _expand_heads(keys, heads), _expand_heads(values, heads), attn_mask=mask,
@@ -113,12 +124,22 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     return out
 
 
-def _gather_heads(cache: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """`cache [slots, kv, d]` read at `keys [N, s]` straight into `[N, kv, s, d]` (one copy, in the
-    layout the batched matmuls read without another)."""
+def _read_heads(cache: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+    """`cache [slots, kv, d]` read at the group's keys as `[N, kv, s, d]`: a strided view of a span, else
+    one gather straight into the layout the batched matmuls read without another copy."""
+    if g.span is not None:
+        return cache[g.span[0]:g.span[1]].transpose(0, 1)[None]
+    keys = g.keys
     kv, d = cache.shape[1], cache.shape[2]
     idx = (keys[:, None, :] * kv + torch.arange(kv, device=keys.device)[None, :, None]).flatten()
     return cache.view(-1, d).index_select(0, idx).view(keys.shape[0], kv, keys.shape[1], d)
+
+
+def _read_rows(cache: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+    """`cache [slots, kv, d]` read at the group's keys as `[N, s, kv, d]` (a view of a span)."""
+    if g.span is not None:
+        return cache[g.span[0]:g.span[1]][None]
+    return cache.index_select(0, g.keys.flatten()).view(*g.keys.shape, *cache.shape[1:])
 
 
 def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -128,13 +149,14 @@ def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     b, n, heads, d = q.shape
     kv, s = keys.shape[1], keys.shape[2]
     rep = heads // kv
-    qg = q.view(b, n, kv, rep, d).permute(0, 2, 1, 3, 4).reshape(b * kv, n * rep, d)
-    scores = torch.bmm(qg, keys.view(b * kv, s, d).transpose(1, 2)).float() * d**-0.5   # [N*kv, n*rep, s]
+    qg = q.view(b, n, kv, rep, d).permute(0, 2, 1, 3, 4).reshape(b, kv, n * rep, d)
+    # 4-D matmuls: K/V may be strided views of the cache (BLAS reads them with a leading dimension)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * d**-0.5                 # [N, kv, n*rep, s]
     if mask is not None:
-        row_mask = mask[:, None, :, None, :].expand(b, kv, n, rep, s).reshape(b * kv, n * rep, s)
+        row_mask = mask[:, None, :, None, :].expand(b, kv, n, rep, s).reshape(b, kv, n * rep, s)
         scores = scores.masked_fill(~row_mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    out = torch.bmm(probs, values.view(b * kv, s, d))                                   # [N*kv, n*rep, d]
+    out = torch.matmul(probs, values)                                                   # [N, kv, n*rep, d]
     return out.view(b, kv, n, rep, d).permute(0, 2, 1, 3, 4).reshape(b, n, heads, d)
 
 

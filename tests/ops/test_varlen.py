@@ -119,3 +119,19 @@ def test_attention_over_packed_segments_equals_each_alone():
     scores = scores.masked_fill(~deferred_mask(generated, 7)[None], float("-inf"))
     dense = torch.einsum("hns,shd->nhd", scores.softmax(-1), values.repeat_interleave(rep, 1))
     assert float((out[at:at + 7] - dense).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("n, past", [(1, 90), (9, 40), (80, 50)])
+def test_attention_of_a_lone_segment_over_consecutive_slots_reads_a_view(n, past):
+    """A lone session's slots are consecutive: K/V are read as a view of the cache (no gather), with the
+    same result as the reference; scattered slots of the same length take the gather."""
+    gen = torch.Generator().manual_seed(n)
+    kv, heads, d, slots = 2, 6, 16, 400
+    k_cache, v_cache = torch.randn(slots, kv, d, generator=gen), torch.randn(slots, kv, d, generator=gen)
+    q = torch.randn(n, heads, d, generator=gen)
+    k, v = torch.randn(n, kv, d, generator=gen), torch.randn(n, kv, d, generator=gen)
+    for read in (torch.arange(7, 7 + past + n), torch.randperm(slots, generator=gen)[:past + n]):
+        layout = attention_layout([n], [read], read[past:])
+        assert (layout.groups[0].span is not None) == bool((read.diff() == 1).all())
+        out = varlen_attention(q, k, v, k_cache, v_cache, layout)
+        assert float((out - reference_attention(q, k_cache, v_cache, read)).abs().max()) <= 1e-5
