@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..cache.gdn_state import GDNStatePool
-from ..ops.gdn_state_map import extend_map, identity_map
+from ..ops.gdn_state_map import extend_map_, identity_map
 
 
 class GDNJoin:
@@ -56,12 +56,14 @@ class GDNJoin:
         self.s_lead.copy_(state)
         self.fed += 1
 
-    def fold(self, p_rest: torch.Tensor, factors: tuple[torch.Tensor, ...] | None = None) -> None:
-        """A generated token past the lead ran; `p_rest` is P_rest with its transition folded in
-        (computed for many sessions at once by the update). `factors` (k, v, g, beta per layer) for audits."""
-        self.p_rest.copy_(p_rest)
-        if self.factors is not None and factors is not None:
-            for layer, f in zip(self.factors, zip(*factors, strict=True), strict=True):
+    def fold(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        """A generated token past the lead ran: fold its transition into P_rest, in place (one rank-1
+        update per layer and head; a batched update over sessions would first copy every P_rest into one
+        tensor and back, which costs more than the update). k `[layers, H, Dk]`, v `[layers, H, Dv]`
+        (kept for audits only), g, beta `[layers, H]`."""
+        extend_map_(self.p_rest, k[None], g[None], beta[None])
+        if self.factors is not None:
+            for layer, f in zip(self.factors, zip(k, v, g, beta, strict=True), strict=True):
                 layer.append(tuple(t[None].clone() for t in f))
         self.fed += 1
 
@@ -74,8 +76,3 @@ class GDNJoin:
             self.pool.release(self.prefix)
             self.prefix = None
 
-
-def fold_transitions(p_rest: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """P_rest of M sessions `[M, layers, H, Dk, Dk]` with one more token each: k `[M, layers, H, Dk]`,
-    g and beta `[M, layers, H]`. One batched rank-1 update."""
-    return extend_map(p_rest, k[None], g[None], beta[None])

@@ -37,7 +37,8 @@ class StateWrite:
 
 @dataclass
 class Tracked:
-    """A generated token of a turn whose GDN map is tracked: its factors per layer and the state after it."""
+    """A generated token of a turn whose GDN map is tracked: its factors per layer and, for the first
+    `kernel - 1` (the lead), the state after it; later tokens only extend P_rest."""
 
     segment: Segment
     u: torch.Tensor                 # [layers, conv dim]
@@ -45,7 +46,7 @@ class Tracked:
     v: torch.Tensor                 # [layers, H, Dv]
     g: torch.Tensor                 # [layers, H]
     beta: torch.Tensor              # [layers, H]
-    state: torch.Tensor             # [layers, H, Dk, Dv]
+    state: torch.Tensor | None      # [layers, H, Dk, Dv], for a lead token only (the join's S_lead)
 
 
 @dataclass
@@ -230,8 +231,13 @@ class ModelRunner:
             if inputs.keep:
                 keep = step.single.keep
                 u, k, v, g, beta = (torch.stack(list(parts), dim=1) for parts in zip(*res.factors, strict=True))
-                state = torch.stack([f[keep] for f in finals], dim=1)
-                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], state[j])
+                lead = [j for j, seg in enumerate(inputs.keep) if seg.recovery.join.fed < seg.recovery.join.lead]
+                states: list[torch.Tensor | None] = [None] * len(inputs.keep)
+                if lead:    # only lead tokens need the state after them: stacking all would copy every state
+                    rows = keep[torch.tensor(lead, device=self.device)]
+                    for j, s in zip(lead, torch.stack([f[rows] for f in finals], dim=1), strict=True):
+                        states[j] = s
+                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], states[j])
                                for j, seg in enumerate(inputs.keep)]
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import torch
-
-from ..deferral.gdn_join import fold_transitions
 from ..errors import SamplingError
 from .plan import Kind, StepPlan
 from .runner import StepOutputs
@@ -84,16 +81,9 @@ def chunk_carriers(plan: StepPlan) -> set[SessionCache]:
 def _join_bookkeeping(out: StepOutputs) -> None:
     for seg, s_lead in out.joined:
         seg.recovery.join.set_joined(s_lead)
-    folding = []
     for t in out.tracked:
         join = t.segment.recovery.join
-        if join.fed < join.lead:
+        if t.state is not None:     # a lead token (the runner kept the state after it)
             join.record_lead(t.u, t.g, t.beta, t.state)
         else:
-            folding.append(t)
-    if folding:   # one batched rank-1 update for every session's P_rest
-        p = fold_transitions(torch.stack([t.segment.recovery.join.p_rest for t in folding]),
-                             torch.stack([t.k for t in folding]), torch.stack([t.g for t in folding]),
-                             torch.stack([t.beta for t in folding]))
-        for t, p_rest in zip(folding, p, strict=True):
-            t.segment.recovery.join.fold(p_rest, (t.k, t.v, t.g, t.beta))
+            join.fold(t.k, t.v, t.g, t.beta)

@@ -8,7 +8,7 @@ run started from changes by `Δ`, the state after the run changes by exactly `P 
 Orientation matters and fails silently: because Dk = Dv in Qwen3.5, `Δ P` or `Pᵀ Δ` have valid shapes
 but are wrong (27–53 % and 7–19 % error at the 9B layer shape, docs/mechanism.md §5.6–5.7). Keep `P` in
 fp32: rounding it to bf16 per token gives O(1) error after ~1000 tokens. All functions return new tensors
-and modify nothing.
+and modify nothing, except `extend_map_`, which updates its map in place (torch's trailing underscore).
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ def extend_map(P: Tensor, k: Tensor, g: Tensor, beta: Tensor) -> Tensor:
     as fed to the delta rule), g `[T, ...]`, beta `[T, ...]`. Each step is the rank-1 update
     `P ← e^{g_t} (P − β_t k_t (k_tᵀ P))`, O(Dk²) per map, rather than a product with a built A_t (O(Dk³)).
     """
+    return extend_map_(P.to(dtype=torch.float32, copy=True), k, g, beta)
+
+
+def extend_map_(P: Tensor, k: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """`extend_map` in place, for a contiguous fp32 `P` (a session's running P_rest: no copy per token)."""
     dk = P.shape[-1]
-    out = P.to(dtype=torch.float32, copy=True)  # updated in place below
+    out = P
     flat = out.view(-1, dk, dk)
     m = flat.shape[0]
     k, g, beta = k.float().reshape(-1, m, dk), g.float().reshape(-1, m), beta.float().reshape(-1, m)
