@@ -65,14 +65,14 @@ class Arm:
                               chunk_size=self.chunk, guard=16)
 
 
-def arms(quick: bool, family: str = "single") -> list[Arm]:
-    """quick: the four paper selectors under hard and raincheck, post_answer at the default selector.
-    Full: every policy for every selector (single family: also the baselines and the MMTok sweeps)."""
+def arms(quick: bool, family: str = "single", paper: tuple[str, ...] = PAPER_SELECTORS) -> list[Arm]:
+    """quick: the `paper` selectors under hard and raincheck, post_answer at the default selector (if among
+    them). Full: every policy for every selector (single family: also the baselines and the MMTok sweeps)."""
     sweeps = not quick and family == "single"
     out = [Arm("full", "full")]
-    for sel in SELECTORS if sweeps else PAPER_SELECTORS:
+    for sel in (*paper, *SELECTORS[len(PAPER_SELECTORS):]) if sweeps else paper:
         out += [Arm(f"{p}/{sel}", p, sel) for p in (("hard", "raincheck") if quick else POLICIES)]
-    if quick:
+    if quick and DEFAULT[0] in paper:
         out.append(Arm(f"post_answer/{DEFAULT[0]}", "post_answer"))
     if sweeps:
         for r in RETENTIONS[1:]:
@@ -187,7 +187,7 @@ def run_family(engine: Engine, family: str, args: argparse.Namespace) -> dict:
     messages = [[d.message(t) for t in range(len(d.questions))] for d in dialogues]
     options = args.selector_options
     results, timing = {}, {}
-    for arm in arms(args.quick, family):
+    for arm in arms(args.quick, family, args.selectors):
         cfg = arm.config(options)
         n = args.control_dialogues if arm.control else len(dialogues)
         t0 = time.perf_counter()
@@ -221,13 +221,17 @@ def family_report(family: str, results: dict, timing: dict, overlap: dict, args:
                           "raincheck_acc": summary[f"raincheck/{sel}"]["later"],
                           "post_answer_acc": summary.get(f"post_answer/{sel}", {}).get("later"),
                           "recovered_fraction": point, "ci95": [lo, hi]}
-    pairs = [(later_answers(results[f"hard/{s}"]), later_answers(results[f"raincheck/{s}"])) for s in PAPER_SELECTORS]
+    paper = [s for s in PAPER_SELECTORS if s in selectors]
+    pairs = [(later_answers(results[f"hard/{s}"]), later_answers(results[f"raincheck/{s}"])) for s in paper]
     mean_point, mean_lo, mean_hi = bootstrap(full, pairs)
     n_ctrl = len(results["control/fresh"])
     ctrl_full = later_answers(results["full"][:n_ctrl])
-    default = selectors[DEFAULT[0]]
+    # the top-level per-selector keys: the default selector's, or the first measured one's (`--selectors`)
+    main = DEFAULT[0] if DEFAULT[0] in selectors else paper[0]
+    default = selectors[main]
     return {
         "family": family, "dialogues": len(results["full"]), "answers": sum(map(len, results["full"])),
+        "selector": main, "paper_selectors": paper,
         "later_answers": int(full[:, 1].sum()),
         "full_acc": default["full_acc"], "hard_acc": default["hard_acc"], "raincheck_acc": default["raincheck_acc"],
         "full_acc_all": summary["full"]["all"],
@@ -284,6 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dialogues", type=int, default=None, help="held-out dialogues per family (default 160, quick 24)")
     p.add_argument("--control-dialogues", type=int, default=None,
                    help="dialogues for the control arms and the selection overlap")
+    p.add_argument("--selectors", default=",".join(PAPER_SELECTORS),
+                   help="paper selectors to measure, comma-separated (default: all four)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--img", default=None, help="folder for the PNG plots (e.g. docs/img)")
@@ -294,6 +300,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.families) - set(FAMILIES))
     if unknown:
         p.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    chosen = args.selectors.split(",")
+    if not set(chosen) <= set(PAPER_SELECTORS):
+        p.error(f"unknown selectors {sorted(set(chosen) - set(PAPER_SELECTORS))}; "
+                f"choose from {', '.join(PAPER_SELECTORS)}")
+    args.selectors = tuple(s for s in PAPER_SELECTORS if s in chosen)
     args.dialogues = args.dialogues or (24 if args.quick else 160)
     args.control_dialogues = min(args.dialogues, args.control_dialogues or (12 if args.quick else 80))
     return args

@@ -79,7 +79,9 @@ def family_markdown(rep: dict) -> str:
                      f"{_pct(s['post_answer_acc'])} | {_pct(s['recovered_fraction'])} | {_pct(lo)} – {_pct(hi)} |")
     lo, hi = rep["paper_selectors_ci95"]
     mean = _pct(rep["paper_selectors_recovered_fraction"])
-    lines.append(f"| **mean of the four paper selectors** | | | | | **{mean}** | {_pct(lo)} – {_pct(hi)} |")
+    paper = rep.get("paper_selectors", ["mmtok", "hiprune", "divprune", "visionzip"])
+    which = "the four paper selectors" if len(paper) == 4 else ", ".join(paper)
+    lines.append(f"| **mean of {which}** | | | | | **{mean}** | {_pct(lo)} – {_pct(hi)} |")
     c = rep["control"]
     lines += ["", f"Negative control ({later}, first {rep['control_dialogues']} dialogues, default selector at 0.3): "
               f"full {_pct(c['full_acc_same_dialogues'])}, deferred tokens moved after the question with their "
@@ -97,8 +99,9 @@ def family_markdown(rep: dict) -> str:
 
 def overview(out: dict) -> str:
     """One line per family: full, hard and raincheck on later answers (mean over the paper selectors)."""
-    lines = ["| family | full, all answers | full, later | hard, later (mean of 4) | raincheck, later (mean of 4) "
-             "| recovered (mean of 4) | 95% interval | control kept / fresh |", "|---|---|---|---|---|---|---|---|"]
+    n = len(next(iter(out["families"].values()))["per_selector"])
+    lines = [f"| family | full, all answers | full, later | hard, later (mean of {n}) | raincheck, later (mean of {n}) "
+             f"| recovered (mean of {n}) | 95% interval | control kept / fresh |", "|---|---|---|---|---|---|---|---|"]
     for fam, rep in out["families"].items():
         sel = rep["per_selector"]
         paper = [s for s in sel if s in ("mmtok", "hiprune", "divprune", "visionzip")]

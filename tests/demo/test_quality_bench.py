@@ -51,6 +51,19 @@ def test_v1_single_family_report_keeps_its_top_level_keys(tmp_path):
     assert out["arms"]["full"]["T2+"] == out["full_acc"] == 1.0     # v1 answers these two dialogues
 
 
+@needs_v2
+def test_a_subset_of_the_paper_selectors(tmp_path):
+    """`--selectors hiprune`: its arms only (with the options v2 ships), the mean over what was measured."""
+    args = quality.parse_args(["--quick", "--model", str(V2), "--families", "single", "--selectors", "hiprune",
+                               "--dialogues", "2", "--control-dialogues", "1", "--threads", "1"])
+    out = quality.run(args)
+    rep = out["families"]["single"]
+    assert set(rep["per_selector"]) == {"hiprune"} and rep["selector"] == "hiprune"
+    assert set(rep["arms"]) == {"full", "hard/hiprune", "raincheck/hiprune", "control/fresh", "control/kept"}
+    assert out["selector_options"]["hiprune"]["object_layer"] == "last"
+    assert rep["paper_selectors_recovered_fraction"] == rep["per_selector"]["hiprune"]["recovered_fraction"]
+
+
 def test_ages_count_turns_since_the_asked_about_visual_arrived():
     import random
 
