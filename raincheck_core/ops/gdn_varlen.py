@@ -42,7 +42,7 @@ class VarlenLayout:
     chunk: int
     num_blocks: int
     row_slot: Tensor                # [R] flat position (block * chunk + offset) of each row
-    steps: list[tuple[Tensor, Tensor, bool]]   # per scan step: blocks, their sequences, all-in-order
+    steps: list[tuple[slice, Tensor, bool]]    # per scan step: its blocks (a range), their sequences, all-in-order
     captures: list[tuple[Tensor, Tensor]]      # per scan step: (positions in its blocks, split index)
 
 
@@ -65,7 +65,9 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     if split_ids:
         ends = torch.tensor([int(ext_start[s]) + splits[s] for s in split_ids])
         split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
-    # ---- blocks: every part of every sequence starts a block
+    # ---- blocks: every part of every sequence starts a block. Blocks are numbered step-major (every
+    # sequence's first block, then every second block, ...), so that each scan step's blocks are one
+    # contiguous range, read and written as views rather than gathered.
     parts: list[tuple[int, int, int, int | None]] = []              # (seq, first row, rows, split index)
     for s, length in enumerate(lengths):
         if splits[s] is None:
@@ -77,44 +79,43 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
                 parts.append((s, splits[s], length - splits[s], None))
     longest = max((p[2] for p in parts), default=1)
     chunk = max(1, min(chunk_size, longest))
-    row_slot = torch.empty(int(lens.sum()), dtype=torch.long)
-    block_seq, block_step, capture_blocks = [], [], []
+    blocks: list[tuple[int, int]] = []                              # (scan step, sequence) of each block
+    part_blocks: list[tuple[int, int, list[int]]] = []              # (first packed row, rows, its blocks)
+    capture_at: list[tuple[int, int]] = []                          # (block, split index)
     step_of_seq = [0] * n
     for s, first, rows, split_index in parts:
-        nb = -(-rows // chunk) if rows else 0
-        base = len(block_seq)
-        offs = torch.arange(rows)
-        row_slot[int(seq_start[s]) + first + offs] = (base + offs // chunk) * chunk + offs % chunk
-        for _ in range(nb):
-            block_seq.append(s)
-            block_step.append(step_of_seq[s])
+        if split_index is not None and rows == 0:   # the state after zero rows would be the initial one
+            raise ValueError(f"split after 0 rows is not supported (sequence {s})")
+        ids = []
+        for _ in range(-(-rows // chunk)):
+            ids.append(len(blocks))
+            blocks.append((step_of_seq[s], s))
             step_of_seq[s] += 1
-        if split_index is not None:
-            # the state after this part: after its last block, or the incoming one for an empty part
-            capture_blocks.append((base + nb - 1 if nb else None, split_index, s))
-    seq_t, step_t = torch.tensor(block_seq, dtype=torch.long), torch.tensor(block_step, dtype=torch.long)
-    num_steps = int(step_t.max()) + 1 if len(block_step) else 0
+        part_blocks.append((int(seq_start[s]) + first, rows, ids))
+        if split_index is not None:     # the state after this part: after its last block
+            capture_at.append((ids[-1], split_index))
+    order = sorted(range(len(blocks)), key=lambda i: blocks[i])
+    number = torch.empty(len(blocks), dtype=torch.long)
+    number[torch.tensor(order, dtype=torch.long)] = torch.arange(len(blocks))
+    row_slot = torch.empty(int(lens.sum()), dtype=torch.long)
+    for row, rows, ids in part_blocks:
+        offs = torch.arange(rows)
+        row_slot[row:row + rows] = number[torch.tensor(ids, dtype=torch.long)][offs // chunk] * chunk + offs % chunk
     steps, captures = [], []
-    for st in range(num_steps):
-        blocks = (step_t == st).nonzero().flatten()
-        seqs = seq_t[blocks]
-        in_order = len(seqs) == n and bool((seqs == torch.arange(n)).all())
-        steps.append((blocks.to(device), seqs.to(device), in_order))
-        pos, idx = [], []
-        for b, j, _ in capture_blocks:
-            if b is not None and block_step[b] == st:
-                pos.append(int((blocks == b).nonzero()))
-                idx.append(j)
-        captures.append((torch.tensor(pos, dtype=torch.long, device=device),
-                         torch.tensor(idx, dtype=torch.long, device=device)))
-    empty_captures = [(j, s) for b, j, s in capture_blocks if b is None]
-    if empty_captures:   # a split at row 0: the state after zero rows is the initial state
-        raise ValueError(f"split after 0 rows is not supported (sequences {[s for _, s in empty_captures]})")
+    at = 0
+    for st in range(max(step_of_seq, default=0)):
+        seqs = [blocks[i][1] for i in order if blocks[i][0] == st]
+        in_order = seqs == list(range(n))
+        steps.append((slice(at, at + len(seqs)), torch.tensor(seqs, dtype=torch.long, device=device), in_order))
+        pos = [(int(number[i]) - at, j) for i, j in capture_at if blocks[i][0] == st]
+        captures.append((torch.tensor([p for p, _ in pos], dtype=torch.long, device=device),
+                         torch.tensor([j for _, j in pos], dtype=torch.long, device=device)))
+        at += len(seqs)
     return VarlenLayout(
         num_seqs=n, kernel=kernel, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
         row_at=row_at.to(device), tail_at=tail_at.to(device),
         split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
-        chunk=chunk, num_blocks=len(block_seq), row_slot=row_slot.to(device), steps=steps, captures=captures,
+        chunk=chunk, num_blocks=len(blocks), row_slot=row_slot.to(device), steps=steps, captures=captures,
     )
 
 
@@ -177,13 +178,14 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
     if any(len(idx) for _, idx in layout.captures):
         split_states = S.new_empty(sum(len(idx) for _, idx in layout.captures), num_heads, dk, dv)
     for (blocks, seqs, in_order), (cap_pos, cap_idx) in zip(layout.steps, layout.captures, strict=True):
+        nb = blocks.stop - blocks.start
         s_in = S if in_order else S[seqs]
         read = readers[blocks] @ s_in
         v_new = u[blocks] - read[:, :, :C]
         o[blocks] = torch.baddbmm(read[:, :, C:].flatten(0, 1), intra[blocks].flatten(0, 1),
-                                  v_new.flatten(0, 1)).view(len(blocks), num_heads, C, dv)
+                                  v_new.flatten(0, 1)).view(nb, num_heads, C, dv)
         s_out = torch.baddbmm((s_in * chunk_decay[blocks]).flatten(0, 1), k_to_end[blocks].flatten(0, 1),
-                              v_new.flatten(0, 1)).view(len(blocks), num_heads, dk, dv)
+                              v_new.flatten(0, 1)).view(nb, num_heads, dk, dv)
         if in_order:
             S = s_out
         else:
