@@ -170,8 +170,8 @@ class ModelRunner:
                 step.corrections = GDNCorrections(
                     seqs=torch.tensor(join_seqs, device=dev),
                     slots=torch.tensor([s.live_slot for s in joins], device=dev),
-                    p=torch.stack([s.recovery.join.p_rest for s in joins]),
-                    s_ref=torch.stack([s.recovery.join.s_lead for s in joins]),
+                    p=_batched([s.recovery.join.p_rest for s in joins]),
+                    s_ref=_batched([s.recovery.join.s_lead for s in joins]),
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
@@ -244,6 +244,11 @@ class ModelRunner:
 def _tracks(seg: Segment) -> bool:
     """A decode row of a turn whose deferred recovery tracks the GDN map of its generated tokens."""
     return seg.kind is Kind.DECODE and seg.recovery is not None and seg.recovery.join is not None
+
+
+def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Stacked, or a view of the one tensor (a lone join reads its P_rest without copying it)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
 
 
 def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
