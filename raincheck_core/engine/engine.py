@@ -7,6 +7,7 @@ the steps, under one lock, so embedded use needs no threads and concurrent calle
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..multimodal.turn_input import TurnInput, build_turn_input
+from ..pruning.settings import load_selector_options
 from . import residual
 from .cost_model import StepCostModel
 from .plan import Kind, Segment, StepPlan
@@ -45,8 +47,10 @@ MAX_RECOVERY_FAILURES = 3
 
 class Engine:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
-                 formatter=None, vision=None):
+                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None):
         self.config = config or EngineConfig()
+        # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
+        self.selector_options = dict(selector_options or {})
         # GDN decays drive states into subnormal floats, which run 10-70x slower on x86 CPUs; flushing
         # them changes nothing measurable. Set before the first multi-threaded op so workers inherit it.
         torch.set_flush_denormal(True)
@@ -99,7 +103,16 @@ class Engine:
                                                    config.torch_dtype)
         formatter = ChatFormatter.from_checkpoint(folder)
         log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
-        return cls(model, model_config, config, formatter=formatter, vision=vision)
+        return cls(model, model_config, config, formatter=formatter, vision=vision,
+                   selector_options=load_selector_options(folder))
+
+    def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig:
+        """`cfg` with this model's calibrated options for its selector (the checkpoint's
+        `selector_options.json`) when it names none itself; explicit options always win."""
+        calibrated = self.selector_options.get(cfg.selector)
+        if calibrated and not cfg.selector_options:
+            return dataclasses.replace(cfg, selector_options=dict(calibrated))
+        return cfg
 
     # ---------------------------------------------------------------- sessions
     def open_session(self, *, max_pages: int | None = None, session_id: str | None = None,

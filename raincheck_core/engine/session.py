@@ -64,8 +64,8 @@ class Session:
         input is still being recovered, this waits for it first (the completion barrier; the wait is
         reported as `barrier_wait_s`)."""
         params = sampling or SamplingParams()
-        cfg = deferral or self.deferral
         engine = self.engine
+        cfg = engine.deferral_for(deferral or self.deferral)
         self._check_idle()
         # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
         # stepping meanwhile. Only one turn of this session can get past the re-check below.

@@ -2,8 +2,9 @@
 
 Some selector hyperparameters are calibrated per vision encoder (HiPrune's object and deep layers). A
 checkpoint folder may carry the calibrated values in `selector_options.json`, {selector name: {option:
-value}}; callers pass them as `DeferralConfig(selector=name, selector_options=...)`. A folder without the
-file uses every selector's defaults (the published settings).
+value}}. `Engine.from_pretrained` loads them and applies them to every turn whose `DeferralConfig` names
+that selector without options of its own (`Engine.deferral_for`; explicit options win). A folder without
+the file uses every selector's defaults (the published settings).
 """
 
 from __future__ import annotations

@@ -44,3 +44,30 @@ def test_bfloat16_engine_stays_close_to_fp32(tiny_checkpoints):
     bf16 = Engine.from_pretrained(folder, dtype="bfloat16").forward_logits(ids)
     assert bf16.dtype == torch.float32
     assert float((bf16 - fp32).abs().max()) < 0.1 * float(fp32.abs().max())
+
+
+def test_a_checkpoints_calibrated_selector_options_are_the_sessions_defaults(tmp_path, monkeypatch):
+    """`selector_options.json` in the folder: a turn naming that selector without options runs with the
+    calibrated ones; explicit options and other selectors are left as they are."""
+    from raincheck_core import DeferralConfig, Prompt
+    from raincheck_core.engine import session as session_module
+    from raincheck_core.pruning.settings import save_selector_options
+
+    folder = tiny.save_model(tiny.build_model("qwen3_5"), tmp_path)
+    save_selector_options(folder, {"hiprune": {"object_layer": "last", "deep_layer": "middle"}})
+    engine = Engine.from_pretrained(folder)
+    calibrated = engine.deferral_for(DeferralConfig("hard", selector="hiprune"))
+    assert calibrated.selector_options == {"object_layer": "last", "deep_layer": "middle"}
+    explicit = DeferralConfig("hard", selector="hiprune", selector_options={"alpha": 0.2})
+    assert engine.deferral_for(explicit) is explicit
+    other = DeferralConfig("hard", selector="divprune")
+    assert engine.deferral_for(other) is other
+
+    seen = []
+    real = session_module.partition_turn
+    monkeypatch.setattr(session_module, "partition_turn", lambda full, visuals, cfg, merge: (
+        seen.append(cfg), real(full, visuals, cfg, merge))[1])
+    session = engine.open_session(deferral=DeferralConfig("hard", selector="hiprune"))
+    list(session.turn(Prompt([5, 6, 7]), None))
+    assert seen[-1].selector_options == {"object_layer": "last", "deep_layer": "middle"}
+    assert session.deferral.selector_options == {}      # the session's own config is not rewritten
