@@ -8,10 +8,10 @@ are one selection counted twice in a mean over selectors.
 Run alone, it also calibrates HiPrune's layers for the model (docs/selectors.md §5): the mean spatial
 spread of each recorded ViT layer's top attention-received tokens, and the layers it implies:
 
-    python -m bench.quality_overlap --model models/demo-v2 [--dialogues 40] [--write] [--json PATH]
+    python -m bench.quality_overlap --model models/demo-v2 [--dialogues 40] [--write] [--options JSON] [--json PATH]
 
 `--write` stores the calibrated layers in the model folder (`selector_options.json`); the overlap is then
-measured with the options the folder ships.
+measured with the options the folder ships, updated by `--options` (e.g. '{"hiprune": {"alpha": 1.0}}').
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dialogues", type=int, default=40, help="held-out dialogues per family (bench.quality's first)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--write", action="store_true", help="store the calibrated HiPrune layers in the model folder")
+    p.add_argument("--options", type=json.loads, default={},
+                   help="selector options over the folder's for the overlap, as JSON {selector: {option: value}}")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     engine = Engine.from_pretrained(args.model, num_threads=args.threads)
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.write:
         options["hiprune"] = {**options.get("hiprune", {}), **calibrated}
         print(f"wrote {save_selector_options(args.model, options)}")
+    for name, opts in args.options.items():
+        options[name] = {**options.get(name, {}), **opts}
     overlap = {f: measure(engine, m, PAPER_SELECTORS, DEFAULT[1], options) for f, m in messages.items()}
     print(f"\nselector options: {options}\n\n| pair | " + " | ".join(f"{f} mean / max" for f in FAMILIES) + " |")
     print("|---|" + "---|" * len(FAMILIES))
