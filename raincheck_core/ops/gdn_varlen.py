@@ -16,6 +16,7 @@ State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -102,15 +103,17 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
         offs = torch.arange(rows)
         row_slot[row:row + rows] = number[torch.tensor(ids, dtype=torch.long)][offs // chunk] * chunk + offs % chunk
     steps, captures = [], []
+    split_of = dict(capture_at)
     at = 0
-    for st in range(max(step_of_seq, default=0)):
-        seqs = [blocks[i][1] for i in order if blocks[i][0] == st]
-        in_order = seqs == list(range(n))
-        steps.append((slice(at, at + len(seqs)), torch.tensor(seqs, dtype=torch.long, device=device), in_order))
-        pos = [(int(number[i]) - at, j) for i, j in capture_at if blocks[i][0] == st]
+    for _, group in itertools.groupby(order, key=lambda i: blocks[i][0]):    # one pass: `order` is by step
+        ids = list(group)
+        seqs = [blocks[i][1] for i in ids]
+        steps.append((slice(at, at + len(ids)), torch.tensor(seqs, dtype=torch.long, device=device),
+                      seqs == list(range(n))))
+        pos = [(k, split_of[i]) for k, i in enumerate(ids) if i in split_of]
         captures.append((torch.tensor([p for p, _ in pos], dtype=torch.long, device=device),
                          torch.tensor([j for _, j in pos], dtype=torch.long, device=device)))
-        at += len(seqs)
+        at += len(ids)
     return VarlenLayout(
         num_seqs=n, kernel=kernel, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
         row_at=row_at.to(device), tail_at=tail_at.to(device),
