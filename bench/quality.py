@@ -35,7 +35,6 @@ from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
 from raincheck_core.models.demo.world import FAMILIES, Dialogue, make
-from raincheck_core.pruning.settings import load_selector_options
 
 from . import quality_control, quality_overlap
 
@@ -253,8 +252,8 @@ def run(args: argparse.Namespace) -> dict:
         args.selector_options = runs[0].get("selector_options", {})
         args.dialogues = max(run["dialogues"] for run in runs)
         return report({name: found[name] for name in FAMILIES if name in found}, args)
-    args.selector_options = load_selector_options(args.model)
     engine = Engine.from_pretrained(args.model, num_threads=args.threads)
+    args.selector_options = engine.selector_options     # what the folder ships, as its sessions use them
     families = {family: run_family(engine, family, args) for family in args.families}
     return report(families, args)
 

@@ -28,7 +28,7 @@ from raincheck_core import DeferralConfig, Engine, Message
 from raincheck_core.deferral.partition import partition_turn
 from raincheck_core.models.demo.world import FAMILIES
 from raincheck_core.pruning.hiprune import calibrated_layers, spatial_spread
-from raincheck_core.pruning.settings import load_selector_options, save_selector_options
+from raincheck_core.pruning.settings import save_selector_options
 
 from .quality_control import turn_input
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     calibrated = calibrated_layers(mean_spread)
     print(f"mean spread of the top 10% attention-received tokens per layer (merged cells): {spread}")
     print(f"calibrated HiPrune layers: {calibrated}")
-    options = load_selector_options(args.model)
+    options = dict(engine.selector_options)
     if args.write:
         options["hiprune"] = {**options.get("hiprune", {}), **calibrated}
         print(f"wrote {save_selector_options(args.model, options)}")
