@@ -124,7 +124,9 @@ def test_stale_and_lost_copies_are_never_used(cluster, keeper, ray_address):
     assert reports[2].resident and reports[2].actor == reports[1].actor
     ray.kill(ray.get_actor(reports[2].actor, namespace=keeper.settings.namespace), no_restart=True)
     answers.append(send(3))
-    assert reports[3].misses == 1 and not reports[3].resident and reports[3].actor != reports[2].actor
+    # the turn goes to another actor, or to the keeper's replacement under the killed one's name (which
+    # of the two depends on how fast the keeper respawns it); either way the lost copy is not used
+    assert reports[3].misses == 1 and not reports[3].resident
     assert _metric("raincheck:deferred_resident_misses_total", reason="gone") == gone + 1
     assert answers == expected
 
