@@ -91,6 +91,7 @@ class Batch:
     content: torch.Tensor      # [sum N, 2]: colour and shape index of every visual token (tower order)
     cells: torch.Tensor        # [B, T', 3]: (row, column, image or frame number) at each visual row, -100 elsewhere
     pointers: torch.Tensor     # [P, 3]: (example, position, position of the cell its answer token names)
+    lengths: torch.Tensor      # [B, T']: objects in the line a list answer names, at its rows; -100 elsewhere
 
 
 def _cell_labels(dialogue: Dialogue, lay: Layout) -> torch.Tensor:
@@ -114,6 +115,7 @@ def collate(dialogues: list[Dialogue], layouts: list[Layout], rows: list[torch.T
     mask = torch.zeros(b, width, dtype=torch.long)
     targets = torch.full((b, width), -100, dtype=torch.long)
     cells = torch.full((b, width, 3), -100, dtype=torch.long)
+    lengths = torch.full((b, width), -100, dtype=torch.long)
     pointers: list[tuple[int, int, int]] = []
     for i, (lay, r, off, dialogue) in enumerate(zip(layouts, rows, offsets, dialogues, strict=True)):
         gather[i, :len(r)] = r + off
@@ -126,6 +128,11 @@ def collate(dialogues: list[Dialogue], layouts: list[Layout], rows: list[torch.T
         where = torch.full((len(lay.ids), 3), -100, dtype=torch.long)
         where[lay.visual_rows] = _cell_labels(dialogue, lay)
         cells[i, :len(r)] = where[r]
+        line = torch.full((len(lay.ids),), -100, dtype=torch.long)
+        for q, (s, e) in zip(dialogue.questions, lay.answers, strict=True):
+            if q.kind == "list":
+                line[s - 1:e - 1] = len(q.cells)
+        lengths[i, :len(r)] = line[r]
         at = torch.full((len(lay.ids),), -1, dtype=torch.long)
         at[r] = torch.arange(len(r))
         for row, cell in lay.pointers.tolist():
@@ -137,7 +144,7 @@ def collate(dialogues: list[Dialogue], layouts: list[Layout], rows: list[torch.T
                  torch.cat([lay.ids for lay in layouts]),
                  torch.cat([lay.visual_rows + off for lay, off in zip(layouts, offsets, strict=True)]),
                  gather, positions, mask, targets, torch.tensor(content), cells,
-                 torch.tensor(pointers, dtype=torch.long).view(-1, 3))
+                 torch.tensor(pointers, dtype=torch.long).view(-1, 3), lengths)
 
 
 class Probes(torch.nn.Module):
@@ -149,7 +156,10 @@ class Probes(torch.nn.Module):
       and column from the 3-D M-RoPE positions, and which image or frame from what came before);
     - query: at each answer row naming a cell, that cell's row, column and image/frame number, from the
       input of the last attention layer (the question's cell must reach the row that looks it up);
-    - pointer: that row's attention (head 0 of the last attention layer) on the cell."""
+    - pointer: that row's attention (head 0 of the last attention layer) on the cell;
+    - extent: at each row predicting a list answer, the length of the listed row or column, from the input
+      of the last attention layer (a list's last item is where the image ends, which nothing in the text
+      says: without this signal the model learned every object of a list but not where to stop)."""
 
     def __init__(self, hidden: int, position_layer: int, max_cells: int = 16):
         super().__init__()
@@ -158,6 +168,7 @@ class Probes(torch.nn.Module):
         self.content = torch.nn.Linear(hidden, len(COLOURS) + len(SHAPES))
         self.position = torch.nn.Linear(hidden, 3 * max_cells)
         self.query = torch.nn.Linear(hidden, 3 * max_cells)
+        self.extent = torch.nn.Linear(hidden, max_cells + 1)
 
     def _cells(self, head: torch.nn.Linear, hidden: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         logits = head(hidden).view(*hidden.shape[:-1], 3, self.max_cells)
@@ -167,12 +178,15 @@ class Probes(torch.nn.Module):
                batch: Batch) -> dict[str, torch.Tensor]:
         c = self.content(visual)
         b, row, cell = batch.pointers.unbind(1)
+        listing = batch.lengths >= 0
+        extent = F.cross_entropy(self.extent(hidden[-2][listing]), batch.lengths[listing], reduction="sum")
         return {
             "content": F.cross_entropy(c[:, :len(COLOURS)], batch.content[:, 0])
             + F.cross_entropy(c[:, len(COLOURS):], batch.content[:, 1]),
             "position": self._cells(self.position, hidden[self.position_layer + 1], batch.cells),
             "query": self._cells(self.query, hidden[-2][b, row], batch.cells[b, cell]),
             "pointer": -torch.log(attention[b, 0, row, cell] + 1e-6).mean(),
+            "extent": extent / max(1, int(listing.sum())),    # a batch may hold no list question
         }
 
 

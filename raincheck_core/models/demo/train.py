@@ -30,7 +30,17 @@ from transformers import Qwen3_5ForConditionalGeneration
 from . import batch as B
 from .config import model_config, save_processor_files
 from .data import formatter, layout
-from .world import FAMILIES, TRAINED_KINDS, Dialogue, make, make_dialogue, make_multi_dialogue, make_video_dialogue
+from .world import (
+    FAMILIES,
+    FIRST_TURN,
+    LATER_TURNS,
+    TRAINED_KINDS,
+    Dialogue,
+    make,
+    make_dialogue,
+    make_multi_dialogue,
+    make_video_dialogue,
+)
 
 TRAIN_SEED_OFFSET = 1_000_003   # training dialogues come from seed + offset; held-out seeds stay below it
 VALIDATION_SEED = 77
@@ -40,13 +50,16 @@ def training_dialogue(rng: random.Random, family: str, progress: float, args: ar
     """Training style: grids growing from 4×4 to 12×12 over the size curriculum (then some 16×16 single
     images), more turns per visual (more answers per visual prefill), any cell in any turn."""
     top = 4 + round(8 * min(1.0, progress / args.size_curriculum))
+    first, later = ({**w, "list": w["list"] * args.lists} for w in (FIRST_TURN, LATER_TURNS))
     if family == "multi":
-        return make_multi_dialogue(rng, sizes=(4, top), turns=rng.randint(3, args.max_turns), min_gap=1)
+        return make_multi_dialogue(rng, sizes=(4, top), turns=rng.randint(3, args.max_turns), min_gap=1,
+                                   first=first, later=later)
     if family == "video":
         return make_video_dialogue(rng, sizes=(4, min(top, 8)), turns=rng.randint(3, args.max_turns), min_gap=1)
     rows = 16 if progress > args.size_curriculum and rng.random() < args.large else rng.randint(4, top)
     cols = rows if rng.random() < 0.5 else rng.randint(max(4, rows - 2), min(16, rows + 2))
-    return make_dialogue(rng, rows, cols, turns=rng.randint(3, args.max_turns), kinds=TRAINED_KINDS, min_gap=1)
+    return make_dialogue(rng, rows, cols, turns=rng.randint(3, args.max_turns), kinds=TRAINED_KINDS, min_gap=1,
+                         first=first, later=later)
 
 
 def examples(rng: random.Random, fmt, families: list[str], progress: float | None = None,
@@ -193,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="share of examples after the curriculum laid out in raincheck's order I0 ‖ D ‖ answer")
     p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
     p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--lists", type=float, default=1.0,
+                   help="weight of list questions in training (single, multi), relative to the benchmark")
     p.add_argument("--families", default="0.35,0.4,0.25",
                    help=f"share of training dialogues of each family ({', '.join(FAMILIES)})")
     p.add_argument("--vit-position", action=argparse.BooleanOptionalAction, default=False,

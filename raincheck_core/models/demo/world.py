@@ -257,7 +257,8 @@ def _arrivals(rng: random.Random, n_turns: int, n_visuals: int, text_first: floa
 
 def make_multi_dialogue(rng: random.Random, sizes: tuple[int, int] = (10, 12), turns: int | None = None,
                         images: int | None = None, kinds: tuple[str, ...] = TRAINED_KINDS, min_gap: int = 3,
-                        text_first: float = 0.25, new_image_question: float = 0.7) -> Dialogue:
+                        text_first: float = 0.25, new_image_question: float = 0.7,
+                        first: dict[str, float] | None = None, later: dict[str, float] | None = None) -> Dialogue:
     """1–3 images (rows and columns in `sizes`) arriving at any turn; every question names its image.
 
     A turn that brings an image asks about it with probability `new_image_question`, else about an image
@@ -277,7 +278,7 @@ def make_multi_dialogue(rng: random.Random, sizes: tuple[int, int] = (10, 12), t
         new = [i for i in sent if visuals[i].turn == t]
         i = new[0] if new and rng.random() < new_image_question else rng.choice(sent)
         scene = visuals[i].scene
-        kind = _pick(rng, FIRST_TURN if not used[i] else LATER_TURNS, kinds)
+        kind = _pick(rng, (first or FIRST_TURN) if not used[i] else (later or LATER_TURNS), kinds)
         line = rng.choice(("row", "column")) if kind in ("count", "list") else None
         q = ask(scene, kind, rng, _far_cell(rng, scene, used[i], line, min_gap), line or "row")
         dialogue.questions.append(Question(q.kind, f"in image {NUMBERS[i + 1]} , {q.text}", q.answer, q.cells, i))
