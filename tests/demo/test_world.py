@@ -220,3 +220,22 @@ def test_raincheck_order_moves_each_visual_before_its_own_turn_answer():
         moved = [int(r) for r in lay.visual_rows[s:e] if place[int(r)] > place[first_answer - 1]]
         assert len(moved) == (e - s) - round(0.3 * (e - s))               # 70% deferred, after the prompt
         assert all(place[r] < place[first_answer] for r in moved)         # ... and before the answer
+
+
+def test_list_answers_carry_the_length_of_their_line_in_any_row_order():
+    fmt = data.formatter()
+    rng = random.Random(5)
+    d = make_multi_dialogue(rng, sizes=(5, 9), images=2, turns=5, first={"list": 1.0}, later={"list": 1.0})
+    lay = data.layout(fmt, d)
+    rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0), random.Random(0))
+    batch = B.collate([d], [lay], [rows])
+    for q, (s, e) in zip(d.questions, lay.answers, strict=True):
+        at = torch.nonzero((rows >= s - 1) & (rows < e - 1)).flatten()
+        expected = len(q.cells) if q.kind == "list" else -100
+        assert (batch.lengths[0, at] == expected).all() and (batch.targets[0, at] >= 0).all()
+    assert {q.kind for q in d.questions} >= {"list"}
+    assert int((batch.lengths >= 0).sum()) == sum(e - s for q, (s, e) in zip(d.questions, lay.answers,
+                                                                         strict=True) if q.kind == "list")
+    line = next(q for q in d.questions if q.kind == "list")
+    scene = d.visuals[line.visual].scene
+    assert len(line.cells) in (scene.rows, scene.cols)
