@@ -195,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="models/demo-v2")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=960)
+    p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--bucket", type=int, default=8, help="batches whose examples are sorted by length together")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="share of examples after the curriculum laid out in raincheck's order I0 ‖ D ‖ answer")
     p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--lists", type=float, default=1.0,
+    p.add_argument("--lists", type=float, default=3.0,
                    help="weight of list questions in training (single, multi), relative to the benchmark")
     p.add_argument("--families", default="0.35,0.4,0.25",
                    help=f"share of training dialogues of each family ({', '.join(FAMILIES)})")
