@@ -44,6 +44,7 @@ class Views:
     start_distractors: int = 4
     dropout: float = 0.3          # afterwards: share of examples with a random part of the other cells dropped
     deferred_order: float = 0.35  # share of examples in the raincheck order I0 ‖ D ‖ answer (positions kept)
+    bands: float = 0.0            # share of those whose I0 is a band of rows or columns instead of random cells
 
 
 def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) -> torch.Tensor:
@@ -63,7 +64,8 @@ def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) 
         shown = set(rng.sample(others, round(len(others) * rng.uniform(0.1, 0.9))))
     elif rng.random() < views.deferred_order / (1 - views.dropout):
         for (s, e), turn in zip(lay.visual_spans, lay.arrivals, strict=True):
-            kept = set(rng.sample(range(s, e), round(0.3 * (e - s))))
+            band = views.bands > 0 and rng.random() < views.bands     # no draw at 0: the recipe's stream stays
+            kept = _band(lay, s, e, rng) if band else set(rng.sample(range(s, e), round(0.3 * (e - s))))
             deferred.append((lay.answers[turn][0], [i for i in range(s, e) if i not in kept]))
     visible = torch.ones(len(lay.ids), dtype=torch.bool)
     hidden = [i for i in others if i not in shown] + [i for _, d in deferred for i in d]
@@ -76,6 +78,18 @@ def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) 
         pieces += [rows[(rows >= done) & (rows < cut)], lay.visual_rows[d]]
         done = cut
     return torch.cat([*pieces, rows[rows >= done]])
+
+
+def _band(lay: Layout, s: int, e: int, rng: random.Random) -> set[int]:
+    """Indices in [s, e) of the visual's cells in a random band of rows or columns, ~30% of its extent (in
+    every frame): a spatially clustered I0, as real selectors keep (VisionZip's scores, for one, favour
+    some columns), where random cells would never show the model a region deferred as a whole."""
+    coord = lay.positions[rng.choice((1, 2)), lay.visual_rows[s:e]]
+    coord = coord - coord.min()
+    extent = int(coord.max()) + 1
+    width = max(1, round(0.3 * extent))
+    start = rng.randrange(extent - width + 1)
+    return {s + i for i in torch.nonzero((coord >= start) & (coord < start + width)).flatten().tolist()}
 
 
 @dataclass

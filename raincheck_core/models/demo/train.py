@@ -147,7 +147,7 @@ def train(args: argparse.Namespace) -> dict:
     probes = B.Probes(model.config.text_config.hidden_size, args.position_layer)
     params = [p for p in [*model.parameters(), *probes.parameters()] if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    views = B.Views(curriculum=args.curriculum, deferred_order=args.deferred_order)
+    views = B.Views(curriculum=args.curriculum, deferred_order=args.deferred_order, bands=args.bands)
     t0, cpu0 = time.perf_counter(), time.process_time()
     bar = tqdm(range(args.steps), desc="train", dynamic_ncols=True)
     log = []
@@ -204,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size-curriculum", type=float, default=0.4, help="share of training while grids grow to 12×12")
     p.add_argument("--deferred-order", type=float, default=B.Views.deferred_order,
                    help="share of examples after the curriculum laid out in raincheck's order I0 ‖ D ‖ answer")
+    p.add_argument("--bands", type=float, default=B.Views.bands,
+                   help="share of I0 ‖ D examples whose I0 is a band of rows or columns (else random cells)")
     p.add_argument("--large", type=float, default=0.1, help="share of 16×16 grids after the size curriculum")
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--lists", type=float, default=3.0,
