@@ -239,3 +239,21 @@ def test_list_answers_carry_the_length_of_their_line_in_any_row_order():
     line = next(q for q in d.questions if q.kind == "list")
     scene = d.visuals[line.visual].scene
     assert len(line.cells) in (scene.rows, scene.cols)
+
+
+def test_banded_deferred_order_keeps_a_band_and_the_default_stream_is_unchanged():
+    fmt = data.formatter()
+    d = make_video_dialogue(random.Random(4), frames=3, turns=3)
+    lay = data.layout(fmt, d)
+    banded = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0, bands=1.0), random.Random(0))
+    cut = lay.answers[d.visuals[0].turn][0]
+    first = set(banded[:list(banded.tolist()).index(cut - 1)].tolist()) & set(lay.visual_rows.tolist())
+    v = d.visuals[0]
+    cells = {(i % v.cells) // v.scene.cols for i in range(len(lay.visual_rows)) if int(lay.visual_rows[i]) in first}
+    columns = {(i % v.cells) % v.scene.cols for i in range(len(lay.visual_rows)) if int(lay.visual_rows[i]) in first}
+    assert min(len(cells), len(columns)) == round(0.3 * 8)           # a band of rows or of columns, every frame
+    assert len(first) == 3 * round(0.3 * 8) * 8
+    # bands = 0 draws nothing extra: the same rows as a Views without the option
+    a = B.choose_rows(lay, 0.99, B.Views(deferred_order=1.0), random.Random(7))
+    b = B.choose_rows(lay, 0.99, B.Views(deferred_order=1.0, bands=0.0), random.Random(7))
+    assert torch.equal(a, b)

@@ -84,8 +84,10 @@ def _band(lay: Layout, s: int, e: int, rng: random.Random) -> set[int]:
     """Indices in [s, e) of the visual's cells in a random band of rows or columns, ~30% of its extent (in
     every frame): a spatially clustered I0, as real selectors keep (VisionZip's scores, for one, favour
     some columns), where random cells would never show the model a region deferred as a whole."""
-    coord = lay.positions[rng.choice((1, 2)), lay.visual_rows[s:e]]
-    coord = coord - coord.min()
+    coord = lay.positions[rng.choice((1, 2)), lay.visual_rows[s:e]].clone()
+    frames = lay.ordinals[s:e]
+    for f in frames.unique():           # each frame's positions start at the running position
+        coord[frames == f] -= coord[frames == f].min()
     extent = int(coord.max()) + 1
     width = max(1, round(0.3 * extent))
     start = rng.randrange(extent - width + 1)
