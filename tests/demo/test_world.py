@@ -253,7 +253,15 @@ def test_banded_deferred_order_keeps_a_band_and_the_default_stream_is_unchanged(
     columns = {(i % v.cells) % v.scene.cols for i in range(len(lay.visual_rows)) if int(lay.visual_rows[i]) in first}
     assert min(len(cells), len(columns)) == round(0.3 * 8)           # a band of rows or of columns, every frame
     assert len(first) == 3 * round(0.3 * 8) * 8
-    # bands = 0 draws nothing extra: the same rows as a Views without the option
-    a = B.choose_rows(lay, 0.99, B.Views(deferred_order=1.0), random.Random(7))
-    b = B.choose_rows(lay, 0.99, B.Views(deferred_order=1.0, bands=0.0), random.Random(7))
-    assert torch.equal(a, b)
+    # bands = 0 draws exactly what the recipe drew before the option existed (the shipped weights' stream):
+    # the dropout and order draws, then one sample of 30% kept cells per visual
+    rng = random.Random(7)
+    rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0, bands=0.0), rng)
+    replay = random.Random(7)
+    replay.random(), replay.random()
+    s, e = lay.visual_spans[0]
+    kept = set(replay.sample(range(s, e), round(0.3 * (e - s))))
+    assert rng.getstate() == replay.getstate()
+    cut = rows.tolist().index(cut - 1)
+    shown = set(rows[:cut].tolist()) & set(lay.visual_rows.tolist())
+    assert shown == {int(lay.visual_rows[i]) for i in kept}
