@@ -212,7 +212,7 @@ def test_raincheck_order_moves_each_visual_before_its_own_turn_answer():
     fmt = data.formatter()
     d = make_multi_dialogue(random.Random(12), images=2, turns=4, text_first=0.0)
     lay = data.layout(fmt, d)
-    rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0), random.Random(0))
+    rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0, bands=0.0), random.Random(0))
     assert sorted(rows.tolist()) == list(range(len(lay.ids)))
     place = {int(r): i for i, r in enumerate(rows)}
     for (s, e), turn in zip(lay.visual_spans, lay.arrivals, strict=True):
@@ -253,7 +253,7 @@ def test_banded_deferred_order_keeps_a_band_and_the_default_stream_is_unchanged(
     columns = {(i % v.cells) % v.scene.cols for i in range(len(lay.visual_rows)) if int(lay.visual_rows[i]) in first}
     assert min(len(cells), len(columns)) == round(0.3 * 8)           # a band of rows or of columns, every frame
     assert len(first) == 3 * round(0.3 * 8) * 8
-    # bands = 0 draws exactly what the recipe drew before the option existed (the shipped weights' stream):
+    # bands = 0 draws exactly what the recipe drew before the option existed (so older runs replay):
     # the dropout and order draws, then one sample of 30% kept cells per visual
     rng = random.Random(7)
     rows = B.choose_rows(lay, 0.99, B.Views(dropout=0.0, deferred_order=1.0, bands=0.0), rng)

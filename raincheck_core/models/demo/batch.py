@@ -44,7 +44,7 @@ class Views:
     start_distractors: int = 4
     dropout: float = 0.3          # afterwards: share of examples with a random part of the other cells dropped
     deferred_order: float = 0.35  # share of examples in the raincheck order I0 ‖ D ‖ answer (positions kept)
-    bands: float = 0.0            # share of those whose I0 is a band of rows or columns instead of random cells
+    bands: float = 0.5            # share of those whose I0 is a band of rows or columns (VisionZip keeps edge columns)
 
 
 def choose_rows(lay: Layout, progress: float, views: Views, rng: random.Random) -> torch.Tensor:
