@@ -40,9 +40,9 @@ def demo_dialogue(seed: int) -> Dialogue:
 
 
 # Seed DEMO_SEED's dialogue: image one with turn 1, image two with turn 3, questions about image one in
-# turns 1, 2 and 4. With v2 at 30% DivPrune, `full` answers all four, `hard` only turn 2 (the other cells
-# asked about were pruned), and `raincheck` turns 2 and 4: image one's deferred part is back by then. Turns 1 and 3 are
-# the arrival turns, where raincheck has only the kept part of the new image, like hard.
+# turns 1, 2 and 4. With v2 at 30% DivPrune, `full` answers all four, `hard` only turn 3 (the other cells
+# asked about were pruned), and `raincheck` turns 2, 3 and 4: image one's deferred part is back by then. Turns 1 and 3
+# are the arrival turns, where raincheck has only the kept part of the new image, like hard.
 def run_demo(model: str | None, max_new_tokens: int, seed: int = DEMO_SEED) -> None:
     from .decode_worker.server import DecodeWorkerServer
     from .frontend.server import FrontendServer
