@@ -4,7 +4,9 @@ Per GDN layer: the prefix state (recurrent state + conv history at the insertion
 the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of the first `kernel - 1`
 generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
 state right after them; and `P_rest`, the product of the transitions of every later generated token,
-extended online with a rank-1 update per token, fp32 throughout.
+fp32 throughout. A later token's factors are only written into a buffer; they are folded into `P_rest`
+a block at a time (ops/gdn_state_map.py), when a join reads it or the buffer is full, so a decode step
+pays for a copy of the factors instead of a map update.
 
 The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
 with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −
@@ -17,6 +19,10 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..ops.gdn_state_map import extend_map_, identity_map
+
+# generated tokens whose factors wait to be folded into P_rest: the buffer is a quarter of P_rest's size
+# when Dk = 128 (Qwen3.5), and 32 tokens per fold already make the per-token cost small
+BUFFER = 32
 
 
 class GDNJoin:
@@ -31,7 +37,12 @@ class GDNJoin:
         self.lead_beta = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.lead_g = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.s_lead = torch.zeros_like(pool.ssm[live_slot])
-        self.p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
+        self._p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
+        # factors of the tokens not folded into P_rest yet, per layer
+        self._k = torch.empty(layers, BUFFER, heads, dk, device=pool.ssm.device)
+        self._g = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
+        self._beta = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
+        self._buffered = 0
         self.fed = 0                                # generated tokens run on the live path so far
         # (k, v, g, beta) of every token folded into P_rest, per layer, for audits and tests
         self.factors: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(layers)] \
@@ -56,16 +67,32 @@ class GDNJoin:
         self.s_lead.copy_(state)
         self.fed += 1
 
+    @property
+    def p_rest(self) -> torch.Tensor:
+        """`[layers, H, Dk, Dk]`: the map of every generated token past the lead fed so far."""
+        self._flush()
+        return self._p_rest
+
     def fold(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
-        """A generated token past the lead ran: fold its transition into P_rest, in place (one rank-1
-        update per layer and head; a batched update over sessions would first copy every P_rest into one
-        tensor and back, which costs more than the update). k `[layers, H, Dk]`, v `[layers, H, Dv]`
-        (kept for audits only), g, beta `[layers, H]`."""
-        extend_map_(self.p_rest, k[None], g[None], beta[None])
+        """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
+        a time). k `[layers, H, Dk]`, v `[layers, H, Dv]` (kept for audits only), g, beta `[layers, H]`."""
+        if self._buffered == BUFFER:
+            self._flush()
+        n = self._buffered
+        self._k[:, n] = k
+        self._g[:, n] = g
+        self._beta[:, n] = beta
+        self._buffered += 1
         if self.factors is not None:
             for layer, f in zip(self.factors, zip(k, v, g, beta, strict=True), strict=True):
                 layer.append(tuple(t[None].clone() for t in f))
         self.fed += 1
+
+    def _flush(self) -> None:
+        n, self._buffered = self._buffered, 0
+        if n:   # token-major factors over all layers' maps at once
+            extend_map_(self._p_rest, self._k[:, :n].transpose(0, 1), self._g[:, :n].transpose(0, 1),
+                        self._beta[:, :n].transpose(0, 1))
 
     def set_joined(self, s_lead: torch.Tensor) -> None:
         """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""

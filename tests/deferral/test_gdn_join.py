@@ -13,25 +13,30 @@ from raincheck_core.ops import gdn_state_map
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
 from tests.deferral.helpers import image_prompt, record_joined_states, rel_err
 
+# 16 deferred tokens, chunks of 7: 7 + 7 ride on the steps feeding y4, y5 (guard 3), then 2 after the
+# answer (a chunk shorter than the 3-token lead); y1..y5 are fed, 2 of them after the lead
+FUSED = (DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=3, chunk_size=7), 6, 2, 5 - 3)
+# all 16 after a 45-token answer: 44 fed, 41 after the lead, more than one buffer of factors to fold
+AFTER_LONG_ANSWER = (DeferralConfig("post_answer", selector="uniform"), 45, 16, 44 - 3)
 
-def _joined_vs_reapplied(engine: Engine, monkeypatch) -> float:
+
+def _joined_vs_reapplied(engine: Engine, monkeypatch, setting=FUSED) -> float:
     """Worst relative error over GDN layers between the joined live state and S_lead' with the
     recorded suffix re-applied token by token, captured when the recovery completes."""
+    cfg, max_new, pending, after_lead = setting
     snapshots = record_joined_states(monkeypatch)
     engine.audit_gdn_join = True
-    # 16 deferred tokens, chunks of 7: 7 + 7 ride on the steps feeding y4, y5 (guard 3), then 2 after
-    # the answer (a chunk shorter than the 3-token lead)
-    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=3, chunk_size=7)
     session = engine.open_session(deferral=cfg)
-    end = session.turn(image_prompt(engine, seed=11), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
-    assert end.metrics.deferred_pending == 2
+    end = session.turn(image_prompt(engine, seed=11),
+                       SamplingParams(max_new_tokens=max_new, ignore_eos=True)).result()
+    assert end.metrics.deferred_pending == pending
     session.complete_recovery()
     session.close()
     engine.audit_gdn_join = False
     (s_lead, live, factors), = snapshots
     worst = 0.0
     for layer, recorded in enumerate(factors):
-        assert len(recorded) == 5 - 3          # y1..y5 were fed; those after the 3-token lead
+        assert len(recorded) == after_lead
         k, v, g, beta = (torch.cat(parts) for parts in zip(*recorded, strict=True))
         _, reapplied = recurrent_gated_delta_rule(k, k, v, g, beta, s_lead[layer])
         worst = max(worst, rel_err(live[layer], reapplied))
@@ -50,8 +55,9 @@ def engine(tiny_checkpoints):
     return engine
 
 
-def test_join_equals_token_by_token_reapplication(engine, monkeypatch):
-    assert _joined_vs_reapplied(engine, monkeypatch) <= 1e-5
+@pytest.mark.parametrize("setting", [FUSED, AFTER_LONG_ANSWER], ids=["fused", "after-long-answer"])
+def test_join_equals_token_by_token_reapplication(engine, monkeypatch, setting):
+    assert _joined_vs_reapplied(engine, monkeypatch, setting) <= 1e-5
 
 
 def test_transposed_join_fails_the_same_check(engine, monkeypatch):

@@ -67,9 +67,11 @@ def test_extend_in_two_pieces_equals_one() -> None:
     assert (pieces - whole).abs().max().item() <= 1e-6
 
 
-def test_extend_is_left_product_of_token_maps() -> None:
-    """P = A_n ⋯ A_1 with A_t = e^{g_t}(I − β_t k_t k_tᵀ), built explicitly in fp64."""
-    _, k, _, g, beta = _suffix(9, seed=9)
+@pytest.mark.parametrize("n", [1, 9, 150])
+def test_extend_is_left_product_of_token_maps(n: int) -> None:
+    """P = A_n ⋯ A_1 with A_t = e^{g_t}(I − β_t k_t k_tᵀ), built explicitly in fp64 (150 tokens: across
+    the blocks the extension is computed in)."""
+    _, k, _, g, beta = _suffix(n, seed=9)
     eye = torch.eye(D, dtype=torch.float64)
     expected = eye.repeat(H, 1, 1)
     for t in range(k.shape[0]):
