@@ -16,7 +16,7 @@ order) reads K/V as a strided view of the cache; otherwise they are gathered int
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +38,17 @@ class AttentionGroup:
     q_max: int
     causal_self: bool = False       # one segment reading only its own rows (a first prefill): no gather
     span: tuple[int, int] | None = None  # one segment reading slots [a, b) in order: a view, no gather
+    # what every layer's gather of this group reuses: the rows of the flat `[slots * kv, d]` cache to
+    # read, and the buffers K and V are gathered into (built by the first layer)
+    gather_rows: torch.Tensor | None = field(default=None, repr=False)
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
 
 @dataclass
 class AttentionLayout:
+    """Built once per step, read by every attention layer of the step (one layer at a time: the gather
+    buffers a group holds are reused by the next layer)."""
+
     write_slots: torch.Tensor       # [R] the slot each packed row's K/V goes to
     groups: list[AttentionGroup]
 
@@ -113,7 +120,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             continue
         qg = q[g.rows].view(n, g.q_max, heads, d)
         if g.q_max <= SMALL_QUERY_ROWS:
-            res = _grouped_attention(qg, _read_heads(k_cache, g), _read_heads(v_cache, g), g.mask)
+            res = _grouped_attention(qg, *_read_heads(k_cache, v_cache, g), g.mask)
         else:
             keys, values = _read_rows(k_cache, g), _read_rows(v_cache, g)   # [N, k_max, kv, d]
             mask = g.mask[:, None] if g.mask is not None else None
@@ -124,15 +131,25 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     return out
 
 
-def _read_heads(cache: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
-    """`cache [slots, kv, d]` read at the group's keys as `[N, kv, s, d]`: a strided view of a span, else
-    one gather straight into the layout the batched matmuls read without another copy."""
+def _read_heads(k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttentionGroup
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V `[slots, kv, d]` read at the group's keys as `[N, kv, s, d]`: strided views of a span, else
+    gathers straight into the layout the batched matmuls read without another copy. The gather rows and
+    buffers are built once per step: a fresh multi-MB buffer per layer costs page faults that, at 32
+    decode rows, took about as long as the copy itself."""
     if g.span is not None:
-        return cache[g.span[0]:g.span[1]].transpose(0, 1)[None]
+        a, b = g.span
+        return k_cache[a:b].transpose(0, 1)[None], v_cache[a:b].transpose(0, 1)[None]
     keys = g.keys
-    kv, d = cache.shape[1], cache.shape[2]
-    idx = (keys[:, None, :] * kv + torch.arange(kv, device=keys.device)[None, :, None]).flatten()
-    return cache.view(-1, d).index_select(0, idx).view(keys.shape[0], kv, keys.shape[1], d)
+    kv, d = k_cache.shape[1], k_cache.shape[2]
+    if g.gather_rows is None:
+        g.gather_rows = (keys[:, None, :] * kv + torch.arange(kv, device=keys.device)[None, :, None]).flatten()
+    rows = g.gather_rows
+    if g.buffers is None or g.buffers[0].dtype != k_cache.dtype:
+        g.buffers = (k_cache.new_empty(len(rows), d), v_cache.new_empty(len(rows), d))
+    shape = (keys.shape[0], kv, keys.shape[1], d)
+    return tuple(torch.index_select(cache.view(-1, d), 0, rows, out=buf).view(shape)
+                 for cache, buf in zip((k_cache, v_cache), g.buffers, strict=True))
 
 
 def _read_rows(cache: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
