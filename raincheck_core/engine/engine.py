@@ -30,6 +30,7 @@ from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
 from .cost_model import StepCostModel
+from .engine_lock import EngineLock
 from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
@@ -73,7 +74,7 @@ class Engine:
         self.scheduler = Scheduler(self.config.max_rows_per_step, self.config.deferred_budget,
                                    self.config.recovery_chunk, self.cost)
         self.runner = ModelRunner(self.model, self.kv, self.gdn, cfg.linear_conv_kernel)
-        self.lock = threading.RLock()
+        self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.sessions: dict[str, Session] = {}
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times);
@@ -139,7 +140,7 @@ class Engine:
     def step(self, only: SessionCache | None = None) -> bool:
         """One step over every running turn (and recoveries in the gaps; only `only`'s when given):
         engine/step.py. False when there was no work."""
-        with self.lock:
+        with self.lock.for_step():
             return run_step(self, only)
 
     def has_work(self) -> bool:
@@ -148,7 +149,7 @@ class Engine:
     def drive(self, request: TurnRequest) -> None:
         """Step until `request` has an event to hand out or has ended."""
         while not request.events and not request.finished:
-            with self.lock:
+            with self.lock.for_step():
                 if not request.events and not request.finished:
                     self.step()
 
