@@ -81,6 +81,8 @@ class Engine:
         # a benchmark may swap in thread CPU time, a test a simulated clock
         self.clock: Callable[[], float] = time.perf_counter
         self._background: tuple[threading.Thread, threading.Event] | None = None
+        self._drivers = 0                 # consumers inside drive(): the background stepper leaves steps to them
+        self._drivers_lock = threading.Lock()
         self._wake = threading.Event()
 
     # ---------------------------------------------------------------- construction
@@ -147,11 +149,19 @@ class Engine:
         return self.scheduler.has_work()
 
     def drive(self, request: TurnRequest) -> None:
-        """Step until `request` has an event to hand out or has ended."""
-        while not request.events and not request.finished:
-            with self.lock.for_step():
-                if not request.events and not request.finished:
-                    self.step()
+        """Step until `request` has an event to hand out or has ended. A consumer waits for the lock like
+        any caller (not behind the background stepper, which would otherwise keep it through a whole
+        post-answer recovery once the consumer's event was already there)."""
+        with self._drivers_lock:
+            self._drivers += 1
+        try:
+            while not request.events and not request.finished:
+                with self.lock:
+                    if not request.events and not request.finished:
+                        self.step()
+        finally:
+            with self._drivers_lock:
+                self._drivers -= 1
 
     def complete_recovery(self, cache: SessionCache) -> None:
         """Run `cache`'s deferred rows to the end (the completion barrier), in prefill-only chunks
@@ -182,7 +192,9 @@ class Engine:
             while not stop.is_set():
                 stepped = False
                 try:
-                    stepped = self.has_work() and self.step()
+                    # a consumer driving its turn steps for everyone: stepping too would only trade the
+                    # lock back and forth
+                    stepped = not self._drivers and self.has_work() and self.step()
                     if after_step is not None:
                         after_step()
                 except Exception:   # keep stepping; a failing turn gets its error from the step

@@ -93,3 +93,18 @@ def test_a_new_turn_is_admitted_while_another_session_recovers(tiny_checkpoints,
         assert a.pending_deferred == 0
     finally:
         engine.stop_background()
+
+
+def test_the_next_turn_reports_the_recovery_it_waited_for(tiny_checkpoints):
+    """With the background stepper recovering the previous answer's deferred rows, the session's next
+    turn waits at its barrier and says so (the wait used to happen at the lock, reported as 0)."""
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1], recovery_chunk=1)
+    engine.start_background()
+    try:
+        a = engine.open_session(deferral=DeferralConfig("post_answer", selector="uniform"))
+        params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+        a.turn(image_prompt(engine, seed=1, grid=(1, 32, 32)), params).result()
+        end = a.turn(image_prompt(engine, seed=2), params).result()
+        assert end.metrics.barrier_wait_s > 0.0
+    finally:
+        engine.stop_background()
