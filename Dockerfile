@@ -29,6 +29,11 @@ ARG TORCH_VARIANT=cpu
 LABEL org.opencontainers.image.title="raincheck-serve" \
       org.opencontainers.image.description="Raincheck Serve: multi-turn multimodal chat with deferred prefill" \
       org.opencontainers.image.licenses="Apache-2.0"
+# gcc: the native CPU kernels are compiled on first use for the CPU the pod lands on (docs/design.md,
+# "Engine shape"); without it the engine runs its torch path. Not pinned: the base image's Debian release
+# fixes the compiler's major version, and a pinned point release disappears from the archive.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 raincheck \
     && useradd --system --uid 10001 --gid raincheck --create-home --home-dir /home/raincheck raincheck \
     && echo "export PATH=/opt/venv/bin:\$PATH" > /etc/profile.d/raincheck-venv.sh

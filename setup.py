@@ -1,9 +1,10 @@
 """The server distribution, `raincheck-serve` (metadata in pyproject.toml; this file adds what a static
 table cannot say).
 
-- Packages: `raincheck_core`, and the repository's `services/` installed as `raincheck_serve` (no generic
-  top-level name in site-packages; services import each other relatively, so the code is the same under
-  either name). `bench/` and `tests/` are tools of the repository and are not installed.
+- Packages: `raincheck_core` (with the C sources of its native kernels, built on first use), and the
+  repository's `services/` installed as `raincheck_serve` (no generic top-level name in site-packages;
+  services import each other relatively, so the code is the same under either name). `bench/` and
+  `tests/` are tools of the repository and are not installed.
 - Dependencies: requirements/runtime.txt (one source for the metadata and for scripts/setup.sh), plus the
   client SDK of the same version (raincheck_client/pyproject.toml, a distribution of its own).
 """
@@ -22,6 +23,6 @@ setup(
     packages=[*find_packages(include=["raincheck_core", "raincheck_core.*"]),
               "raincheck_serve", *(f"raincheck_serve.{p}" for p in find_packages("services"))],
     package_dir={"raincheck_serve": "services"},
-    package_data={"raincheck_serve._gen": ["*.pyi"]},
+    package_data={"raincheck_serve._gen": ["*.pyi"], "raincheck_core.ops": ["csrc/*.c"]},
     install_requires=[*requirements, f"raincheck-client=={version}"],
 )

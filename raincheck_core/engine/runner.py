@@ -113,7 +113,8 @@ class ModelRunner:
         attention = None
         if self.model.config.num_attention_layers:
             attention = attention_layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
-                                         torch.cat([s.write_slots for s in plan.segments]), self.device)
+                                         torch.cat([s.write_slots for s in plan.segments]), self.device,
+                                         self.kv.k.dtype)
         gdn, multi, joins, single, keep = self._gdn(plan, starts)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv,

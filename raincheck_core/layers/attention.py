@@ -9,7 +9,7 @@ from ..config import ModelConfig
 from ..ops.attention import varlen_attention
 from ..ops.rope import apply_rope
 from .batch import ForwardBatch
-from .linear import MergedLinear
+from .linear import Linear, MergedLinear
 
 
 class Attention(nn.Module):
@@ -22,7 +22,7 @@ class Attention(nn.Module):
         bias = cfg.attention_bias
         kv_out = self.kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(cfg.hidden_size, {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out}, bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
 

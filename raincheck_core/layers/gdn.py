@@ -17,7 +17,7 @@ from ..ops import gdn_state_map
 from ..ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
 from ..ops.gdn_varlen import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
 from .batch import ForwardBatch, GDNStep
-from .linear import MergedLinear
+from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
 
 
@@ -37,7 +37,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+        self.out_proj = Linear(self.value_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         r = x.shape[0]

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.batch import ForwardBatch
+from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU
 from ..ops.rope import inverse_frequencies, mrope_axes, rope_cos_sin
 
@@ -41,7 +42,7 @@ class DecoderLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(self.build_layers(cfg))
         self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(cfg.rotary_dim, cfg.rope_theta), persistent=False)

@@ -16,6 +16,7 @@ from raincheck_core.ops.gdn_varlen import (
     gated_delta_step,
     varlen_layout,
 )
+from raincheck_core.ops.native import paged_attention_available
 
 H, DK, DV, C, K = 4, 32, 24, 40, 4          # Dk != Dv: a swapped state layout cannot pass
 
@@ -85,9 +86,13 @@ def test_batched_recurrent_step_equals_each_alone_and_updates_in_place():
         assert float((state[i] - ref_s).abs().max()) <= 1e-5
 
 
-def test_attention_over_packed_segments_equals_each_alone():
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+def test_attention_over_packed_segments_equals_each_alone(native):
     """Decode rows, short chunks and a long prefill in one call; a deferred chunk's read list leaves out
-    GEN slots, which must equal the dense visibility mask of docs/mechanism.md §4."""
+    GEN slots, which must equal the dense visibility mask of docs/mechanism.md §4. Decode rows run in the
+    native kernel where it is built, or the batched torch path."""
+    if native and not paged_attention_available("cpu", torch.float32):
+        pytest.skip("the native kernel cannot be built here (no C compiler)")
     gen = torch.Generator().manual_seed(1)
     kv, heads, d, slots = 2, 6, 16, 600
     k_cache, v_cache = torch.randn(slots, kv, d, generator=gen), torch.randn(slots, kv, d, generator=gen)
@@ -105,7 +110,9 @@ def test_attention_over_packed_segments_equals_each_alone():
     rows = sum(q_lens)
     q = torch.randn(rows, heads, d, generator=gen)
     k, v = torch.randn(rows, kv, d, generator=gen), torch.randn(rows, kv, d, generator=gen)
-    out = varlen_attention(q, k, v, k_cache, v_cache, attention_layout(q_lens, reads, torch.cat(writes)))
+    layout = attention_layout(q_lens, reads, torch.cat(writes), native=native)
+    assert (layout.paged is not None) == native
+    out = varlen_attention(q, k, v, k_cache, v_cache, layout)
     at = 0
     for s, n in enumerate(q_lens):
         ref = reference_attention(q[at:at + n], k_cache, v_cache, reads[s])
@@ -131,7 +138,7 @@ def test_attention_of_a_lone_segment_over_consecutive_slots_reads_a_view(n, past
     q = torch.randn(n, heads, d, generator=gen)
     k, v = torch.randn(n, kv, d, generator=gen), torch.randn(n, kv, d, generator=gen)
     for read in (torch.arange(7, 7 + past + n), torch.randperm(slots, generator=gen)[:past + n]):
-        layout = attention_layout([n], [read], read[past:])
+        layout = attention_layout([n], [read], read[past:], native=False)
         assert (layout.groups[0].span is not None) == bool((read.diff() == 1).all())
         out = varlen_attention(q, k, v, k_cache, v_cache, layout)
         assert float((out - reference_attention(q, k_cache, v_cache, read)).abs().max()) <= 1e-5

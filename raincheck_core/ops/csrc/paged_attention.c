@@ -1,0 +1,129 @@
+/* Paged attention of small segments (decode rows, deferred and short prefill chunks) on the CPU.
+
+   Built and loaded by raincheck_core/ops/native.py; the contract is that of `varlen_attention` in
+   raincheck_core/ops/attention.py. Segment s has q_len[s] query rows at packed rows q_start[s]... of
+   `q [R, heads, d]`, reads the k_len[s] cache slots keys[k_start[s]...] of `k_cache, v_cache
+   [slots, kv, d]` (its own new slots last), and sees them bottom-right causally: row i sees the first
+   k_len - q_len + i + 1. Query head h reads KV head h / (heads / kv). fp32, contiguous, one thread.
+
+   Why native: the torch path gathers every segment's K/V into a padded copy and runs batched
+   [rows x d] x [d x keys] matmuls of a few rows each; at 32 decode rows it moved each byte of K/V three
+   times and ran the tiny matmuls at a fraction of the core's rate. Here each K/V row is read once, in
+   place, through the slot list (the page table), and a slot's K/V for every head is consumed while it is
+   in cache. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t t = 0; t < d; t++) acc += a[t] * b[t];
+    return acc;
+}
+
+/* exp(x) for x <= 0 (softmax after the max is subtracted), Cephes' expf: relative error ~1e-7, and
+   written so that the compiler vectorizes it (the libm call does not) */
+static inline float exp_neg(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)fx + 127) << 23};
+    return y * scale.f;
+}
+
+/* Keys are taken KEY_BLOCK at a time with a running softmax (flash-attention style), so the scratch
+   holds [heads, rows, KEY_BLOCK] scores whatever the context length. */
+#define KEY_BLOCK 256
+#define AHEAD 4     /* slots fetched ahead of use */
+
+static inline void prefetch_row(const float *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 16) __builtin_prefetch(p + o);    /* 16 floats: one 64-byte line */
+}
+
+/* Returns 0, or 1 when the scratch buffer cannot be allocated. */
+int paged_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                        const int64_t *q_start, const int64_t *q_len, const int64_t *k_start,
+                        const int64_t *k_len, const int64_t *keys, int64_t segments, int64_t heads,
+                        int64_t kv, int64_t d, float scale) {
+    const int64_t rep = heads / kv, row = kv * d;
+    int64_t max_q = 0;
+    for (int64_t s = 0; s < segments; s++)
+        if (q_len[s] > max_q) max_q = q_len[s];
+    /* per segment: scores [heads, n, KEY_BLOCK] (query head hq of row i at (hq * n + i) * KEY_BLOCK),
+       running max and sum [heads, n], output accumulator [n, heads, d] */
+    const int64_t nh = heads * max_q;
+    float *scores = malloc(sizeof(float) * (size_t)(nh * KEY_BLOCK + nh * d + 2 * nh));
+    if (!scores) return 1;
+    float *acc = scores + nh * KEY_BLOCK, *run_max = acc + nh * d, *run_sum = run_max + nh;
+    for (int64_t s = 0; s < segments; s++) {
+        const int64_t n = q_len[s], ks = k_len[s], lag = ks - n;    /* row i sees keys [0, lag + i + 1) */
+        const int64_t *slot = keys + k_start[s];
+        const float *qs = q + q_start[s] * heads * d;
+        for (int64_t x = 0; x < heads * n; x++) { run_max[x] = -INFINITY; run_sum[x] = 0.0f; }
+        memset(acc, 0, sizeof(float) * (size_t)(n * heads * d));
+        for (int64_t j0 = 0; j0 < ks; j0 += KEY_BLOCK) {
+            const int64_t j1 = j0 + KEY_BLOCK < ks ? j0 + KEY_BLOCK : ks;
+            /* key-major: one slot's K for all heads is contiguous; slots are scattered over pages, so
+               the hardware prefetcher loses them at page ends: fetch a few slots ahead */
+            for (int64_t j = j0; j < j1; j++) {
+                if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
+                const float *kp = k_cache + slot[j] * row;
+                for (int64_t i = j > lag ? j - lag : 0; i < n; i++)
+                    for (int64_t hq = 0; hq < heads; hq++)
+                        scores[(hq * n + i) * KEY_BLOCK + j - j0] =
+                            dot(qs + (i * heads + hq) * d, kp + (hq / rep) * d, d) * scale;
+            }
+            for (int64_t hq = 0; hq < heads; hq++)
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0, x = hq * n + i;
+                    if (lim <= 0) continue;
+                    float *r = scores + x * KEY_BLOCK;
+                    float m = run_max[x], sum = 0.0f;
+                    for (int64_t j = 0; j < lim; j++) m = r[j] > m ? r[j] : m;
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t j = 0; j < lim; j++) { r[j] = exp_neg(r[j] - m); sum += r[j]; }
+                    if (run_max[x] != m) {     /* rescale what earlier blocks accumulated */
+                        const float c = run_max[x] == -INFINITY ? 0.0f : exp_neg(run_max[x] - m);
+                        float *a = acc + (i * heads + hq) * d;
+#pragma omp simd
+                        for (int64_t t = 0; t < d; t++) a[t] *= c;
+                        run_sum[x] *= c;
+                        run_max[x] = m;
+                    }
+                    run_sum[x] += sum;
+                }
+            for (int64_t j = j0; j < j1; j++) {
+                if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
+                const float *vp = v_cache + slot[j] * row;
+                for (int64_t i = j > lag ? j - lag : 0; i < n; i++)
+                    for (int64_t hq = 0; hq < heads; hq++) {
+                        const float p = scores[(hq * n + i) * KEY_BLOCK + j - j0];
+                        const float *v = vp + (hq / rep) * d;
+                        float *a = acc + (i * heads + hq) * d;
+#pragma omp simd
+                        for (int64_t t = 0; t < d; t++) a[t] += p * v[t];
+                    }
+            }
+        }
+        float *o = out + q_start[s] * heads * d;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t hq = 0; hq < heads; hq++) {
+                const float inv = 1.0f / run_sum[hq * n + i];
+                const float *a = acc + (i * heads + hq) * d;
+                float *dst = o + (i * heads + hq) * d;
+#pragma omp simd
+                for (int64_t t = 0; t < d; t++) dst[t] = a[t] * inv;
+            }
+    }
+    free(scores);
+    return 0;
+}

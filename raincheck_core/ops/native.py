@@ -1,0 +1,163 @@
+"""Native CPU kernels: C sources in `ops/csrc/`, compiled on first use and loaded with ctypes.
+
+Why a compiler at run time rather than a wheel with binaries: a kernel is a short file of plain C,
+built in well under a second for the CPU it runs on (`-march=native`), and a machine without a C
+compiler simply runs the torch path (same results within fp32 rounding; a warning says so once).
+Built libraries are cached under `RAINCHECK_NATIVE_CACHE` (default `~/.cache/raincheck/native`, or the
+temporary folder where that is not writable), keyed by the source, the flags, the compiler and the CPU,
+so an image built elsewhere never loads code compiled for another CPU. `RAINCHECK_NATIVE=0` turns the
+kernels off (the torch path everywhere).
+
+ctypes releases the GIL for the call: concurrent engines' steps run their kernels in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
+# fast-math in part only: reassociation lets the dot products and sums vectorize; nothing may assume
+# finite values (no -ffinite-math-only): the running max starts at -inf, and a NaN must stay a NaN
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+         "-fassociative-math", "-fno-signed-zeros",
+         "-march=native" if platform.machine() in ("x86_64", "AMD64") else "-mcpu=native"]
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("RAINCHECK_NATIVE", "1") != "0"
+
+
+def _cache_dirs() -> list[Path]:
+    """Where a build may go, in order: the configured folder, else the user's cache, else the temporary
+    folder (a container with a read-only root file system and a writable /tmp)."""
+    if "RAINCHECK_NATIVE_CACHE" in os.environ:
+        return [Path(os.environ["RAINCHECK_NATIVE_CACHE"])]
+    user = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "raincheck" / "native"
+    return [user, Path(tempfile.gettempdir()) / f"raincheck-native-{os.getuid()}"]
+
+
+def _cpu_signature() -> str:
+    """What `-march=native` depends on: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in lines if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(dict.fromkeys(keep))
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _build(name: str) -> ctypes.CDLL | None:
+    cc = _compiler()
+    if cc is None:
+        log.warning("native kernel %s: no C compiler found; using the torch path", name)
+        return None
+    source = SOURCE_DIR / f"{name}.c"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, version, _cpu_signature()]).encode()).hexdigest()
+    errors = []
+    for folder in _cache_dirs():
+        target = folder / f"{name}-{key[:16]}.so"
+        if target.exists():
+            return ctypes.CDLL(str(target))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # build beside the target and rename: a concurrent process never loads a half-written file
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                out = Path(tmp) / target.name
+                done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"],
+                                      capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    log.warning("native kernel %s failed to compile; using the torch path:\n%s", name,
+                                done.stderr[-2000:])
+                    return None
+                os.replace(out, target)
+            return ctypes.CDLL(str(target))
+        except OSError as e:
+            errors.append(f"{folder}: {e}")
+    log.warning("native kernel %s: nowhere to build it (%s); using the torch path", name, "; ".join(errors))
+    return None
+
+
+def library(name: str) -> ctypes.CDLL | None:
+    """The compiled `csrc/<name>.c`, or None when native kernels are off or cannot be built."""
+    if not enabled():
+        return None
+    with _lock:
+        if name not in _libs:
+            _libs[name] = _build(name)
+        return _libs[name]
+
+
+_PTR = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+@dataclass
+class PagedSegments:
+    """The small segments of a step as the paged-attention kernel reads them (int64, contiguous)."""
+
+    rows: torch.Tensor      # [R_n] the packed rows these segments cover (for the caller)
+    q_start: torch.Tensor   # [S] first packed row of each segment
+    q_len: torch.Tensor     # [S]
+    k_start: torch.Tensor   # [S] offset of each segment's slot list in `keys`
+    k_len: torch.Tensor     # [S]
+    keys: torch.Tensor      # [sum k_len] readable slot ids, segment after segment
+
+
+def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
+                   read_slots: list[torch.Tensor]) -> PagedSegments:
+    k_len = torch.tensor([len(read_slots[s]) for s in ids], dtype=torch.long)
+    q_start = torch.tensor([starts[s] for s in ids], dtype=torch.long)
+    q_len = torch.tensor([q_lens[s] for s in ids], dtype=torch.long)
+    rows = torch.cat([torch.arange(a, a + n) for a, n in zip(q_start.tolist(), q_len.tolist(), strict=True)])
+    return PagedSegments(
+        rows=rows, q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len,
+        keys=torch.cat([read_slots[s].cpu().long() for s in ids]).contiguous(),
+    )
+
+
+def paged_attention_available(device: torch.device | str, dtype: torch.dtype) -> bool:
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and library("paged_attention") is not None
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                    seg: PagedSegments) -> None:
+    """Write into `out [R, heads, d]` the attention of `seg`'s rows of `q [R, heads, d]` over the cache
+    (see csrc/paged_attention.c). All fp32 on the CPU; `q`, `out` and the caches contiguous."""
+    lib = library("paged_attention")
+    if lib is None:
+        raise RuntimeError("the paged-attention kernel is not available (check paged_attention_available)")
+    for t in (q, k_cache, v_cache, out):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"paged_attention needs contiguous fp32 CPU tensors, got {t.dtype} {t.device} "
+                             f"contiguous={t.is_contiguous()}")
+    heads, d = q.shape[1], q.shape[2]
+    kv = k_cache.shape[1]
+    status = lib.paged_attention_f32(
+        _PTR(q.data_ptr()), _PTR(k_cache.data_ptr()), _PTR(v_cache.data_ptr()), _PTR(out.data_ptr()),
+        _PTR(seg.q_start.data_ptr()), _PTR(seg.q_len.data_ptr()), _PTR(seg.k_start.data_ptr()),
+        _PTR(seg.k_len.data_ptr()), _PTR(seg.keys.data_ptr()), _I64(len(seg.q_len)), _I64(heads), _I64(kv),
+        _I64(d), ctypes.c_float(d**-0.5))
+    if status != 0:
+        raise MemoryError("paged_attention: cannot allocate its scratch buffer")
