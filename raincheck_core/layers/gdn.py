@@ -15,7 +15,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..ops import gdn_state_map
 from ..ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
-from ..ops.gdn_varlen import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
+from ..ops.gdn_varlen import causal_conv1d_varlen, conv_step, gated_delta_rule_varlen, gated_delta_step
 from .batch import ForwardBatch, GDNStep
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -69,8 +69,8 @@ class GatedDeltaNet(nn.Module):
         conv, tails, split_tails = causal_conv1d_varlen(um, self.conv1d.weight[:, 0],
                                                         pool.conv[:, i].index_select(0, m.slots), m.layout)
         q, k, v = self._qkv(conv)
-        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm,
-                                                                  pool.ssm[:, i].index_select(0, m.slots), m.layout)
+        out, finals, split_states = gated_delta_rule_varlen(q, k, v, gm, bm,
+                                                            pool.ssm[:, i].index_select(0, m.slots), m.layout)
         o[m.step_rows] = out[m.step_at].to(o.dtype)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:

@@ -161,3 +161,32 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         _I64(d), ctypes.c_float(d**-0.5))
     if status != 0:
         raise MemoryError("paged_attention: cannot allocate its scratch buffer")
+
+
+def gated_delta_rule_available(device: torch.device | str, value_dim: int) -> bool:
+    return (torch.device(device).type == "cpu" and value_dim <= 1024
+            and library("gated_delta_rule") is not None)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, seq_start: torch.Tensor, seq_len: torch.Tensor, split_row: torch.Tensor,
+                     split_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The gated delta rule token by token over packed sequences (csrc/gated_delta_rule.c): q, k
+    `[R, H, Dk]` (prepared), v `[R, H, Dv]`, g, beta `[R, H]`, states `[N, H, Dk, Dv]`; per sequence its
+    first row, rows, split row (-1: none) and split index, int64 `[N]`. Returns (o `[R, H, Dv]`, final
+    states `[N, H, Dk, Dv]`, states at the splits `[J, H, Dk, Dv]` or None), fp32."""
+    lib = library("gated_delta_rule")
+    if lib is None:
+        raise RuntimeError("the gated-delta-rule kernel is not available (check gated_delta_rule_available)")
+    q, k, v, g, beta, state = (t.float().contiguous() for t in (q, k, v, g, beta, state))
+    meta = [t.contiguous() for t in (seq_start, seq_len, split_row, split_index)]
+    n, heads, dk, dv = state.shape
+    o = v.new_empty(v.shape)
+    finals = torch.empty_like(state)
+    splits = int((meta[3] >= 0).sum())
+    split_states = state.new_empty(splits, heads, dk, dv) if splits else None
+    lib.gated_delta_rule_f32(
+        *(_PTR(t.data_ptr()) for t in (q, k, v, g, beta, state, o, finals)),
+        _PTR(split_states.data_ptr() if split_states is not None else 0),
+        *(_PTR(t.data_ptr()) for t in meta), _I64(n), _I64(heads), _I64(dk), _I64(dv))
+    return o, finals, split_states

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from raincheck_core.deferral.visibility import deferred_mask
+from raincheck_core.ops import native
 from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
 from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
 from raincheck_core.ops.gdn_varlen import (
@@ -36,10 +37,20 @@ def _gdn_inputs(r: int, n: int, seed: int):
     ([31, 3], [28, None]),                                       # a deferred chunk with its 3-row lead
     ([7], [7]),                                                  # a split at the end: the final state twice
 ])
-def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
+@pytest.mark.parametrize("kernel", ["chunked", "native"])
+def test_delta_rule_over_packed_sequences_equals_each_alone(lengths, splits, kernel):
+    """The chunked form and the native token-by-token kernel, against the one-sequence reference."""
     q, k, v, g, beta, s0 = _gdn_inputs(sum(lengths), len(lengths), seed=len(lengths))
     layout = varlen_layout(lengths, K, splits)
-    out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, s0, layout)
+    if kernel == "chunked":
+        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, s0, layout)
+    else:
+        if not native.gated_delta_rule_available("cpu", DV):
+            pytest.skip("the native kernel cannot be built here (no C compiler)")
+        s_in = s0.clone()
+        out, finals, split_states = native.gated_delta_rule(q, k, v, g, beta, s0, layout.seq_start, layout.seq_len,
+                                                            layout.split_row, layout.split_index)
+        assert torch.equal(s0, s_in), "the input states are not modified"
     at, j = 0, 0
     for i, n in enumerate(lengths):
         rows = slice(at, at + n)
