@@ -14,8 +14,8 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..ops import gdn_state_map
-from ..ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
-from ..ops.gdn_varlen import causal_conv1d_varlen, conv_step, gated_delta_rule_varlen, gated_delta_step
+from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
+from ..ops.gdn_varlen import conv_step, gated_delta_step, gated_deltanet_varlen
 from .batch import ForwardBatch, GDNStep
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
 
     def _multi(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Multi-row sequences in one chunked call; returns the corrected states and the conv tails of
+        """Multi-row sequences in one packed call; returns the corrected states and the conv tails of
         their driving sequences, if the step has corrections."""
         m, c, i = step.multi, step.corrections, self.gdn_index
         rows = m.layout.row_at.shape[0]
@@ -66,11 +66,9 @@ class GatedDeltaNet(nn.Module):
             um[m.extra_at] = c.extra_u[i].to(u.dtype)
             gm[m.extra_at], bm[m.extra_at] = c.extra_g[i], c.extra_beta[i]
         pool = step.pool
-        conv, tails, split_tails = causal_conv1d_varlen(um, self.conv1d.weight[:, 0],
-                                                        pool.conv[:, i].index_select(0, m.slots), m.layout)
-        q, k, v = self._qkv(conv)
-        out, finals, split_states = gated_delta_rule_varlen(q, k, v, gm, bm,
-                                                            pool.ssm[:, i].index_select(0, m.slots), m.layout)
+        out, finals, split_states, tails, split_tails = gated_deltanet_varlen(
+            um, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots), gm, bm,
+            pool.ssm[:, i].index_select(0, m.slots), m.layout, self.hk, self.dk)
         o[m.step_rows] = out[m.step_at].to(o.dtype)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:
@@ -119,15 +117,4 @@ class GatedDeltaNet(nn.Module):
 
     def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (fp32, prepared for the delta rule) from conv outputs `[T, conv dim]`."""
-        c = F.silu(conv)
-        q, k, v = torch.split(c, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        t = c.shape[0]
-        q, k = self.prepare_qk(q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk))
-        return q, k, v.reshape(t, self.hv, self.dv).float()
-
-    def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32, L2-normalised, q scaled by Dk^-1/2, expanded to the value heads (head j uses key head j // r)."""
-        rep = self.hv // self.hk
-        q = l2norm(q.float()) * self.dk**-0.5
-        k = l2norm(k.float())
-        return q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+        return split_qkv(conv, self.hk, self.dk, self.hv, self.dv)

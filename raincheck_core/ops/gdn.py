@@ -59,6 +59,18 @@ def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def split_qkv(conv: Tensor, key_heads: int, dk: int, value_heads: int, dv: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A Gated DeltaNet layer's q, k, v (fp32, prepared for the delta rule) from its conv outputs
+    `[T, 2·key_heads·dk + value_heads·dv]`: SiLU, then q and k L2-normalised per key head, q scaled by
+    dk^-1/2, both expanded to the value heads (value head j reads key head j // (value_heads / key_heads))."""
+    c = F.silu(conv)
+    q, k, v = torch.split(c, [key_heads * dk, key_heads * dk, value_heads * dv], dim=-1)
+    t, rep = c.shape[0], value_heads // key_heads
+    q = l2norm(q.reshape(t, key_heads, dk).float()) * dk**-0.5
+    k = l2norm(k.reshape(t, key_heads, dk).float())
+    return q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1), v.reshape(t, value_heads, dv).float()
+
+
 def _initial_state(state: Tensor | None, k: Tensor, v: Tensor) -> Tensor:
     """A private fp32 copy of the state (zeros when None), safe to update in place."""
     if state is None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from . import native
+from .gdn import split_qkv
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
 # threads; the native kernel runs one thread (and on one thread is faster at every length measured).
@@ -30,11 +32,23 @@ NATIVE_MAX_ROWS_THREADED = 256
 
 
 @dataclass
+class BlockLayout:
+    """How the chunked rule cuts the sequences: each sequence (each part of a split sequence) into
+    blocks of `chunk` rows."""
+
+    chunk: int
+    num_blocks: int
+    row_slot: Tensor                # [R] flat position (block * chunk + offset) of each row
+    steps: list[tuple[slice, Tensor, bool]]    # per scan step: its blocks (a range), their sequences, all-in-order
+    captures: list[tuple[Tensor, Tensor]]      # per scan step: (positions in its blocks, split index)
+
+
+@dataclass
 class VarlenLayout:
     """Where the rows of N packed sequences go; built once per step, shared by every GDN layer.
 
     Conv: each sequence's K-1 history rows are laid out right before its rows in an extended buffer.
-    Chunked rule: each sequence (each part of a split sequence) is cut into blocks of `chunk` rows.
+    The chunked rule's blocks (`blocks`) are laid out on first use: the native kernel does not need them.
     """
 
     num_seqs: int
@@ -50,12 +64,13 @@ class VarlenLayout:
     row_at: Tensor                  # [R] extended-buffer row of each packed row
     tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
     split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
-    # chunked rule
-    chunk: int
-    num_blocks: int
-    row_slot: Tensor                # [R] flat position (block * chunk + offset) of each row
-    steps: list[tuple[slice, Tensor, bool]]    # per scan step: its blocks (a range), their sequences, all-in-order
-    captures: list[tuple[Tensor, Tensor]]      # per scan step: (positions in its blocks, split index)
+    chunk_size: int = 64
+    device: torch.device | str = "cpu"
+
+    @cached_property
+    def blocks(self) -> BlockLayout:
+        splits = [None if r < 0 else r for r in self.split_row.tolist()]
+        return _block_layout(self.seq_len.tolist(), splits, self.chunk_size, self.device)
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
@@ -63,8 +78,11 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows."""
     n = len(lengths)
     splits = splits or [None] * n
+    for s, split in enumerate(splits):
+        if split == 0:      # the state after zero rows would be the initial one
+            raise ValueError(f"split after 0 rows is not supported (sequence {s})")
     lead = kernel - 1
-    # ---- conv: [hist_0, rows_0, hist_1, rows_1, ...]
+    # conv: [hist_0, rows_0, hist_1, rows_1, ...]
     seq_start = torch.tensor([0, *lengths]).cumsum(0)[:-1]
     ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
     hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
@@ -77,9 +95,26 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     if split_ids:
         ends = torch.tensor([int(ext_start[s]) + splits[s] for s in split_ids])
         split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
-    # ---- blocks: every part of every sequence starts a block. Blocks are numbered step-major (every
-    # sequence's first block, then every second block, ...), so that each scan step's blocks are one
-    # contiguous range, read and written as views rather than gathered.
+    split_row = torch.tensor([-1 if p is None else p for p in splits], dtype=torch.long)
+    split_index = torch.full((n,), -1, dtype=torch.long)
+    split_index[split_ids] = torch.arange(len(split_ids))
+    return VarlenLayout(
+        num_seqs=n, kernel=kernel, seq_start=seq_start.long(), seq_len=lens.long(), split_row=split_row,
+        split_index=split_index, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
+        row_at=row_at.to(device), tail_at=tail_at.to(device),
+        split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
+        chunk_size=chunk_size, device=device,
+    )
+
+
+def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int, device: torch.device | str
+                  ) -> BlockLayout:
+    """Every part of every sequence starts a block. Blocks are numbered step-major (every sequence's first
+    block, then every second block, ...), so that each scan step's blocks are one contiguous range, read
+    and written as views rather than gathered."""
+    n = len(lengths)
+    seq_start = [0, *itertools.accumulate(lengths)][:-1]
+    split_ids = [s for s in range(n) if splits[s] is not None]
     parts: list[tuple[int, int, int, int | None]] = []              # (seq, first row, rows, split index)
     for s, length in enumerate(lengths):
         if splits[s] is None:
@@ -96,20 +131,18 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     capture_at: list[tuple[int, int]] = []                          # (block, split index)
     step_of_seq = [0] * n
     for s, first, rows, split_index in parts:
-        if split_index is not None and rows == 0:   # the state after zero rows would be the initial one
-            raise ValueError(f"split after 0 rows is not supported (sequence {s})")
         ids = []
         for _ in range(-(-rows // chunk)):
             ids.append(len(blocks))
             blocks.append((step_of_seq[s], s))
             step_of_seq[s] += 1
-        part_blocks.append((int(seq_start[s]) + first, rows, ids))
+        part_blocks.append((seq_start[s] + first, rows, ids))
         if split_index is not None:     # the state after this part: after its last block
             capture_at.append((ids[-1], split_index))
     order = sorted(range(len(blocks)), key=lambda i: blocks[i])
     number = torch.empty(len(blocks), dtype=torch.long)
     number[torch.tensor(order, dtype=torch.long)] = torch.arange(len(blocks))
-    row_slot = torch.empty(int(lens.sum()), dtype=torch.long)
+    row_slot = torch.empty(sum(lengths), dtype=torch.long)
     for row, rows, ids in part_blocks:
         offs = torch.arange(rows)
         row_slot[row:row + rows] = number[torch.tensor(ids, dtype=torch.long)][offs // chunk] * chunk + offs % chunk
@@ -125,16 +158,8 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
         captures.append((torch.tensor([p for p, _ in pos], dtype=torch.long, device=device),
                          torch.tensor([j for _, j in pos], dtype=torch.long, device=device)))
         at += len(ids)
-    split_row = torch.tensor([-1 if p is None else p for p in splits], dtype=torch.long)
-    split_index = torch.full((n,), -1, dtype=torch.long)
-    split_index[split_ids] = torch.arange(len(split_ids))
-    return VarlenLayout(
-        num_seqs=n, kernel=kernel, seq_start=seq_start.long(), seq_len=lens.long(), split_row=split_row,
-        split_index=split_index, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
-        row_at=row_at.to(device), tail_at=tail_at.to(device),
-        split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
-        chunk=chunk, num_blocks=len(blocks), row_slot=row_slot.to(device), steps=steps, captures=captures,
-    )
+    return BlockLayout(chunk=chunk, num_blocks=len(blocks), row_slot=row_slot.to(device), steps=steps,
+                       captures=captures)
 
 
 def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: VarlenLayout
@@ -160,17 +185,28 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: Var
     return acc.to(weight.dtype).to(x.dtype), tails, split_tails
 
 
-def gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                            layout: VarlenLayout) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The gated delta rule over packed sequences, as `chunk_gated_delta_rule_varlen` returns it: on the
-    CPU token by token in the native kernel (csrc/gated_delta_rule.c) where it is built, else chunked.
-    Measured on one thread (docs/BENCHMARKS.md): 4-7x faster than the chunked form for 10-130 rows,
+def gated_deltanet_varlen(u: Tensor, conv_weight: Tensor, history: Tensor, g: Tensor, beta: Tensor,
+                          state: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int
+                          ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
+    """A Gated DeltaNet layer's token mixing of packed sequences, from its pre-conv rows `u [R, C]` (conv
+    weight `[C, K]`, histories `[N, K-1, C]`), gates `g, beta [R, H]` and states `[N, H, Dk, Dv]`, with
+    `key_heads` key heads of `key_dim`: the short convolution, `split_qkv` and the delta rule. Returns
+    (o `[R, H, Dv]` fp32, final states, states at the splits or None, histories after each sequence,
+    histories at the splits or None).
+
+    On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token;
+    elsewhere, and where no compiler is found, the torch ops with the chunked rule. Measured on one
+    thread (docs/BENCHMARKS.md): the delta rule alone 4-7x faster than the chunked form at 10-130 rows and
     3x at 1,000 (8 heads of 48x48 states; 2-4x with 16 heads of 128x128)."""
-    if (native.gated_delta_rule_available(q.device, v.shape[-1])
+    heads, dv = state.shape[1], state.shape[3]
+    if (native.gated_deltanet_available(u.device, u.dtype) and conv_weight.dtype == torch.float32
             and (torch.get_num_threads() == 1 or int(layout.seq_len.max()) <= NATIVE_MAX_ROWS_THREADED)):
-        return native.gated_delta_rule(q, k, v, g, beta, state, layout.seq_start, layout.seq_len,
-                                       layout.split_row, layout.split_index)
-    return chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
+        return native.gated_deltanet(u, conv_weight, history, g, beta, state, key_heads, layout.seq_start,
+                                     layout.seq_len, layout.split_row, layout.split_index)
+    conv, tails, split_tails = causal_conv1d_varlen(u, conv_weight, history, layout)
+    q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
+    out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
+    return out, finals, split_states, tails, split_tails
 
 
 def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
@@ -178,13 +214,14 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
     """The chunked gated delta rule over packed rows (q, k `[R, H, Dk]` prepared, v `[R, H, Dv]`, g, beta
     `[R, H]`) from per-sequence states `[N, H, Dk, Dv]`. Returns (o `[R, H, Dv]` fp32, final states
     `[N, H, Dk, Dv]`, states at the splits `[J, H, Dk, Dv]` or None). Inputs are not modified."""
-    C, B = layout.chunk, layout.num_blocks
+    blocks_of = layout.blocks
+    C, B = blocks_of.chunk, blocks_of.num_blocks
     num_heads, dk, dv = k.shape[1], k.shape[2], v.shape[2]
 
     def blocked(x: Tensor) -> Tensor:
         """[R, H, ...] -> [B, H, C, ...], zero where no row (padding: no write, no decay)."""
         out = x.new_zeros(B * C, *x.shape[1:], dtype=torch.float32)
-        out[layout.row_slot] = x.float()
+        out[blocks_of.row_slot] = x.float()
         return out.view(B, C, *x.shape[1:]).transpose(1, 2)
 
     qb, kb, vb, gb, bb = (blocked(t) for t in (q, k, v, g, beta))
@@ -206,9 +243,9 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
     S = state.to(device=q.device, dtype=torch.float32, copy=True)
     o = torch.empty(B, num_heads, C, dv, dtype=torch.float32, device=q.device)
     split_states = None
-    if any(len(idx) for _, idx in layout.captures):
-        split_states = S.new_empty(sum(len(idx) for _, idx in layout.captures), num_heads, dk, dv)
-    for (blocks, seqs, in_order), (cap_pos, cap_idx) in zip(layout.steps, layout.captures, strict=True):
+    if any(len(idx) for _, idx in blocks_of.captures):
+        split_states = S.new_empty(sum(len(idx) for _, idx in blocks_of.captures), num_heads, dk, dv)
+    for (blocks, seqs, in_order), (cap_pos, cap_idx) in zip(blocks_of.steps, blocks_of.captures, strict=True):
         nb = blocks.stop - blocks.start
         s_in = S if in_order else S[seqs]
         read = readers[blocks] @ s_in
@@ -223,7 +260,7 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
             S[seqs] = s_out
         if len(cap_idx):
             split_states[cap_idx] = s_out[cap_pos]
-    out = o.transpose(1, 2).reshape(B * C, num_heads, dv)[layout.row_slot]
+    out = o.transpose(1, 2).reshape(B * C, num_heads, dv)[blocks_of.row_slot]
     return out, S, split_states
 
 

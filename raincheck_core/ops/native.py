@@ -163,30 +163,37 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise MemoryError("paged_attention: cannot allocate its scratch buffer")
 
 
-def gated_delta_rule_available(device: torch.device | str, value_dim: int) -> bool:
-    return (torch.device(device).type == "cpu" and value_dim <= 1024
-            and library("gated_delta_rule") is not None)
+def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and library("gated_deltanet") is not None
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor, seq_start: torch.Tensor, seq_len: torch.Tensor, split_row: torch.Tensor,
-                     split_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The gated delta rule token by token over packed sequences (csrc/gated_delta_rule.c): q, k
-    `[R, H, Dk]` (prepared), v `[R, H, Dv]`, g, beta `[R, H]`, states `[N, H, Dk, Dv]`; per sequence its
-    first row, rows, split row (-1: none) and split index, int64 `[N]`. Returns (o `[R, H, Dv]`, final
-    states `[N, H, Dk, Dv]`, states at the splits `[J, H, Dk, Dv]` or None), fp32."""
-    lib = library("gated_delta_rule")
+def gated_deltanet(u: torch.Tensor, conv_weight: torch.Tensor, history: torch.Tensor, g: torch.Tensor,
+                   beta: torch.Tensor, state: torch.Tensor, key_heads: int, seq_start: torch.Tensor,
+                   seq_len: torch.Tensor, split_row: torch.Tensor, split_index: torch.Tensor
+                   ) -> tuple[torch.Tensor, ...]:
+    """Short convolution, SiLU, q/k normalisation and the delta rule over packed sequences in one call
+    (csrc/gated_deltanet.c): u `[R, C]` pre-conv rows, conv weight `[C, K]`, histories `[N, K-1, C]`, g,
+    beta `[R, H]`, states `[N, H, Dk, Dv]`; per sequence its first row, rows, split row (-1: none) and
+    split index, int64 `[N]`. Returns (o `[R, H, Dv]`, final states, states at the splits or None,
+    histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
+    lib = library("gated_deltanet")
     if lib is None:
-        raise RuntimeError("the gated-delta-rule kernel is not available (check gated_delta_rule_available)")
-    q, k, v, g, beta, state = (t.float().contiguous() for t in (q, k, v, g, beta, state))
+        raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
+    u, w, history, g, beta, state = (t.float().contiguous() for t in (u, conv_weight, history, g, beta, state))
     meta = [t.contiguous() for t in (seq_start, seq_len, split_row, split_index)]
     n, heads, dk, dv = state.shape
-    o = v.new_empty(v.shape)
+    rows, kernel = u.shape[0], w.shape[1]
+    o = u.new_empty(rows, heads, dv)
     finals = torch.empty_like(state)
+    tails = torch.empty_like(history)
     splits = int((meta[3] >= 0).sum())
     split_states = state.new_empty(splits, heads, dk, dv) if splits else None
-    lib.gated_delta_rule_f32(
-        *(_PTR(t.data_ptr()) for t in (q, k, v, g, beta, state, o, finals)),
-        _PTR(split_states.data_ptr() if split_states is not None else 0),
-        *(_PTR(t.data_ptr()) for t in meta), _I64(n), _I64(heads), _I64(dk), _I64(dv))
-    return o, finals, split_states
+    split_tails = history.new_empty(splits, *history.shape[1:]) if splits else None
+    status = lib.gated_deltanet_f32(
+        *(_PTR(t.data_ptr()) for t in (u, w, history, g, beta, state, o, finals)),
+        _PTR(split_states.data_ptr() if splits else 0), _PTR(tails.data_ptr()),
+        _PTR(split_tails.data_ptr() if splits else 0), *(_PTR(t.data_ptr()) for t in meta),
+        _I64(n), _I64(kernel), _I64(key_heads), _I64(heads), _I64(dk), _I64(dv))
+    if status != 0:
+        raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
+    return o, finals, split_states, tails, split_tails

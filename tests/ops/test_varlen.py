@@ -9,12 +9,13 @@ import torch
 from raincheck_core.deferral.visibility import deferred_mask
 from raincheck_core.ops import native
 from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
-from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule
+from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule, split_qkv
 from raincheck_core.ops.gdn_varlen import (
     causal_conv1d_varlen,
     chunk_gated_delta_rule_varlen,
     conv_step,
     gated_delta_step,
+    gated_deltanet_varlen,
     varlen_layout,
 )
 from raincheck_core.ops.native import paged_attention_available
@@ -37,20 +38,10 @@ def _gdn_inputs(r: int, n: int, seed: int):
     ([31, 3], [28, None]),                                       # a deferred chunk with its 3-row lead
     ([7], [7]),                                                  # a split at the end: the final state twice
 ])
-@pytest.mark.parametrize("kernel", ["chunked", "native"])
-def test_delta_rule_over_packed_sequences_equals_each_alone(lengths, splits, kernel):
-    """The chunked form and the native token-by-token kernel, against the one-sequence reference."""
+def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
     q, k, v, g, beta, s0 = _gdn_inputs(sum(lengths), len(lengths), seed=len(lengths))
     layout = varlen_layout(lengths, K, splits)
-    if kernel == "chunked":
-        out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, s0, layout)
-    else:
-        if not native.gated_delta_rule_available("cpu", DV):
-            pytest.skip("the native kernel cannot be built here (no C compiler)")
-        s_in = s0.clone()
-        out, finals, split_states = native.gated_delta_rule(q, k, v, g, beta, s0, layout.seq_start, layout.seq_len,
-                                                            layout.split_row, layout.split_index)
-        assert torch.equal(s0, s_in), "the input states are not modified"
+    out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, s0, layout)
     at, j = 0, 0
     for i, n in enumerate(lengths):
         rows = slice(at, at + n)
@@ -61,6 +52,49 @@ def test_delta_rule_over_packed_sequences_equals_each_alone(lengths, splits, ker
             m = slice(at, at + splits[i])
             _, ref_split = recurrent_gated_delta_rule(q[m], k[m], v[m], g[m], beta[m], s0[i])
             assert float((split_states[j] - ref_split).abs().max()) <= 1e-5
+            j += 1
+        at += n
+
+
+@pytest.mark.parametrize(("lengths", "splits"), [
+    ([5, 1, 70, 130, 3, 64], [3, None, None, 100, None, 60]),
+    ([31, 3], [28, None]),                                       # a deferred chunk with its 3-row lead
+    ([7, 2], [7, 1]),                                            # a split at the end; one inside the history
+])
+@pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
+def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, splits, use_native, monkeypatch):
+    """Conv, SiLU, q/k normalisation and the delta rule, by the native kernel or the torch ops, against
+    each sequence alone through the one-sequence references; input histories and states untouched."""
+    if use_native and not native.gated_deltanet_available("cpu", torch.float32):
+        pytest.skip("the native kernel cannot be built here (no C compiler)")
+    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
+    key_heads, dk, heads, dv = 2, 32, 4, 24                       # two value heads per key head; Dk != Dv
+    channels = 2 * key_heads * dk + heads * dv
+    gen = torch.Generator().manual_seed(sum(lengths))
+    rows = sum(lengths)
+    u, w = torch.randn(rows, channels, generator=gen), torch.randn(channels, K, generator=gen) / 2
+    hist, s0 = torch.randn(len(lengths), K - 1, channels, generator=gen), torch.randn(len(lengths), heads, dk, dv)
+    g = -torch.nn.functional.softplus(torch.randn(rows, heads, generator=gen))
+    beta = torch.rand(rows, heads, generator=gen)
+    before = (hist.clone(), s0.clone())
+    out, finals, split_states, tails, split_tails = gated_deltanet_varlen(
+        u, w, hist, g, beta, s0, varlen_layout(lengths, K, splits), key_heads, dk)
+    assert torch.equal(hist, before[0]) and torch.equal(s0, before[1])
+    at, j = 0, 0
+    for i, n in enumerate(lengths):
+        def alone(m: int, i: int = i, at: int = at):
+            conv, tail = causal_conv1d(u[at:at + m], w, hist[i])
+            q, k, v = split_qkv(conv, key_heads, dk, heads, dv)
+            o, state = recurrent_gated_delta_rule(q, k, v, g[at:at + m], beta[at:at + m], s0[i])
+            return o, state, tail
+        ref_o, ref_s, ref_tail = alone(n)
+        assert float((out[at:at + n] - ref_o).abs().max()) <= 1e-5
+        assert float((finals[i] - ref_s).abs().max()) <= 1e-5
+        assert float((tails[i] - ref_tail).abs().max()) <= 1e-6
+        if splits[i] is not None:
+            _, split_s, split_tail = alone(splits[i])
+            assert float((split_states[j] - split_s).abs().max()) <= 1e-5
+            assert float((split_tails[j] - split_tail).abs().max()) <= 1e-6
             j += 1
         at += n
 

@@ -1,0 +1,127 @@
+/* A Gated DeltaNet token mixer's core over packed sequences, on the CPU: short convolution, SiLU,
+   q/k L2 normalisation and the gated delta rule token by token, one call per layer.
+
+   Built and loaded by raincheck_core/ops/native.py; the contract is that of the torch path in
+   `gated_deltanet_varlen` (raincheck_core/ops/gdn_varlen.py): `causal_conv1d_varlen`, then `split_qkv`,
+   then `chunk_gated_delta_rule_varlen`. Sequence s has len[s] rows at packed rows start[s]...; it starts
+   from conv history hist[s] and state state_in[s] and leaves its history in tails[s] and its state in
+   state_out[s]; when split_row[s] >= 0 the history and state after its first split_row[s] rows are also
+   written to split_tails / split_out at split_index[s]. Per row, with conv channels [q | k | v]:
+       x = silu(conv(u)); q, k L2-normalised per key head (q also scaled by dk^-1/2);
+       per value head h (key head h / (heads / key_heads)), with S [Dk, Dv]:
+       S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q.
+   u [R, C], conv weight [C, K], hist and tails [., K-1, C], g, beta [R, H], states [., H, Dk, Dv],
+   o [R, H, Dv]: fp32, contiguous.
+
+   Why native: a deferred chunk (7-63 rows plus its 3-row lead) is a short sequence, and the torch path's
+   ~50 tensor ops per layer cost more in dispatch than their arithmetic; token by token, a head's state
+   stays in L1 and the whole layer is one call. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* exp for the SiLU, Cephes' expf (relative error ~1e-7), written so that the compiler vectorizes it */
+static inline float exp_approx(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * x * x + x + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)fx + 127) << 23};
+    return y * scale.f;
+}
+
+/* One token of one head: decay, read S^T k from the decayed state, rank-1 write, o = S^T q. */
+static inline void delta_step(float *restrict S, const float *restrict q, const float *restrict k,
+                              const float *restrict v, float alpha, float b, float *restrict o,
+                              float *restrict delta, int64_t dk, int64_t dv) {
+    for (int64_t j = 0; j < dv; j++) delta[j] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) {
+        float *row = S + i * dv;
+        const float ki = k[i];
+#pragma omp simd
+        for (int64_t j = 0; j < dv; j++) { row[j] *= alpha; delta[j] += ki * row[j]; }
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < dv; j++) delta[j] = (v[j] - delta[j]) * b;
+    for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) {
+        float *row = S + i * dv;
+        const float ki = k[i], qi = q[i];
+#pragma omp simd
+        for (int64_t j = 0; j < dv; j++) { row[j] += ki * delta[j]; o[j] += qi * row[j]; }
+    }
+}
+
+static inline void l2norm(float *restrict x, int64_t n, float scale) {
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t i = 0; i < n; i++) sq += x[i] * x[i];
+    const float r = 1.0f / sqrtf(sq + 1e-6f);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * r * scale;
+}
+
+/* Returns 0, or 1 when the scratch buffer cannot be allocated. */
+int gated_deltanet_f32(const float *u, const float *conv_w, const float *hist, const float *g, const float *beta,
+                       const float *state_in, float *o, float *state_out, float *split_out, float *tails,
+                       float *split_tails, const int64_t *start, const int64_t *len, const int64_t *split_row,
+                       const int64_t *split_index, int64_t n, int64_t kernel, int64_t key_heads, int64_t heads,
+                       int64_t dk, int64_t dv) {
+    const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, lead = kernel - 1, rep = heads / key_heads;
+    const int64_t state_size = dk * dv;
+    const float q_scale = 1.0f / sqrtf((float)dk);
+    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv] */
+    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + dv));
+    if (!wt) return 1;
+    float *x = wt + kernel * C, *delta = x + C;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t first = start[s], end = start[s] + len[s];
+        /* the row before the sequence's first comes from its history (oldest first) */
+#define ROW(pos) ((pos) >= first ? u + (pos) * C : hist + (s * lead + lead - (first - (pos))) * C)
+        memcpy(state_out + s * heads * state_size, state_in + s * heads * state_size,
+               sizeof(float) * (size_t)(heads * state_size));
+        for (int64_t t = first; t < end; t++) {
+            /* taps in order, oldest row first, as the torch path accumulates them */
+            const float *r0 = ROW(t - lead);
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) x[c] = r0[c] * wt[c];
+            for (int64_t j = 1; j < kernel; j++) {
+                const float *r = ROW(t - lead + j), *w = wt + j * C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) x[c] += r[c] * w[c];
+            }
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) x[c] = x[c] / (1.0f + exp_approx(-x[c]));
+            for (int64_t a = 0; a < key_heads; a++) {
+                l2norm(x + a * dk, dk, q_scale);
+                l2norm(x + kd + a * dk, dk, 1.0f);
+            }
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t a = h / rep, th = t * heads + h;
+                float *S = state_out + (s * heads + h) * state_size;
+                delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(g[th]), beta[th],
+                           o + th * dv, delta, dk, dv);
+                if (split_row[s] >= 0 && t - first + 1 == split_row[s])
+                    memcpy(split_out + (split_index[s] * heads + h) * state_size, S, sizeof(float) * (size_t)state_size);
+            }
+        }
+        for (int64_t i = 0; i < lead; i++) {
+            memcpy(tails + (s * lead + i) * C, ROW(end - lead + i), sizeof(float) * (size_t)C);
+            if (split_row[s] >= 0)
+                memcpy(split_tails + (split_index[s] * lead + i) * C, ROW(first + split_row[s] - lead + i),
+                       sizeof(float) * (size_t)C);
+        }
+#undef ROW
+    }
+    free(wt);
+    return 0;
+}
