@@ -136,32 +136,29 @@ class ModelRunner:
         keep: list[Segment] = []
         single_segs = [segs[i] for i in single]
         if multi:
-            lengths, splits, step_rows, step_at, extra_at = [], [], [], [], []
+            lengths, splits, source = [], [], []
             extra_u, extra_g, extra_b, join_seqs = [], [], [], []
-            at = 0
+            appended = 0
             for j, i in enumerate(multi):
                 s = segs[i]
                 lengths.append(s.rows + s.lead)
-                step_rows.append(torch.arange(starts[i], starts[i] + s.rows))
-                step_at.append(torch.arange(at, at + s.rows))
+                source.append(torch.arange(starts[i], starts[i] + s.rows))
                 if s.live_slot is not None:
                     splits.append(s.rows)
                     join_seqs.append(j)
                     joins.append(s)
                     if s.lead:
                         jn = s.recovery.join
-                        extra_at.append(torch.arange(at + s.rows, at + s.rows + s.lead))
+                        source.append(-1 - torch.arange(appended, appended + s.lead))
+                        appended += s.lead
                         extra_u.append(jn.lead_u[:, :s.lead])
                         extra_g.append(jn.lead_g[:, :s.lead])
                         extra_b.append(jn.lead_beta[:, :s.lead])
                 else:
                     splits.append(None)
-                at += s.rows + s.lead
             step.multi = GDNMulti(
                 slots=torch.tensor([segs[i].gdn_slot for i in multi], device=dev),
-                layout=varlen_layout(lengths, self.kernel, splits, device=dev),
-                step_rows=torch.cat(step_rows).to(dev), step_at=torch.cat(step_at).to(dev),
-                extra_at=torch.cat(extra_at).to(dev) if extra_at else None,
+                layout=varlen_layout(lengths, self.kernel, splits, device=dev), source=torch.cat(source).to(dev),
             )
             if joins:
                 fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]

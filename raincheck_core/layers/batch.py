@@ -28,9 +28,9 @@ class GDNMulti:
 
     slots: torch.Tensor              # [N] state slot each sequence starts from
     layout: VarlenLayout
-    step_rows: torch.Tensor          # [R_real] the step's rows in this group
-    step_at: torch.Tensor            # [R_real] their positions in the group's packed rows
-    extra_at: torch.Tensor | None    # [T] positions of appended rows (recorded inputs, not step rows)
+    # [R_m] per packed row of the group: the step row it is, or -1 - e for appended row e (recorded
+    # inputs, not step rows: `GDNCorrections.extra_*[:, e]`)
+    source: torch.Tensor
 
 
 @dataclass

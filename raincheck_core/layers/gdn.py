@@ -58,18 +58,11 @@ class GatedDeltaNet(nn.Module):
         """Multi-row sequences in one packed call; returns the corrected states and the conv tails of
         their driving sequences, if the step has corrections."""
         m, c, i = step.multi, step.corrections, self.gdn_index
-        rows = m.layout.row_at.shape[0]
-        um = u.new_empty(rows, u.shape[1])
-        gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
-        um[m.step_at], gm[m.step_at], bm[m.step_at] = u[m.step_rows], g[m.step_rows], beta[m.step_rows]
-        if m.extra_at is not None:   # recorded rows appended after a sequence's own (the conv lead)
-            um[m.extra_at] = c.extra_u[i].to(u.dtype)
-            gm[m.extra_at], bm[m.extra_at] = c.extra_g[i], c.extra_beta[i]
+        extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
         pool = step.pool
-        out, finals, split_states, tails, split_tails = gated_deltanet_varlen(
-            um, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots), gm, bm,
-            pool.ssm[:, i].index_select(0, m.slots), m.layout, self.hk, self.dk)
-        o[m.step_rows] = out[m.step_at].to(o.dtype)
+        finals, split_states, tails, split_tails = gated_deltanet_varlen(
+            u, g, beta, m.source, extra, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots),
+            pool.ssm[:, i].index_select(0, m.slots), m.layout, self.hk, self.dk, o)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:
             return None

@@ -185,28 +185,44 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: Var
     return acc.to(weight.dtype).to(x.dtype), tails, split_tails
 
 
-def gated_deltanet_varlen(u: Tensor, conv_weight: Tensor, history: Tensor, g: Tensor, beta: Tensor,
-                          state: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int
-                          ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
-    """A Gated DeltaNet layer's token mixing of packed sequences, from its pre-conv rows `u [R, C]` (conv
-    weight `[C, K]`, histories `[N, K-1, C]`), gates `g, beta [R, H]` and states `[N, H, Dk, Dv]`, with
-    `key_heads` key heads of `key_dim`: the short convolution, `split_qkv` and the delta rule. Returns
-    (o `[R, H, Dv]` fp32, final states, states at the splits or None, histories after each sequence,
-    histories at the splits or None).
+def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, source: Tensor,
+                          extra: tuple[Tensor, Tensor, Tensor] | None, conv_weight: Tensor, history: Tensor,
+                          state: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor
+                          ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """A Gated DeltaNet layer's token mixing of packed sequences: the short convolution, `split_qkv` and
+    the delta rule. Packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` and gates
+    `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of `extra` = (u, g, beta) (a
+    deferred chunk's recorded conv lead); its output is written to row `source[r]` of `out [R, H, Dv]`
+    (an appended row's is dropped). Conv weight `[C, K]`, histories `[N, K-1, C]`, states
+    `[N, H, Dk, Dv]`, `key_heads` key heads of `key_dim`. Returns (final states, states at the splits or
+    None, histories after each sequence, histories at the splits or None); inputs are not modified.
 
-    On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token;
-    elsewhere, and where no compiler is found, the torch ops with the chunked rule. Measured on one
-    thread (docs/BENCHMARKS.md): the delta rule alone 4-7x faster than the chunked form at 10-130 rows and
-    3x at 1,000 (8 heads of 48x48 states; 2-4x with 16 heads of 128x128)."""
+    On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token,
+    reading the rows where they lie; elsewhere, and where no compiler is found, the torch ops with the
+    chunked rule. Measured on one thread (docs/BENCHMARKS.md): the delta rule alone 4-7x faster than the
+    chunked form at 10-130 rows and 3x at 1,000 (8 heads of 48x48 states; 2-4x with 16 heads of 128x128)."""
     heads, dv = state.shape[1], state.shape[3]
-    if (native.gated_deltanet_available(u.device, u.dtype) and conv_weight.dtype == torch.float32
+    if (native.gated_deltanet_available(u.device, u.dtype) and conv_weight.dtype == out.dtype == torch.float32
+            and u.stride(-1) == 1 and out.is_contiguous()
             and (torch.get_num_threads() == 1 or int(layout.seq_len.max()) <= NATIVE_MAX_ROWS_THREADED)):
-        return native.gated_deltanet(u, conv_weight, history, g, beta, state, key_heads, layout.seq_start,
-                                     layout.seq_len, layout.split_row, layout.split_index)
-    conv, tails, split_tails = causal_conv1d_varlen(u, conv_weight, history, layout)
+        return native.gated_deltanet(u, g, beta, source, extra, conv_weight, history, state, key_heads,
+                                     layout.seq_start, layout.seq_len, layout.split_row, layout.split_index, out)
+    rows = source.shape[0]
+    um = u.new_empty(rows, u.shape[1])
+    gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
+    at = (source >= 0).nonzero().flatten()
+    step_rows = source[at]
+    um[at], gm[at], bm[at] = u[step_rows], g[step_rows], beta[step_rows]
+    if extra is not None:
+        appended = (source < 0).nonzero().flatten()
+        e = -1 - source[appended]
+        um[appended] = extra[0][e].to(u.dtype)
+        gm[appended], bm[appended] = extra[1][e].to(g.dtype), extra[2][e].to(beta.dtype)
+    conv, tails, split_tails = causal_conv1d_varlen(um, conv_weight, history, layout)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    out, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
-    return out, finals, split_states, tails, split_tails
+    o, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm, state, layout)
+    out[step_rows] = o[at].to(out.dtype)
+    return finals, split_states, tails, split_tails
 
 
 def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,

@@ -167,33 +167,39 @@ def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> 
     return torch.device(device).type == "cpu" and dtype == torch.float32 and library("gated_deltanet") is not None
 
 
-def gated_deltanet(u: torch.Tensor, conv_weight: torch.Tensor, history: torch.Tensor, g: torch.Tensor,
-                   beta: torch.Tensor, state: torch.Tensor, key_heads: int, seq_start: torch.Tensor,
-                   seq_len: torch.Tensor, split_row: torch.Tensor, split_index: torch.Tensor
+def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, source: torch.Tensor,
+                   extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, conv_weight: torch.Tensor,
+                   history: torch.Tensor, state: torch.Tensor, key_heads: int, seq_start: torch.Tensor,
+                   seq_len: torch.Tensor, split_row: torch.Tensor, split_index: torch.Tensor, out: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
     """Short convolution, SiLU, q/k normalisation and the delta rule over packed sequences in one call
-    (csrc/gated_deltanet.c): u `[R, C]` pre-conv rows, conv weight `[C, K]`, histories `[N, K-1, C]`, g,
-    beta `[R, H]`, states `[N, H, Dk, Dv]`; per sequence its first row, rows, split row (-1: none) and
-    split index, int64 `[N]`. Returns (o `[R, H, Dv]`, final states, states at the splits or None,
+    (csrc/gated_deltanet.c). Packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` (rows
+    may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of
+    `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`. Conv weight `[C, K]`,
+    histories `[N, K-1, C]`, states `[N, H, Dk, Dv]`; per sequence its first packed row, rows, split row
+    (-1: none) and split index, int64 `[N]`. Returns (final states, states at the splits or None,
     histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
     lib = library("gated_deltanet")
     if lib is None:
         raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
-    u, w, history, g, beta, state = (t.float().contiguous() for t in (u, conv_weight, history, g, beta, state))
-    meta = [t.contiguous() for t in (seq_start, seq_len, split_row, split_index)]
+    if u.stride(-1) != 1 or u.dtype != torch.float32 or not out.is_contiguous() or out.dtype != torch.float32:
+        raise ValueError("gated_deltanet needs fp32 rows of unit stride and a contiguous fp32 output")
+    xu, xg, xb = extra if extra is not None else (u.new_zeros(1, u.shape[1]), g.new_zeros(1, g.shape[1]),
+                                                  beta.new_zeros(1, beta.shape[1]))
+    g, beta, xu, xg, xb, w, history, state = (t.float().contiguous() for t in
+                                              (g, beta, xu, xg, xb, conv_weight, history, state))
+    meta = [t.contiguous() for t in (source, seq_start, seq_len, split_row, split_index)]
     n, heads, dk, dv = state.shape
-    rows, kernel = u.shape[0], w.shape[1]
-    o = u.new_empty(rows, heads, dv)
-    finals = torch.empty_like(state)
-    tails = torch.empty_like(history)
-    splits = int((meta[3] >= 0).sum())
+    finals, tails = torch.empty_like(state), torch.empty_like(history)
+    splits = int((meta[4] >= 0).sum())
     split_states = state.new_empty(splits, heads, dk, dv) if splits else None
     split_tails = history.new_empty(splits, *history.shape[1:]) if splits else None
     status = lib.gated_deltanet_f32(
-        *(_PTR(t.data_ptr()) for t in (u, w, history, g, beta, state, o, finals)),
+        _PTR(u.data_ptr()), _I64(u.stride(0)), *(_PTR(t.data_ptr()) for t in (g, beta, xu, xg, xb, meta[0], w,
+                                                                              history, state, out, finals)),
         _PTR(split_states.data_ptr() if splits else 0), _PTR(tails.data_ptr()),
-        _PTR(split_tails.data_ptr() if splits else 0), *(_PTR(t.data_ptr()) for t in meta),
-        _I64(n), _I64(kernel), _I64(key_heads), _I64(heads), _I64(dk), _I64(dv))
+        _PTR(split_tails.data_ptr() if splits else 0), *(_PTR(t.data_ptr()) for t in meta[1:]),
+        _I64(n), _I64(w.shape[1]), _I64(key_heads), _I64(heads), _I64(dk), _I64(dv))
     if status != 0:
         raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
-    return o, finals, split_states, tails, split_tails
+    return finals, split_states, tails, split_tails

@@ -63,6 +63,7 @@ def test_kernel_writes_only_its_segments_rows_and_checks_its_inputs():
 def test_without_a_compiler_the_layout_takes_the_torch_path(monkeypatch, tmp_path, caplog):
     """A failed build is logged once and the step runs the batched torch path, with the same result."""
     monkeypatch.setattr(native, "_libs", {})
+    monkeypatch.setenv("RAINCHECK_NATIVE", "1")
     monkeypatch.setenv("RAINCHECK_NATIVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(native.shutil, "which", lambda name: None)

@@ -56,39 +56,59 @@ def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
         at += n
 
 
-@pytest.mark.parametrize(("lengths", "splits"), [
-    ([5, 1, 70, 130, 3, 64], [3, None, None, 100, None, 60]),
-    ([31, 3], [28, None]),                                       # a deferred chunk with its 3-row lead
-    ([7, 2], [7, 1]),                                            # a split at the end; one inside the history
+@pytest.mark.parametrize(("lengths", "appended", "splits"), [
+    ([5, 1, 70, 130, 3, 64], [0, 0, 0, 0, 0, 0], [3, None, None, 100, None, 60]),
+    ([28, 9], [3, 0], [28, None]),                      # a deferred chunk with its 3-row lead appended
+    ([7, 1], [0, 1], [7, 1]),                           # a split at the end; one inside the history
 ])
 @pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
-def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, splits, use_native, monkeypatch):
+def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, monkeypatch):
     """Conv, SiLU, q/k normalisation and the delta rule, by the native kernel or the torch ops, against
-    each sequence alone through the one-sequence references; input histories and states untouched."""
+    each sequence alone through the one-sequence references. The step's rows are read in a shuffled order
+    through `source` from strided rows, appended rows from `extra`; outputs land at the step rows, the
+    appended rows' nowhere; input histories and states are untouched."""
     if use_native and not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
     monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
     key_heads, dk, heads, dv = 2, 32, 4, 24                       # two value heads per key head; Dk != Dv
     channels = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(sum(lengths))
-    rows = sum(lengths)
-    u, w = torch.randn(rows, channels, generator=gen), torch.randn(channels, K, generator=gen) / 2
-    hist, s0 = torch.randn(len(lengths), K - 1, channels, generator=gen), torch.randn(len(lengths), heads, dk, dv)
-    g = -torch.nn.functional.softplus(torch.randn(rows, heads, generator=gen))
-    beta = torch.rand(rows, heads, generator=gen)
+    step_rows, extra_rows = sum(lengths), sum(appended)
+    wide = torch.randn(step_rows, channels + 5, generator=gen)
+    u = wide[:, 2:2 + channels]                                   # rows of unit stride, 5 floats apart
+    g = -torch.nn.functional.softplus(torch.randn(step_rows, heads, generator=gen))
+    beta = torch.rand(step_rows, heads, generator=gen)
+    extra = (torch.randn(extra_rows, channels, generator=gen),
+             -torch.nn.functional.softplus(torch.randn(extra_rows, heads, generator=gen)),
+             torch.rand(extra_rows, heads, generator=gen)) if extra_rows else None
+    w = torch.randn(channels, K, generator=gen) / 2
+    hist = torch.randn(len(lengths), K - 1, channels, generator=gen)
+    s0 = torch.randn(len(lengths), heads, dk, dv, generator=gen)
+    order = torch.randperm(step_rows, generator=gen)              # sequence i's rows are order[at:at + n]
+    source, at, e = [], 0, 0
+    for n, a in zip(lengths, appended, strict=True):
+        source += [*order[at:at + n].tolist(), *range(-1 - e, -1 - e - a, -1)]
+        at, e = at + n, e + a
     before = (hist.clone(), s0.clone())
-    out, finals, split_states, tails, split_tails = gated_deltanet_varlen(
-        u, w, hist, g, beta, s0, varlen_layout(lengths, K, splits), key_heads, dk)
+    out = torch.full((step_rows, heads, dv), float("nan"))
+    layout = varlen_layout([n + a for n, a in zip(lengths, appended, strict=True)], K, splits)
+    finals, split_states, tails, split_tails = gated_deltanet_varlen(
+        u, g, beta, torch.tensor(source), extra, w, hist, s0, layout, key_heads, dk, out)
     assert torch.equal(hist, before[0]) and torch.equal(s0, before[1])
-    at, j = 0, 0
-    for i, n in enumerate(lengths):
-        def alone(m: int, i: int = i, at: int = at):
-            conv, tail = causal_conv1d(u[at:at + m], w, hist[i])
+    at, e, j = 0, 0, 0
+    for i, (n, a) in enumerate(zip(lengths, appended, strict=True)):
+        rows = order[at:at + n]
+        xs = [u[rows], g[rows], beta[rows]]
+        if a:
+            xs = [torch.cat([x, ex[e:e + a]]) for x, ex in zip(xs, extra, strict=True)]
+
+        def alone(m: int, i: int = i, xs: list = xs):
+            conv, tail = causal_conv1d(xs[0][:m], w, hist[i])
             q, k, v = split_qkv(conv, key_heads, dk, heads, dv)
-            o, state = recurrent_gated_delta_rule(q, k, v, g[at:at + m], beta[at:at + m], s0[i])
+            o, state = recurrent_gated_delta_rule(q, k, v, xs[1][:m], xs[2][:m], s0[i])
             return o, state, tail
-        ref_o, ref_s, ref_tail = alone(n)
-        assert float((out[at:at + n] - ref_o).abs().max()) <= 1e-5
+        ref_o, ref_s, ref_tail = alone(n + a)
+        assert float((out[rows] - ref_o[:n]).abs().max()) <= 1e-5
         assert float((finals[i] - ref_s).abs().max()) <= 1e-5
         assert float((tails[i] - ref_tail).abs().max()) <= 1e-6
         if splits[i] is not None:
@@ -96,7 +116,7 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, splits,
             assert float((split_states[j] - split_s).abs().max()) <= 1e-5
             assert float((split_tails[j] - split_tail).abs().max()) <= 1e-6
             j += 1
-        at += n
+        at, e = at + n, e + a
 
 
 def test_conv_over_packed_sequences_equals_each_alone():

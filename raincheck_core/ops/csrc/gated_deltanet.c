@@ -3,15 +3,18 @@
 
    Built and loaded by raincheck_core/ops/native.py; the contract is that of the torch path in
    `gated_deltanet_varlen` (raincheck_core/ops/gdn_varlen.py): `causal_conv1d_varlen`, then `split_qkv`,
-   then `chunk_gated_delta_rule_varlen`. Sequence s has len[s] rows at packed rows start[s]...; it starts
+   then `chunk_gated_delta_rule_varlen`. The packed rows are read where they lie: packed row r is row
+   source[r] of the step's u (row stride ld_u), g and beta, or, when source[r] < 0, appended row
+   -1 - source[r] of xu, xg, xb (a deferred chunk's recorded conv lead); its output goes to row source[r]
+   of o, and is dropped for an appended row. Sequence s has len[s] packed rows from start[s]; it starts
    from conv history hist[s] and state state_in[s] and leaves its history in tails[s] and its state in
    state_out[s]; when split_row[s] >= 0 the history and state after its first split_row[s] rows are also
    written to split_tails / split_out at split_index[s]. Per row, with conv channels [q | k | v]:
        x = silu(conv(u)); q, k L2-normalised per key head (q also scaled by dk^-1/2);
        per value head h (key head h / (heads / key_heads)), with S [Dk, Dv]:
        S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q.
-   u [R, C], conv weight [C, K], hist and tails [., K-1, C], g, beta [R, H], states [., H, Dk, Dv],
-   o [R, H, Dv]: fp32, contiguous.
+   u and xu [., C] (u's rows ld_u apart), conv weight [C, K], hist and tails [., K-1, C], g, beta, xg, xb
+   [., H], states [., H, Dk, Dv], o [., H, Dv]: fp32, otherwise contiguous.
 
    Why native: a deferred chunk (7-63 rows plus its 3-row lead) is a short sequence, and the torch path's
    ~50 tensor ops per layer cost more in dispatch than their arithmetic; token by token, a head's state
@@ -69,33 +72,35 @@ static inline void l2norm(float *restrict x, int64_t n, float scale) {
 }
 
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
-int gated_deltanet_f32(const float *u, const float *conv_w, const float *hist, const float *g, const float *beta,
-                       const float *state_in, float *o, float *state_out, float *split_out, float *tails,
-                       float *split_tails, const int64_t *start, const int64_t *len, const int64_t *split_row,
-                       const int64_t *split_index, int64_t n, int64_t kernel, int64_t key_heads, int64_t heads,
-                       int64_t dk, int64_t dv) {
-    const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, lead = kernel - 1, rep = heads / key_heads;
+int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float *beta, const float *xu,
+                       const float *xg, const float *xb, const int64_t *source, const float *conv_w,
+                       const float *hist, const float *state_in, float *o, float *state_out, float *split_out,
+                       float *tails, float *split_tails, const int64_t *start, const int64_t *len,
+                       const int64_t *split_row, const int64_t *split_index, int64_t n, int64_t kernel,
+                       int64_t key_heads, int64_t heads, int64_t dk, int64_t dv) {
+    const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv] */
-    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + dv));
+    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv], a dropped output row [Dv] */
+    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + 2 * dv));
     if (!wt) return 1;
-    float *x = wt + kernel * C, *delta = x + C;
+    float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv;
     for (int64_t c = 0; c < C; c++)
         for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
     for (int64_t s = 0; s < n; s++) {
         const int64_t first = start[s], end = start[s] + len[s];
-        /* the row before the sequence's first comes from its history (oldest first) */
-#define ROW(pos) ((pos) >= first ? u + (pos) * C : hist + (s * lead + lead - (first - (pos))) * C)
+        /* a packed row of this sequence, or before its first row, its history (oldest first) */
+#define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
+                                 : hist + (s * hist_rows + hist_rows - (first - (pos))) * C)
         memcpy(state_out + s * heads * state_size, state_in + s * heads * state_size,
                sizeof(float) * (size_t)(heads * state_size));
         for (int64_t t = first; t < end; t++) {
             /* taps in order, oldest row first, as the torch path accumulates them */
-            const float *r0 = ROW(t - lead);
+            const float *r0 = ROW(t - hist_rows);
 #pragma omp simd
             for (int64_t c = 0; c < C; c++) x[c] = r0[c] * wt[c];
             for (int64_t j = 1; j < kernel; j++) {
-                const float *r = ROW(t - lead + j), *w = wt + j * C;
+                const float *r = ROW(t - hist_rows + j), *w = wt + j * C;
 #pragma omp simd
                 for (int64_t c = 0; c < C; c++) x[c] += r[c] * w[c];
             }
@@ -105,19 +110,22 @@ int gated_deltanet_f32(const float *u, const float *conv_w, const float *hist, c
                 l2norm(x + a * dk, dk, q_scale);
                 l2norm(x + kd + a * dk, dk, 1.0f);
             }
+            const int64_t src = source[t];
+            const float *gt = src >= 0 ? g + src * heads : xg + (-1 - src) * heads;
+            const float *bt = src >= 0 ? beta + src * heads : xb + (-1 - src) * heads;
             for (int64_t h = 0; h < heads; h++) {
-                const int64_t a = h / rep, th = t * heads + h;
+                const int64_t a = h / rep;
                 float *S = state_out + (s * heads + h) * state_size;
-                delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(g[th]), beta[th],
-                           o + th * dv, delta, dk, dv);
+                delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(gt[h]), bt[h],
+                           src >= 0 ? o + (src * heads + h) * dv : dropped, delta, dk, dv);
                 if (split_row[s] >= 0 && t - first + 1 == split_row[s])
                     memcpy(split_out + (split_index[s] * heads + h) * state_size, S, sizeof(float) * (size_t)state_size);
             }
         }
-        for (int64_t i = 0; i < lead; i++) {
-            memcpy(tails + (s * lead + i) * C, ROW(end - lead + i), sizeof(float) * (size_t)C);
+        for (int64_t i = 0; i < hist_rows; i++) {
+            memcpy(tails + (s * hist_rows + i) * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
             if (split_row[s] >= 0)
-                memcpy(split_tails + (split_index[s] * lead + i) * C, ROW(first + split_row[s] - lead + i),
+                memcpy(split_tails + (split_index[s] * hist_rows + i) * C, ROW(first + split_row[s] - hist_rows + i),
                        sizeof(float) * (size_t)C);
         }
 #undef ROW
