@@ -115,14 +115,14 @@ _I64 = ctypes.c_int64
 
 @dataclass
 class PagedSegments:
-    """The small segments of a step as the paged-attention kernel reads them (int64, contiguous)."""
+    """Segments of a step as the paged-attention kernel reads them (int64, contiguous)."""
 
-    rows: torch.Tensor      # [R_n] the packed rows these segments cover (for the caller)
     q_start: torch.Tensor   # [S] first packed row of each segment
     q_len: torch.Tensor     # [S]
     k_start: torch.Tensor   # [S] offset of each segment's slot list in `keys`
     k_len: torch.Tensor     # [S]
     keys: torch.Tensor      # [sum k_len] readable slot ids, segment after segment
+    slot_bound: int         # 1 + the largest slot id: the kernel reads without bounds checks
 
 
 def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
@@ -130,11 +130,11 @@ def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
     k_len = torch.tensor([len(read_slots[s]) for s in ids], dtype=torch.long)
     q_start = torch.tensor([starts[s] for s in ids], dtype=torch.long)
     q_len = torch.tensor([q_lens[s] for s in ids], dtype=torch.long)
-    rows = torch.cat([torch.arange(a, a + n) for a, n in zip(q_start.tolist(), q_len.tolist(), strict=True)])
-    return PagedSegments(
-        rows=rows, q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len,
-        keys=torch.cat([read_slots[s].cpu().long() for s in ids]).contiguous(),
-    )
+    keys = torch.cat([read_slots[s].cpu().long() for s in ids]).contiguous()
+    if bool((k_len < q_len).any()) or int(keys.min()) < 0:
+        raise ValueError("each segment reads at least its own rows' slots, and slot ids are not negative")
+    return PagedSegments(q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len, keys=keys,
+                         slot_bound=int(keys.max()) + 1)
 
 
 def paged_attention_available(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -154,6 +154,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                              f"contiguous={t.is_contiguous()}")
     heads, d = q.shape[1], q.shape[2]
     kv = k_cache.shape[1]
+    if seg.slot_bound > k_cache.shape[0] or v_cache.shape != k_cache.shape or heads % kv:
+        raise ValueError(f"paged_attention: slots up to {seg.slot_bound - 1} in a cache of {k_cache.shape[0]}, "
+                         f"or caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} for {heads} heads")
     status = lib.paged_attention_f32(
         _PTR(q.data_ptr()), _PTR(k_cache.data_ptr()), _PTR(v_cache.data_ptr()), _PTR(out.data_ptr()),
         _PTR(seg.q_start.data_ptr()), _PTR(seg.q_len.data_ptr()), _PTR(seg.k_start.data_ptr()),
@@ -190,6 +193,10 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, source:
                                               (g, beta, xu, xg, xb, conv_weight, history, state))
     meta = [t.contiguous() for t in (source, seq_start, seq_len, split_row, split_index)]
     n, heads, dk, dv = state.shape
+    # the kernel reads without bounds checks
+    if (int(source.max()) >= u.shape[0] or -1 - int(source.min()) >= xu.shape[0] or int(seq_len.sum()) != len(source)
+            or u.shape[1] != w.shape[0] or heads % (key_heads or 1)):
+        raise ValueError("gated_deltanet: rows, channels or heads do not match")
     finals, tails = torch.empty_like(state), torch.empty_like(history)
     splits = int((meta[4] >= 0).sum())
     split_states = state.new_empty(splits, heads, dk, dv) if splits else None

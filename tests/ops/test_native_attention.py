@@ -58,6 +58,22 @@ def test_kernel_writes_only_its_segments_rows_and_checks_its_inputs():
     assert float((out[1] - reference_attention(q[1:2], k_cache, v_cache, torch.arange(5, 20))[0]).abs().max()) <= 1e-5
     with pytest.raises(ValueError, match="contiguous fp32"):
         native.paged_attention(q.double(), k_cache, v_cache, out, seg)
+    # the kernel reads without bounds checks: a slot past the cache is refused before it runs
+    beyond = native.paged_segments([0], [1], [0], [torch.tensor([3, 64])])
+    with pytest.raises(ValueError, match="slots up to 64 in a cache of 64"):
+        native.paged_attention(q, k_cache, v_cache, out, beyond)
+
+
+@pytest.mark.skipif(not native.gated_deltanet_available("cpu", torch.float32), reason="no C compiler")
+def test_gdn_kernel_refuses_rows_it_would_read_out_of_bounds():
+    channels, heads, d = 2 * 2 * 8 + 4 * 8, 4, 8
+    u, g, beta = torch.randn(5, channels), torch.rand(5, heads), torch.rand(5, heads)
+    meta = [torch.tensor([0]), torch.tensor([5]), torch.tensor([-1]), torch.tensor([-1])]
+    args = (torch.randn(channels, 4), torch.randn(1, 3, channels), torch.zeros(1, heads, d, d), 2, *meta,
+            torch.empty(5, heads, d))
+    native.gated_deltanet(u, g, beta, torch.arange(5), None, *args)
+    with pytest.raises(ValueError, match="do not match"):
+        native.gated_deltanet(u, g, beta, torch.arange(1, 6), None, *args)
 
 
 def test_without_a_compiler_the_layout_takes_the_torch_path(monkeypatch, tmp_path, caplog):

@@ -1,0 +1,40 @@
+"""`bench.kernels` and `bench.answers` end to end on small settings: reports carry what the docs read, and
+the answer comparison finds a difference (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import answers, kernels
+
+
+def test_kernels_report_has_every_op(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        kernels.main(["--repeats", "3", "--json", str(tmp_path / "k.json")])
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads((tmp_path / "k.json").read_text())
+    assert {r["op"] for r in rows} == {"decode attention, one layer", "GDN layer, multi-row path",
+                                       "linear layers of one decoder layer"}
+    assert all(r["torch_ms"] > 0 and r["native_ms"] > 0 for r in rows)
+
+
+def test_answers_compare_finds_a_changed_answer(tmp_path, capsys):
+    a = tmp_path / "a.json"
+    answers.main(["--families", "single", "--dialogues", "1", "--json", str(a)])
+    report = json.loads(a.read_text())
+    assert set(report["single"]) == {name for name, _, _ in answers.ARMS}
+    with pytest.raises(SystemExit) as same:
+        answers.main(["--compare", str(a), str(a)])
+    assert same.value.code == 0
+    changed = json.loads(a.read_text())
+    changed["single"]["full"][0][0] += " x"
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(changed))
+    with pytest.raises(SystemExit) as differ:
+        answers.main(["--compare", str(a), str(b)])
+    assert differ.value.code == 1 and "1 different" in capsys.readouterr().out
