@@ -23,6 +23,6 @@ setup(
     packages=[*find_packages(include=["raincheck_core", "raincheck_core.*"]),
               "raincheck_serve", *(f"raincheck_serve.{p}" for p in find_packages("services"))],
     package_dir={"raincheck_serve": "services"},
-    package_data={"raincheck_serve._gen": ["*.pyi"], "raincheck_core.ops": ["csrc/*.c"]},
+    package_data={"raincheck_serve._gen": ["*.pyi"], "raincheck_core.ops": ["csrc/*.c", "csrc/*.h"]},
     install_requires=[*requirements, f"raincheck-client=={version}"],
 )

@@ -74,7 +74,9 @@ def _build(name: str) -> ctypes.CDLL | None:
         return None
     source = SOURCE_DIR / f"{name}.c"
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, version, _cpu_signature()]).encode()).hexdigest()
+    headers = [h.read_text() for h in sorted(SOURCE_DIR.glob("*.h"))]
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, *FLAGS, version, _cpu_signature()]).encode()
+                         ).hexdigest()
     errors = []
     for folder in _cache_dirs():
         target = folder / f"{name}-{key[:16]}.so"

@@ -79,7 +79,8 @@ def test_the_server_wheel_installs_no_generic_names_and_declares_its_dependencie
                if f.startswith("raincheck_serve/") and f.endswith("/__init__.py")}
     assert shipped == packages, "every package under services/ is installed, as raincheck_serve"
     assert "raincheck_serve/_gen/worker_pb2.pyi" in files
-    assert "raincheck_core/ops/csrc/paged_attention.c" in files, "the native kernels' sources are built on first use"
+    assert {"raincheck_core/ops/csrc/paged_attention.c", "raincheck_core/ops/csrc/fast_math.h"} <= set(files), \
+        "the native kernels' sources are built on first use"
     declared = {Requirement(r).name: Requirement(r) for r in requires}
     listed = [Requirement(line) for line in (ROOT / "requirements" / "runtime.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")]

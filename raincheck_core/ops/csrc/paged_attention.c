@@ -16,28 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fast_math.h"
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
     float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
     for (int64_t t = 0; t < d; t++) acc += a[t] * b[t];
     return acc;
-}
-
-/* exp(x) for x <= 0 (softmax after the max is subtracted), Cephes' expf: relative error ~1e-7, and
-   written so that the compiler vectorizes it (the libm call does not) */
-static inline float exp_neg(float x) {
-    x = x < -87.3f ? -87.3f : x;
-    const float fx = floorf(x * 1.44269504088896341f + 0.5f);
-    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * x + 1.3981999507e-3f;
-    y = y * x + 8.3334519073e-3f;
-    y = y * x + 4.1665795894e-2f;
-    y = y * x + 1.6666665459e-1f;
-    y = y * x + 5.0000001201e-1f;
-    y = y * x * x + x + 1.0f;
-    union { int32_t i; float f; } scale = {.i = ((int32_t)fx + 127) << 23};
-    return y * scale.f;
 }
 
 /* Keys are taken KEY_BLOCK at a time with a running softmax (flash-attention style), so the scratch
@@ -90,9 +75,9 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     float m = run_max[x], sum = 0.0f;
                     for (int64_t j = 0; j < lim; j++) m = r[j] > m ? r[j] : m;
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t j = 0; j < lim; j++) { r[j] = exp_neg(r[j] - m); sum += r[j]; }
+                    for (int64_t j = 0; j < lim; j++) { r[j] = exp_approx(r[j] - m); sum += r[j]; }
                     if (run_max[x] != m) {     /* rescale what earlier blocks accumulated */
-                        const float c = run_max[x] == -INFINITY ? 0.0f : exp_neg(run_max[x] - m);
+                        const float c = run_max[x] == -INFINITY ? 0.0f : exp_approx(run_max[x] - m);
                         float *a = acc + (i * heads + hq) * d;
 #pragma omp simd
                         for (int64_t t = 0; t < d; t++) a[t] *= c;
