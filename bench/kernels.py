@@ -30,6 +30,7 @@ from raincheck_core.layers import linear as linear_layers
 from raincheck_core.ops.attention import attention_layout, varlen_attention
 from raincheck_core.ops.gdn import l2norm
 from raincheck_core.ops.gdn_varlen import gated_deltanet_varlen, varlen_layout
+from raincheck_core.ops.native import paged_attention_available
 
 from .common import STEP_QUANTILE, quantile, setup_torch
 
@@ -78,7 +79,10 @@ def attention_rows(repeats: int) -> list[dict]:
         q = torch.randn(sessions, HEADS, HEAD_DIM, generator=gen)
         k, v = torch.randn(sessions, KV_HEADS, HEAD_DIM), torch.randn(sessions, KV_HEADS, HEAD_DIM)
         args = (q, k, v, k_cache, v_cache)
-        layouts = [attention_layout([1] * sessions, reads, writes, native=n) for n in (False, True)]
+        # without a compiler (or RAINCHECK_NATIVE=0) both sides are the torch path
+        layouts = [attention_layout([1] * sessions, reads, writes, native=n and paged_attention_available("cpu",
+                                                                                                        torch.float32))
+                   for n in (False, True)]
         torch_ms, native_ms = side_by_side(*(lambda lay=lay, args=args: varlen_attention(*args, lay)
                                              for lay in layouts), repeats)
         rows.append(dict(op="decode attention, one layer", shape=f"{sessions} sessions x {past + 1} slots",
@@ -99,11 +103,11 @@ def gdn_rows(repeats: int) -> list[dict]:
         beta = torch.rand(n, VALUE_HEADS, generator=gen)
         hist = torch.randn(len(lengths), CONV - 1, channels, generator=gen)
         state = l2norm(torch.randn(len(lengths), VALUE_HEADS, GDN_DIM, GDN_DIM, generator=gen))
-        layout = varlen_layout(lengths, CONV, splits)
+        layout = varlen_layout(lengths, CONV, splits)       # packed row r is step row r
         out = torch.empty(n, VALUE_HEADS, GDN_DIM)
 
-        def call(layout=layout, u=u, g=g, beta=beta, hist=hist, state=state, out=out, n=n):
-            gated_deltanet_varlen(u, g, beta, torch.arange(n), None, w, hist, state, layout, KEY_HEADS, GDN_DIM, out)
+        def call(layout=layout, u=u, g=g, beta=beta, hist=hist, state=state, out=out):
+            gated_deltanet_varlen(u, g, beta, None, w, hist, state, layout, KEY_HEADS, GDN_DIM, out)
 
         def torch_call(call=call):
             with native_off():

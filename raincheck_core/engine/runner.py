@@ -158,7 +158,7 @@ class ModelRunner:
                     splits.append(None)
             step.multi = GDNMulti(
                 slots=torch.tensor([segs[i].gdn_slot for i in multi], device=dev),
-                layout=varlen_layout(lengths, self.kernel, splits, device=dev), source=torch.cat(source).to(dev),
+                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=torch.cat(source)),
             )
             if joins:
                 fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]

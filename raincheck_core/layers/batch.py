@@ -27,10 +27,8 @@ class GDNMulti:
     """Multi-row sequences. Packed in the group: each sequence's step rows, then its appended rows."""
 
     slots: torch.Tensor              # [N] state slot each sequence starts from
-    layout: VarlenLayout
-    # [R_m] per packed row of the group: the step row it is, or -1 - e for appended row e (recorded
-    # inputs, not step rows: `GDNCorrections.extra_*[:, e]`)
-    source: torch.Tensor
+    layout: VarlenLayout    # its `seqs.source`: per packed row the step row it is, or -1 - e for appended
+                            # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`)
 
 
 @dataclass

@@ -61,7 +61,7 @@ class GatedDeltaNet(nn.Module):
         extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
         pool = step.pool
         finals, split_states, tails, split_tails = gated_deltanet_varlen(
-            u, g, beta, m.source, extra, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots),
+            u, g, beta, extra, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots),
             pool.ssm[:, i].index_select(0, m.slots), m.layout, self.hk, self.dk, o)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:

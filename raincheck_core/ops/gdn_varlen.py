@@ -55,11 +55,9 @@ class VarlenLayout:
 
     num_seqs: int
     kernel: int
-    # sequences: first packed row, rows, split (rows before it, -1: none) and its index among the splits
-    seq_start: Tensor               # [N]
-    seq_len: Tensor                 # [N]
-    split_row: Tensor               # [N]
-    split_index: Tensor             # [N]
+    # sequences: where each packed row is read from (a step row, or an appended row: a deferred chunk's
+    # recorded conv lead), first rows, lengths, splits; what the native kernel reads
+    seqs: native.PackedSequences
     # conv
     ext_rows: int
     hist_at: Tensor                 # [N * (K-1)] extended-buffer rows of the incoming histories
@@ -71,13 +69,24 @@ class VarlenLayout:
 
     @cached_property
     def blocks(self) -> BlockLayout:
-        splits = [None if r < 0 else r for r in self.split_row.tolist()]
-        return _block_layout(self.seq_len.tolist(), splits, self.chunk_size, self.device)
+        splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
+        return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+
+    @cached_property
+    def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For the torch path, once per step: (packed rows read from the step, those step rows, packed
+        rows appended, their appended-row indices)."""
+        source = self.seqs.source.to(self.device)
+        at = (source >= 0).nonzero().flatten()
+        appended = (source < 0).nonzero().flatten()
+        return at, source[at], appended, -1 - source[appended]
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
-                  chunk_size: int = 64, device: torch.device | str = "cpu") -> VarlenLayout:
-    """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows."""
+                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | None = None
+                  ) -> VarlenLayout:
+    """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
+    `source` says where each packed row is read from (see `VarlenLayout.source`; default: step row r)."""
     n = len(lengths)
     splits = splits or [None] * n
     for s, split in enumerate(splits):
@@ -97,14 +106,10 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     if split_ids:
         ends = torch.tensor([int(ext_start[s]) + splits[s] for s in split_ids])
         split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
-    split_row = torch.tensor([-1 if p is None else p for p in splits], dtype=torch.long)
-    split_index = torch.full((n,), -1, dtype=torch.long)
-    split_index[split_ids] = torch.arange(len(split_ids))
     return VarlenLayout(
-        num_seqs=n, kernel=kernel, seq_start=seq_start.long(), seq_len=lens.long(), split_row=split_row,
-        split_index=split_index, ext_rows=int(lens.sum()) + n * lead, hist_at=hist_at.to(device),
-        row_at=row_at.to(device), tail_at=tail_at.to(device),
-        split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
+        num_seqs=n, kernel=kernel, seqs=native.packed_sequences(lengths, splits, source),
+        ext_rows=sum(lengths) + n * lead, hist_at=hist_at.to(device), row_at=row_at.to(device),
+        tail_at=tail_at.to(device), split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
         chunk_size=chunk_size, device=device,
     )
 
@@ -187,37 +192,33 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: Var
     return acc.to(weight.dtype).to(x.dtype), tails, split_tails
 
 
-def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, source: Tensor,
-                          extra: tuple[Tensor, Tensor, Tensor] | None, conv_weight: Tensor, history: Tensor,
-                          state: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor
+def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
+                          conv_weight: Tensor, history: Tensor, state: Tensor, layout: VarlenLayout,
+                          key_heads: int, key_dim: int, out: Tensor
                           ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
     """A Gated DeltaNet layer's token mixing of packed sequences: the short convolution, `split_qkv` and
-    the delta rule. Packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` and gates
-    `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of `extra` = (u, g, beta) (a
-    deferred chunk's recorded conv lead); its output is written to row `source[r]` of `out [R, H, Dv]`
+    the delta rule. Packed row r is row `layout.seqs.source[r]` of the step's pre-conv rows `u [R, C]` and
+    gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of `extra` = (u, g, beta)
+    (a deferred chunk's recorded conv lead); its output is written to row `source[r]` of `out [R, H, Dv]`
     (an appended row's is dropped). Conv weight `[C, K]`, histories `[N, K-1, C]`, states
     `[N, H, Dk, Dv]`, `key_heads` key heads of `key_dim`. Returns (final states, states at the splits or
     None, histories after each sequence, histories at the splits or None); inputs are not modified.
 
     On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token,
     reading the rows where they lie; elsewhere, and where no compiler is found, the torch ops with the
-    chunked rule. Measured on one thread (docs/BENCHMARKS.md): the delta rule alone 4-7x faster than the
-    chunked form at 10-130 rows and 3x at 1,000 (8 heads of 48x48 states; 2-4x with 16 heads of 128x128)."""
+    chunked rule. One thread, `bench` shapes (`python -m bench.kernels`, docs/BENCHMARKS.md): 5-8x the
+    torch path at 10-1,000 rows."""
     heads, dv = state.shape[1], state.shape[3]
     if (native.gated_deltanet_available(u.device, u.dtype) and conv_weight.dtype == out.dtype == torch.float32
             and u.stride(-1) == 1 and out.is_contiguous()
-            and (torch.get_num_threads() == 1 or int(layout.seq_len.max()) <= NATIVE_MAX_ROWS_THREADED)):
-        return native.gated_deltanet(u, g, beta, source, extra, conv_weight, history, state, key_heads,
-                                     layout.seq_start, layout.seq_len, layout.split_row, layout.split_index, out)
-    rows = source.shape[0]
+            and (torch.get_num_threads() == 1 or layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
+        return native.gated_deltanet(u, g, beta, extra, conv_weight, history, state, key_heads, layout.seqs, out)
+    at, step_rows, appended, e = layout.gathers
+    rows = layout.row_at.shape[0]
     um = u.new_empty(rows, u.shape[1])
     gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
-    at = (source >= 0).nonzero().flatten()
-    step_rows = source[at]
     um[at], gm[at], bm[at] = u[step_rows], g[step_rows], beta[step_rows]
-    if extra is not None:
-        appended = (source < 0).nonzero().flatten()
-        e = -1 - source[appended]
+    if len(appended):
         um[appended] = extra[0][e].to(u.dtype)
         gm[appended], bm[appended] = extra[1][e].to(g.dtype), extra[2][e].to(beta.dtype)
     conv, tails, split_tails = causal_conv1d_varlen(um, conv_weight, history, layout)

@@ -80,25 +80,37 @@ def _build(name: str) -> ctypes.CDLL | None:
     errors = []
     for folder in _cache_dirs():
         target = folder / f"{name}-{key[:16]}.so"
-        if target.exists():
-            return ctypes.CDLL(str(target))
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            # build beside the target and rename: a concurrent process never loads a half-written file
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                out = Path(tmp) / target.name
-                done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"],
-                                      capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    log.warning("native kernel %s failed to compile; using the torch path:\n%s", name,
-                                done.stderr[-2000:])
-                    return None
-                os.replace(out, target)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_private(folder)
+            if not target.exists():
+                # build beside the target and rename: a concurrent process never loads a half-written file
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                    out = Path(tmp) / target.name
+                    done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"],
+                                          capture_output=True, text=True, check=False)
+                    if done.returncode != 0:
+                        log.warning("native kernel %s failed to compile; using the torch path:\n%s", name,
+                                    done.stderr[-2000:])
+                        return None
+                    os.replace(out, target)
+            _check_private(target)
             return ctypes.CDLL(str(target))
-        except OSError as e:
+        except OSError as e:     # unwritable, not ours, or a library that does not load: the next folder
             errors.append(f"{folder}: {e}")
     log.warning("native kernel %s: nowhere to build it (%s); using the torch path", name, "; ".join(errors))
     return None
+
+
+def _check_private(path: Path) -> None:
+    """Code is loaded only from files and folders this user owns and nobody else may write (the
+    temporary folder's name is predictable: another user could plant a library there first). A folder
+    or file of ours that others may write (a umask of 002) loses that permission first."""
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to user {st.st_uid}, not to this one")
+    if st.st_mode & 0o022:
+        os.chmod(path, st.st_mode & 0o7755)
 
 
 def library(name: str) -> ctypes.CDLL | None:
@@ -168,22 +180,53 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise MemoryError("paged_attention: cannot allocate its scratch buffer")
 
 
+@dataclass
+class PackedSequences:
+    """The sequences of a packed GDN call as the kernel reads them, built once per step (int64,
+    contiguous), with the bounds the kernel's reads need, so that no layer reduces over them again."""
+
+    source: torch.Tensor        # [R] packed row r reads step row source[r], or appended row -1 - source[r]
+    seq_start: torch.Tensor     # [N] first packed row of each sequence
+    seq_len: torch.Tensor       # [N]
+    split_row: torch.Tensor     # [N] rows before the sequence's split, -1: none
+    split_index: torch.Tensor   # [N] its index among the splits, -1: none
+    step_rows_needed: int       # 1 + the largest step row read
+    appended: int               # appended rows read
+    splits: int
+    longest: int                # rows of the longest sequence
+
+
+def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | None) -> PackedSequences:
+    """`source` None: packed row r is step row r."""
+    total = sum(lengths)
+    source = torch.arange(total) if source is None else source.cpu().long().contiguous()
+    if source.shape != (total,):
+        raise ValueError(f"source has {source.shape[0]} rows for {total} packed rows")
+    split_ids = [s for s, p in enumerate(splits) if p is not None]
+    split_index = torch.full((len(lengths),), -1, dtype=torch.long)
+    split_index[split_ids] = torch.arange(len(split_ids))
+    return PackedSequences(
+        source=source, seq_start=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0)[:-1],
+        seq_len=torch.tensor(lengths, dtype=torch.long),
+        split_row=torch.tensor([-1 if p is None else p for p in splits], dtype=torch.long), split_index=split_index,
+        step_rows_needed=int(source.max()) + 1 if total else 0, appended=int((source < 0).sum()),
+        splits=len(split_ids), longest=max(lengths, default=0))
+
+
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype == torch.float32 and library("gated_deltanet") is not None
 
 
-def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, source: torch.Tensor,
+def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, conv_weight: torch.Tensor,
-                   history: torch.Tensor, state: torch.Tensor, key_heads: int, seq_start: torch.Tensor,
-                   seq_len: torch.Tensor, split_row: torch.Tensor, split_index: torch.Tensor, out: torch.Tensor
-                   ) -> tuple[torch.Tensor, ...]:
+                   history: torch.Tensor, state: torch.Tensor, key_heads: int, seqs: PackedSequences,
+                   out: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Short convolution, SiLU, q/k normalisation and the delta rule over packed sequences in one call
-    (csrc/gated_deltanet.c). Packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` (rows
-    may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of
-    `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`. Conv weight `[C, K]`,
-    histories `[N, K-1, C]`, states `[N, H, Dk, Dv]`; per sequence its first packed row, rows, split row
-    (-1: none) and split index, int64 `[N]`. Returns (final states, states at the splits or None,
-    histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
+    (csrc/gated_deltanet.c). Packed row r is row `seqs.source[r]` of the step's pre-conv rows `u [R, C]`
+    (rows may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]`
+    of `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`. Conv weight
+    `[C, K]`, histories `[N, K-1, C]`, states `[N, H, Dk, Dv]`. Returns (final states, states at the
+    splits or None, histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
     lib = library("gated_deltanet")
     if lib is None:
         raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
@@ -193,21 +236,21 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, source:
                                                   beta.new_zeros(1, beta.shape[1]))
     g, beta, xu, xg, xb, w, history, state = (t.float().contiguous() for t in
                                               (g, beta, xu, xg, xb, conv_weight, history, state))
-    meta = [t.contiguous() for t in (source, seq_start, seq_len, split_row, split_index)]
     n, heads, dk, dv = state.shape
     # the kernel reads without bounds checks
-    if (int(source.max()) >= u.shape[0] or -1 - int(source.min()) >= xu.shape[0] or int(seq_len.sum()) != len(source)
+    if (seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
+            or seqs.appended > (xu.shape[0] if extra is not None else 0) or len(seqs.seq_len) != n
             or u.shape[1] != w.shape[0] or heads % (key_heads or 1)):
         raise ValueError("gated_deltanet: rows, channels or heads do not match")
     finals, tails = torch.empty_like(state), torch.empty_like(history)
-    splits = int((meta[4] >= 0).sum())
-    split_states = state.new_empty(splits, heads, dk, dv) if splits else None
-    split_tails = history.new_empty(splits, *history.shape[1:]) if splits else None
+    split_states = state.new_empty(seqs.splits, heads, dk, dv) if seqs.splits else None
+    split_tails = history.new_empty(seqs.splits, *history.shape[1:]) if seqs.splits else None
     status = lib.gated_deltanet_f32(
-        _PTR(u.data_ptr()), _I64(u.stride(0)), *(_PTR(t.data_ptr()) for t in (g, beta, xu, xg, xb, meta[0], w,
+        _PTR(u.data_ptr()), _I64(u.stride(0)), *(_PTR(t.data_ptr()) for t in (g, beta, xu, xg, xb, seqs.source, w,
                                                                               history, state, out, finals)),
-        _PTR(split_states.data_ptr() if splits else 0), _PTR(tails.data_ptr()),
-        _PTR(split_tails.data_ptr() if splits else 0), *(_PTR(t.data_ptr()) for t in meta[1:]),
+        _PTR(split_states.data_ptr() if seqs.splits else 0), _PTR(tails.data_ptr()),
+        _PTR(split_tails.data_ptr() if seqs.splits else 0),
+        *(_PTR(t.data_ptr()) for t in (seqs.seq_start, seqs.seq_len, seqs.split_row, seqs.split_index)),
         _I64(n), _I64(w.shape[1]), _I64(key_heads), _I64(heads), _I64(dk), _I64(dv))
     if status != 0:
         raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")

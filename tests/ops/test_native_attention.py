@@ -68,12 +68,12 @@ def test_kernel_writes_only_its_segments_rows_and_checks_its_inputs():
 def test_gdn_kernel_refuses_rows_it_would_read_out_of_bounds():
     channels, heads, d = 2 * 2 * 8 + 4 * 8, 4, 8
     u, g, beta = torch.randn(5, channels), torch.rand(5, heads), torch.rand(5, heads)
-    meta = [torch.tensor([0]), torch.tensor([5]), torch.tensor([-1]), torch.tensor([-1])]
-    args = (torch.randn(channels, 4), torch.randn(1, 3, channels), torch.zeros(1, heads, d, d), 2, *meta,
-            torch.empty(5, heads, d))
-    native.gated_deltanet(u, g, beta, torch.arange(5), None, *args)
-    with pytest.raises(ValueError, match="do not match"):
-        native.gated_deltanet(u, g, beta, torch.arange(1, 6), None, *args)
+    args = (torch.randn(channels, 4), torch.randn(1, 3, channels), torch.zeros(1, heads, d, d), 2)
+    out = torch.empty(5, heads, d)
+    native.gated_deltanet(u, g, beta, None, *args, native.packed_sequences([5], [None], None), out)
+    for source in (torch.arange(1, 6), torch.tensor([0, 1, 2, 3, -1])):    # a row past u; an appended row, none given
+        with pytest.raises(ValueError, match="do not match"):
+            native.gated_deltanet(u, g, beta, None, *args, native.packed_sequences([5], [None], source), out)
 
 
 def test_without_a_compiler_the_layout_takes_the_torch_path(monkeypatch, tmp_path, caplog):
@@ -108,6 +108,16 @@ def test_a_read_only_cache_folder_falls_back_to_the_temporary_folder(monkeypatch
     monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path))
     assert native.library("paged_attention") is not None
     assert list(tmp_path.glob("raincheck-native-*/paged_attention-*.so"))
+
+
+@needs_kernel
+def test_a_library_in_a_folder_of_another_user_is_never_loaded(monkeypatch, tmp_path):
+    """The temporary folder's name is predictable: a folder someone else owns is refused."""
+    monkeypatch.setattr(native, "_libs", {})
+    monkeypatch.setenv("RAINCHECK_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native.os, "getuid", lambda: tmp_path.stat().st_uid + 1)
+    assert native.library("paged_attention") is None
+    assert not list(tmp_path.glob("*.so"))
 
 
 def test_native_kernels_can_be_turned_off(monkeypatch):

@@ -65,7 +65,7 @@ def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
 def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, monkeypatch):
     """Conv, SiLU, q/k normalisation and the delta rule, by the native kernel or the torch ops, against
     each sequence alone through the one-sequence references. The step's rows are read in a shuffled order
-    through `source` from strided rows, appended rows from `extra`; outputs land at the step rows, the
+    through the layout's source map from strided rows, appended rows from `extra`; outputs land at the step rows, the
     appended rows' nowhere; input histories and states are untouched."""
     if use_native and not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
@@ -91,9 +91,10 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
         at, e = at + n, e + a
     before = (hist.clone(), s0.clone())
     out = torch.full((step_rows, heads, dv), float("nan"))
-    layout = varlen_layout([n + a for n, a in zip(lengths, appended, strict=True)], K, splits)
+    layout = varlen_layout([n + a for n, a in zip(lengths, appended, strict=True)], K, splits,
+                           source=torch.tensor(source))
     finals, split_states, tails, split_tails = gated_deltanet_varlen(
-        u, g, beta, torch.tensor(source), extra, w, hist, s0, layout, key_heads, dk, out)
+        u, g, beta, extra, w, hist, s0, layout, key_heads, dk, out)
     assert torch.equal(hist, before[0]) and torch.equal(s0, before[1])
     at, e, j = 0, 0, 0
     for i, (n, a) in enumerate(zip(lengths, appended, strict=True)):
