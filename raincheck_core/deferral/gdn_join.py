@@ -73,9 +73,10 @@ class GDNJoin:
         self._flush()
         return self._p_rest
 
-    def fold(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+    def fold(self, k: torch.Tensor, v: torch.Tensor | None, g: torch.Tensor, beta: torch.Tensor) -> None:
         """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
-        a time). k `[layers, H, Dk]`, v `[layers, H, Dv]` (kept for audits only), g, beta `[layers, H]`."""
+        a time). k `[layers, H, Dk]`, v `[layers, H, Dv]` (read only when the join keeps factors for
+        audits), g, beta `[layers, H]`."""
         if self._buffered == BUFFER:
             self._flush()
         n = self._buffered
@@ -84,6 +85,8 @@ class GDNJoin:
         self._beta[:, n] = beta
         self._buffered += 1
         if self.factors is not None:
+            if v is None:
+                raise ValueError("a join that keeps factors for audits needs each token's v")
             for layer, f in zip(self.factors, zip(k, v, g, beta, strict=True), strict=True):
                 layer.append(tuple(t[None].clone() for t in f))
         self.fed += 1

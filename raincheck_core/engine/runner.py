@@ -41,9 +41,9 @@ class Tracked:
     `kernel - 1` (the lead), the state after it; later tokens only extend P_rest."""
 
     segment: Segment
-    u: torch.Tensor                 # [layers, conv dim]
+    u: torch.Tensor | None          # [layers, conv dim], for a lead token only
     k: torch.Tensor                 # [layers, H, Dk]
-    v: torch.Tensor                 # [layers, H, Dv]
+    v: torch.Tensor | None          # [layers, H, Dv], when the join keeps factors for audits
     g: torch.Tensor                 # [layers, H]
     beta: torch.Tensor              # [layers, H]
     state: torch.Tensor | None      # [layers, H, Dk, Dv], for a lead token only (the join's S_lead)
@@ -142,14 +142,14 @@ class ModelRunner:
             for j, i in enumerate(multi):
                 s = segs[i]
                 lengths.append(s.rows + s.lead)
-                source.append(torch.arange(starts[i], starts[i] + s.rows))
+                source.extend(range(starts[i], starts[i] + s.rows))
                 if s.live_slot is not None:
                     splits.append(s.rows)
                     join_seqs.append(j)
                     joins.append(s)
                     if s.lead:
                         jn = s.recovery.join
-                        source.append(-1 - torch.arange(appended, appended + s.lead))
+                        source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
                         appended += s.lead
                         extra_u.append(jn.lead_u[:, :s.lead])
                         extra_g.append(jn.lead_g[:, :s.lead])
@@ -158,7 +158,7 @@ class ModelRunner:
                     splits.append(None)
             step.multi = GDNMulti(
                 slots=torch.tensor([segs[i].gdn_slot for i in multi], device=dev),
-                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=torch.cat(source)),
+                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=source),
             )
             if joins:
                 fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]
@@ -227,16 +227,32 @@ class ModelRunner:
             finals = [s[1] for s in res.single]
             out.writes.append(StateWrite(step.single.slots, [s[0] for s in res.single], finals))
             if inputs.keep:
-                keep = step.single.keep
-                u, k, v, g, beta = (torch.stack(list(parts), dim=1) for parts in zip(*res.factors, strict=True))
-                lead = [j for j, seg in enumerate(inputs.keep) if seg.recovery.join.fed < seg.recovery.join.lead]
-                states: list[torch.Tensor | None] = [None] * len(inputs.keep)
-                if lead:    # only lead tokens need the state after them: stacking all would copy every state
-                    rows = keep[torch.tensor(lead, device=self.device)]
-                    for j, s in zip(lead, torch.stack([f[rows] for f in finals], dim=1), strict=True):
-                        states[j] = s
-                out.tracked = [Tracked(seg, u[j], k[j], v[j], g[j], beta[j], states[j])
-                               for j, seg in enumerate(inputs.keep)]
+                out.tracked = self._tracked(inputs, res.factors, finals)
+
+    def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: list[torch.Tensor]
+                 ) -> list[Tracked]:
+        """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
+        lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked."""
+        keep, segs = inputs.batch.gdn.single.keep, inputs.keep
+        every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
+        joins = [seg.recovery.join for seg in segs]
+        lead = [j for j, jn in enumerate(joins) if jn.fed < jn.lead]
+
+        def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
+            if not needed:
+                return None
+            t = torch.stack([f[part] for f in factors], dim=1)                     # [N, layers, ...]
+            return t if every else t[keep]
+
+        audit = any(jn.factors is not None for jn in joins)
+        u, k, v, g, beta = stacked(0, bool(lead)), stacked(1), stacked(2, audit), stacked(3), stacked(4)
+        states: list[torch.Tensor | None] = [None] * len(segs)
+        if lead:    # only lead tokens need the state after them: stacking all would copy every state
+            rows = keep[torch.tensor(lead, device=self.device)]
+            for j, s in zip(lead, torch.stack([f[rows] for f in finals], dim=1), strict=True):
+                states[j] = s
+        return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
+                for j, seg in enumerate(segs)]
 
 
 def _tracks(seg: Segment) -> bool:

@@ -66,7 +66,7 @@ class GDNOutputs:
     multi: list[tuple[torch.Tensor, ...]] = field(default_factory=list)    # tails, finals, split tails, split states
     corrected: list[torch.Tensor] = field(default_factory=list)            # [J, H, Dk, Dv]
     single: list[tuple[torch.Tensor, ...]] = field(default_factory=list)   # tails, finals
-    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # u, k, v, g, beta of `keep` rows
+    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # u, k, v, g, beta of the one-row sequences
 
 
 @dataclass

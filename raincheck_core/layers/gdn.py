@@ -96,8 +96,8 @@ class GatedDeltaNet(nn.Module):
         else:
             o[s.step_rows] = out.to(o.dtype)
         step.out.single.append((new_hist, state))
-        if s.keep is not None:
-            step.out.factors.append((us[s.keep], k[s.keep], v[s.keep], gs[s.keep], bs[s.keep]))
+        if s.keep is not None:     # views of every one-row sequence's: the runner picks the tracked rows once
+            step.out.factors.append((us, k, v, gs, bs))
 
     def rerun(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_hist: torch.Tensor,
               state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -76,9 +76,9 @@ def attention_layout(q_lens: list[int], read_slots: list[torch.Tensor], write_sl
     medium = [s for s, n in enumerate(q_lens) if 1 < n <= SMALL_QUERY_ROWS]
     large = [s for s, n in enumerate(q_lens) if n > SMALL_QUERY_ROWS]
     paged = None
-    if native and small:
-        paged = paged_segments(small, q_lens, starts, read_slots)
-        small = []
+    if native and (small or medium):
+        paged = paged_segments(sorted(small + medium), q_lens, starts, read_slots)
+        small, medium = [], []
     groups = [_group(ids, q_lens, starts, read_slots, device) for ids in (small, medium, large) if ids]
     return AttentionLayout(write_slots.to(device), groups, paged)
 

@@ -47,6 +47,10 @@ def extend_map_(P: Tensor, k: Tensor, g: Tensor, beta: Tensor) -> Tensor:
     flat = P.view(-1, dk, dk)
     m = flat.shape[0]
     k, g, beta = k.float().reshape(-1, m, dk), g.float().reshape(-1, m), beta.float().reshape(-1, m)
+    if k.shape[0] == 1:     # one token (a join read right after a decode step): the rank-1 form, no system
+        kt = k[0].unsqueeze(1)                                           # [M, 1, Dk]
+        flat.baddbmm_(kt.mT * -beta[0][:, None, None], kt @ flat).mul_(g[0].exp()[:, None, None])
+        return P
     for start in range(0, k.shape[0], BLOCK):
         kb = k[start:start + BLOCK].transpose(0, 1)                   # [M, n, Dk]
         bb = beta[start:start + BLOCK].transpose(0, 1).unsqueeze(-1)  # [M, n, 1]

@@ -46,31 +46,57 @@ class BlockLayout:
 
 
 @dataclass
-class VarlenLayout:
-    """Where the rows of N packed sequences go; built once per step, shared by every GDN layer.
+class ConvLayout:
+    """The torch path's short convolution: each sequence's K-1 history rows laid out right before its rows
+    in an extended buffer."""
 
-    Conv: each sequence's K-1 history rows are laid out right before its rows in an extended buffer.
-    The chunked rule's blocks (`blocks`) are laid out on first use: the native kernel does not need them.
-    """
+    ext_rows: int
+    hist_at: Tensor                 # [N * (K-1)] extended-buffer rows of the incoming histories
+    row_at: Tensor                  # [R] extended-buffer row of each packed row
+    tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
+    split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
+
+
+@dataclass
+class VarlenLayout:
+    """Where the rows of N packed sequences go; built once per step, shared by every GDN layer. What
+    only the torch path reads (the conv layout, the chunked rule's blocks, the gathers) is laid out on
+    first use: the native kernel reads `seqs` alone."""
 
     num_seqs: int
     kernel: int
     # sequences: where each packed row is read from (a step row, or an appended row: a deferred chunk's
     # recorded conv lead), first rows, lengths, splits; what the native kernel reads
     seqs: native.PackedSequences
-    # conv
-    ext_rows: int
-    hist_at: Tensor                 # [N * (K-1)] extended-buffer rows of the incoming histories
-    row_at: Tensor                  # [R] extended-buffer row of each packed row
-    tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
-    split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
     chunk_size: int = 64
     device: torch.device | str = "cpu"
+
+    @cached_property
+    def conv(self) -> ConvLayout:
+        lead, n = self.kernel - 1, self.num_seqs
+        lens, seq_start = self.seqs.seq_len, self.seqs.seq_start
+        ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
+        hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
+        row_seq = torch.repeat_interleave(torch.arange(n), lens)
+        row_at = torch.arange(int(lens.sum())) + (row_seq + 1) * lead
+        tail_at = (ext_start + lens)[:, None] + torch.arange(lead)[None, :]
+        split_tail_at = None
+        split_ids = (self.seqs.split_row >= 0).nonzero().flatten()
+        if len(split_ids):
+            ends = ext_start[split_ids] + self.seqs.split_row[split_ids]
+            split_tail_at = (ends[:, None] + torch.arange(lead)[None, :]).to(self.device)
+        return ConvLayout(int(lens.sum()) + n * lead, hist_at.to(self.device), row_at.to(self.device),
+                          tail_at.to(self.device), split_tail_at)
 
     @cached_property
     def blocks(self) -> BlockLayout:
         splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
         return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+
+    @cached_property
+    def native(self) -> bool:
+        """Whether fp32 layers of this step may run the native kernel (decided once per step)."""
+        return native.gated_deltanet_available(self.device, torch.float32)
 
     @cached_property
     def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -83,35 +109,16 @@ class VarlenLayout:
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
-                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | None = None
+                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None
                   ) -> VarlenLayout:
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
     `source` says where each packed row is read from (see `VarlenLayout.source`; default: step row r)."""
-    n = len(lengths)
-    splits = splits or [None] * n
+    splits = splits or [None] * len(lengths)
     for s, split in enumerate(splits):
         if split == 0:      # the state after zero rows would be the initial one
             raise ValueError(f"split after 0 rows is not supported (sequence {s})")
-    lead = kernel - 1
-    # conv: [hist_0, rows_0, hist_1, rows_1, ...]
-    seq_start = torch.tensor([0, *lengths]).cumsum(0)[:-1]
-    ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
-    hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
-    lens = torch.tensor(lengths)
-    row_seq = torch.repeat_interleave(torch.arange(n), lens)
-    row_at = torch.arange(int(lens.sum())) + (row_seq + 1) * lead
-    tail_at = (ext_start + lens)[:, None] + torch.arange(lead)[None, :]
-    split_ids = [s for s in range(n) if splits[s] is not None]
-    split_tail_at = None
-    if split_ids:
-        ends = torch.tensor([int(ext_start[s]) + splits[s] for s in split_ids])
-        split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
-    return VarlenLayout(
-        num_seqs=n, kernel=kernel, seqs=native.packed_sequences(lengths, splits, source),
-        ext_rows=sum(lengths) + n * lead, hist_at=hist_at.to(device), row_at=row_at.to(device),
-        tail_at=tail_at.to(device), split_tail_at=split_tail_at.to(device) if split_tail_at is not None else None,
-        chunk_size=chunk_size, device=device,
-    )
+    return VarlenLayout(num_seqs=len(lengths), kernel=kernel, seqs=native.packed_sequences(lengths, splits, source),
+                        chunk_size=chunk_size, device=device)
 
 
 def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int, device: torch.device | str
@@ -177,15 +184,15 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: Var
 
     The K multiply-adds accumulate in fp32 in tap order, as F.conv1d does (transformers casts to the
     weight dtype first and back after)."""
-    lead = layout.kernel - 1
-    ext = x.new_empty(layout.ext_rows, x.shape[1])
-    ext[layout.hist_at] = history.reshape(-1, x.shape[1]).to(x.dtype)
-    ext[layout.row_at] = x
-    tails = ext[layout.tail_at]
-    split_tails = ext[layout.split_tail_at] if layout.split_tail_at is not None else None
+    lead, conv = layout.kernel - 1, layout.conv
+    ext = x.new_empty(conv.ext_rows, x.shape[1])
+    ext[conv.hist_at] = history.reshape(-1, x.shape[1]).to(x.dtype)
+    ext[conv.row_at] = x
+    tails = ext[conv.tail_at]
+    split_tails = ext[conv.split_tail_at] if conv.split_tail_at is not None else None
     full32 = ext.to(weight.dtype).float()
     w32 = weight.t().float()
-    base = layout.row_at - lead
+    base = conv.row_at - lead
     acc = full32[base] * w32[0]
     for j in range(1, layout.kernel):
         acc.addcmul_(full32[base + j], w32[j])
@@ -209,12 +216,12 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     chunked rule. One thread, `bench` shapes (`python -m bench.kernels`, docs/BENCHMARKS.md): 5-8x the
     torch path at 10-1,000 rows."""
     heads, dv = state.shape[1], state.shape[3]
-    if (native.gated_deltanet_available(u.device, u.dtype) and conv_weight.dtype == out.dtype == torch.float32
+    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == torch.float32 and u.device.type == "cpu"
             and u.stride(-1) == 1 and out.is_contiguous()
             and (torch.get_num_threads() == 1 or layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
         return native.gated_deltanet(u, g, beta, extra, conv_weight, history, state, key_heads, layout.seqs, out)
     at, step_rows, appended, e = layout.gathers
-    rows = layout.row_at.shape[0]
+    rows = layout.seqs.source.shape[0]
     um = u.new_empty(rows, u.shape[1])
     gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
     um[at], gm[at], bm[at] = u[step_rows], g[step_rows], beta[step_rows]

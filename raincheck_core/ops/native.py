@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -113,18 +114,39 @@ def _check_private(path: Path) -> None:
         os.chmod(path, st.st_mode & 0o7755)
 
 
+_PTR = ctypes.c_void_p
+_I64 = ctypes.c_int64
+# each kernel's entry point and argument types: ctypes converts plain ints (data pointers, sizes) itself,
+# which costs far less per call than wrapping each argument in Python
+_ENTRY = {
+    "paged_attention": ("paged_attention_f32", [_PTR] * 9 + [_I64] * 4 + [ctypes.c_float]),
+    "gated_deltanet": ("gated_deltanet_f32", [_PTR, _I64] + [_PTR] * 18 + [_I64] * 6),
+}
+
+
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled `csrc/<name>.c`, or None when native kernels are off or cannot be built."""
     if not enabled():
         return None
     with _lock:
         if name not in _libs:
-            _libs[name] = _build(name)
+            lib = _libs[name] = _build(name)
+            if lib is not None:
+                entry, argtypes = _ENTRY[name]
+                getattr(lib, entry).argtypes = argtypes
+                getattr(lib, entry).restype = ctypes.c_int
         return _libs[name]
 
 
-_PTR = ctypes.c_void_p
-_I64 = ctypes.c_int64
+def _loaded(name: str) -> ctypes.CDLL | None:
+    """`library(name)` without the settings check once it is loaded: a step decides its path once (the
+    `*_available` functions), and its layers' calls then only need the handle."""
+    lib = _libs.get(name)
+    return lib if lib is not None else library(name)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype is torch.float32 and t.is_contiguous() else t.float().contiguous()
 
 
 @dataclass
@@ -159,7 +181,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     seg: PagedSegments) -> None:
     """Write into `out [R, heads, d]` the attention of `seg`'s rows of `q [R, heads, d]` over the cache
     (see csrc/paged_attention.c). All fp32 on the CPU; `q`, `out` and the caches contiguous."""
-    lib = library("paged_attention")
+    lib = _loaded("paged_attention")
     if lib is None:
         raise RuntimeError("the paged-attention kernel is not available (check paged_attention_available)")
     for t in (q, k_cache, v_cache, out):
@@ -172,10 +194,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"paged_attention: slots up to {seg.slot_bound - 1} in a cache of {k_cache.shape[0]}, "
                          f"or caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} for {heads} heads")
     status = lib.paged_attention_f32(
-        _PTR(q.data_ptr()), _PTR(k_cache.data_ptr()), _PTR(v_cache.data_ptr()), _PTR(out.data_ptr()),
-        _PTR(seg.q_start.data_ptr()), _PTR(seg.q_len.data_ptr()), _PTR(seg.k_start.data_ptr()),
-        _PTR(seg.k_len.data_ptr()), _PTR(seg.keys.data_ptr()), _I64(len(seg.q_len)), _I64(heads), _I64(kv),
-        _I64(d), ctypes.c_float(d**-0.5))
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), seg.q_start.data_ptr(),
+        seg.q_len.data_ptr(), seg.k_start.data_ptr(), seg.k_len.data_ptr(), seg.keys.data_ptr(), len(seg.q_len),
+        heads, kv, d, d**-0.5)
     if status != 0:
         raise MemoryError("paged_attention: cannot allocate its scratch buffer")
 
@@ -195,22 +216,41 @@ class PackedSequences:
     splits: int
     longest: int                # rows of the longest sequence
 
+    @cached_property
+    def pointers(self) -> tuple[int, ...]:
+        """The data pointers of source, seq_start, seq_len, split_row, split_index, as the kernel takes
+        them (the tensors live as long as this object)."""
+        return tuple(t.data_ptr() for t in (self.source, self.seq_start, self.seq_len, self.split_row,
+                                            self.split_index))
 
-def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | None) -> PackedSequences:
-    """`source` None: packed row r is step row r."""
+
+def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None
+                     ) -> PackedSequences:
+    """`source` None: packed row r is step row r. Built from Python lists (a step's few sequences): a
+    handful of small tensors, no reductions over them."""
     total = sum(lengths)
-    source = torch.arange(total) if source is None else source.cpu().long().contiguous()
-    if source.shape != (total,):
-        raise ValueError(f"source has {source.shape[0]} rows for {total} packed rows")
-    split_ids = [s for s, p in enumerate(splits) if p is not None]
-    split_index = torch.full((len(lengths),), -1, dtype=torch.long)
-    split_index[split_ids] = torch.arange(len(split_ids))
+    if source is None:
+        rows = list(range(total))
+    else:
+        rows = source.tolist() if isinstance(source, torch.Tensor) else list(source)
+    if len(rows) != total:
+        raise ValueError(f"source has {len(rows)} rows for {total} packed rows")
+    split_index, count = [], 0
+    for p in splits:
+        split_index.append(-1 if p is None else count)
+        count += p is not None
+    starts = [0] * len(lengths)
+    for i in range(1, len(lengths)):
+        starts[i] = starts[i - 1] + lengths[i - 1]
+
+    def longs(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long)
+
     return PackedSequences(
-        source=source, seq_start=torch.tensor([0, *lengths], dtype=torch.long).cumsum(0)[:-1],
-        seq_len=torch.tensor(lengths, dtype=torch.long),
-        split_row=torch.tensor([-1 if p is None else p for p in splits], dtype=torch.long), split_index=split_index,
-        step_rows_needed=int(source.max()) + 1 if total else 0, appended=int((source < 0).sum()),
-        splits=len(split_ids), longest=max(lengths, default=0))
+        source=longs(rows), seq_start=longs(starts), seq_len=longs(lengths),
+        split_row=longs([-1 if p is None else p for p in splits]), split_index=longs(split_index),
+        step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
+        longest=max(lengths, default=0))
 
 
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -227,31 +267,28 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     of `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`. Conv weight
     `[C, K]`, histories `[N, K-1, C]`, states `[N, H, Dk, Dv]`. Returns (final states, states at the
     splits or None, histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
-    lib = library("gated_deltanet")
+    lib = _loaded("gated_deltanet")
     if lib is None:
         raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
     if u.stride(-1) != 1 or u.dtype != torch.float32 or not out.is_contiguous() or out.dtype != torch.float32:
         raise ValueError("gated_deltanet needs fp32 rows of unit stride and a contiguous fp32 output")
-    xu, xg, xb = extra if extra is not None else (u.new_zeros(1, u.shape[1]), g.new_zeros(1, g.shape[1]),
-                                                  beta.new_zeros(1, beta.shape[1]))
-    g, beta, xu, xg, xb, w, history, state = (t.float().contiguous() for t in
-                                              (g, beta, xu, xg, xb, conv_weight, history, state))
+    g, beta, w, history, state = _f32(g), _f32(beta), _f32(conv_weight), _f32(history), _f32(state)
+    xu, xg, xb = (_f32(t) for t in extra) if extra is not None else (None, None, None)
     n, heads, dk, dv = state.shape
-    # the kernel reads without bounds checks
+    # the kernel reads without bounds checks (appended rows only where the source map names some)
     if (seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
-            or seqs.appended > (xu.shape[0] if extra is not None else 0) or len(seqs.seq_len) != n
+            or seqs.appended > (xu.shape[0] if xu is not None else 0) or len(seqs.seq_len) != n
             or u.shape[1] != w.shape[0] or heads % (key_heads or 1)):
         raise ValueError("gated_deltanet: rows, channels or heads do not match")
     finals, tails = torch.empty_like(state), torch.empty_like(history)
     split_states = state.new_empty(seqs.splits, heads, dk, dv) if seqs.splits else None
     split_tails = history.new_empty(seqs.splits, *history.shape[1:]) if seqs.splits else None
     status = lib.gated_deltanet_f32(
-        _PTR(u.data_ptr()), _I64(u.stride(0)), *(_PTR(t.data_ptr()) for t in (g, beta, xu, xg, xb, seqs.source, w,
-                                                                              history, state, out, finals)),
-        _PTR(split_states.data_ptr() if seqs.splits else 0), _PTR(tails.data_ptr()),
-        _PTR(split_tails.data_ptr() if seqs.splits else 0),
-        *(_PTR(t.data_ptr()) for t in (seqs.seq_start, seqs.seq_len, seqs.split_row, seqs.split_index)),
-        _I64(n), _I64(w.shape[1]), _I64(key_heads), _I64(heads), _I64(dk), _I64(dv))
+        u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), *(None if t is None else t.data_ptr()
+                                                                    for t in (xu, xg, xb)),
+        seqs.pointers[0], w.data_ptr(), history.data_ptr(), state.data_ptr(), out.data_ptr(), finals.data_ptr(),
+        split_states.data_ptr() if seqs.splits else None, tails.data_ptr(),
+        split_tails.data_ptr() if seqs.splits else None, *seqs.pointers[1:], n, w.shape[1], key_heads, heads, dk, dv)
     if status != 0:
         raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
     return finals, split_states, tails, split_tails

@@ -67,6 +67,17 @@ def test_extend_in_two_pieces_equals_one() -> None:
     assert (pieces - whole).abs().max().item() <= 1e-6
 
 
+def test_extend_token_by_token_equals_one_call() -> None:
+    """One token at a time takes the rank-1 form (a join read after each decode step), on a map that is
+    not the identity."""
+    _, k, _, g, beta = _suffix(12, seed=11)
+    whole = extend_map(identity_map(H, D), k, g, beta)
+    p = identity_map(H, D)
+    for t in range(k.shape[0]):
+        p = extend_map(p, k[t:t + 1], g[t:t + 1], beta[t:t + 1])
+    assert (p - whole).abs().max().item() <= 1e-6
+
+
 @pytest.mark.parametrize("n", [1, 9, 150])
 def test_extend_is_left_product_of_token_maps(n: int) -> None:
     """P = A_n ⋯ A_1 with A_t = e^{g_t}(I − β_t k_t k_tᵀ), built explicitly in fp64 (150 tokens: across

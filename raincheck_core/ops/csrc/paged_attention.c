@@ -10,7 +10,8 @@
    [rows x d] x [d x keys] matmuls of a few rows each; at 32 decode rows it moved each byte of K/V three
    times and ran the tiny matmuls at a fraction of the core's rate. Here each K/V row is read once, in
    place, through the slot list (the page table), and a slot's K/V for every head is consumed while it is
-   in cache. */
+   in cache. A segment of several rows (a deferred or short prefill chunk) first copies each block of
+   keys transposed, so that its rows' scores run along contiguous keys. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,6 +30,8 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
    holds [heads, rows, KEY_BLOCK] scores whatever the context length. */
 #define KEY_BLOCK 256
 #define AHEAD 4     /* slots fetched ahead of use */
+#define ROWS 4      /* a register tile of multi-row scores: ROWS query rows x KEYS keys */
+#define KEYS 16
 
 static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 16) __builtin_prefetch(p + o);    /* 16 floats: one 64-byte line */
@@ -45,10 +48,11 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
         if (q_len[s] > max_q) max_q = q_len[s];
     /* per segment: scores [heads, n, KEY_BLOCK] (query head hq of row i at (hq * n + i) * KEY_BLOCK),
        running max and sum [heads, n], output accumulator [n, heads, d] */
-    const int64_t nh = heads * max_q;
-    float *scores = malloc(sizeof(float) * (size_t)(nh * KEY_BLOCK + nh * d + 2 * nh));
+    const int64_t nh = heads * max_q, kt_size = max_q > 1 ? row * KEY_BLOCK : 0;
+    float *scores = malloc(sizeof(float) * (size_t)(nh * KEY_BLOCK + nh * d + 2 * nh + kt_size));
     if (!scores) return 1;
     float *acc = scores + nh * KEY_BLOCK, *run_max = acc + nh * d, *run_sum = run_max + nh;
+    float *kt = run_sum + nh;       /* multi-row segments: a block of K transposed [kv, d, KEY_BLOCK], then of V */
     for (int64_t s = 0; s < segments; s++) {
         const int64_t n = q_len[s], ks = k_len[s], lag = ks - n;    /* row i sees keys [0, lag + i + 1) */
         const int64_t *slot = keys + k_start[s];
@@ -57,15 +61,51 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
         memset(acc, 0, sizeof(float) * (size_t)(n * heads * d));
         for (int64_t j0 = 0; j0 < ks; j0 += KEY_BLOCK) {
             const int64_t j1 = j0 + KEY_BLOCK < ks ? j0 + KEY_BLOCK : ks;
-            /* key-major: one slot's K for all heads is contiguous; slots are scattered over pages, so
-               the hardware prefetcher loses them at page ends: fetch a few slots ahead */
-            for (int64_t j = j0; j < j1; j++) {
-                if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
-                const float *kp = k_cache + slot[j] * row;
-                for (int64_t i = j > lag ? j - lag : 0; i < n; i++)
+            if (n == 1) {
+                /* key-major: one slot's K for all heads is contiguous; slots are scattered over pages,
+                   so the hardware prefetcher loses them at page ends: fetch a few slots ahead */
+                for (int64_t j = j0; j < j1; j++) {
+                    if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
+                    const float *kp = k_cache + slot[j] * row;
                     for (int64_t hq = 0; hq < heads; hq++)
-                        scores[(hq * n + i) * KEY_BLOCK + j - j0] =
-                            dot(qs + (i * heads + hq) * d, kp + (hq / rep) * d, d) * scale;
+                        scores[hq * KEY_BLOCK + j - j0] = dot(qs + hq * d, kp + (hq / rep) * d, d) * scale;
+                }
+            } else {
+                /* several rows share each key: copy the block's K once, transposed to [kv, d, keys], so
+                   every row's scores are FMAs along contiguous keys (no horizontal sums per dot) */
+                for (int64_t j = j0; j < j1; j++) {
+                    if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
+                    const float *kp = k_cache + slot[j] * row;
+                    for (int64_t x = 0; x < row; x++) kt[x * KEY_BLOCK + j - j0] = kp[x];
+                }
+                if (j1 - j0 < KEY_BLOCK)    /* the register tile reads up to KEYS - 1 columns past the block */
+                    for (int64_t x = 0; x < row; x++)
+                        memset(kt + x * KEY_BLOCK + j1 - j0, 0, sizeof(float) * (size_t)(KEY_BLOCK - (j1 - j0)));
+                const int64_t nb = j1 - j0;
+                for (int64_t hq = 0; hq < heads; hq++) {
+                    const float *kh = kt + (hq / rep) * d * KEY_BLOCK;
+                    for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
+                        /* ROWS rows x KEYS keys of scores stay in registers over the d products */
+                        const float *qr[ROWS];
+                        for (int64_t u = 0; u < ROWS; u++)
+                            qr[u] = qs + ((i0 + u < n ? i0 + u : n - 1) * heads + hq) * d;
+                        for (int64_t j = 0; j < nb; j += KEYS) {
+                            float a[ROWS][KEYS] = {{0.0f}};
+                            for (int64_t t = 0; t < d; t++) {
+                                const float *kr = kh + t * KEY_BLOCK + j;
+                                for (int64_t u = 0; u < ROWS; u++) {
+                                    const float qv = qr[u][t];
+#pragma omp simd
+                                    for (int64_t x = 0; x < KEYS; x++) a[u][x] += qv * kr[x];
+                                }
+                            }
+                            for (int64_t u = 0; u < ROWS && i0 + u < n; u++) {
+                                float *r = scores + (hq * n + i0 + u) * KEY_BLOCK + j;
+                                for (int64_t x = 0; x < KEYS; x++) r[x] = a[u][x] * scale;
+                            }
+                        }
+                    }
+                }
             }
             for (int64_t hq = 0; hq < heads; hq++)
                 for (int64_t i = 0; i < n; i++) {
@@ -86,16 +126,44 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     }
                     run_sum[x] += sum;
                 }
-            for (int64_t j = j0; j < j1; j++) {
-                if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
-                const float *vp = v_cache + slot[j] * row;
-                for (int64_t i = j > lag ? j - lag : 0; i < n; i++)
-                    for (int64_t hq = 0; hq < heads; hq++) {
-                        const float p = scores[(hq * n + i) * KEY_BLOCK + j - j0];
-                        const float *v = vp + (hq / rep) * d;
-                        float *a = acc + (i * heads + hq) * d;
+            if (n == 1 || d % KEYS) {
+                for (int64_t j = j0; j < j1; j++) {
+                    if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
+                    const float *vp = v_cache + slot[j] * row;
+                    for (int64_t i = j > lag ? j - lag : 0; i < n; i++)
+                        for (int64_t hq = 0; hq < heads; hq++) {
+                            const float p = scores[(hq * n + i) * KEY_BLOCK + j - j0];
+                            const float *v = vp + (hq / rep) * d;
+                            float *a = acc + (i * heads + hq) * d;
 #pragma omp simd
-                        for (int64_t t = 0; t < d; t++) a[t] += p * v[t];
+                            for (int64_t t = 0; t < d; t++) a[t] += p * v[t];
+                        }
+                }
+            } else {
+                /* the block's V copied once as [kv, keys, d]; each row's output, KEYS values at a time,
+                   stays in registers along the keys */
+                for (int64_t j = j0; j < j1; j++) {
+                    if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
+                    const float *vp = v_cache + slot[j] * row;
+                    for (int64_t h = 0; h < kv; h++)
+                        memcpy(kt + (h * KEY_BLOCK + j - j0) * d, vp + h * d, sizeof(float) * (size_t)d);
+                }
+                for (int64_t hq = 0; hq < heads; hq++)
+                    for (int64_t i = 0; i < n; i++) {
+                        const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0;
+                        if (lim <= 0) continue;
+                        const float *p = scores + (hq * n + i) * KEY_BLOCK, *vh = kt + (hq / rep) * KEY_BLOCK * d;
+                        float *a = acc + (i * heads + hq) * d;
+                        for (int64_t t0 = 0; t0 < d; t0 += KEYS) {
+                            float r[KEYS];
+                            for (int64_t x = 0; x < KEYS; x++) r[x] = a[t0 + x];
+                            for (int64_t j = 0; j < lim; j++) {
+                                const float pj = p[j], *v = vh + j * d + t0;
+#pragma omp simd
+                                for (int64_t x = 0; x < KEYS; x++) r[x] += pj * v[x];
+                            }
+                            for (int64_t x = 0; x < KEYS; x++) a[t0 + x] = r[x];
+                        }
                     }
             }
         }
