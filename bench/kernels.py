@@ -2,11 +2,13 @@
 
     python -m bench.kernels [--repeats 200] [--json PATH]
 
-- paged attention of decode rows (ops/csrc/paged_attention.c) vs the batched torch path, per layer:
-  1 and 32 sessions with 300 cached slots each, on pages of 16 slots handed out in a shuffled order;
+- paged attention (ops/csrc/paged_attention.c) vs the batched torch path, per layer: decode rows of 1
+  and 32 sessions with 300 cached slots each, and a fused step's deferred chunk of 7, 31 or 63 rows
+  with its decode row, on pages of 16 slots handed out in a shuffled order;
 - a GDN layer's multi-row path (ops/csrc/gated_deltanet.c: conv, SiLU, q/k norms, delta rule) vs the
   torch ops with the chunked rule: one sequence of 10 (a 7-row deferred chunk with its 3-row lead), 34,
-  66, 130 and 1,000 rows, and two 34-row chunks;
+  66, 130 and 1,000 rows, and two 34-row chunks; and its decode rows (1 and 32 one-row sequences) vs
+  one batched recurrent step;
 - the linear layers of one decoder layer (q/k/v/gate, output, MLP) with prepacked oneDNN weights vs
   torch's default fp32 matmul, at 1-64 rows.
 One thread; the two sides alternate call by call, and each side's time is the 20th percentile of its
@@ -17,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from raincheck_core.layers import linear as linear_layers
 from raincheck_core.ops.attention import attention_layout, varlen_attention
 from raincheck_core.ops.gdn import l2norm
-from raincheck_core.ops.gdn_varlen import gated_deltanet_varlen, varlen_layout
+from raincheck_core.ops.gdn_varlen import VarlenLayout, gated_deltanet_rows, gated_deltanet_varlen, varlen_layout
 from raincheck_core.ops.native import paged_attention_available
 
 from .common import STEP_QUANTILE, quantile, setup_torch
@@ -53,17 +53,12 @@ def side_by_side(a: Callable[[], object], b: Callable[[], object], repeats: int)
     return tuple(1e3 * quantile(t, STEP_QUANTILE) for t in times)
 
 
-@contextmanager
-def native_off():
-    old = os.environ.get("RAINCHECK_NATIVE")
-    os.environ["RAINCHECK_NATIVE"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["RAINCHECK_NATIVE"]
-        else:
-            os.environ["RAINCHECK_NATIVE"] = old
+def _both_paths(make: Callable[[], VarlenLayout]) -> tuple[VarlenLayout, VarlenLayout]:
+    """Two layouts of the same sequences: one held to the torch path, one on the native kernel where it
+    is built (a layout decides its path once, as a step does)."""
+    torch_path, fast = make(), make()
+    torch_path.native = False
+    return torch_path, fast
 
 
 def attention_rows(repeats: int) -> list[dict]:
@@ -87,6 +82,25 @@ def attention_rows(repeats: int) -> list[dict]:
                                              for lay in layouts), repeats)
         rows.append(dict(op="decode attention, one layer", shape=f"{sessions} sessions x {past + 1} slots",
                          torch_ms=torch_ms, native_ms=native_ms))
+    for chunk, context in ((7, 700), (31, 700), (63, 1100)):
+        # a fused step of one session: the chunk reads the context and itself, the decode row everything
+        slots = 20_000
+        k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen)
+        v_cache = torch.randn(slots, KV_HEADS, HEAD_DIM, generator=gen)
+        order = (torch.randperm(slots // 16, generator=gen)[:, None] * 16 + torch.arange(16)).flatten()
+        chunk_reads = torch.cat([order[:context], order[context + 40:context + 40 + chunk]])
+        decode_reads = torch.cat([order[:context + 40 + chunk], order[context + 40 + chunk:][:1]])
+        reads, writes = [chunk_reads, decode_reads], torch.cat([chunk_reads[-chunk:], decode_reads[-1:]])
+        q = torch.randn(chunk + 1, HEADS, HEAD_DIM, generator=gen)
+        k, v = torch.randn(chunk + 1, KV_HEADS, HEAD_DIM), torch.randn(chunk + 1, KV_HEADS, HEAD_DIM)
+        args = (q, k, v, k_cache, v_cache)
+        layouts = [attention_layout([chunk, 1], reads, writes, native=n and paged_attention_available("cpu",
+                                                                                                    torch.float32))
+                   for n in (False, True)]
+        torch_ms, native_ms = side_by_side(*(lambda lay=lay, args=args: varlen_attention(*args, lay)
+                                             for lay in layouts), repeats)
+        rows.append(dict(op="fused step attention, one layer", shape=f"{chunk}-row chunk over {context} slots + "
+                         "decode row", torch_ms=torch_ms, native_ms=native_ms))
     return rows
 
 
@@ -103,19 +117,26 @@ def gdn_rows(repeats: int) -> list[dict]:
         beta = torch.rand(n, VALUE_HEADS, generator=gen)
         hist = torch.randn(len(lengths), CONV - 1, channels, generator=gen)
         state = l2norm(torch.randn(len(lengths), VALUE_HEADS, GDN_DIM, GDN_DIM, generator=gen))
-        layout = varlen_layout(lengths, CONV, splits)       # packed row r is step row r
         out = torch.empty(n, VALUE_HEADS, GDN_DIM)
-
-        def call(layout=layout, u=u, g=g, beta=beta, hist=hist, state=state, out=out):
-            gated_deltanet_varlen(u, g, beta, None, w, hist, state, layout, KEY_HEADS, GDN_DIM, out)
-
-        def torch_call(call=call):
-            with native_off():
-                call()
-
-        torch_ms, native_ms = side_by_side(torch_call, call, max(20, repeats // 4))
+        calls = [lambda lay=lay, u=u, g=g, beta=beta, hist=hist, state=state, out=out: gated_deltanet_varlen(
+            u, g, beta, None, w, hist, state, lay, KEY_HEADS, GDN_DIM, out)
+            for lay in _both_paths(lambda n=lengths, s=splits: varlen_layout(n, CONV, s))]   # packed row r: step row r
+        torch_ms, native_ms = side_by_side(*calls, max(20, repeats // 4))
         rows.append(dict(op="GDN layer, multi-row path", shape=" + ".join(f"{x} rows" for x in lengths),
                          torch_ms=torch_ms, native_ms=native_ms))
+    for sessions in (1, 32):
+        u = torch.randn(sessions, channels, generator=gen)
+        g = -F.softplus(torch.randn(sessions, VALUE_HEADS, generator=gen))
+        beta = torch.rand(sessions, VALUE_HEADS, generator=gen)
+        hist = torch.randn(4 * sessions, CONV - 1, channels, generator=gen)       # pools of more slots
+        state = l2norm(torch.randn(4 * sessions, VALUE_HEADS, GDN_DIM, GDN_DIM, generator=gen))
+        out = torch.empty(sessions, VALUE_HEADS, GDN_DIM)
+        calls = [lambda lay=lay, u=u, g=g, beta=beta, hist=hist, state=state, out=out: gated_deltanet_rows(
+            u, g, beta, w, hist, state, lay, KEY_HEADS, GDN_DIM, out)
+            for lay in _both_paths(lambda s=sessions: varlen_layout([1] * s, CONV, slots=list(range(0, 4 * s, 4))))]
+        torch_ms, native_ms = side_by_side(*calls, repeats)
+        rows.append(dict(op="GDN layer, decode rows", shape=f"{sessions} sessions", torch_ms=torch_ms,
+                         native_ms=native_ms))
     return rows
 
 

@@ -135,6 +135,7 @@ class ModelRunner:
         joins: list[Segment] = []
         keep: list[Segment] = []
         single_segs = [segs[i] for i in single]
+        seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
         if multi:
             lengths, splits, source = [], [], []
             extra_u, extra_g, extra_b, join_seqs = [], [], [], []
@@ -156,15 +157,18 @@ class ModelRunner:
                         extra_b.append(jn.lead_beta[:, :s.lead])
                 else:
                     splits.append(None)
+            slots = [segs[i].gdn_slot for i in multi]
             step.multi = GDNMulti(
-                slots=torch.tensor([segs[i].gdn_slot for i in multi], device=dev),
-                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=source),
+                slots=torch.tensor(slots, device=dev),
+                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=source, slots=slots,
+                                     joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]),
             )
             if joins:
-                fed_lead = [s.recovery.join.fed < s.recovery.join.lead for s in joins]
-                decode_at = [_decode_of(s, single_segs) for s in joins]
-                starting = [(j, k) for j, k in enumerate(decode_at) if k >= 0]
-                repairs = [(j, k) for j, k in starting if fed_lead[j]]
+                for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
+                    if k >= 0:
+                        seed_state[k] = j
+                        if _in_lead(joins[j]):
+                            seed_hist[k] = join_seqs[j]
                 step.corrections = GDNCorrections(
                     seqs=torch.tensor(join_seqs, device=dev),
                     slots=torch.tensor([s.live_slot for s in joins], device=dev),
@@ -173,18 +177,16 @@ class ModelRunner:
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
-                    conv_from_multi=torch.tensor(fed_lead, device=dev),
-                    starts_single=_pairs(starting, dev), repairs_single=_pairs(repairs, dev),
                 )
         if single:
             keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
             keep = [single_segs[k] for k in keep_at]
-            rows = [starts[i] for i in single]
+            slots = [s.gdn_slot for s in single_segs]
             step.single = GDNSingle(
-                slots=torch.tensor([s.gdn_slot for s in single_segs], device=dev),
-                step_rows=torch.tensor(rows, device=dev),
+                slots=torch.tensor(slots, device=dev),
+                layout=varlen_layout([1] * len(single), self.kernel, device=dev, source=[starts[i] for i in single],
+                                     slots=slots, seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
-                all_rows=not multi and rows == list(range(len(rows))),
             )
         return step, [segs[i] for i in multi], joins, single_segs, keep
 
@@ -216,11 +218,19 @@ class ModelRunner:
                 c = step.corrections
                 prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
                 out.writes.append(StateWrite(prefix, [m[2] for m in res.multi], [m[3] for m in res.multi]))
-                out.writes.append(StateWrite(c.slots, None, res.corrected))
-                repair = c.conv_from_multi.nonzero().flatten()
-                if len(repair):
-                    rows = c.seqs[repair]
-                    out.writes.append(StateWrite(c.slots[repair], [t[rows] for t in tails], None))
+                # a join's corrected live state (and, within the lead, its conv history) is written only
+                # where no decode row of its turn in this step starts from it and writes its own state
+                decoding = {seg.cache for seg in inputs.single if seg.kind is Kind.DECODE}
+                alone = [j for j, seg in enumerate(inputs.joins) if seg.cache not in decoding]
+                if alone:
+                    at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
+                    out.writes.append(StateWrite(c.slots if at is None else c.slots[at], None,
+                                                 res.corrected if at is None else [r[at] for r in res.corrected]))
+                repair = [j for j in alone if _in_lead(inputs.joins[j])]
+                if repair:
+                    at = torch.tensor(repair, device=self.device)
+                    rows = c.seqs[at]
+                    out.writes.append(StateWrite(c.slots[at], [t[rows] for t in tails], None))
                 s_lead = torch.stack([f[c.seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
                 out.joined = [(seg, s_lead[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None:
@@ -246,6 +256,9 @@ class ModelRunner:
 
         audit = any(jn.factors is not None for jn in joins)
         u, k, v, g, beta = stacked(0, bool(lead)), stacked(1), stacked(2, audit), stacked(3), stacked(4)
+        heads = g.shape[-1]
+        if k.shape[-2] != heads:        # key heads -> value heads (value head h reads key head h // rep)
+            k = k.repeat_interleave(heads // k.shape[-2], dim=-2)
         states: list[torch.Tensor | None] = [None] * len(segs)
         if lead:    # only lead tokens need the state after them: stacking all would copy every state
             rows = keep[torch.tensor(lead, device=self.device)]
@@ -260,16 +273,15 @@ def _tracks(seg: Segment) -> bool:
     return seg.kind is Kind.DECODE and seg.recovery is not None and seg.recovery.join is not None
 
 
+def _in_lead(chunk: Segment) -> bool:
+    """The chunk's turn has not generated its whole conv lead: its live conv history still reaches back
+    across the insertion boundary, so the join replaces it with the chunk's (with the lead re-run)."""
+    return chunk.recovery.join.fed < chunk.recovery.join.lead
+
+
 def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Stacked, or a view of the one tensor (a lone join reads its P_rest without copying it)."""
     return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
-
-
-def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    if not pairs:
-        return None
-    a, b = zip(*pairs, strict=True)
-    return torch.tensor(a, device=device), torch.tensor(b, device=device)
 
 
 def _decode_of(chunk: Segment, single: list[Segment]) -> int:

@@ -3,9 +3,9 @@
 The model runner builds a `ForwardBatch` from the step's plan (engine/runner.py); the layers read it
 and never see sessions. Attention layers share one `AttentionLayout`; GDN layers share one `GDNStep`,
 which splits the step's sequences into two groups run as one call each:
-- `multi`: sequences of several rows (prefill and deferred chunks) through the chunked rule;
-- `single`: one-row sequences (decode rows) through one batched recurrent step, *after* `multi`,
-  because a decode row may start from a state that `multi` just corrected (see `GDNCorrections`).
+- `multi`: sequences of several rows (prefill and deferred chunks), with the deferred joins;
+- `single`: one-row sequences (decode rows), *after* `multi`, because a decode row may start from a
+  state that `multi` just corrected (see `GDNCorrections`).
 New states are not written back by the layers: they are collected in `GDNOutputs` and applied by the
 engine's update, so a forward that fails half-way leaves every state as it was.
 """
@@ -44,19 +44,15 @@ class GDNCorrections:
     extra_u: torch.Tensor | None     # [layers, T, conv dim] appended rows' pre-conv inputs (all J, packed)
     extra_g: torch.Tensor | None     # [layers, T, H]
     extra_beta: torch.Tensor | None  # [layers, T, H]
-    conv_from_multi: torch.Tensor    # [J] bool: the corrected slot's conv history becomes multi's tail
-    # (corrections j, positions in `single`) of one-row sequences that start from a corrected state /
-    # whose conv history is also replaced; None when there are none
-    starts_single: tuple[torch.Tensor, torch.Tensor] | None = None
-    repairs_single: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
 class GDNSingle:
     slots: torch.Tensor              # [N] state slot of each one-row sequence
-    step_rows: torch.Tensor          # [N] the step's rows
+    layout: VarlenLayout             # one-row sequences: their step rows, slots, and seed rows (a decode row
+                                     # of a turn whose chunk joined in this step starts from the corrected
+                                     # state: `GDNCorrections` j; within the lead, from multi's conv tail)
     keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
-    all_rows: bool = False           # the step's rows are exactly these, in order (a decode-only step)
 
 
 @dataclass

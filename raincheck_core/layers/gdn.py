@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops import gdn_state_map
 from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
-from ..ops.gdn_varlen import conv_step, gated_delta_step, gated_deltanet_varlen
+from ..ops.gdn_varlen import gated_deltanet_rows, gated_deltanet_varlen
 from .batch import ForwardBatch, GDNStep
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -55,49 +54,34 @@ class GatedDeltaNet(nn.Module):
 
     def _multi(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Multi-row sequences in one packed call; returns the corrected states and the conv tails of
-        their driving sequences, if the step has corrections."""
+        """Multi-row sequences in one packed call, with the joins; returns the corrected states and the
+        sequences' conv tails, if the step has corrections (the seeds of `_single`)."""
         m, c, i = step.multi, step.corrections, self.gdn_index
         extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
-        pool = step.pool
-        finals, split_states, tails, split_tails = gated_deltanet_varlen(
-            u, g, beta, extra, self.conv1d.weight[:, 0], pool.conv[:, i].index_select(0, m.slots),
-            pool.ssm[:, i].index_select(0, m.slots), m.layout, self.hk, self.dk, o)
+        maps = (c.p[:, i], c.s_ref[:, i]) if c is not None else None
+        finals, split_states, tails, split_tails, live = gated_deltanet_varlen(
+            u, g, beta, extra, self.conv1d.weight[:, 0], step.pool.conv[:, i], step.pool.ssm[:, i], m.layout,
+            self.hk, self.dk, o, maps)
         step.out.multi.append((tails, finals, split_tails, split_states))
         if c is None:
             return None
-        live = pool.ssm[:, i].index_select(0, c.slots)
-        live = gdn_state_map.join_state(live, c.p[:, i], finals[c.seqs] - c.s_ref[:, i])
         step.out.corrected.append(live)
-        return live, tails[c.seqs]
+        return live, tails
 
     def _single(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor,
                 corrected: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """One-row sequences; those whose turn's chunk joined in this step start from the corrected state
+        (and, within the lead, the chunk's conv tail): the layout's seed rows."""
         s, i, pool = step.single, self.gdn_index, step.pool
-        # gathered copies: safe to overwrite rows, and the recurrent step updates `state` in place
-        hist, state = pool.conv[:, i].index_select(0, s.slots), pool.ssm[:, i].index_select(0, s.slots)
-        c = step.corrections
-        if corrected is not None and c.starts_single is not None:
-            live, tails = corrected
-            at, into = c.starts_single
-            state[into] = live[at]
-            if c.repairs_single is not None:
-                at, into = c.repairs_single
-                hist[into] = tails[at].to(hist.dtype)
-        if s.all_rows:      # a step of decode rows only: no gather, no scatter
-            us, gs, bs = u, g, beta
-        else:
-            us, gs, bs = u[s.step_rows], g[s.step_rows], beta[s.step_rows]
-        conv, new_hist = conv_step(us, self.conv1d.weight[:, 0], hist)
-        q, k, v = self._qkv(conv)
-        out = gated_delta_step(q, k, v, gs, bs, state)
-        if s.all_rows:
-            o.copy_(out)
-        else:
-            o[s.step_rows] = out.to(o.dtype)
+        live, tails = corrected if corrected is not None else (None, None)
+        new_hist, state, kv = gated_deltanet_rows(u, g, beta, self.conv1d.weight[:, 0], pool.conv[:, i],
+                                                  pool.ssm[:, i], s.layout, self.hk, self.dk, o, (tails, live),
+                                                  factors=s.keep is not None)
         step.out.single.append((new_hist, state))
-        if s.keep is not None:     # views of every one-row sequence's: the runner picks the tracked rows once
-            step.out.factors.append((us, k, v, gs, bs))
+        if kv is not None:      # every one-row sequence's: the runner picks the tracked rows once
+            rows = s.layout.step_rows
+            us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
+            step.out.factors.append((us, kv[0], kv[1], gs, bs))
 
     def rerun(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_hist: torch.Tensor,
               state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,11 +7,11 @@ first k - n + i + 1 of them. That one rule covers a first prefill (k = n), a con
 decode row (sees everything) and a deferred chunk (its readable list simply leaves out the slots it
 must not see; docs/mechanism.md §4).
 
-`AttentionLayout` is built once per step and shared by all attention layers. On the CPU, decode rows
-(one-row segments) run in one call of the native paged kernel (ops/csrc/paged_attention.c), which reads
-K/V in place through the slot lists; the other segments are grouped by query length (short chunks; long
-prefills) and each group runs as one padded batched call, as decode rows do where the kernel is not
-built. A GPU backend would run one varlen paged kernel over the same layout. A group of one segment
+`AttentionLayout` is built once per step and shared by all attention layers. On the CPU, segments of up
+to 64 rows (decode rows, deferred and short prefill chunks) run in one call of the native paged kernel
+(ops/csrc/paged_attention.c), which reads K/V in place through the slot lists; longer prefills, and every
+segment where the kernel is not built, are grouped by query length and each group runs as one padded
+batched call. A GPU backend would run one varlen paged kernel over the same layout. A group of one segment
 whose readable slots are consecutive (a lone session's pages, which the pool hands out in order) reads
 K/V as a strided view of the cache; otherwise they are gathered into one padded copy.
 """
@@ -62,10 +62,9 @@ def attention_layout(q_lens: list[int], read_slots: list[torch.Tensor], write_sl
                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                      native: bool | None = None) -> AttentionLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]`
-    (their own slots last), for a cache of `dtype` on `device`. `native`: run the one-row segments with
-    the native paged kernel (None: wherever it is available). Multi-row segments keep the batched
-    matmuls: at 7-64 rows per segment BLAS computes their scores faster than the kernel's dot products
-    (a 31-row chunk over 700 slots: 1.0 ms vs 2.3 ms)."""
+    (their own slots last), for a cache of `dtype` on `device`. `native`: run the segments of up to
+    `SMALL_QUERY_ROWS` rows with the native paged kernel (None: wherever it is available); longer ones
+    take SDPA or the batched matmuls."""
     starts, row = [], 0
     for n in q_lens:
         starts.append(row)

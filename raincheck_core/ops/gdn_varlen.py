@@ -25,7 +25,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from . import native
+from . import gdn_state_map, native
 from .gdn import split_qkv
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
@@ -99,6 +99,26 @@ class VarlenLayout:
         return native.gated_deltanet_available(self.device, torch.float32)
 
     @cached_property
+    def seed_rows(self) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
+        """For the torch path: (sequences, seed rows) of the sequences that start from a seed history /
+        seed state instead of their slot's, or None."""
+        def pairs(at: Tensor | None) -> tuple[Tensor, Tensor] | None:
+            if at is None or not bool((at >= 0).any()):
+                return None
+            seqs = (at >= 0).nonzero().flatten()
+            return seqs.to(self.device), at[seqs].to(self.device)
+        return pairs(self.seqs.seed_hist_at), pairs(self.seqs.seed_state_at)
+
+    @cached_property
+    def step_rows(self) -> Tensor | None:
+        """For the torch path of one-row sequences: the step row of each, or None when they are exactly
+        the step's rows in order (a decode-only step: no gather, no scatter)."""
+        source = self.seqs.source
+        if self.seqs.step_rows_needed == len(source) and bool((source == torch.arange(len(source))).all()):
+            return None
+        return source.to(self.device)
+
+    @cached_property
     def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For the torch path, once per step: (packed rows read from the step, those step rows, packed
         rows appended, their appended-row indices)."""
@@ -109,15 +129,20 @@ class VarlenLayout:
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
-                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None
-                  ) -> VarlenLayout:
+                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None,
+                  slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
+                  seeds: tuple[list[int] | None, list[int] | None] | None = None) -> VarlenLayout:
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
-    `source` says where each packed row is read from (see `VarlenLayout.source`; default: step row r)."""
+    `source` says where each packed row is read from (see `VarlenLayout.source`; default: step row r);
+    `slots` the state-pool slot each sequence starts from (default: slot s); `joins` (sequence, live
+    slot) of each join (see `gated_deltanet_varlen`); `seeds` the seed rows sequences start from (see
+    `gated_deltanet_rows`)."""
     splits = splits or [None] * len(lengths)
     for s, split in enumerate(splits):
         if split == 0:      # the state after zero rows would be the initial one
             raise ValueError(f"split after 0 rows is not supported (sequence {s})")
-    return VarlenLayout(num_seqs=len(lengths), kernel=kernel, seqs=native.packed_sequences(lengths, splits, source),
+    return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
+                        seqs=native.packed_sequences(lengths, splits, source, slots, joins, seeds),
                         chunk_size=chunk_size, device=device)
 
 
@@ -200,28 +225,37 @@ def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: Var
 
 
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
-                          conv_weight: Tensor, history: Tensor, state: Tensor, layout: VarlenLayout,
-                          key_heads: int, key_dim: int, out: Tensor
-                          ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+                          conv_weight: Tensor, conv_pool: Tensor, ssm_pool: Tensor, layout: VarlenLayout,
+                          key_heads: int, key_dim: int, out: Tensor, maps: tuple[Tensor, Tensor] | None = None,
+                          ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]:
     """A Gated DeltaNet layer's token mixing of packed sequences: the short convolution, `split_qkv` and
-    the delta rule. Packed row r is row `layout.seqs.source[r]` of the step's pre-conv rows `u [R, C]` and
-    gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]` of `extra` = (u, g, beta)
-    (a deferred chunk's recorded conv lead); its output is written to row `source[r]` of `out [R, H, Dv]`
-    (an appended row's is dropped). Conv weight `[C, K]`, histories `[N, K-1, C]`, states
-    `[N, H, Dk, Dv]`, `key_heads` key heads of `key_dim`. Returns (final states, states at the splits or
-    None, histories after each sequence, histories at the splits or None); inputs are not modified.
+    the delta rule, then the deferred joins. Packed row r is row `layout.seqs.source[r]` of the step's
+    pre-conv rows `u [R, C]` and gates `g, beta [R, H]`, or for `source[r] < 0` appended row
+    `-1 - source[r]` of `extra` = (u, g, beta) (a deferred chunk's recorded conv lead); its output is
+    written to row `source[r]` of `out [R, H, Dv]` (an appended row's is dropped). Conv weight `[C, K]`;
+    sequence s starts from row `layout.seqs.slot[s]` of the layer's pools `conv_pool [slots, K-1, C]` and
+    `ssm_pool [slots, H, Dk, Dv]` (read, never written); `key_heads` key heads of `key_dim`. Each join j
+    of the layout corrects the live state in pool slot `join_live[j]` by the final state of sequence
+    `join_seq[j]` (its chunk run from the prefix state with the lead appended: S_lead'): `live + P_j
+    (S_lead' − S_lead_j)`, with `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`). Returns (final
+    states, states at the splits or None, histories after each sequence, histories at the splits or
+    None, corrected live states or None); inputs are not modified.
 
     On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token,
-    reading the rows where they lie; elsewhere, and where no compiler is found, the torch ops with the
-    chunked rule. One thread, `bench` shapes (`python -m bench.kernels`, docs/BENCHMARKS.md): 5-8x the
-    torch path at 10-1,000 rows."""
-    heads, dv = state.shape[1], state.shape[3]
-    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == torch.float32 and u.device.type == "cpu"
-            and u.stride(-1) == 1 and out.is_contiguous()
-            and (torch.get_num_threads() == 1 or layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
-        return native.gated_deltanet(u, g, beta, extra, conv_weight, history, state, key_heads, layout.seqs, out)
+    reading the rows and the pools' states where they lie; elsewhere, and where no compiler is found, the
+    torch ops with the chunked rule. One thread, `bench` shapes (`python -m bench.kernels`,
+    docs/BENCHMARKS.md): 5-8x the torch path at 10-1,000 rows."""
+    heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
+    seqs = layout.seqs
+    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == conv_pool.dtype == ssm_pool.dtype
+            == torch.float32 and u.device.type == "cpu" and u.stride(-1) == 1 and out.is_contiguous()
+            and (torch.get_num_threads() == 1 or seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
+        return native.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
+                                     maps)
+    dev = u.device
+    history, state = conv_pool.index_select(0, seqs.slot.to(dev)), ssm_pool.index_select(0, seqs.slot.to(dev))
     at, step_rows, appended, e = layout.gathers
-    rows = layout.seqs.source.shape[0]
+    rows = seqs.source.shape[0]
     um = u.new_empty(rows, u.shape[1])
     gm, bm = g.new_empty(rows, g.shape[1]), beta.new_empty(rows, beta.shape[1])
     um[at], gm[at], bm[at] = u[step_rows], g[step_rows], beta[step_rows]
@@ -232,7 +266,56 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
     o, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm, state, layout)
     out[step_rows] = o[at].to(out.dtype)
-    return finals, split_states, tails, split_tails
+    corrected = None
+    if seqs.joins:
+        p, s_ref = maps
+        live = ssm_pool.index_select(0, seqs.join_live.to(dev))
+        corrected = gdn_state_map.join_state(live.float(), p, finals[seqs.join_seq.to(dev)] - s_ref)
+    return finals, split_states, tails, split_tails, corrected
+
+
+def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, conv_pool: Tensor,
+                        ssm_pool: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor,
+                        seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False
+                        ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """`gated_deltanet_varlen` for one-row sequences (decode rows): sequence s is step row
+    `layout.seqs.source[s]` and starts from pool slot `layout.seqs.slot[s]`, or from row
+    `seed_hist_at[s]` / `seed_state_at[s]` of `seeds` = (histories `[M, K-1, C]`, states `[M', H, Dk,
+    Dv]`) where the layout names one (a live state a join corrected in this step). Writes the rows'
+    outputs to `out`; returns (the histories and states after each row, and with `factors` the rows' k
+    per key head `[N, key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is
+    modified.
+
+    Native on the CPU in fp32 (the kernel of `gated_deltanet_varlen`: one call instead of the torch
+    path's ~30 small ops); elsewhere one batched recurrent step."""
+    seqs, heads, dv = layout.seqs, ssm_pool.shape[1], ssm_pool.shape[3]
+    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == conv_pool.dtype == ssm_pool.dtype
+            == torch.float32 and u.device.type == "cpu" and u.stride(-1) == 1 and out.is_contiguous()):
+        x_out = u.new_empty(u.shape[0], u.shape[1]) if factors else None
+        finals, _, tails, _, _ = native.gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool, key_heads,
+                                                       seqs, out, None, seeds, x_out)
+        kv = None
+        if factors:
+            rows = layout.step_rows
+            x = x_out if rows is None else x_out[rows]
+            kd = key_heads * key_dim
+            kv = x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(-1, heads, dv)
+        return tails, finals, kv
+    dev = u.device
+    hist, state = conv_pool.index_select(0, seqs.slot.to(dev)), ssm_pool.index_select(0, seqs.slot.to(dev))
+    for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
+        if at is not None:
+            target[at[0]] = seed[at[1]].to(target.dtype)
+    rows = layout.step_rows
+    us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
+    conv, new_hist = conv_step(us, conv_weight, hist)
+    q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
+    o = gated_delta_step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
+    if rows is None:
+        out.copy_(o)
+    else:
+        out[rows] = o.to(out.dtype)
+    return new_hist, state, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
 
 
 def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,

@@ -120,7 +120,8 @@ _I64 = ctypes.c_int64
 # which costs far less per call than wrapping each argument in Python
 _ENTRY = {
     "paged_attention": ("paged_attention_f32", [_PTR] * 9 + [_I64] * 4 + [ctypes.c_float]),
-    "gated_deltanet": ("gated_deltanet_f32", [_PTR, _I64] + [_PTR] * 18 + [_I64] * 6),
+    "gated_deltanet": ("gated_deltanet_f32", [_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64]
+                       + [_PTR] * 3 + [_I64, _PTR, _I64, _PTR] + [_I64] * 6),
 }
 
 
@@ -211,22 +212,38 @@ class PackedSequences:
     seq_len: torch.Tensor       # [N]
     split_row: torch.Tensor     # [N] rows before the sequence's split, -1: none
     split_index: torch.Tensor   # [N] its index among the splits, -1: none
+    slot: torch.Tensor          # [N] the state-pool slot each sequence starts from
+    join_seq: torch.Tensor      # [J] the sequence whose final state drives each join
+    join_live: torch.Tensor     # [J] the pool slot of the live state each join corrects
+    seed_hist_at: torch.Tensor | None    # [N] row of the seed histories a sequence starts from, -1: its slot's
+    seed_state_at: torch.Tensor | None   # [N] row of the seed states a sequence starts from, -1: its slot's
     step_rows_needed: int       # 1 + the largest step row read
     appended: int               # appended rows read
     splits: int
     longest: int                # rows of the longest sequence
+    slots_needed: int           # 1 + the largest pool slot read (sequences' and joins' live slots)
+    seed_hists_needed: int = 0  # 1 + the largest seed row read
+    seed_states_needed: int = 0
+
+    @property
+    def joins(self) -> int:
+        return len(self.join_seq)
 
     @cached_property
-    def pointers(self) -> tuple[int, ...]:
-        """The data pointers of source, seq_start, seq_len, split_row, split_index, as the kernel takes
-        them (the tensors live as long as this object)."""
-        return tuple(t.data_ptr() for t in (self.source, self.seq_start, self.seq_len, self.split_row,
-                                            self.split_index))
+    def pointers(self) -> dict[str, int]:
+        """The data pointers the kernel takes (the tensors live as long as this object)."""
+        names = ("source", "seq_start", "seq_len", "split_row", "split_index", "slot", "join_seq", "join_live",
+                 "seed_hist_at", "seed_state_at")
+        return {n: None if getattr(self, n) is None else getattr(self, n).data_ptr() for n in names}
 
 
-def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None
-                     ) -> PackedSequences:
-    """`source` None: packed row r is step row r. Built from Python lists (a step's few sequences): a
+def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
+                     slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
+                     seeds: tuple[list[int] | None, list[int] | None] | None = None) -> PackedSequences:
+    """`source` None: packed row r is step row r. `slots`: the pool slot each sequence starts from (None:
+    slot s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live slot) of
+    each join. `seeds`: per sequence, the row of the seed histories and of the seed states it starts
+    from instead of its slot's (-1: its slot's). Built from Python lists (a step's few sequences): a
     handful of small tensors, no reductions over them."""
     total = sum(lengths)
     if source is None:
@@ -235,6 +252,12 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         rows = source.tolist() if isinstance(source, torch.Tensor) else list(source)
     if len(rows) != total:
         raise ValueError(f"source has {len(rows)} rows for {total} packed rows")
+    slots = list(range(len(lengths))) if slots is None else list(slots)
+    joins = list(joins or [])
+    if len(slots) != len(lengths) or any(not 0 <= seq < len(lengths) for seq, _ in joins):
+        raise ValueError("one slot per sequence, and joins of sequences that are there")
+    if min(slots, default=0) < 0 or min((live for _, live in joins), default=0) < 0:
+        raise ValueError("pool slots are not negative")
     split_index, count = [], 0
     for p in splits:
         split_index.append(-1 if p is None else count)
@@ -246,49 +269,100 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
     def longs(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long)
 
+    seed_hists, seed_states = seeds if seeds is not None else (None, None)
+    for at in (seed_hists, seed_states):
+        if at is not None and len(at) != len(lengths):
+            raise ValueError("one seed row (or -1) per sequence")
     return PackedSequences(
         source=longs(rows), seq_start=longs(starts), seq_len=longs(lengths),
         split_row=longs([-1 if p is None else p for p in splits]), split_index=longs(split_index),
+        slot=longs(slots), join_seq=longs([seq for seq, _ in joins]), join_live=longs([live for _, live in joins]),
+        seed_hist_at=None if seed_hists is None else longs(seed_hists),
+        seed_state_at=None if seed_states is None else longs(seed_states),
         step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
-        longest=max(lengths, default=0))
+        longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
+        seed_hists_needed=max(seed_hists or [], default=-1) + 1,
+        seed_states_needed=max(seed_states or [], default=-1) + 1)
 
 
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
     return torch.device(device).type == "cpu" and dtype == torch.float32 and library("gated_deltanet") is not None
 
 
+def _rows_of(t: torch.Tensor) -> bool:
+    """fp32 on the CPU, each row along dim 0 contiguous (a pool's layer view: rows any distance apart)."""
+    return t.dtype is torch.float32 and t.device.type == "cpu" and t[:1].is_contiguous()
+
+
 def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, conv_weight: torch.Tensor,
-                   history: torch.Tensor, state: torch.Tensor, key_heads: int, seqs: PackedSequences,
-                   out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                   conv_pool: torch.Tensor, ssm_pool: torch.Tensor, key_heads: int, seqs: PackedSequences,
+                   out: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+                   x_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
     """Short convolution, SiLU, q/k normalisation and the delta rule over packed sequences in one call
-    (csrc/gated_deltanet.c). Packed row r is row `seqs.source[r]` of the step's pre-conv rows `u [R, C]`
-    (rows may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row `-1 - source[r]`
-    of `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`. Conv weight
-    `[C, K]`, histories `[N, K-1, C]`, states `[N, H, Dk, Dv]`. Returns (final states, states at the
-    splits or None, histories after each sequence `[N, K-1, C]`, histories at the splits or None), fp32."""
+    (csrc/gated_deltanet.c), then the joins. Packed row r is row `seqs.source[r]` of the step's pre-conv
+    rows `u [R, C]` (rows may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row
+    `-1 - source[r]` of `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`.
+    Conv weight `[C, K]`; sequence s starts from row `seqs.slot[s]` of the pools `conv_pool [slots, K-1,
+    C]` and `ssm_pool [slots, H, Dk, Dv]` (a layer's views of the engine's pools, read in place, never
+    written). `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`) of the joins in `seqs`; `seeds` =
+    (histories `[M, K-1, C]`, states `[M', H, Dk, Dv]`) that sequences with seed rows in `seqs` start from;
+    `x_out [R, C]`, if given, receives each step row's [q | k | v] as the delta rule read them. Returns (final
+    states, states at the splits or None, histories after each sequence `[N, K-1, C]`, histories at the
+    splits or None, corrected live states `[J, H, Dk, Dv]` or None), fp32."""
     lib = _loaded("gated_deltanet")
     if lib is None:
         raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
     if u.stride(-1) != 1 or u.dtype != torch.float32 or not out.is_contiguous() or out.dtype != torch.float32:
         raise ValueError("gated_deltanet needs fp32 rows of unit stride and a contiguous fp32 output")
-    g, beta, w, history, state = _f32(g), _f32(beta), _f32(conv_weight), _f32(history), _f32(state)
+    if not (_rows_of(conv_pool) and _rows_of(ssm_pool)):
+        raise ValueError("gated_deltanet reads fp32 CPU pools whose slots are each contiguous")
+    g, beta, w = _f32(g), _f32(beta), _f32(conv_weight)
     xu, xg, xb = (_f32(t) for t in extra) if extra is not None else (None, None, None)
-    n, heads, dk, dv = state.shape
+    n, (heads, dk, dv) = len(seqs.seq_len), ssm_pool.shape[1:]
+    hist_shape = conv_pool.shape[1:]
     # the kernel reads without bounds checks (appended rows only where the source map names some)
     if (seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
-            or seqs.appended > (xu.shape[0] if xu is not None else 0) or len(seqs.seq_len) != n
-            or u.shape[1] != w.shape[0] or heads % (key_heads or 1)):
-        raise ValueError("gated_deltanet: rows, channels or heads do not match")
-    finals, tails = torch.empty_like(state), torch.empty_like(history)
-    split_states = state.new_empty(seqs.splits, heads, dk, dv) if seqs.splits else None
-    split_tails = history.new_empty(seqs.splits, *history.shape[1:]) if seqs.splits else None
+            or seqs.appended > (xu.shape[0] if xu is not None else 0)
+            or seqs.slots_needed > min(conv_pool.shape[0], ssm_pool.shape[0])
+            or u.shape[1] != w.shape[0] or hist_shape[1] != w.shape[0] or heads % (key_heads or 1)):
+        raise ValueError("gated_deltanet: rows, slots, channels or heads do not match")
+    seed_hist, seed_state = (_f32(t) if t is not None else None for t in seeds)
+    if (seqs.seed_hists_needed > (seed_hist.shape[0] if seed_hist is not None else 0)
+            or seqs.seed_states_needed > (seed_state.shape[0] if seed_state is not None else 0)
+            or (seed_hist is not None and seed_hist.shape[1:] != hist_shape)
+            or (seed_state is not None and seed_state.shape[1:] != ssm_pool.shape[1:])):
+        raise ValueError("gated_deltanet: seed rows, or their shapes, do not match")
+    if x_out is not None and (not x_out.is_contiguous() or x_out.dtype != torch.float32
+                              or x_out.shape[0] < seqs.step_rows_needed or x_out.shape[1:] != (w.shape[0],)):
+        raise ValueError("gated_deltanet: x_out must be a contiguous fp32 [rows, C]")
+    p = s_ref = corrected = None
+    if seqs.joins:
+        if maps is None:
+            raise ValueError("gated_deltanet: joins need their maps (P, S_lead)")
+        p, s_ref = maps
+        if not (_rows_of(p) and _rows_of(s_ref)) or p.shape != (seqs.joins, heads, dk, dk) \
+                or s_ref.shape != (seqs.joins, heads, dk, dv):
+            raise ValueError("gated_deltanet: P must be [J, H, Dk, Dk] and S_lead [J, H, Dk, Dv], fp32 per join")
+        corrected = ssm_pool.new_empty(seqs.joins, heads, dk, dv)
+    finals = ssm_pool.new_empty(n, heads, dk, dv)
+    tails = conv_pool.new_empty(n, *hist_shape)
+    split_states = ssm_pool.new_empty(seqs.splits, heads, dk, dv) if seqs.splits else None
+    split_tails = conv_pool.new_empty(seqs.splits, *hist_shape) if seqs.splits else None
+    ptr = seqs.pointers
+
+    def at(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
     status = lib.gated_deltanet_f32(
-        u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), *(None if t is None else t.data_ptr()
-                                                                    for t in (xu, xg, xb)),
-        seqs.pointers[0], w.data_ptr(), history.data_ptr(), state.data_ptr(), out.data_ptr(), finals.data_ptr(),
-        split_states.data_ptr() if seqs.splits else None, tails.data_ptr(),
-        split_tails.data_ptr() if seqs.splits else None, *seqs.pointers[1:], n, w.shape[1], key_heads, heads, dk, dv)
+        u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), at(xu), at(xg), at(xb), ptr["source"],
+        w.data_ptr(), conv_pool.data_ptr(), ssm_pool.data_ptr(), ptr["slot"], conv_pool.stride(0),
+        ssm_pool.stride(0), at(seed_state), ptr["seed_state_at"], at(seed_hist), ptr["seed_hist_at"],
+        out.data_ptr(), at(x_out), finals.data_ptr(), at(split_states),
+        tails.data_ptr(), at(split_tails), ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"],
+        seqs.joins, ptr["join_seq"], ptr["join_live"], at(p), p.stride(0) if p is not None else 0, at(s_ref),
+        s_ref.stride(0) if s_ref is not None else 0, at(corrected), n, w.shape[1], key_heads, heads, dk, dv)
     if status != 0:
         raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
-    return finals, split_states, tails, split_tails
+    return finals, split_states, tails, split_tails, corrected

@@ -9,7 +9,7 @@ import torch
 
 from raincheck_core import Engine, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.ops import gdn_state_map
+from raincheck_core.ops import gdn_state_map, native
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
 from tests.deferral.helpers import image_prompt, record_joined_states, rel_err
 
@@ -61,5 +61,8 @@ def test_join_equals_token_by_token_reapplication(engine, monkeypatch, setting):
 
 
 def test_transposed_join_fails_the_same_check(engine, monkeypatch):
+    """On the torch path, whose join is `join_state` (the native kernel's is checked against the same
+    formula in tests/ops/test_varlen.py)."""
+    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: False)
     monkeypatch.setattr(gdn_state_map, "join_state", lambda s, p, d: s + d @ p)   # ΔS·P: wrong side
     assert _joined_vs_reapplied(engine, monkeypatch) > 1e-3

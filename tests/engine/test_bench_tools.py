@@ -18,7 +18,8 @@ def test_kernels_report_has_every_op(tmp_path):
     finally:
         torch.set_num_threads(threads)
     rows = json.loads((tmp_path / "k.json").read_text())
-    assert {r["op"] for r in rows} == {"decode attention, one layer", "GDN layer, multi-row path",
+    assert {r["op"] for r in rows} == {"decode attention, one layer", "fused step attention, one layer",
+                                       "GDN layer, multi-row path", "GDN layer, decode rows",
                                        "linear layers of one decoder layer"}
     assert all(r["torch_ms"] > 0 and r["native_ms"] > 0 for r in rows)
 

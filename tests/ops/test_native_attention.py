@@ -74,6 +74,11 @@ def test_gdn_kernel_refuses_rows_it_would_read_out_of_bounds():
     for source in (torch.arange(1, 6), torch.tensor([0, 1, 2, 3, -1])):    # a row past u; an appended row, none given
         with pytest.raises(ValueError, match="do not match"):
             native.gated_deltanet(u, g, beta, None, *args, native.packed_sequences([5], [None], source), out)
+    # a slot past the one-slot pools, as a sequence's start or as a join's live state
+    for seqs in (native.packed_sequences([5], [None], None, slots=[1]),
+                 native.packed_sequences([5], [None], None, joins=[(0, 1)])):
+        with pytest.raises(ValueError, match="do not match"):
+            native.gated_deltanet(u, g, beta, None, *args, seqs, out, (torch.zeros(1, heads, d, d),) * 2)
 
 
 def test_without_a_compiler_the_layout_takes_the_torch_path(monkeypatch, tmp_path, caplog):

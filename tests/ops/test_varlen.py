@@ -15,6 +15,7 @@ from raincheck_core.ops.gdn_varlen import (
     chunk_gated_delta_rule_varlen,
     conv_step,
     gated_delta_step,
+    gated_deltanet_rows,
     gated_deltanet_varlen,
     varlen_layout,
 )
@@ -82,20 +83,30 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
              -torch.nn.functional.softplus(torch.randn(extra_rows, heads, generator=gen)),
              torch.rand(extra_rows, heads, generator=gen)) if extra_rows else None
     w = torch.randn(channels, K, generator=gen) / 2
-    hist = torch.randn(len(lengths), K - 1, channels, generator=gen)
-    s0 = torch.randn(len(lengths), heads, dk, dv, generator=gen)
+    # the pools hold more slots than the step reads, and sequence i starts from slot slots[i]
+    conv_pool = torch.randn(len(lengths) + 3, K - 1, channels, generator=gen)
+    ssm_pool = torch.randn(len(lengths) + 3, heads, dk, dv, generator=gen)
+    slots = torch.randperm(len(lengths) + 3, generator=gen)[:len(lengths)].tolist()
+    hist, s0 = conv_pool[slots], ssm_pool[slots]
+    # every split sequence also drives a join of the live state in another slot
+    joins = [(i, (slots[i] + 1) % (len(lengths) + 3)) for i, split in enumerate(splits) if split is not None]
+    p = torch.randn(len(joins), heads, dk, dk, generator=gen) / dk
+    s_ref = torch.randn(len(joins), heads, dk, dv, generator=gen)
     order = torch.randperm(step_rows, generator=gen)              # sequence i's rows are order[at:at + n]
     source, at, e = [], 0, 0
     for n, a in zip(lengths, appended, strict=True):
         source += [*order[at:at + n].tolist(), *range(-1 - e, -1 - e - a, -1)]
         at, e = at + n, e + a
-    before = (hist.clone(), s0.clone())
+    before = (conv_pool.clone(), ssm_pool.clone())
     out = torch.full((step_rows, heads, dv), float("nan"))
     layout = varlen_layout([n + a for n, a in zip(lengths, appended, strict=True)], K, splits,
-                           source=torch.tensor(source))
-    finals, split_states, tails, split_tails = gated_deltanet_varlen(
-        u, g, beta, extra, w, hist, s0, layout, key_heads, dk, out)
-    assert torch.equal(hist, before[0]) and torch.equal(s0, before[1])
+                           source=torch.tensor(source), slots=slots, joins=joins)
+    finals, split_states, tails, split_tails, corrected = gated_deltanet_varlen(
+        u, g, beta, extra, w, conv_pool, ssm_pool, layout, key_heads, dk, out, (p, s_ref))
+    assert torch.equal(conv_pool, before[0]) and torch.equal(ssm_pool, before[1])
+    for j, (i, live) in enumerate(joins):   # the join: live + P (S_lead' - S_lead), P on the left
+        expected = ssm_pool[live] + p[j] @ (finals[i] - s_ref[j])
+        assert float((corrected[j] - expected).abs().max()) <= 1e-5
     at, e, j = 0, 0, 0
     for i, (n, a) in enumerate(zip(lengths, appended, strict=True)):
         rows = order[at:at + n]
@@ -118,6 +129,48 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
             assert float((split_tails[j] - split_tail).abs().max()) <= 1e-6
             j += 1
         at, e = at + n, e + a
+
+
+@pytest.mark.parametrize("decode_only", [True, False], ids=["decode-step", "rows-among-others"])
+@pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
+def test_one_row_sequences_equal_each_alone_from_slots_or_seeds(decode_only, use_native, monkeypatch):
+    """Decode rows: each from its pool slot, or from a seed state / seed history (a live state a join just
+    corrected); outputs at their step rows, factors (k per key head, v) as the delta rule read them."""
+    if use_native and not native.gated_deltanet_available("cpu", torch.float32):
+        pytest.skip("the native kernel cannot be built here (no C compiler)")
+    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
+    key_heads, dk, heads, dv = 2, 32, 4, 24
+    channels = 2 * key_heads * dk + heads * dv
+    gen = torch.Generator().manual_seed(3)
+    n = 5
+    step = n if decode_only else n + 4
+    rows = list(range(n)) if decode_only else [6, 0, 3, 8, 2]
+    u = torch.randn(step, channels, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(step, heads, generator=gen))
+    beta = torch.rand(step, heads, generator=gen)
+    w = torch.randn(channels, K, generator=gen) / 2
+    conv_pool, ssm_pool = torch.randn(9, K - 1, channels, generator=gen), torch.randn(9, heads, dk, dv, generator=gen)
+    seed_hist, seed_state = torch.randn(2, K - 1, channels, generator=gen), torch.randn(3, heads, dk, dv, generator=gen)
+    slots, hist_at, state_at = [4, 1, 7, 0, 8], [-1, 1, -1, -1, 0], [2, 0, -1, -1, -1]
+    layout = varlen_layout([1] * n, K, source=rows, slots=slots, seeds=(hist_at, state_at))
+    before = (conv_pool.clone(), ssm_pool.clone())
+    out = torch.full((step, heads, dv), float("nan"))
+    tails, finals, (k_f, v_f) = gated_deltanet_rows(u, g, beta, w, conv_pool, ssm_pool, layout, key_heads, dk, out,
+                                                    (seed_hist, seed_state), factors=True)
+    assert torch.equal(conv_pool, before[0]) and torch.equal(ssm_pool, before[1])
+    for s, row in enumerate(rows):
+        h0 = seed_hist[hist_at[s]] if hist_at[s] >= 0 else conv_pool[slots[s]]
+        s0 = seed_state[state_at[s]] if state_at[s] >= 0 else ssm_pool[slots[s]]
+        conv, tail = causal_conv1d(u[row:row + 1], w, h0)
+        q, k, v = split_qkv(conv, key_heads, dk, heads, dv)
+        o, state = recurrent_gated_delta_rule(q, k, v, g[row:row + 1], beta[row:row + 1], s0)
+        assert float((out[row] - o[0]).abs().max()) <= 1e-5
+        assert float((finals[s] - state).abs().max()) <= 1e-5
+        assert float((tails[s] - tail).abs().max()) <= 1e-6
+        # k per key head (value heads 2a and 2a + 1 read key head a)
+        assert float((k_f[s] - k[0, ::2]).abs().max()) <= 1e-6 and float((v_f[s] - v[0]).abs().max()) <= 1e-6
+    untouched = [r for r in range(step) if r not in rows]
+    assert bool(out[untouched].isnan().all())
 
 
 def test_conv_over_packed_sequences_equals_each_alone():

@@ -6,15 +6,24 @@
    then `chunk_gated_delta_rule_varlen`. The packed rows are read where they lie: packed row r is row
    source[r] of the step's u (row stride ld_u), g and beta, or, when source[r] < 0, appended row
    -1 - source[r] of xu, xg, xb (a deferred chunk's recorded conv lead); its output goes to row source[r]
-   of o, and is dropped for an appended row. Sequence s has len[s] packed rows from start[s]; it starts
-   from conv history hist[s] and state state_in[s] and leaves its history in tails[s] and its state in
-   state_out[s]; when split_row[s] >= 0 the history and state after its first split_row[s] rows are also
-   written to split_tails / split_out at split_index[s]. Per row, with conv channels [q | k | v]:
+   of o, and is dropped for an appended row; with x_out, its [q | k | v] as the delta rule reads them (q
+   scaled, q and k normalised) also go to row source[r] of x_out [., C] (the factors a join's map is built
+   from). Sequence s has len[s] packed rows from start[s]. It starts from the conv history and state of
+   pool slot slot[s] (hist + slot[s] * hist_stride, state_in + slot[s] * state_stride: the pools are read
+   in place), or, where seed_hist_at[s] / seed_state_at[s] >= 0, from that row of seed_hist [., K-1, C] /
+   seed_state [., H, Dk, Dv] (a live state a join corrected in this step). It leaves its history in
+   tails[s] and its state in state_out[s]; when split_row[s] >= 0 the history and state after its first
+   split_row[s] rows are also written to split_tails / split_out at split_index[s]. Then each of the
+   `joins` joins j corrects the live state of pool slot live_slot[j] by the sequence join_seq[j] (which ran
+   from the prefix state with the lead appended, so its final state is S_lead'):
+   corrected[j] = live + P_j (S_lead' - s_ref_j), P_j = p + j * p_stride [H, Dk, Dk] and
+   s_ref_j = s_ref + j * ref_stride [H, Dk, Dv]. Per row, with conv channels [q | k | v]:
        x = silu(conv(u)); q, k L2-normalised per key head (q also scaled by dk^-1/2);
        per value head h (key head h / (heads / key_heads)), with S [Dk, Dv]:
        S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q.
-   u and xu [., C] (u's rows ld_u apart), conv weight [C, K], hist and tails [., K-1, C], g, beta, xg, xb
-   [., H], states [., H, Dk, Dv], o [., H, Dv]: fp32, otherwise contiguous.
+   u and xu [., C] (u's rows ld_u apart), conv weight [C, K], a slot's history and tails [., K-1, C], g,
+   beta, xg, xb [., H], a slot's state and the other states [., H, Dk, Dv], o [., H, Dv]: fp32, otherwise
+   contiguous.
 
    Why native: a deferred chunk (7-63 rows plus its 3-row lead) is a short sequence, and the torch path's
    ~50 tensor ops per layer cost more in dispatch than their arithmetic; token by token, a head's state
@@ -57,29 +66,59 @@ static inline void l2norm(float *restrict x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * r * scale;
 }
 
+/* y = live + P (final - ref) for each head: the join (docs/mechanism.md §5), P on the left. */
+static void join_heads(float *restrict y, const float *live, const float *P, const float *final, const float *ref,
+                       float *restrict d, int64_t heads, int64_t dk, int64_t dv) {
+    for (int64_t h = 0; h < heads; h++) {
+        const int64_t so = h * dk * dv;
+#pragma omp simd
+        for (int64_t x = 0; x < dk * dv; x++) d[x] = final[so + x] - ref[so + x];
+        memcpy(y + so, live + so, sizeof(float) * (size_t)(dk * dv));
+        for (int64_t a = 0; a < dk; a++) {
+            float *row = y + so + a * dv;
+            const float *pa = P + (h * dk + a) * dk;
+            for (int64_t c = 0; c < dk; c++) {
+                const float pc = pa[c], *dc = d + c * dv;
+#pragma omp simd
+                for (int64_t b = 0; b < dv; b++) row[b] += pc * dc[b];
+            }
+        }
+    }
+}
+
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
 int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float *beta, const float *xu,
                        const float *xg, const float *xb, const int64_t *source, const float *conv_w,
-                       const float *hist, const float *state_in, float *o, float *state_out, float *split_out,
-                       float *tails, float *split_tails, const int64_t *start, const int64_t *len,
-                       const int64_t *split_row, const int64_t *split_index, int64_t n, int64_t kernel,
-                       int64_t key_heads, int64_t heads, int64_t dk, int64_t dv) {
+                       const float *hist, const float *state_in, const int64_t *slot, int64_t hist_stride,
+                       int64_t state_stride, const float *seed_state, const int64_t *seed_state_at,
+                       const float *seed_hist, const int64_t *seed_hist_at, float *o, float *x_out,
+                       float *state_out, float *split_out, float *tails, float *split_tails,
+                       const int64_t *start, const int64_t *len, const int64_t *split_row,
+                       const int64_t *split_index, int64_t joins, const int64_t *join_seq,
+                       const int64_t *live_slot, const float *p, int64_t p_stride, const float *s_ref,
+                       int64_t ref_stride, float *corrected, int64_t n, int64_t kernel, int64_t key_heads,
+                       int64_t heads, int64_t dk, int64_t dv) {
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv], a dropped output row [Dv] */
-    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + 2 * dv));
+    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv], a dropped output row [Dv], the
+       join's difference of states [Dk, Dv] */
+    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + 2 * dv + (joins ? state_size : 0)));
     if (!wt) return 1;
-    float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv;
+    float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv, *diff = dropped + dv;
     for (int64_t c = 0; c < C; c++)
         for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
     for (int64_t s = 0; s < n; s++) {
         const int64_t first = start[s], end = start[s] + len[s];
+        /* where the sequence starts: its pool slot, or a seed (a state corrected by a join this step) */
+        const float *h0 = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * hist_rows * C
+                                                              : hist + slot[s] * hist_stride;
+        const float *s0 = seed_state_at && seed_state_at[s] >= 0 ? seed_state + seed_state_at[s] * heads * state_size
+                                                                 : state_in + slot[s] * state_stride;
         /* a packed row of this sequence, or before its first row, its history (oldest first) */
 #define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
-                                 : hist + (s * hist_rows + hist_rows - (first - (pos))) * C)
-        memcpy(state_out + s * heads * state_size, state_in + s * heads * state_size,
-               sizeof(float) * (size_t)(heads * state_size));
+                                 : h0 + (hist_rows - (first - (pos))) * C)
+        memcpy(state_out + s * heads * state_size, s0, sizeof(float) * (size_t)(heads * state_size));
         for (int64_t t = first; t < end; t++) {
             /* taps in order, oldest row first, as the torch path accumulates them */
             const float *r0 = ROW(t - hist_rows);
@@ -97,6 +136,7 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
                 l2norm(x + kd + a * dk, dk, 1.0f);
             }
             const int64_t src = source[t];
+            if (x_out && src >= 0) memcpy(x_out + src * C, x, sizeof(float) * (size_t)C);
             const float *gt = src >= 0 ? g + src * heads : xg + (-1 - src) * heads;
             const float *bt = src >= 0 ? beta + src * heads : xb + (-1 - src) * heads;
             for (int64_t h = 0; h < heads; h++) {
@@ -116,6 +156,9 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
         }
 #undef ROW
     }
+    for (int64_t j = 0; j < joins; j++)
+        join_heads(corrected + j * heads * state_size, state_in + live_slot[j] * state_stride, p + j * p_stride,
+                   state_out + join_seq[j] * heads * state_size, s_ref + j * ref_stride, diff, heads, dk, dv);
     free(wt);
     return 0;
 }
