@@ -1,7 +1,10 @@
 """What the engine's own steps cost, learned online: the input of the TPOT objective (docs/mechanism.md §7).
 
 Two things are tracked, both from measured step durations (the engine's clock, whole steps):
-- the plain decode step, per batch size (decode rows in the step);
+- the plain decode step, per batch size (decode rows in the step): a step with no deferral work at all.
+  A step whose decode rows only extend a GDN join's map (a turn with deferred rows still pending) is kept
+  apart and stands in only while no plain step of that size was measured: that bookkeeping is part of
+  what deferral costs, so the objective charges it instead of hiding it in its reference;
 - the *extra* cost of a decode step that also carries deferred rows, over the plain step of its batch
   size, as `fixed + per_row * rows` (`ChunkCost`). Observations are grouped by chunk bucket
   (7/15/31/63 rows); each group keeps a rolling median, and the line is fitted through the medians, so
@@ -42,12 +45,14 @@ class StepCostModel:
     def __init__(self, window: int = WINDOW):
         self.window = window
         self._plain: dict[int, deque[float]] = {}
+        self._tracked: dict[int, deque[float]] = {}                # steps that only track joins
         self._extra: dict[int, deque[tuple[int, float]]] = {}   # chunk bucket -> (rows, extra seconds)
 
-    def observe(self, batch: int, deferred_rows: int, seconds: float) -> None:
-        """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`."""
+    def observe(self, batch: int, deferred_rows: int, seconds: float, tracked: bool = False) -> None:
+        """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`;
+        `tracked`: some of its decode rows extend a GDN join's map."""
         if deferred_rows == 0:
-            self._plain.setdefault(batch, deque(maxlen=self.window)).append(seconds)
+            (self._tracked if tracked else self._plain).setdefault(batch, deque(maxlen=self.window)).append(seconds)
             return
         plain = self.plain_s(batch)
         if plain is not None:
@@ -55,11 +60,16 @@ class StepCostModel:
                 (deferred_rows, seconds - plain))
 
     def plain_s(self, batch: int) -> float | None:
-        """The plain decode step at this batch size (the nearest measured size's when this one is not)."""
-        if not self._plain:
+        """The plain decode step at this batch size: measured without deferral work, else with join
+        tracking only; the nearest measured size's when this one is not."""
+        for table in (self._plain, self._tracked):
+            if batch in table:
+                return statistics.median(table[batch])
+        table = self._plain or self._tracked
+        if not table:
             return None
-        nearest = min(self._plain, key=lambda b: (abs(b - batch), b))
-        return statistics.median(self._plain[nearest])
+        nearest = min(table, key=lambda b: (abs(b - batch), b))
+        return statistics.median(table[nearest])
 
     def chunk_cost(self) -> ChunkCost | None:
         """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""

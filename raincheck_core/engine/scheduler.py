@@ -106,7 +106,8 @@ class Scheduler:
             return
         if not any(s.kind is Kind.PREFILL for s in plan.segments):
             deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
-            self.cost.observe(len(decode), deferred, seconds)
+            tracked = any(s.recovery is not None and s.recovery.join is not None for s in decode)
+            self.cost.observe(len(decode), deferred, seconds, tracked)
         plain = self.cost.plain_s(len(decode))
         for seg in decode:
             seg.request.charge(seconds, seconds if plain is None else plain)

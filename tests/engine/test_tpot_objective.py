@@ -25,9 +25,9 @@ class SimulatedSteps:
     10 ms + 0.2 ms * b; deferred rows on it add 20 ms + 1.5 ms per row (a CPU-like, expensive chunk);
     prefill rows 0.5 ms each. Records each decode step's cost and deferred rows."""
 
-    def __init__(self, engine: Engine, fixed_s: float = 0.020, per_row_s: float = 0.0015):
+    def __init__(self, engine: Engine, fixed_s: float = 0.020, per_row_s: float = 0.0015, tracking_s: float = 0.0):
         self.t = 0.0
-        self.fixed_s, self.per_row_s = fixed_s, per_row_s
+        self.fixed_s, self.per_row_s, self.tracking_s = fixed_s, per_row_s, tracking_s
         self.decode_steps: list[tuple[float, float, int]] = []    # (seconds, plain seconds, deferred rows)
         run = engine.runner.run
         engine.clock = lambda: self.t
@@ -47,6 +47,9 @@ class SimulatedSteps:
             return 0.0005 * (prefill + deferred)
         plain = 0.010 + 0.0002 * decode
         extra = self.fixed_s + self.per_row_s * deferred if deferred else 0.0
+        # the GDN join's bookkeeping on each decode row of a turn with deferred rows pending
+        extra += self.tracking_s * sum(1 for s in plan.segments if s.kind is Kind.DECODE and s.recovery is not None
+                                       and s.recovery.join is not None)
         self.decode_steps.append((plain + extra, plain, deferred))
         return plain + extra + 0.0005 * prefill
 
@@ -78,6 +81,32 @@ def test_mean_tpot_stays_within_the_objective(engine, slo):
     assert set(chunks[:-1]) <= {7, 15, 31, 63}
     session.complete_recovery()
     assert session.pending_deferred == 0
+
+
+def test_join_bookkeeping_is_charged_against_a_plain_step_without_it(engine):
+    """A turn with deferred rows pending pays for tracking its GDN join on every decode step (here 4% of a
+    plain step). Once a plain step without any deferral work was measured (a `full` turn before), the
+    objective holds the turn's TPOT against that step, bookkeeping included (against its own tracked
+    steps, Qwen3.5 would spend 1.12x here)."""
+    sim = SimulatedSteps(engine, fixed_s=0.004, per_row_s=0.0004, tracking_s=0.0004)
+    engine.open_session(deferral=DeferralConfig("full")).turn(
+        image_prompt(engine, seed=1, grid=GRID), SamplingParams(max_new_tokens=40, ignore_eos=True)).result()
+    sim.decode_steps.clear()
+    _answer(engine, 1.10)
+    spent, plain = sum(s for s, _, _ in sim.decode_steps), sum(p for _, p, _ in sim.decode_steps)
+    assert spent <= 1.10 * plain * (1 + 1e-9)
+
+
+def test_the_cost_model_keeps_join_tracking_steps_apart():
+    model = StepCostModel()
+    model.observe(1, 0, 0.012, tracked=True)
+    assert model.plain_s(1) == pytest.approx(0.012)          # all that is known stands in
+    model.observe(2, 0, 0.010)
+    assert model.plain_s(1) == pytest.approx(0.012)          # this size is known, if only with tracking
+    model.observe(1, 0, 0.010)
+    model.observe(1, 7, 0.020)
+    assert model.plain_s(1) == pytest.approx(0.010)
+    assert model.chunk_cost()(7) == pytest.approx(0.010)     # extra over the step without deferral work
 
 
 def test_a_looser_objective_restores_more_during_the_answer(engine):
