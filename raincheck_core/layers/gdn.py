@@ -1,9 +1,10 @@
 """Gated DeltaNet token mixer (Qwen3.5 linear-attention layers).
 
 Projections run once over all rows of the step. The short convolution and the delta-rule recurrence
-run as two packed calls (layers/batch.py): multi-row sequences through the chunked rule, then one-row
-sequences through one batched recurrent step, each from its own state slot; states stay fp32. New
-states go to the batch's outputs, never back into the pool (the engine's update writes them).
+run as two packed calls (layers/batch.py, ops/gdn_varlen.py): multi-row sequences with the deferred
+joins, then one-row sequences (decode rows), each from its own state slot or from a state a join just
+corrected; states stay fp32. New states go to the batch's outputs, never back into the pool (the
+engine's update writes them).
 """
 
 from __future__ import annotations

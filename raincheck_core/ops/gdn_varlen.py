@@ -1,12 +1,13 @@
 """Gated DeltaNet kernels over packed sequences (the layout flash-linear-attention calls `cu_seqlens`).
 
 A step packs the rows of many sequences one after another; each sequence starts from its own conv
-history and recurrent state and ends with its own. Nothing here loops over sequences in Python. A
-layer's multi-row sequences go through `gated_deltanet_varlen`: on the CPU one native call for the
-whole layer (csrc/gated_deltanet.c), elsewhere torch ops: the short convolution as K gathered
-multiply-adds over all rows, and the chunked delta rule, which batches every block of every sequence
-and scans only over block *steps* (the longest sequence's block count). Single-row sequences (decode
-rows) take one batched recurrent step.
+history and recurrent state (read from the engine's pools by slot, never written) and ends with its
+own. Nothing here loops over sequences in Python. A layer's multi-row sequences, with the deferred
+joins, go through `gated_deltanet_varlen`: on the CPU one native call for the whole layer
+(csrc/gated_deltanet.c), elsewhere torch ops: the short convolution as K gathered multiply-adds over
+all rows, and the chunked delta rule, which batches every block of every sequence and scans only over
+block *steps* (the longest sequence's block count). Single-row sequences (decode rows) go through
+`gated_deltanet_rows`: the same native kernel, else one batched recurrent step.
 
 A sequence may carry a *split*: the state and conv history after its first `split` rows are returned
 too. The deferred-prefill join uses it: a deferred chunk runs with its turn's first generated tokens
