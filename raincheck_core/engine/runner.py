@@ -157,12 +157,9 @@ class ModelRunner:
                         extra_b.append(jn.lead_beta[:, :s.lead])
                 else:
                     splits.append(None)
-            slots = [segs[i].gdn_slot for i in multi]
-            step.multi = GDNMulti(
-                slots=torch.tensor(slots, device=dev),
-                layout=varlen_layout(lengths, self.kernel, splits, device=dev, source=source, slots=slots,
-                                     joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]),
-            )
+            step.multi = GDNMulti(varlen_layout(
+                lengths, self.kernel, splits, device=dev, source=source, slots=[segs[i].gdn_slot for i in multi],
+                joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
             if joins:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
@@ -170,8 +167,6 @@ class ModelRunner:
                         if _in_lead(joins[j]):
                             seed_hist[k] = join_seqs[j]
                 step.corrections = GDNCorrections(
-                    seqs=torch.tensor(join_seqs, device=dev),
-                    slots=torch.tensor([s.live_slot for s in joins], device=dev),
                     p=_batched([s.recovery.join.p_rest for s in joins]),
                     s_ref=_batched([s.recovery.join.s_lead for s in joins]),
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
@@ -181,11 +176,10 @@ class ModelRunner:
         if single:
             keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
             keep = [single_segs[k] for k in keep_at]
-            slots = [s.gdn_slot for s in single_segs]
             step.single = GDNSingle(
-                slots=torch.tensor(slots, device=dev),
                 layout=varlen_layout([1] * len(single), self.kernel, device=dev, source=[starts[i] for i in single],
-                                     slots=slots, seeds=(seed_hist, seed_state) if joins else None),
+                                     slots=[s.gdn_slot for s in single_segs],
+                                     seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
         return step, [segs[i] for i in multi], joins, single_segs, keep
@@ -210,12 +204,12 @@ class ModelRunner:
             is_join = torch.tensor([s.live_slot is not None for s in inputs.multi])
             plain = (~is_join).nonzero().flatten().to(self.device)
             if len(plain) == len(inputs.multi):
-                out.writes.append(StateWrite(step.multi.slots, tails, finals))
+                out.writes.append(StateWrite(step.multi.layout.slots, tails, finals))
             elif len(plain):
-                out.writes.append(StateWrite(step.multi.slots[plain], [t[plain] for t in tails],
+                out.writes.append(StateWrite(step.multi.layout.slots[plain], [t[plain] for t in tails],
                                              [f[plain] for f in finals]))
             if inputs.joins:
-                c = step.corrections
+                seqs, live_slots = step.multi.layout.join_seqs, step.multi.layout.join_slots
                 prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
                 out.writes.append(StateWrite(prefix, [m[2] for m in res.multi], [m[3] for m in res.multi]))
                 # a join's corrected live state (and, within the lead, its conv history) is written only
@@ -224,18 +218,17 @@ class ModelRunner:
                 alone = [j for j, seg in enumerate(inputs.joins) if seg.cache not in decoding]
                 if alone:
                     at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
-                    out.writes.append(StateWrite(c.slots if at is None else c.slots[at], None,
+                    out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
                                                  res.corrected if at is None else [r[at] for r in res.corrected]))
                 repair = [j for j in alone if _in_lead(inputs.joins[j])]
                 if repair:
                     at = torch.tensor(repair, device=self.device)
-                    rows = c.seqs[at]
-                    out.writes.append(StateWrite(c.slots[at], [t[rows] for t in tails], None))
-                s_lead = torch.stack([f[c.seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
+                    out.writes.append(StateWrite(live_slots[at], [t[seqs[at]] for t in tails], None))
+                s_lead = torch.stack([f[seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
                 out.joined = [(seg, s_lead[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None:
             finals = [s[1] for s in res.single]
-            out.writes.append(StateWrite(step.single.slots, [s[0] for s in res.single], finals))
+            out.writes.append(StateWrite(step.single.layout.slots, [s[0] for s in res.single], finals))
             if inputs.keep:
                 out.tracked = self._tracked(inputs, res.factors, finals)
 

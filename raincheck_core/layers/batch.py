@@ -26,19 +26,18 @@ from ..ops.gdn_varlen import VarlenLayout
 class GDNMulti:
     """Multi-row sequences. Packed in the group: each sequence's step rows, then its appended rows."""
 
-    slots: torch.Tensor              # [N] state slot each sequence starts from
     layout: VarlenLayout    # its `seqs.source`: per packed row the step row it is, or -1 - e for appended
-                            # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`)
+                            # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`); the
+                            # slots sequences start from, and the joins (sequence, corrected slot)
 
 
 @dataclass
 class GDNCorrections:
     """Affine corrections of some states, computed after `multi`: `S_j + P_j (F_j − S_ref_j)` where `F_j`
-    is the final state of `multi` sequence `seqs[j]` (which runs the appended rows last). The deferred
-    join (docs/mechanism.md §5): a deferred chunk with the turn's conv lead appended; S_j the live state."""
+    is the final state of `multi` sequence `layout.join_seqs[j]` (which runs the appended rows last) and
+    `S_j` the live state in slot `layout.join_slots[j]` (`GDNMulti.layout`). The deferred join
+    (docs/mechanism.md §5): a deferred chunk with the turn's conv lead appended."""
 
-    seqs: torch.Tensor               # [J] multi sequences whose final state drives the correction
-    slots: torch.Tensor              # [J] slots of the corrected states
     p: torch.Tensor                  # [J, layers, H, Dk, Dk] fp32
     s_ref: torch.Tensor              # [J, layers, H, Dk, Dv] fp32
     extra_u: torch.Tensor | None     # [layers, T, conv dim] appended rows' pre-conv inputs (all J, packed)
@@ -48,7 +47,6 @@ class GDNCorrections:
 
 @dataclass
 class GDNSingle:
-    slots: torch.Tensor              # [N] state slot of each one-row sequence
     layout: VarlenLayout             # one-row sequences: their step rows, slots, and seed rows (a decode row
                                      # of a turn whose chunk joined in this step starts from the corrected
                                      # state: `GDNCorrections` j; within the lead, from multi's conv tail)

@@ -100,6 +100,21 @@ class VarlenLayout:
         return native.gated_deltanet_available(self.device, torch.float32)
 
     @cached_property
+    def slots(self) -> Tensor:
+        """`seqs.slot` on the layout's device: the pool slot each sequence starts from."""
+        return self.seqs.slot.to(self.device)
+
+    @cached_property
+    def join_seqs(self) -> Tensor:
+        """`seqs.join_seq` on the layout's device: the sequence whose final state drives each join."""
+        return self.seqs.join_seq.to(self.device)
+
+    @cached_property
+    def join_slots(self) -> Tensor:
+        """`seqs.join_live` on the layout's device: the pool slot of the live state each join corrects."""
+        return self.seqs.join_live.to(self.device)
+
+    @cached_property
     def seed_rows(self) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
         """For the torch path: (sequences, seed rows) of the sequences that start from a seed history /
         seed state instead of their slot's, or None."""
@@ -253,8 +268,7 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
             and (torch.get_num_threads() == 1 or seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
         return native.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
                                      maps)
-    dev = u.device
-    history, state = conv_pool.index_select(0, seqs.slot.to(dev)), ssm_pool.index_select(0, seqs.slot.to(dev))
+    history, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     at, step_rows, appended, e = layout.gathers
     rows = seqs.source.shape[0]
     um = u.new_empty(rows, u.shape[1])
@@ -270,8 +284,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     corrected = None
     if seqs.joins:
         p, s_ref = maps
-        live = ssm_pool.index_select(0, seqs.join_live.to(dev))
-        corrected = gdn_state_map.join_state(live.float(), p, finals[seqs.join_seq.to(dev)] - s_ref)
+        live = ssm_pool.index_select(0, layout.join_slots)
+        corrected = gdn_state_map.join_state(live.float(), p, finals[layout.join_seqs] - s_ref)
     return finals, split_states, tails, split_tails, corrected
 
 
@@ -302,8 +316,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
             kd = key_heads * key_dim
             kv = x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(-1, heads, dv)
         return tails, finals, kv
-    dev = u.device
-    hist, state = conv_pool.index_select(0, seqs.slot.to(dev)), ssm_pool.index_select(0, seqs.slot.to(dev))
+    hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
         if at is not None:
             target[at[0]] = seed[at[1]].to(target.dtype)
