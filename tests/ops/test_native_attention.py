@@ -26,10 +26,11 @@ def _paged_reads(q_lens: list[int], pasts: list[int], slots: int, page: int, gen
 
 
 @needs_kernel
-@pytest.mark.parametrize("heads, kv, d", [(6, 2, 16), (4, 4, 64), (8, 1, 32)])
+@pytest.mark.parametrize("heads, kv, d", [(6, 2, 16), (4, 4, 64), (8, 1, 32), (4, 2, 24)])
 def test_kernel_equals_the_reference_for_every_segment(heads, kv, d):
     """Decode rows and multi-row segments (bottom-right causal), contexts shorter and longer than the
-    kernel's 256-key block (the running softmax rescales), grouped-query heads."""
+    kernel's 256-key block (the running softmax rescales), grouped-query heads (a group's rows fill its
+    register tiles partly), head sizes that are and are not whole 16-float tiles."""
     gen = torch.Generator().manual_seed(heads * d)
     slots, page = 4096, 16
     k_cache, v_cache = torch.randn(slots, kv, d, generator=gen), torch.randn(slots, kv, d, generator=gen)

@@ -63,15 +63,19 @@ def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
     ([7, 1], [0, 1], [7, 1]),                           # a split at the end; one inside the history
 ])
 @pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
-def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, monkeypatch):
+@pytest.mark.parametrize(("dk", "dv"), [(32, 24), (21, 48)], ids=["dv-rows", "dv-tiles"])
+def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, dk, dv,
+                                                                monkeypatch):
     """Conv, SiLU, q/k normalisation and the delta rule, by the native kernel or the torch ops, against
     each sequence alone through the one-sequence references. The step's rows are read in a shuffled order
     through the layout's source map from strided rows, appended rows from `extra`; outputs land at the step rows, the
-    appended rows' nowhere; input histories and states are untouched."""
+    appended rows' nowhere; input histories and states are untouched. Head sizes: Dk != Dv, and the
+    native join's two paths (Dv not a whole number of its 16-column tiles; whole tiles with Dk not a whole
+    number of its row tiles)."""
     if use_native and not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
     monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
-    key_heads, dk, heads, dv = 2, 32, 4, 24                       # two value heads per key head; Dk != Dv
+    key_heads, heads = 2, 4                                       # two value heads per key head
     channels = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(sum(lengths))
     step_rows, extra_rows = sum(lengths), sum(appended)

@@ -66,23 +66,54 @@ static inline void l2norm(float *restrict x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * r * scale;
 }
 
+/* The join's register tile: JOIN_ROWS rows of P x JOIN_COLS columns of the state, as many independent
+   FMA chains as the vector registers allow. */
+#ifdef __AVX512F__
+#define JOIN_ROWS 8
+#else
+#define JOIN_ROWS 4
+#endif
+#define JOIN_COLS 16
+
 /* y = live + P (final - ref) for each head: the join (docs/mechanism.md §5), P on the left. */
 static void join_heads(float *restrict y, const float *live, const float *P, const float *final, const float *ref,
                        float *restrict d, int64_t heads, int64_t dk, int64_t dv) {
     for (int64_t h = 0; h < heads; h++) {
         const int64_t so = h * dk * dv;
+        const float *Ph = P + h * dk * dk;
 #pragma omp simd
         for (int64_t x = 0; x < dk * dv; x++) d[x] = final[so + x] - ref[so + x];
-        memcpy(y + so, live + so, sizeof(float) * (size_t)(dk * dv));
-        for (int64_t a = 0; a < dk; a++) {
-            float *row = y + so + a * dv;
-            const float *pa = P + (h * dk + a) * dk;
-            for (int64_t c = 0; c < dk; c++) {
-                const float pc = pa[c], *dc = d + c * dv;
+        if (dv % JOIN_COLS) {       /* no whole tiles: row by row */
+            memcpy(y + so, live + so, sizeof(float) * (size_t)(dk * dv));
+            for (int64_t a = 0; a < dk; a++) {
+                float *row = y + so + a * dv;
+                for (int64_t c = 0; c < dk; c++) {
+                    const float pc = Ph[a * dk + c], *dc = d + c * dv;
 #pragma omp simd
-                for (int64_t b = 0; b < dv; b++) row[b] += pc * dc[b];
+                    for (int64_t b = 0; b < dv; b++) row[b] += pc * dc[b];
+                }
             }
+            continue;
         }
+        for (int64_t a0 = 0; a0 < dk; a0 += JOIN_ROWS)
+            for (int64_t b0 = 0; b0 < dv; b0 += JOIN_COLS) {
+                /* rows past dk repeat the last one (computed, not stored) */
+                int64_t ra[JOIN_ROWS];
+                for (int64_t u = 0; u < JOIN_ROWS; u++) ra[u] = a0 + u < dk ? a0 + u : dk - 1;
+                float acc[JOIN_ROWS][JOIN_COLS];
+                for (int64_t u = 0; u < JOIN_ROWS; u++)
+                    for (int64_t b = 0; b < JOIN_COLS; b++) acc[u][b] = live[so + ra[u] * dv + b0 + b];
+                for (int64_t c = 0; c < dk; c++) {
+                    const float *dc = d + c * dv + b0;
+                    for (int64_t u = 0; u < JOIN_ROWS; u++) {
+                        const float pc = Ph[ra[u] * dk + c];
+#pragma omp simd
+                        for (int64_t b = 0; b < JOIN_COLS; b++) acc[u][b] += pc * dc[b];
+                    }
+                }
+                for (int64_t u = 0; u < JOIN_ROWS && a0 + u < dk; u++)
+                    for (int64_t b = 0; b < JOIN_COLS; b++) y[so + (a0 + u) * dv + b0 + b] = acc[u][b];
+            }
     }
 }
 

@@ -30,7 +30,13 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
    holds [heads, rows, KEY_BLOCK] scores whatever the context length. */
 #define KEY_BLOCK 256
 #define AHEAD 4     /* slots fetched ahead of use */
-#define ROWS 4      /* a register tile of multi-row scores: ROWS query rows x KEYS keys */
+/* a multi-row register tile: ROWS query rows x KEYS keys (scores) or KEYS output columns (P V), as
+   many independent FMA chains as the vector registers allow */
+#ifdef __AVX512F__
+#define ROWS 8
+#else
+#define ROWS 4
+#endif
 #define KEYS 16
 
 static inline void prefetch_row(const float *p, int64_t n) {
@@ -55,6 +61,7 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
     float *kt = run_sum + nh;       /* multi-row segments: a block of K transposed [kv, d, KEY_BLOCK], then of V */
     for (int64_t s = 0; s < segments; s++) {
         const int64_t n = q_len[s], ks = k_len[s], lag = ks - n;    /* row i sees keys [0, lag + i + 1) */
+        const int64_t group = rep * n;
         const int64_t *slot = keys + k_start[s];
         const float *qs = q + q_start[s] * heads * d;
         for (int64_t x = 0; x < heads * n; x++) { run_max[x] = -INFINITY; run_sum[x] = 0.0f; }
@@ -72,23 +79,31 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                 }
             } else {
                 /* several rows share each key: copy the block's K once, transposed to [kv, d, keys], so
-                   every row's scores are FMAs along contiguous keys (no horizontal sums per dot) */
-                for (int64_t j = j0; j < j1; j++) {
-                    if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
-                    const float *kp = k_cache + slot[j] * row;
-                    for (int64_t x = 0; x < row; x++) kt[x * KEY_BLOCK + j - j0] = kp[x];
-                }
-                if (j1 - j0 < KEY_BLOCK)    /* the register tile reads up to KEYS - 1 columns past the block */
+                   every row's scores are FMAs along contiguous keys (no horizontal sums per dot). KEYS
+                   keys at a time, so that each store fills a whole line; the register tile reads up to
+                   KEYS - 1 columns past the block: they repeat its last key (finite, never used) */
+                for (int64_t jt = j0; jt < j1; jt += KEYS) {
+                    const float *kp[KEYS];
+                    for (int64_t u = 0; u < KEYS; u++) {
+                        const int64_t j = jt + u < j1 ? jt + u : j1 - 1;
+                        kp[u] = k_cache + slot[j] * row;
+                        if (j + KEYS < ks) prefetch_row(k_cache + slot[j + KEYS] * row, row);
+                    }
+                    float *dst = kt + jt - j0;
                     for (int64_t x = 0; x < row; x++)
-                        memset(kt + x * KEY_BLOCK + j1 - j0, 0, sizeof(float) * (size_t)(KEY_BLOCK - (j1 - j0)));
+                        for (int64_t u = 0; u < KEYS; u++) dst[x * KEY_BLOCK + u] = kp[u][x];
+                }
                 const int64_t nb = j1 - j0;
-                for (int64_t hq = 0; hq < heads; hq++) {
-                    const float *kh = kt + (hq / rep) * d * KEY_BLOCK;
-                    for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
-                        /* ROWS rows x KEYS keys of scores stay in registers over the d products */
+                /* the rep query heads of KV head h read the same keys: their rep * n rows (head-major, as
+                   the scores are laid out) form one group, tiled ROWS rows x KEYS keys */
+                for (int64_t h = 0; h < kv; h++) {
+                    const float *kh = kt + h * d * KEY_BLOCK;
+                    for (int64_t x0 = 0; x0 < group; x0 += ROWS) {
                         const float *qr[ROWS];
-                        for (int64_t u = 0; u < ROWS; u++)
-                            qr[u] = qs + ((i0 + u < n ? i0 + u : n - 1) * heads + hq) * d;
+                        for (int64_t u = 0; u < ROWS; u++) {
+                            const int64_t x = x0 + u < group ? x0 + u : group - 1;
+                            qr[u] = qs + ((x % n) * heads + h * rep + x / n) * d;
+                        }
                         for (int64_t j = 0; j < nb; j += KEYS) {
                             float a[ROWS][KEYS] = {{0.0f}};
                             for (int64_t t = 0; t < d; t++) {
@@ -99,8 +114,8 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                                     for (int64_t x = 0; x < KEYS; x++) a[u][x] += qv * kr[x];
                                 }
                             }
-                            for (int64_t u = 0; u < ROWS && i0 + u < n; u++) {
-                                float *r = scores + (hq * n + i0 + u) * KEY_BLOCK + j;
+                            for (int64_t u = 0; u < ROWS && x0 + u < group; u++) {
+                                float *r = scores + (h * group + x0 + u) * KEY_BLOCK + j;
                                 for (int64_t x = 0; x < KEYS; x++) r[x] = a[u][x] * scale;
                             }
                         }
@@ -110,12 +125,17 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
             for (int64_t hq = 0; hq < heads; hq++)
                 for (int64_t i = 0; i < n; i++) {
                     const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0, x = hq * n + i;
-                    if (lim <= 0) continue;
                     float *r = scores + x * KEY_BLOCK;
+                    if (lim <= 0) {     /* the whole block is past this row: it adds nothing */
+                        memset(r, 0, sizeof(float) * (size_t)(j1 - j0));
+                        continue;
+                    }
                     float m = run_max[x], sum = 0.0f;
+#pragma omp simd reduction(max : m)
                     for (int64_t j = 0; j < lim; j++) m = r[j] > m ? r[j] : m;
 #pragma omp simd reduction(+ : sum)
                     for (int64_t j = 0; j < lim; j++) { r[j] = exp_approx(r[j] - m); sum += r[j]; }
+                    for (int64_t j = lim; j < j1 - j0; j++) r[j] = 0.0f;
                     if (run_max[x] != m) {     /* rescale what earlier blocks accumulated */
                         const float c = run_max[x] == -INFINITY ? 0.0f : exp_approx(run_max[x] - m);
                         float *a = acc + (i * heads + hq) * d;
@@ -148,23 +168,38 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     for (int64_t h = 0; h < kv; h++)
                         memcpy(kt + (h * KEY_BLOCK + j - j0) * d, vp + h * d, sizeof(float) * (size_t)d);
                 }
-                for (int64_t hq = 0; hq < heads; hq++)
-                    for (int64_t i = 0; i < n; i++) {
-                        const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0;
-                        if (lim <= 0) continue;
-                        const float *p = scores + (hq * n + i) * KEY_BLOCK, *vh = kt + (hq / rep) * KEY_BLOCK * d;
-                        float *a = acc + (i * heads + hq) * d;
+                /* each group's rows, ROWS at a time, KEYS output columns in registers along the keys
+                   (scores past a row's causal limit are zero, so a tile runs to its last row's limit) */
+                for (int64_t h = 0; h < kv; h++) {
+                    const float *vh = kt + h * KEY_BLOCK * d;
+                    for (int64_t x0 = 0; x0 < group; x0 += ROWS) {
+                        const float *p[ROWS];
+                        float *a[ROWS];
+                        int64_t upto = 0;
+                        for (int64_t u = 0; u < ROWS; u++) {
+                            const int64_t x = x0 + u < group ? x0 + u : group - 1, i = x % n;
+                            const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0;
+                            upto = lim > upto ? lim : upto;
+                            p[u] = scores + (h * group + x) * KEY_BLOCK;
+                            a[u] = acc + (i * heads + h * rep + x / n) * d;
+                        }
                         for (int64_t t0 = 0; t0 < d; t0 += KEYS) {
-                            float r[KEYS];
-                            for (int64_t x = 0; x < KEYS; x++) r[x] = a[t0 + x];
-                            for (int64_t j = 0; j < lim; j++) {
-                                const float pj = p[j], *v = vh + j * d + t0;
+                            float r[ROWS][KEYS];
+                            for (int64_t u = 0; u < ROWS; u++)
+                                for (int64_t x = 0; x < KEYS; x++) r[u][x] = a[u][t0 + x];
+                            for (int64_t j = 0; j < upto; j++) {
+                                const float *v = vh + j * d + t0;
+                                for (int64_t u = 0; u < ROWS; u++) {
+                                    const float pj = p[u][j];
 #pragma omp simd
-                                for (int64_t x = 0; x < KEYS; x++) r[x] += pj * v[x];
+                                    for (int64_t x = 0; x < KEYS; x++) r[u][x] += pj * v[x];
+                                }
                             }
-                            for (int64_t x = 0; x < KEYS; x++) a[t0 + x] = r[x];
+                            for (int64_t u = 0; u < ROWS && x0 + u < group; u++)
+                                for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
                         }
                     }
+                }
             }
         }
         float *o = out + q_start[s] * heads * d;
