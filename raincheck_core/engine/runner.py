@@ -53,7 +53,8 @@ class Tracked:
 class StepOutputs:
     logits: torch.Tensor                                  # [sampled segments, vocab] fp32, in plan order
     writes: list[StateWrite] = field(default_factory=list)
-    joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
+    # a joined chunk and its S_lead', one [H, Dk, Dv] view per layer
+    joined: list[tuple[Segment, list[torch.Tensor]]] = field(default_factory=list)
     tracked: list[Tracked] = field(default_factory=list)
 
 
@@ -201,13 +202,13 @@ class ModelRunner:
         res, step = inputs.batch.gdn.out, inputs.batch.gdn
         if step.multi is not None:
             tails, finals = [m[0] for m in res.multi], [m[1] for m in res.multi]
-            is_join = torch.tensor([s.live_slot is not None for s in inputs.multi])
-            plain = (~is_join).nonzero().flatten().to(self.device)
+            plain = [k for k, s in enumerate(inputs.multi) if s.live_slot is None]
             if len(plain) == len(inputs.multi):
                 out.writes.append(StateWrite(step.multi.layout.slots, tails, finals))
-            elif len(plain):
-                out.writes.append(StateWrite(step.multi.layout.slots[plain], [t[plain] for t in tails],
-                                             [f[plain] for f in finals]))
+            elif plain:
+                at = torch.tensor(plain, device=self.device)
+                out.writes.append(StateWrite(step.multi.layout.slots[at], [t[at] for t in tails],
+                                             [f[at] for f in finals]))
             if inputs.joins:
                 seqs, live_slots = step.multi.layout.join_seqs, step.multi.layout.join_slots
                 prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
@@ -224,8 +225,9 @@ class ModelRunner:
                 if repair:
                     at = torch.tensor(repair, device=self.device)
                     out.writes.append(StateWrite(live_slots[at], [t[seqs[at]] for t in tails], None))
-                s_lead = torch.stack([f[seqs] for f in finals], dim=1)          # [J, layers, H, Dk, Dv]
-                out.joined = [(seg, s_lead[j]) for j, seg in enumerate(inputs.joins)]
+                # each join's S_lead' as per-layer views of the finals: the update copies them once
+                seq_of = [k for k, s in enumerate(inputs.multi) if s.live_slot is not None]
+                out.joined = [(seg, [f[k] for f in finals]) for k, seg in zip(seq_of, inputs.joins, strict=True)]
         if step.single is not None:
             finals = [s[1] for s in res.single]
             out.writes.append(StateWrite(step.single.layout.slots, [s[0] for s in res.single], finals))

@@ -224,10 +224,8 @@ class PackedSequences:
     slots_needed: int           # 1 + the largest pool slot read (sequences' and joins' live slots)
     seed_hists_needed: int = 0  # 1 + the largest seed row read
     seed_states_needed: int = 0
-
-    @property
-    def joins(self) -> int:
-        return len(self.join_seq)
+    count: int = 0              # sequences
+    joins: int = 0
 
     @cached_property
     def pointers(self) -> dict[str, int]:
@@ -282,7 +280,7 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
         longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
-        seed_states_needed=max(seed_states or [], default=-1) + 1)
+        seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins))
 
 
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -291,7 +289,14 @@ def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> 
 
 def _rows_of(t: torch.Tensor) -> bool:
     """fp32 on the CPU, each row along dim 0 contiguous (a pool's layer view: rows any distance apart)."""
-    return t.dtype is torch.float32 and t.device.type == "cpu" and t[:1].is_contiguous()
+    if t.dtype is not torch.float32 or t.device.type != "cpu":
+        return False
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:]), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -320,7 +325,7 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         raise ValueError("gated_deltanet reads fp32 CPU pools whose slots are each contiguous")
     g, beta, w = _f32(g), _f32(beta), _f32(conv_weight)
     xu, xg, xb = (_f32(t) for t in extra) if extra is not None else (None, None, None)
-    n, (heads, dk, dv) = len(seqs.seq_len), ssm_pool.shape[1:]
+    n, (heads, dk, dv) = seqs.count, ssm_pool.shape[1:]
     hist_shape = conv_pool.shape[1:]
     # the kernel reads without bounds checks (appended rows only where the source map names some)
     if (seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
