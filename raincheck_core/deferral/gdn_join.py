@@ -97,10 +97,9 @@ class GDNJoin:
             extend_map_(self._p_rest, self._k[:, :n].transpose(0, 1), self._g[:, :n].transpose(0, 1),
                         self._beta[:, :n].transpose(0, 1))
 
-    def set_joined(self, s_lead: list[torch.Tensor]) -> None:
-        """A chunk was joined: `S_lead'` (the lead re-run from the new prefix), one `[H, Dk, Dv]` per
-        layer, is the new reference."""
-        torch.stack(s_lead, out=self.s_lead)
+    def set_joined(self, s_lead: torch.Tensor) -> None:
+        """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""
+        self.s_lead.copy_(s_lead)
 
     def release(self) -> None:
         if self.prefix is not None:

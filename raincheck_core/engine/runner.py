@@ -22,17 +22,18 @@ from ..cache.kv_pool import KVPool
 from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..models import DecoderLM
 from ..ops.attention import attention_layout
-from ..ops.gdn_varlen import varlen_layout
+from ..ops.gdn_varlen import VarlenLayout, runs_native, varlen_layout
+from ..ops.native import GDNBuffers, GDNKernel
 from .plan import Kind, Segment, StepPlan
 
 
 @dataclass
 class StateWrite:
-    """New GDN states for `slots`, per layer; conv or ssm may be None (left as they are)."""
+    """New GDN states for `slots`, every layer's; conv or ssm may be None (left as they are)."""
 
     slots: torch.Tensor
-    conv: list[torch.Tensor] | None     # per layer [N, K-1, conv dim]
-    ssm: list[torch.Tensor] | None      # per layer [N, H, Dk, Dv] fp32
+    conv: torch.Tensor | None     # [N, layers, K-1, conv dim]
+    ssm: torch.Tensor | None      # [N, layers, H, Dk, Dv] fp32
 
 
 @dataclass
@@ -53,8 +54,7 @@ class Tracked:
 class StepOutputs:
     logits: torch.Tensor                                  # [sampled segments, vocab] fp32, in plan order
     writes: list[StateWrite] = field(default_factory=list)
-    # a joined chunk and its S_lead', one [H, Dk, Dv] view per layer
-    joined: list[tuple[Segment, list[torch.Tensor]]] = field(default_factory=list)
+    joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
     tracked: list[Tracked] = field(default_factory=list)
 
 
@@ -74,6 +74,7 @@ class ModelRunner:
         self.kv = kv
         self.gdn = gdn
         self.kernel = kernel
+        self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
 
     def run(self, plan: StepPlan) -> StepOutputs:
@@ -161,6 +162,7 @@ class ModelRunner:
             step.multi = GDNMulti(varlen_layout(
                 lengths, self.kernel, splits, device=dev, source=source, slots=[segs[i].gdn_slot for i in multi],
                 joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
+            step.out.multi = self._buffers(step.multi.layout)
             if joins:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
@@ -174,6 +176,12 @@ class ModelRunner:
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
                 )
+            if self._native(step.multi.layout):
+                c = step.corrections
+                step.multi.kernel = GDNKernel(
+                    step.multi.layout.seqs, self.gdn.conv, self.gdn.ssm, self.key_heads, step.out.multi,
+                    extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
+                    maps=(c.p, c.s_ref) if c is not None else None)
         if single:
             keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
             keep = [single_segs[k] for k in keep_at]
@@ -183,7 +191,25 @@ class ModelRunner:
                                      seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
+            step.out.single = self._buffers(step.single.layout)
+            if self._native(step.single.layout):
+                seeds = (step.out.multi.tails, step.out.multi.corrected) if joins else (None, None)
+                step.single.kernel = GDNKernel(step.single.layout.seqs, self.gdn.conv, self.gdn.ssm,
+                                               self.key_heads, step.out.single, seeds=seeds)
+                if keep_at:
+                    rows = starts[-1] + segs[-1].rows
+                    step.out.x = torch.empty(self.gdn.conv.shape[1], rows, self.gdn.conv.shape[-1])
         return step, [segs[i] for i in multi], joins, single_segs, keep
+
+    def _native(self, layout: VarlenLayout) -> bool:
+        """Whether this step's GDN layers run `layout`'s sequences through the native kernel."""
+        return runs_native(layout, self.model.embed_tokens.weight.dtype, self.device) \
+            and self.gdn.ssm.dtype == self.gdn.conv.dtype == torch.float32
+
+    def _buffers(self, layout: VarlenLayout) -> GDNBuffers:
+        pool = self.gdn
+        return GDNBuffers.empty(layout.seqs, pool.conv.shape[1], tuple(pool.conv.shape[2:]),
+                                tuple(pool.ssm.shape[2:]), self.device)
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:
@@ -201,18 +227,17 @@ class ModelRunner:
         needs are stacked across layers."""
         res, step = inputs.batch.gdn.out, inputs.batch.gdn
         if step.multi is not None:
-            tails, finals = [m[0] for m in res.multi], [m[1] for m in res.multi]
+            mo = res.multi
             plain = [k for k, s in enumerate(inputs.multi) if s.live_slot is None]
             if len(plain) == len(inputs.multi):
-                out.writes.append(StateWrite(step.multi.layout.slots, tails, finals))
+                out.writes.append(StateWrite(step.multi.layout.slots, mo.tails, mo.finals))
             elif plain:
                 at = torch.tensor(plain, device=self.device)
-                out.writes.append(StateWrite(step.multi.layout.slots[at], [t[at] for t in tails],
-                                             [f[at] for f in finals]))
+                out.writes.append(StateWrite(step.multi.layout.slots[at], mo.tails[at], mo.finals[at]))
             if inputs.joins:
                 seqs, live_slots = step.multi.layout.join_seqs, step.multi.layout.join_slots
                 prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
-                out.writes.append(StateWrite(prefix, [m[2] for m in res.multi], [m[3] for m in res.multi]))
+                out.writes.append(StateWrite(prefix, mo.split_tails, mo.split_states))
                 # a join's corrected live state (and, within the lead, its conv history) is written only
                 # where no decode row of its turn in this step starts from it and writes its own state
                 decoding = {seg.cache for seg in inputs.single if seg.kind is Kind.DECODE}
@@ -220,21 +245,20 @@ class ModelRunner:
                 if alone:
                     at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
                     out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
-                                                 res.corrected if at is None else [r[at] for r in res.corrected]))
+                                                 mo.corrected if at is None else mo.corrected[at]))
                 repair = [j for j in alone if _in_lead(inputs.joins[j])]
                 if repair:
                     at = torch.tensor(repair, device=self.device)
-                    out.writes.append(StateWrite(live_slots[at], [t[seqs[at]] for t in tails], None))
-                # each join's S_lead' as per-layer views of the finals: the update copies them once
+                    out.writes.append(StateWrite(live_slots[at], mo.tails[seqs[at]], None))
                 seq_of = [k for k, s in enumerate(inputs.multi) if s.live_slot is not None]
-                out.joined = [(seg, [f[k] for f in finals]) for k, seg in zip(seq_of, inputs.joins, strict=True)]
+                out.joined = [(seg, mo.finals[k]) for k, seg in zip(seq_of, inputs.joins, strict=True)]
         if step.single is not None:
-            finals = [s[1] for s in res.single]
-            out.writes.append(StateWrite(step.single.layout.slots, [s[0] for s in res.single], finals))
+            so = res.single
+            out.writes.append(StateWrite(step.single.layout.slots, so.tails, so.finals))
             if inputs.keep:
-                out.tracked = self._tracked(inputs, res.factors, finals)
+                out.tracked = self._tracked(inputs, res.factors, so.finals)
 
-    def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: list[torch.Tensor]
+    def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: torch.Tensor
                  ) -> list[Tracked]:
         """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
         lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked."""
@@ -257,7 +281,7 @@ class ModelRunner:
         states: list[torch.Tensor | None] = [None] * len(segs)
         if lead:    # only lead tokens need the state after them: stacking all would copy every state
             rows = keep[torch.tensor(lead, device=self.device)]
-            for j, s in zip(lead, torch.stack([f[rows] for f in finals], dim=1), strict=True):
+            for j, s in zip(lead, finals[rows], strict=True):
                 states[j] = s
         return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
                 for j, seg in enumerate(segs)]

@@ -34,11 +34,11 @@ def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs,
     # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
     if engine.gdn is not None:
         pool = engine.gdn
-        for w in out.writes:
-            for i, conv in enumerate(w.conv or ()):
-                pool.conv[:, i].index_copy_(0, w.slots, conv.to(pool.conv.dtype))
-            for i, ssm in enumerate(w.ssm or ()):
-                pool.ssm[:, i].index_copy_(0, w.slots, ssm)
+        for w in out.writes:     # every layer's state of a slot in one copy
+            if w.conv is not None:
+                pool.conv.index_copy_(0, w.slots, w.conv.to(pool.conv.dtype))
+            if w.ssm is not None:
+                pool.ssm.index_copy_(0, w.slots, w.ssm.to(pool.ssm.dtype))
         _join_bookkeeping(out)
     # 3. cursors
     if restoring is None:

@@ -6,8 +6,10 @@ which splits the step's sequences into two groups run as one call each:
 - `multi`: sequences of several rows (prefill and deferred chunks), with the deferred joins;
 - `single`: one-row sequences (decode rows), *after* `multi`, because a decode row may start from a
   state that `multi` just corrected (see `GDNCorrections`).
-New states are not written back by the layers: they are collected in `GDNOutputs` and applied by the
-engine's update, so a forward that fails half-way leaves every state as it was.
+New states are not written back by the layers: they are collected in `GDNOutputs` (buffers that hold every
+layer's rows, `[rows, layers, ...]`) and applied by the engine's update, so a forward that fails half-way
+leaves every state as it was. On the CPU in fp32 each group has a `GDNKernel` prepared once per step
+(ops/native.py): a layer's call then passes only its own rows.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
 from ..ops.attention import AttentionLayout
 from ..ops.gdn_varlen import VarlenLayout
+from ..ops.native import GDNBuffers, GDNKernel
 
 
 @dataclass
@@ -29,6 +32,7 @@ class GDNMulti:
     layout: VarlenLayout    # its `seqs.source`: per packed row the step row it is, or -1 - e for appended
                             # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`); the
                             # slots sequences start from, and the joins (sequence, corrected slot)
+    kernel: GDNKernel | None = None     # the native calls, when the step's layers run them
 
 
 @dataclass
@@ -51,16 +55,18 @@ class GDNSingle:
                                      # of a turn whose chunk joined in this step starts from the corrected
                                      # state: `GDNCorrections` j; within the lead, from multi's conv tail)
     keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
+    kernel: GDNKernel | None = None  # the native calls (seeded from the multi group's buffers)
 
 
 @dataclass
 class GDNOutputs:
-    """Per GDN layer, appended in layer order by the layers."""
+    """The step's new GDN states, every layer's rows side by side, and the one-row sequences' factors."""
 
-    multi: list[tuple[torch.Tensor, ...]] = field(default_factory=list)    # tails, finals, split tails, split states
-    corrected: list[torch.Tensor] = field(default_factory=list)            # [J, H, Dk, Dv]
-    single: list[tuple[torch.Tensor, ...]] = field(default_factory=list)   # tails, finals
-    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # u, k, v, g, beta of the one-row sequences
+    multi: GDNBuffers | None = None         # finals, tails, split states and tails, corrected live states
+    single: GDNBuffers | None = None        # finals, tails
+    x: torch.Tensor | None = None           # [layers, R, C] step rows' [q | k | v] (native, tracked rows)
+    # per layer: u, k, v, g, beta of the one-row sequences
+    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
 
 
 @dataclass

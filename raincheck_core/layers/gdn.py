@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
-from ..ops.gdn_varlen import gated_deltanet_rows, gated_deltanet_varlen
+from ..ops.gdn_varlen import factors_of, gated_deltanet_rows, gated_deltanet_varlen
 from .batch import ForwardBatch, GDNStep
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -47,38 +47,40 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
         step = batch.gdn
-        corrected = self._multi(step, u, g, beta, o) if step.multi is not None else None
+        if step.multi is not None:
+            self._multi(step, u, g, beta, o)
         if step.single is not None:
-            self._single(step, u, g, beta, o, corrected)
+            self._single(step, u, g, beta, o)
         y = self.norm(o, z)
         return self.out_proj(y.reshape(r, self.value_dim))
 
-    def _multi(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Multi-row sequences in one packed call, with the joins; returns the corrected states and the
-        sequences' conv tails, if the step has corrections (the seeds of `_single`)."""
-        m, c, i = step.multi, step.corrections, self.gdn_index
+    def _multi(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor) -> None:
+        """Multi-row sequences in one packed call, with the joins; their new states, and the corrected ones
+        (the seeds of `_single`), go to the step's buffers."""
+        m, c, i, w = step.multi, step.corrections, self.gdn_index, self.conv1d.weight[:, 0]
+        if m.kernel is not None:
+            m.kernel(i, u, g, beta, w, o)
+            return
         extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
         maps = (c.p[:, i], c.s_ref[:, i]) if c is not None else None
-        finals, split_states, tails, split_tails, live = gated_deltanet_varlen(
-            u, g, beta, extra, self.conv1d.weight[:, 0], step.pool.conv[:, i], step.pool.ssm[:, i], m.layout,
-            self.hk, self.dk, o, maps)
-        step.out.multi.append((tails, finals, split_tails, split_states))
-        if c is None:
-            return None
-        step.out.corrected.append(live)
-        return live, tails
+        step.out.multi.store(i, *gated_deltanet_varlen(u, g, beta, extra, w, step.pool.conv[:, i],
+                                                       step.pool.ssm[:, i], m.layout, self.hk, self.dk, o, maps))
 
-    def _single(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor,
-                corrected: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    def _single(self, step: GDNStep, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, o: torch.Tensor) -> None:
         """One-row sequences; those whose turn's chunk joined in this step start from the corrected state
         (and, within the lead, the chunk's conv tail): the layout's seed rows."""
-        s, i, pool = step.single, self.gdn_index, step.pool
-        live, tails = corrected if corrected is not None else (None, None)
-        new_hist, state, kv = gated_deltanet_rows(u, g, beta, self.conv1d.weight[:, 0], pool.conv[:, i],
-                                                  pool.ssm[:, i], s.layout, self.hk, self.dk, o, (tails, live),
-                                                  factors=s.keep is not None)
-        step.out.single.append((new_hist, state))
+        s, i, pool, w = step.single, self.gdn_index, step.pool, self.conv1d.weight[:, 0]
+        factors = s.keep is not None
+        if s.kernel is not None:
+            x_out = step.out.x[i] if factors else None
+            s.kernel(i, u, g, beta, w, o, x_out)
+            kv = factors_of(x_out, s.layout, self.hk, self.dk, self.hv) if factors else None
+        else:
+            multi = step.out.multi
+            seeds = (multi.tails[:, i], multi.corrected[:, i]) if step.corrections is not None else (None, None)
+            new_hist, state, kv = gated_deltanet_rows(u, g, beta, w, pool.conv[:, i], pool.ssm[:, i], s.layout,
+                                                      self.hk, self.dk, o, seeds, factors=factors)
+            step.out.single.store(i, state, None, new_hist, None, None)
         if kv is not None:      # every one-row sequence's: the runner picks the tracked rows once
             rows = s.layout.step_rows
             us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])

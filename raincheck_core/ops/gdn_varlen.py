@@ -263,9 +263,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     docs/BENCHMARKS.md): 5-8x the torch path at 10-1,000 rows."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
     seqs = layout.seqs
-    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == conv_pool.dtype == ssm_pool.dtype
-            == torch.float32 and u.device.type == "cpu" and u.stride(-1) == 1 and out.is_contiguous()
-            and (torch.get_num_threads() == 1 or seqs.longest <= NATIVE_MAX_ROWS_THREADED)):
+    if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
+            == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
         return native.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
                                      maps)
     history, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
@@ -304,18 +303,12 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     Native on the CPU in fp32 (the kernel of `gated_deltanet_varlen`: one call instead of the torch
     path's ~30 small ops); elsewhere one batched recurrent step."""
     seqs, heads, dv = layout.seqs, ssm_pool.shape[1], ssm_pool.shape[3]
-    if (layout.native and u.dtype == conv_weight.dtype == out.dtype == conv_pool.dtype == ssm_pool.dtype
-            == torch.float32 and u.device.type == "cpu" and u.stride(-1) == 1 and out.is_contiguous()):
+    if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
+            == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
         x_out = u.new_empty(u.shape[0], u.shape[1]) if factors else None
         finals, _, tails, _, _ = native.gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool, key_heads,
                                                        seqs, out, None, seeds, x_out)
-        kv = None
-        if factors:
-            rows = layout.step_rows
-            x = x_out if rows is None else x_out[rows]
-            kd = key_heads * key_dim
-            kv = x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(-1, heads, dv)
-        return tails, finals, kv
+        return tails, finals, factors_of(x_out, layout, key_heads, key_dim, heads) if factors else None
     hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
         if at is not None:
@@ -330,6 +323,23 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     else:
         out[rows] = o.to(out.dtype)
     return new_hist, state, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
+
+
+def runs_native(layout: VarlenLayout, dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether `layout`'s sequences run through the native kernel: fp32 on the CPU where it is built, and,
+    with several torch threads, only sequences short enough (the chunked form's matmuls use the threads)."""
+    return (layout.native and dtype == torch.float32 and torch.device(device).type == "cpu"
+            and (torch.get_num_threads() == 1 or layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED))
+
+
+def factors_of(x_out: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, heads: int
+               ) -> tuple[Tensor, Tensor]:
+    """The one-row sequences' k `[N, key_heads, Dk]` and v `[N, H, Dv]` from the kernel's `x_out [R, C]`
+    (each step row's [q | k | v] as the delta rule read them), in sequence order."""
+    rows = layout.step_rows
+    x = x_out if rows is None else x_out[rows]
+    kd = key_heads * key_dim
+    return x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(x.shape[0], heads, -1)
 
 
 def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,

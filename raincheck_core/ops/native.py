@@ -121,7 +121,7 @@ _I64 = ctypes.c_int64
 _ENTRY = {
     "paged_attention": ("paged_attention_f32", [_PTR] * 9 + [_I64] * 4 + [ctypes.c_float]),
     "gated_deltanet": ("gated_deltanet_f32", [_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64]
-                       + [_PTR] * 3 + [_I64, _PTR, _I64, _PTR] + [_I64] * 6),
+                       + [_PTR] * 3 + [_I64, _PTR, _I64, _PTR] + [_I64] * 10),
 }
 
 
@@ -287,16 +287,160 @@ def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> 
     return torch.device(device).type == "cpu" and dtype == torch.float32 and library("gated_deltanet") is not None
 
 
-def _rows_of(t: torch.Tensor) -> bool:
-    """fp32 on the CPU, each row along dim 0 contiguous (a pool's layer view: rows any distance apart)."""
+def _blocks_of(t: torch.Tensor, inner: int) -> bool:
+    """fp32 on the CPU, and each block of the last `inner` dims contiguous (a pool, whose blocks lie any
+    distance apart, or a layer's view of one)."""
     if t.dtype is not torch.float32 or t.device.type != "cpu":
         return False
     expected = 1
-    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:]), strict=True):
+    for size, stride in zip(reversed(t.shape[-inner:]), reversed(t.stride()[-inner:]), strict=True):
         if size != 1 and stride != expected:
             return False
         expected *= size
     return True
+
+
+@dataclass
+class GDNBuffers:
+    """What the GDN kernel writes for one group of sequences, every layer's rows side by side (`[rows,
+    layers, ...]`, fp32): the update then writes all layers' new states of a row with one copy."""
+
+    finals: torch.Tensor                  # [N, L, H, Dk, Dv] state after each sequence
+    tails: torch.Tensor                   # [N, L, K-1, C] conv history after each sequence
+    split_states: torch.Tensor | None     # [S, L, H, Dk, Dv] … after the first split_row rows
+    split_tails: torch.Tensor | None      # [S, L, K-1, C]
+    corrected: torch.Tensor | None        # [J, L, H, Dk, Dv] the joins' corrected live states
+
+    @classmethod
+    def empty(cls, seqs: PackedSequences, layers: int, hist_shape: tuple[int, ...], state_shape: tuple[int, ...],
+              device: torch.device | str = "cpu") -> GDNBuffers:
+        def new(rows: int, shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.empty(rows, layers, *shape, dtype=torch.float32, device=device)
+        return cls(new(seqs.count, state_shape), new(seqs.count, hist_shape),
+                   new(seqs.splits, state_shape) if seqs.splits else None,
+                   new(seqs.splits, hist_shape) if seqs.splits else None,
+                   new(seqs.joins, state_shape) if seqs.joins else None)
+
+    def layer(self, i: int) -> tuple[torch.Tensor | None, ...]:
+        """Layer i's (finals, split states, tails, split tails, corrected), views."""
+        return tuple(None if t is None else t[:, i] for t in (self.finals, self.split_states, self.tails,
+                                                                self.split_tails, self.corrected))
+
+    def store(self, i: int, finals: torch.Tensor, split_states: torch.Tensor | None, tails: torch.Tensor,
+              split_tails: torch.Tensor | None, corrected: torch.Tensor | None) -> None:
+        """Layer i's results computed elsewhere (the torch path) into the buffers."""
+        for buf, t in zip((self.finals, self.split_states, self.tails, self.split_tails, self.corrected),
+                          (finals, split_states, tails, split_tails, corrected), strict=True):
+            if buf is not None:
+                buf[:, i] = t
+
+
+def _layer_of(t: torch.Tensor | None, dim: int) -> tuple[int, int]:
+    """(data pointer, bytes from one layer's part to the next) of `t`, whose layers run along `dim`."""
+    if t is None:
+        return 0, 0
+    return t.data_ptr(), t.stride(dim) * t.element_size()
+
+
+class GDNKernel:
+    """One step's calls of the native GDN kernel (csrc/gated_deltanet.c) over one group of packed
+    sequences, one call per layer. What the layers share is checked and laid out once: the sequences,
+    the pools `conv_pool [slots, L, K-1, C]` and `ssm_pool [slots, L, H, Dk, Dv]` (read in place, never
+    written), the appended rows `extra` = (u `[L, T, C]`, g, beta `[L, T, H]`), the joins' `maps` = (P
+    `[J, L, H, Dk, Dk]`, S_lead `[J, L, H, Dk, Dv]`), the `seeds` = (histories `[M, L, K-1, C]`, states
+    `[M', L, H, Dk, Dv]`) sequences may start from, and the output buffers; a layer's part of each is
+    found by pointer arithmetic, so a layer's call passes only its own rows (its wrapper was ~40 µs of
+    checks and allocations per layer, more than the kernel at one row)."""
+
+    def __init__(self, seqs: PackedSequences, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, key_heads: int,
+                 out: GDNBuffers, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)):
+        lib = _loaded("gated_deltanet")
+        if lib is None:
+            raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
+        self._fn = lib.gated_deltanet_f32
+        if not (_blocks_of(conv_pool, 2) and _blocks_of(ssm_pool, 3)) or conv_pool.shape[1] != ssm_pool.shape[1]:
+            raise ValueError("gated_deltanet reads fp32 CPU pools [slots, layers, ...] whose blocks are contiguous")
+        self.layers, (heads, dk, dv), hist_shape = ssm_pool.shape[1], ssm_pool.shape[2:], conv_pool.shape[2:]
+        self.seqs, self.key_heads, self.heads, self.dk, self.dv = seqs, key_heads, heads, dk, dv
+        self.channels, self.kernel = hist_shape[1], hist_shape[0] + 1
+        layers = self.layers
+        if seqs.slots_needed > min(conv_pool.shape[0], ssm_pool.shape[0]) or heads % (key_heads or 1) \
+                or self.channels != 2 * key_heads * dk + heads * dv:
+            raise ValueError("gated_deltanet: slots, channels or heads do not match")
+        xu, xg, xb = extra if extra is not None else (None, None, None)
+        if seqs.appended and (xu is None or any(
+                not t.is_contiguous() or t.dtype != torch.float32 or t.shape[0] != layers or t.shape[1] < seqs.appended
+                for t in (xu, xg, xb)) or xu.shape[2] != self.channels or xg.shape[2] != heads
+                or xb.shape[2] != heads):
+            raise ValueError("gated_deltanet: appended rows do not match (contiguous fp32 [layers, rows, ...], as "
+                             "many rows as the sequences read)")
+        p = s_ref = None
+        if seqs.joins:
+            if maps is None:
+                raise ValueError("gated_deltanet: joins need their maps (P, S_lead)")
+            p, s_ref = maps
+            if not (_blocks_of(p, 3) and _blocks_of(s_ref, 3)) or p.shape != (seqs.joins, layers, heads, dk, dk) \
+                    or s_ref.shape != (seqs.joins, layers, heads, dk, dv):
+                raise ValueError("gated_deltanet: P must be [J, L, H, Dk, Dk] and S_lead [J, L, H, Dk, Dv], fp32")
+        seed_hist, seed_state = seeds
+        for seed, needed, shape, inner in ((seed_hist, seqs.seed_hists_needed, hist_shape, 2),
+                                           (seed_state, seqs.seed_states_needed, ssm_pool.shape[2:], 3)):
+            if needed and (seed is None or not _blocks_of(seed, inner) or seed.shape[0] < needed
+                           or seed.shape[1:] != (layers, *shape)):
+                raise ValueError("gated_deltanet: seed rows, or their shapes, do not match")
+        for buf, rows, shape in ((out.finals, seqs.count, ssm_pool.shape[2:]), (out.tails, seqs.count, hist_shape),
+                                 (out.split_states, seqs.splits, ssm_pool.shape[2:]),
+                                 (out.split_tails, seqs.splits, hist_shape),
+                                 (out.corrected, seqs.joins, ssm_pool.shape[2:])):
+            if rows and (buf is None or not buf.is_contiguous() or buf.dtype != torch.float32
+                         or buf.shape != (rows, layers, *shape)):
+                raise ValueError("gated_deltanet: output buffers must be contiguous fp32 [rows, layers, ...]")
+        self.out = out
+        ptr = seqs.pointers
+        # per pointer argument: (base, bytes per layer); the ints between them are the same for every layer
+        self._layered = [_layer_of(t, d) for t, d in (
+            (xu, 0), (xg, 0), (xb, 0), (conv_pool, 1), (ssm_pool, 1), (seed_state, 1), (seed_hist, 1),
+            (out.finals, 1), (out.split_states, 1), (out.tails, 1), (out.split_tails, 1), (p, 1), (s_ref, 1),
+            (out.corrected, 1))]
+        self._ints = dict(
+            hist_stride=conv_pool.stride(0), state_stride=ssm_pool.stride(0),
+            seed_state_stride=seed_state.stride(0) if seed_state is not None else 0,
+            seed_hist_stride=seed_hist.stride(0) if seed_hist is not None else 0,
+            p_stride=p.stride(0) if p is not None else 0, ref_stride=s_ref.stride(0) if s_ref is not None else 0,
+            out_state_stride=out.finals.stride(0), out_hist_stride=out.tails.stride(0))
+        self._ptr = ptr
+
+    def __call__(self, layer: int, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
+                 out: torch.Tensor, x_out: torch.Tensor | None = None) -> None:
+        """Layer `layer`: packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` (rows may
+        be strided) and gates `g, beta [R, H]`, its output row `source[r]` of `out [R, H, Dv]`; `x_out
+        [R, C]`, if given, receives each step row's [q | k | v] as the delta rule read them."""
+        seqs, heads = self.seqs, self.heads
+        g, beta, w = _f32(g), _f32(beta), _f32(conv_weight)
+        if (u.dtype != torch.float32 or u.device.type != "cpu" or u.stride(-1) != 1 or u.shape[-1] != self.channels
+                or not out.is_contiguous() or out.dtype != torch.float32 or out.shape[1:] != (heads, self.dv)
+                or g.shape[-1] != heads or beta.shape[-1] != heads or w.shape != (self.channels, self.kernel)
+                or seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
+                or not 0 <= layer < self.layers):
+            raise ValueError("gated_deltanet: a layer's rows, gates, output or conv weight do not match")
+        if x_out is not None and (not x_out.is_contiguous() or x_out.dtype != torch.float32
+                                  or x_out.shape[0] < seqs.step_rows_needed or x_out.shape[1:] != (self.channels,)):
+            raise ValueError("gated_deltanet: x_out must be a contiguous fp32 [rows, C]")
+        (xu, xg, xb, conv, ssm, seed_state, seed_hist, finals, split_states, tails, split_tails, p, s_ref,
+         corrected) = [base + layer * step if base else None for base, step in self._layered]
+        ptr, n = self._ptr, self._ints
+        status = self._fn(
+            u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), xu, xg, xb, ptr["source"], w.data_ptr(), conv,
+            ssm, ptr["slot"], n["hist_stride"], n["state_stride"], seed_state, ptr["seed_state_at"], seed_hist,
+            ptr["seed_hist_at"], out.data_ptr(), None if x_out is None else x_out.data_ptr(), finals, split_states,
+            tails, split_tails, ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"], seqs.joins,
+            ptr["join_seq"], ptr["join_live"], p, n["p_stride"], s_ref, n["ref_stride"], corrected,
+            n["out_state_stride"], n["out_hist_stride"], n["seed_state_stride"], n["seed_hist_stride"], seqs.count,
+            self.kernel, self.key_heads, heads, self.dk, self.dv)
+        if status != 0:
+            raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
 
 
 def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -305,69 +449,19 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    out: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None = None,
                    seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
                    x_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
-    """Short convolution, SiLU, q/k normalisation and the delta rule over packed sequences in one call
-    (csrc/gated_deltanet.c), then the joins. Packed row r is row `seqs.source[r]` of the step's pre-conv
-    rows `u [R, C]` (rows may be strided), gates `g, beta [R, H]`, or for `source[r] < 0` appended row
-    `-1 - source[r]` of `extra` = (u, g, beta); its output goes to row `source[r]` of `out [R, H, Dv]`.
-    Conv weight `[C, K]`; sequence s starts from row `seqs.slot[s]` of the pools `conv_pool [slots, K-1,
-    C]` and `ssm_pool [slots, H, Dk, Dv]` (a layer's views of the engine's pools, read in place, never
-    written). `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`) of the joins in `seqs`; `seeds` =
-    (histories `[M, K-1, C]`, states `[M', H, Dk, Dv]`) that sequences with seed rows in `seqs` start from;
-    `x_out [R, C]`, if given, receives each step row's [q | k | v] as the delta rule read them. Returns (final
-    states, states at the splits or None, histories after each sequence `[N, K-1, C]`, histories at the
-    splits or None, corrected live states `[J, H, Dk, Dv]` or None), fp32."""
-    lib = _loaded("gated_deltanet")
-    if lib is None:
-        raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
-    if u.stride(-1) != 1 or u.dtype != torch.float32 or not out.is_contiguous() or out.dtype != torch.float32:
-        raise ValueError("gated_deltanet needs fp32 rows of unit stride and a contiguous fp32 output")
-    if not (_rows_of(conv_pool) and _rows_of(ssm_pool)):
-        raise ValueError("gated_deltanet reads fp32 CPU pools whose slots are each contiguous")
-    g, beta, w = _f32(g), _f32(beta), _f32(conv_weight)
-    xu, xg, xb = (_f32(t) for t in extra) if extra is not None else (None, None, None)
-    n, (heads, dk, dv) = seqs.count, ssm_pool.shape[1:]
-    hist_shape = conv_pool.shape[1:]
-    # the kernel reads without bounds checks (appended rows only where the source map names some)
-    if (seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
-            or seqs.appended > (xu.shape[0] if xu is not None else 0)
-            or seqs.slots_needed > min(conv_pool.shape[0], ssm_pool.shape[0])
-            or u.shape[1] != w.shape[0] or hist_shape[1] != w.shape[0] or heads % (key_heads or 1)):
-        raise ValueError("gated_deltanet: rows, slots, channels or heads do not match")
-    seed_hist, seed_state = (_f32(t) if t is not None else None for t in seeds)
-    if (seqs.seed_hists_needed > (seed_hist.shape[0] if seed_hist is not None else 0)
-            or seqs.seed_states_needed > (seed_state.shape[0] if seed_state is not None else 0)
-            or (seed_hist is not None and seed_hist.shape[1:] != hist_shape)
-            or (seed_state is not None and seed_state.shape[1:] != ssm_pool.shape[1:])):
-        raise ValueError("gated_deltanet: seed rows, or their shapes, do not match")
-    if x_out is not None and (not x_out.is_contiguous() or x_out.dtype != torch.float32
-                              or x_out.shape[0] < seqs.step_rows_needed or x_out.shape[1:] != (w.shape[0],)):
-        raise ValueError("gated_deltanet: x_out must be a contiguous fp32 [rows, C]")
-    p = s_ref = corrected = None
-    if seqs.joins:
-        if maps is None:
-            raise ValueError("gated_deltanet: joins need their maps (P, S_lead)")
-        p, s_ref = maps
-        if not (_rows_of(p) and _rows_of(s_ref)) or p.shape != (seqs.joins, heads, dk, dk) \
-                or s_ref.shape != (seqs.joins, heads, dk, dv):
-            raise ValueError("gated_deltanet: P must be [J, H, Dk, Dk] and S_lead [J, H, Dk, Dv], fp32 per join")
-        corrected = ssm_pool.new_empty(seqs.joins, heads, dk, dv)
-    finals = ssm_pool.new_empty(n, heads, dk, dv)
-    tails = conv_pool.new_empty(n, *hist_shape)
-    split_states = ssm_pool.new_empty(seqs.splits, heads, dk, dv) if seqs.splits else None
-    split_tails = conv_pool.new_empty(seqs.splits, *hist_shape) if seqs.splits else None
-    ptr = seqs.pointers
-
-    def at(t: torch.Tensor | None) -> int | None:
-        return None if t is None else t.data_ptr()
-
-    status = lib.gated_deltanet_f32(
-        u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), at(xu), at(xg), at(xb), ptr["source"],
-        w.data_ptr(), conv_pool.data_ptr(), ssm_pool.data_ptr(), ptr["slot"], conv_pool.stride(0),
-        ssm_pool.stride(0), at(seed_state), ptr["seed_state_at"], at(seed_hist), ptr["seed_hist_at"],
-        out.data_ptr(), at(x_out), finals.data_ptr(), at(split_states),
-        tails.data_ptr(), at(split_tails), ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"],
-        seqs.joins, ptr["join_seq"], ptr["join_live"], at(p), p.stride(0) if p is not None else 0, at(s_ref),
-        s_ref.stride(0) if s_ref is not None else 0, at(corrected), n, w.shape[1], key_heads, heads, dk, dv)
-    if status != 0:
-        raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
-    return finals, split_states, tails, split_tails, corrected
+    """One layer through the kernel (`GDNKernel` of a one-layer pool): short convolution, SiLU, q/k
+    normalisation and the delta rule over packed sequences, then the joins. Pools `conv_pool [slots, K-1,
+    C]`, `ssm_pool [slots, H, Dk, Dv]` (a layer's views of the engine's pools), `extra` = (u `[T, C]`, g,
+    beta `[T, H]`), `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`), `seeds` = (histories `[M, K-1,
+    C]`, states `[M', H, Dk, Dv]`); the rest as `GDNKernel.__call__`. Returns (final states, states at the
+    splits or None, histories after each sequence `[N, K-1, C]`, histories at the splits or None,
+    corrected live states `[J, H, Dk, Dv]` or None), fp32."""
+    if conv_pool.dim() != 3 or ssm_pool.dim() != 4:
+        raise ValueError("gated_deltanet: pools [slots, K-1, C] and [slots, H, Dk, Dv]")
+    buffers = GDNBuffers.empty(seqs, 1, tuple(conv_pool.shape[1:]), tuple(ssm_pool.shape[1:]))
+    kernel = GDNKernel(seqs, conv_pool.unsqueeze(1), ssm_pool.unsqueeze(1), key_heads, buffers,
+                       extra=None if extra is None else tuple(_f32(t).unsqueeze(0) for t in extra),
+                       maps=None if maps is None else tuple(t.unsqueeze(1) for t in maps),
+                       seeds=tuple(None if t is None else _f32(t).unsqueeze(1) for t in seeds))
+    kernel(0, u, g, beta, conv_weight, out, x_out)
+    return buffers.layer(0)

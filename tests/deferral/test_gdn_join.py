@@ -66,3 +66,27 @@ def test_transposed_join_fails_the_same_check(engine, monkeypatch):
     monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: False)
     monkeypatch.setattr(gdn_state_map, "join_state", lambda s, p, d: s + d @ p)   # ΔS·P: wrong side
     assert _joined_vs_reapplied(engine, monkeypatch) > 1e-3
+
+
+def test_native_and_torch_paths_give_the_same_turn(engine, monkeypatch):
+    """A fused turn (chunks joined mid-answer, tracked decode rows, lead repair) and its recovery with the
+    step's GDN groups through the native kernel, prepared once per step with every layer's rows in one
+    buffer, and through the torch ops: the same tokens, joined S_lead' and live states."""
+    if not native.gated_deltanet_available("cpu", torch.float32):
+        pytest.skip("the native kernel cannot be built here (no C compiler)")
+
+    def turn() -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        snapshots = record_joined_states(monkeypatch)
+        session = engine.open_session(deferral=FUSED[0])
+        end = session.turn(image_prompt(engine, seed=11), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
+        session.complete_recovery()
+        session.close()
+        (s_lead, live, _), = snapshots
+        return end.token_ids, s_lead, live
+
+    native_tokens, native_lead, native_live = turn()
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: False)
+    torch_tokens, torch_lead, torch_live = turn()
+    assert native_tokens == torch_tokens
+    assert rel_err(native_lead, torch_lead) <= 1e-5 and rel_err(native_live, torch_live) <= 1e-5

@@ -22,8 +22,11 @@
        per value head h (key head h / (heads / key_heads)), with S [Dk, Dv]:
        S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q.
    u and xu [., C] (u's rows ld_u apart), conv weight [C, K], a slot's history and tails [., K-1, C], g,
-   beta, xg, xb [., H], a slot's state and the other states [., H, Dk, Dv], o [., H, Dv]: fp32, otherwise
-   contiguous.
+   beta, xg, xb [., H], a slot's state and the other states [., H, Dk, Dv], o [., H, Dv]: fp32, each row
+   contiguous. Rows of the outputs are out_state_stride (state_out, split_out, corrected) and
+   out_hist_stride (tails, split_tails) floats apart, rows of the seeds seed_state_stride and
+   seed_hist_stride: the engine passes one layer's rows of buffers that hold every layer's, [rows,
+   layers, ...], so that the update writes all layers' new states with one copy.
 
    Why native: a deferred chunk (7-63 rows plus its 3-row lead) is a short sequence, and the torch path's
    ~50 tensor ops per layer cost more in dispatch than their arithmetic; token by token, a head's state
@@ -127,8 +130,9 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
                        const int64_t *start, const int64_t *len, const int64_t *split_row,
                        const int64_t *split_index, int64_t joins, const int64_t *join_seq,
                        const int64_t *live_slot, const float *p, int64_t p_stride, const float *s_ref,
-                       int64_t ref_stride, float *corrected, int64_t n, int64_t kernel, int64_t key_heads,
-                       int64_t heads, int64_t dk, int64_t dv) {
+                       int64_t ref_stride, float *corrected, int64_t out_state_stride, int64_t out_hist_stride,
+                       int64_t seed_state_stride, int64_t seed_hist_stride, int64_t n, int64_t kernel,
+                       int64_t key_heads, int64_t heads, int64_t dk, int64_t dv) {
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
     const float q_scale = 1.0f / sqrtf((float)dk);
@@ -142,14 +146,14 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
     for (int64_t s = 0; s < n; s++) {
         const int64_t first = start[s], end = start[s] + len[s];
         /* where the sequence starts: its pool slot, or a seed (a state corrected by a join this step) */
-        const float *h0 = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * hist_rows * C
+        const float *h0 = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * seed_hist_stride
                                                               : hist + slot[s] * hist_stride;
-        const float *s0 = seed_state_at && seed_state_at[s] >= 0 ? seed_state + seed_state_at[s] * heads * state_size
+        const float *s0 = seed_state_at && seed_state_at[s] >= 0 ? seed_state + seed_state_at[s] * seed_state_stride
                                                                  : state_in + slot[s] * state_stride;
         /* a packed row of this sequence, or before its first row, its history (oldest first) */
 #define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
                                  : h0 + (hist_rows - (first - (pos))) * C)
-        memcpy(state_out + s * heads * state_size, s0, sizeof(float) * (size_t)(heads * state_size));
+        memcpy(state_out + s * out_state_stride, s0, sizeof(float) * (size_t)(heads * state_size));
         for (int64_t t = first; t < end; t++) {
             /* taps in order, oldest row first, as the torch path accumulates them */
             const float *r0 = ROW(t - hist_rows);
@@ -172,24 +176,24 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
             const float *bt = src >= 0 ? beta + src * heads : xb + (-1 - src) * heads;
             for (int64_t h = 0; h < heads; h++) {
                 const int64_t a = h / rep;
-                float *S = state_out + (s * heads + h) * state_size;
+                float *S = state_out + s * out_state_stride + h * state_size;
                 delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(gt[h]), bt[h],
                            src >= 0 ? o + (src * heads + h) * dv : dropped, delta, dk, dv);
                 if (split_row[s] >= 0 && t - first + 1 == split_row[s])
-                    memcpy(split_out + (split_index[s] * heads + h) * state_size, S, sizeof(float) * (size_t)state_size);
+                    memcpy(split_out + split_index[s] * out_state_stride + h * state_size, S, sizeof(float) * (size_t)state_size);
             }
         }
         for (int64_t i = 0; i < hist_rows; i++) {
-            memcpy(tails + (s * hist_rows + i) * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
+            memcpy(tails + s * out_hist_stride + i * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
             if (split_row[s] >= 0)
-                memcpy(split_tails + (split_index[s] * hist_rows + i) * C, ROW(first + split_row[s] - hist_rows + i),
+                memcpy(split_tails + split_index[s] * out_hist_stride + i * C, ROW(first + split_row[s] - hist_rows + i),
                        sizeof(float) * (size_t)C);
         }
 #undef ROW
     }
     for (int64_t j = 0; j < joins; j++)
-        join_heads(corrected + j * heads * state_size, state_in + live_slot[j] * state_stride, p + j * p_stride,
-                   state_out + join_seq[j] * heads * state_size, s_ref + j * ref_stride, diff, heads, dk, dv);
+        join_heads(corrected + j * out_state_stride, state_in + live_slot[j] * state_stride, p + j * p_stride,
+                   state_out + join_seq[j] * out_state_stride, s_ref + j * ref_stride, diff, heads, dk, dv);
     free(wt);
     return 0;
 }
