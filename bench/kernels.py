@@ -8,7 +8,8 @@
 - a GDN layer's multi-row path (ops/csrc/gated_deltanet.c: conv, SiLU, q/k norms, delta rule) vs the
   torch ops with the chunked rule: one sequence of 10 (a 7-row deferred chunk with its 3-row lead), 34,
   66, 130 and 1,000 rows, and two 34-row chunks; and its decode rows (1 and 32 one-row sequences) vs
-  one batched recurrent step;
+  one batched recurrent step; the native side as a step runs it, one layer's call of a `GDNKernel`
+  prepared once per step;
 - the linear layers of one decoder layer (q/k/v/gate, output, MLP) with prepacked oneDNN weights vs
   torch's default fp32 matmul, at 1-64 rows.
 One thread; the two sides alternate call by call, and each side's time is the 20th percentile of its
@@ -18,9 +19,11 @@ calls (this machine is shared: a neighbour's burst stretches both sides of a rou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -30,7 +33,7 @@ from raincheck_core.layers import linear as linear_layers
 from raincheck_core.ops.attention import attention_layout, varlen_attention
 from raincheck_core.ops.gdn import l2norm
 from raincheck_core.ops.gdn_varlen import VarlenLayout, gated_deltanet_rows, gated_deltanet_varlen, varlen_layout
-from raincheck_core.ops.native import paged_attention_available
+from raincheck_core.ops.native import GDNBuffers, GDNKernel, gated_deltanet_available, paged_attention_available
 
 from .common import STEP_QUANTILE, quantile, setup_torch
 
@@ -53,12 +56,16 @@ def side_by_side(a: Callable[[], object], b: Callable[[], object], repeats: int)
     return tuple(1e3 * quantile(t, STEP_QUANTILE) for t in times)
 
 
-def _both_paths(make: Callable[[], VarlenLayout]) -> tuple[VarlenLayout, VarlenLayout]:
-    """Two layouts of the same sequences: one held to the torch path, one on the native kernel where it
-    is built (a layout decides its path once, as a step does)."""
-    torch_path, fast = make(), make()
+def _gdn_paths(layout: VarlenLayout, hist: torch.Tensor, state: torch.Tensor
+               ) -> tuple[VarlenLayout, Callable[..., None]]:
+    """A copy of `layout` held to the torch path, and the native path as a step runs it: the layer's
+    `GDNKernel`, prepared once (a one-layer pool here), called per layer."""
+    torch_path = dataclasses.replace(layout)
     torch_path.native = False
-    return torch_path, fast
+    if not gated_deltanet_available("cpu", torch.float32):
+        raise SystemExit("the native GDN kernel cannot be built here (no C compiler): nothing to compare")
+    buffers = GDNBuffers.empty(layout.seqs, 1, tuple(hist.shape[1:]), tuple(state.shape[1:]))
+    return torch_path, GDNKernel(layout.seqs, hist.unsqueeze(1), state.unsqueeze(1), KEY_HEADS, buffers)
 
 
 def attention_rows(repeats: int) -> list[dict]:
@@ -118,10 +125,11 @@ def gdn_rows(repeats: int) -> list[dict]:
         hist = torch.randn(len(lengths), CONV - 1, channels, generator=gen)
         state = l2norm(torch.randn(len(lengths), VALUE_HEADS, GDN_DIM, GDN_DIM, generator=gen))
         out = torch.empty(n, VALUE_HEADS, GDN_DIM)
-        calls = [lambda lay=lay, u=u, g=g, beta=beta, hist=hist, state=state, out=out: gated_deltanet_varlen(
-            u, g, beta, None, w, hist, state, lay, KEY_HEADS, GDN_DIM, out)
-            for lay in _both_paths(lambda n=lengths, s=splits: varlen_layout(n, CONV, s))]   # packed row r: step row r
-        torch_ms, native_ms = side_by_side(*calls, max(20, repeats // 4))
+        layout = varlen_layout(lengths, CONV, splits)       # packed row r: step row r
+        torch_path, fast = _gdn_paths(layout, hist, state)
+        torch_ms, native_ms = side_by_side(
+            partial(gated_deltanet_varlen, u, g, beta, None, w, hist, state, torch_path, KEY_HEADS, GDN_DIM, out),
+            partial(fast, 0, u, g, beta, w, out), max(20, repeats // 4))
         rows.append(dict(op="GDN layer, multi-row path", shape=" + ".join(f"{x} rows" for x in lengths),
                          torch_ms=torch_ms, native_ms=native_ms))
     for sessions in (1, 32):
@@ -131,10 +139,11 @@ def gdn_rows(repeats: int) -> list[dict]:
         hist = torch.randn(4 * sessions, CONV - 1, channels, generator=gen)       # pools of more slots
         state = l2norm(torch.randn(4 * sessions, VALUE_HEADS, GDN_DIM, GDN_DIM, generator=gen))
         out = torch.empty(sessions, VALUE_HEADS, GDN_DIM)
-        calls = [lambda lay=lay, u=u, g=g, beta=beta, hist=hist, state=state, out=out: gated_deltanet_rows(
-            u, g, beta, w, hist, state, lay, KEY_HEADS, GDN_DIM, out)
-            for lay in _both_paths(lambda s=sessions: varlen_layout([1] * s, CONV, slots=list(range(0, 4 * s, 4))))]
-        torch_ms, native_ms = side_by_side(*calls, repeats)
+        layout = varlen_layout([1] * sessions, CONV, slots=list(range(0, 4 * sessions, 4)))
+        torch_path, fast = _gdn_paths(layout, hist, state)
+        torch_ms, native_ms = side_by_side(
+            partial(gated_deltanet_rows, u, g, beta, w, hist, state, torch_path, KEY_HEADS, GDN_DIM, out),
+            partial(fast, 0, u, g, beta, w, out), repeats)
         rows.append(dict(op="GDN layer, decode rows", shape=f"{sessions} sessions", torch_ms=torch_ms,
                          native_ms=native_ms))
     return rows
