@@ -264,19 +264,20 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
     for i in range(1, len(lengths)):
         starts[i] = starts[i - 1] + lengths[i - 1]
 
-    def longs(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long)
-
     seed_hists, seed_states = seeds if seeds is not None else (None, None)
     for at in (seed_hists, seed_states):
         if at is not None and len(at) != len(lengths):
             raise ValueError("one seed row (or -1) per sequence")
+    # every array in one tensor (one allocation and copy per step, not ten), handed out as views
+    parts = [rows, starts, lengths, [-1 if p is None else p for p in splits], split_index, slots,
+             [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or []]
+    flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+    (source_t, start_t, len_t, split_t, index_t, slot_t, join_t, live_t, hist_t,
+     state_t) = flat.split([len(part) for part in parts])
     return PackedSequences(
-        source=longs(rows), seq_start=longs(starts), seq_len=longs(lengths),
-        split_row=longs([-1 if p is None else p for p in splits]), split_index=longs(split_index),
-        slot=longs(slots), join_seq=longs([seq for seq, _ in joins]), join_live=longs([live for _, live in joins]),
-        seed_hist_at=None if seed_hists is None else longs(seed_hists),
-        seed_state_at=None if seed_states is None else longs(seed_states),
+        source=source_t, seq_start=start_t, seq_len=len_t, split_row=split_t, split_index=index_t, slot=slot_t,
+        join_seq=join_t, join_live=live_t, seed_hist_at=None if seed_hists is None else hist_t,
+        seed_state_at=None if seed_states is None else state_t,
         step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
         longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
