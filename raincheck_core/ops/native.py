@@ -119,9 +119,12 @@ _I64 = ctypes.c_int64
 # each kernel's entry point and argument types: ctypes converts plain ints (data pointers, sizes) itself,
 # which costs far less per call than wrapping each argument in Python
 _ENTRY = {
-    "paged_attention": ("paged_attention_f32", [_PTR] * 9 + [_I64] * 4 + [ctypes.c_float]),
-    "gated_deltanet": ("gated_deltanet_f32", [_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64]
-                       + [_PTR] * 3 + [_I64, _PTR, _I64, _PTR] + [_I64] * 10),
+    "paged_attention": {"paged_attention_f32": ([_PTR] * 9 + [_I64] * 4 + [ctypes.c_float], ctypes.c_int)},
+    "gated_deltanet": {
+        "gated_deltanet_f32": ([_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64] + [_PTR] * 3
+                               + [_I64, _PTR, _I64, _PTR] + [_I64] * 10, ctypes.c_int),
+        "fold_maps_f32": ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64], None),
+    },
 }
 
 
@@ -133,9 +136,9 @@ def library(name: str) -> ctypes.CDLL | None:
         if name not in _libs:
             lib = _libs[name] = _build(name)
             if lib is not None:
-                entry, argtypes = _ENTRY[name]
-                getattr(lib, entry).argtypes = argtypes
-                getattr(lib, entry).restype = ctypes.c_int
+                for entry, (argtypes, restype) in _ENTRY[name].items():
+                    getattr(lib, entry).argtypes = argtypes
+                    getattr(lib, entry).restype = restype
         return _libs[name]
 
 
@@ -442,6 +445,24 @@ class GDNKernel:
             self.kernel, self.key_heads, heads, self.dk, self.dv)
         if status != 0:
             raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
+
+
+def fold_maps_(p: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> bool:
+    """Append tokens to the maps `p [..., Dk, Dk]` in place (csrc/gated_deltanet.c `fold_maps_f32`): k
+    `[T, M, Dk]`, g and beta `[T, M]` for its M maps. False, with `p` untouched, where the kernel does
+    not apply (not fp32 on the CPU, `p` not contiguous, or no kernel)."""
+    if not (p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+            and gated_deltanet_available(p.device, p.dtype)):
+        return False
+    lib = _loaded("gated_deltanet")
+    dk = p.shape[-1]
+    maps = p.numel() // (dk * dk)
+    k, g, beta = _f32(k), _f32(g), _f32(beta)
+    n = k.shape[0]
+    if k.shape != (n, maps, dk) or g.shape != (n, maps) or beta.shape != (n, maps):
+        raise ValueError(f"fold_maps_: k [T, {maps}, {dk}], g and beta [T, {maps}] for {maps} maps")
+    lib.fold_maps_f32(p.data_ptr(), maps, dk, k.data_ptr(), g.data_ptr(), beta.data_ptr(), n)
+    return True
 
 
 def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

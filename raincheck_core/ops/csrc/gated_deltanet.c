@@ -197,3 +197,31 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
     free(wt);
     return 0;
 }
+
+/* Appends n tokens to each of `maps` affine maps P [Dk, Dk] (contiguous, one after another) in place:
+   P <- e^g (I - beta k k^T) P for t in order (docs/mechanism.md §5), k [n, maps, Dk], g and beta
+   [n, maps]. One map at a time, so that it stays in L1 over its tokens: two passes over it per token
+   (w = k^T P, then the rank-1 update and the decay), where the torch ops made five over every map. */
+void fold_maps_f32(float *P, int64_t maps, int64_t dk, const float *k, const float *g, const float *beta,
+                   int64_t n) {
+    float w[dk];
+    for (int64_t m = 0; m < maps; m++) {
+        float *Pm = P + m * dk * dk;
+        for (int64_t t = 0; t < n; t++) {
+            const float *kt = k + (t * maps + m) * dk;
+            const float b = beta[t * maps + m], decay = expf(g[t * maps + m]);
+            for (int64_t j = 0; j < dk; j++) w[j] = 0.0f;
+            for (int64_t i = 0; i < dk; i++) {
+                const float ki = kt[i], *row = Pm + i * dk;
+#pragma omp simd
+                for (int64_t j = 0; j < dk; j++) w[j] += ki * row[j];
+            }
+            for (int64_t i = 0; i < dk; i++) {
+                const float c = -b * kt[i];
+                float *row = Pm + i * dk;
+#pragma omp simd
+                for (int64_t j = 0; j < dk; j++) row[j] = (row[j] + c * w[j]) * decay;
+            }
+        }
+    }
+}
