@@ -38,8 +38,9 @@ class GDNJoin:
         self.lead_g = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.s_lead = torch.zeros_like(pool.ssm[live_slot])
         self._p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
-        # factors of the tokens not folded into P_rest yet, per layer
-        self._k = torch.empty(layers, BUFFER, heads, dk, device=pool.ssm.device)
+        # factors of the tokens not folded into P_rest yet, per layer; k as the runner hands it over (per
+        # key head: sized on the first token), widened to value heads once per fold
+        self._k: torch.Tensor | None = None
         self._g = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
         self._beta = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
         self._buffered = 0
@@ -75,10 +76,13 @@ class GDNJoin:
 
     def fold(self, k: torch.Tensor, v: torch.Tensor | None, g: torch.Tensor, beta: torch.Tensor) -> None:
         """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
-        a time). k `[layers, H, Dk]`, v `[layers, H, Dv]` (read only when the join keeps factors for
-        audits), g, beta `[layers, H]`."""
+        a time). k `[layers, key heads, Dk]` (value head h reads key head h // (H / key heads); key heads
+        may be H), v `[layers, H, Dv]` (read only when the join keeps factors for audits), g, beta
+        `[layers, H]`."""
         if self._buffered == BUFFER:
             self._flush()
+        if self._k is None:
+            self._k = k.new_empty(k.shape[0], BUFFER, *k.shape[1:])
         n = self._buffered
         self._k[:, n] = k
         self._g[:, n] = g
@@ -87,15 +91,19 @@ class GDNJoin:
         if self.factors is not None:
             if v is None:
                 raise ValueError("a join that keeps factors for audits needs each token's v")
-            for layer, f in zip(self.factors, zip(k, v, g, beta, strict=True), strict=True):
+            for layer, f in zip(self.factors, zip(self._value_heads(k), v, g, beta, strict=True), strict=True):
                 layer.append(tuple(t[None].clone() for t in f))
         self.fed += 1
+
+    def _value_heads(self, k: torch.Tensor) -> torch.Tensor:
+        heads = self._p_rest.shape[1]
+        return k if k.shape[-2] == heads else k.repeat_interleave(heads // k.shape[-2], dim=-2)
 
     def _flush(self) -> None:
         n, self._buffered = self._buffered, 0
         if n:   # token-major factors over all layers' maps at once
-            extend_map_(self._p_rest, self._k[:, :n].transpose(0, 1), self._g[:, :n].transpose(0, 1),
-                        self._beta[:, :n].transpose(0, 1))
+            extend_map_(self._p_rest, self._value_heads(self._k[:, :n]).transpose(0, 1),
+                        self._g[:, :n].transpose(0, 1), self._beta[:, :n].transpose(0, 1))
 
     def set_joined(self, s_lead: torch.Tensor) -> None:
         """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""

@@ -261,7 +261,8 @@ class ModelRunner:
     def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: torch.Tensor
                  ) -> list[Tracked]:
         """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
-        lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked."""
+        lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked. k
+        stays per key head: the join widens it to value heads once per fold, not per token."""
         keep, segs = inputs.batch.gdn.single.keep, inputs.keep
         every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
         joins = [seg.recovery.join for seg in segs]
@@ -274,10 +275,18 @@ class ModelRunner:
             return t if every else t[keep]
 
         audit = any(jn.factors is not None for jn in joins)
-        u, k, v, g, beta = stacked(0, bool(lead)), stacked(1), stacked(2, audit), stacked(3), stacked(4)
-        heads = g.shape[-1]
-        if k.shape[-2] != heads:        # key heads -> value heads (value head h reads key head h // rep)
-            k = k.repeat_interleave(heads // k.shape[-2], dim=-2)
+        u, g, beta = stacked(0, bool(lead)), stacked(3), stacked(4)
+        x = inputs.batch.gdn.out.x
+        if x is None:       # the torch path: the layers handed over k (per key head) and v
+            k, v = stacked(1), stacked(2, audit)
+        else:               # the kernel wrote each row's [q | k | v] for every layer: slice them once
+            heads, dk, dv = self.gdn.ssm.shape[2:]
+            kd = self.key_heads * dk
+            rows = inputs.batch.gdn.single.layout.step_rows
+            xs = (x if rows is None else x[:, rows]).transpose(0, 1)             # [N, layers, C]
+            xs = xs if every else xs[keep]
+            k = xs[..., kd:2 * kd].unflatten(-1, (self.key_heads, dk))
+            v = xs[..., 2 * kd:].unflatten(-1, (heads, dv)) if audit else None
         states: list[torch.Tensor | None] = [None] * len(segs)
         if lead:    # only lead tokens need the state after them: stacking all would copy every state
             rows = keep[torch.tensor(lead, device=self.device)]

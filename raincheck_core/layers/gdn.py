@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
-from ..ops.gdn_varlen import factors_of, gated_deltanet_rows, gated_deltanet_varlen
+from ..ops.gdn_varlen import gated_deltanet_rows, gated_deltanet_varlen
 from .batch import ForwardBatch, GDNStep
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -71,10 +71,9 @@ class GatedDeltaNet(nn.Module):
         (and, within the lead, the chunk's conv tail): the layout's seed rows."""
         s, i, pool, w = step.single, self.gdn_index, step.pool, self.conv1d.weight[:, 0]
         factors = s.keep is not None
-        if s.kernel is not None:
-            x_out = step.out.x[i] if factors else None
-            s.kernel(i, u, g, beta, w, o, x_out)
-            kv = factors_of(x_out, s.layout, self.hk, self.dk, self.hv) if factors else None
+        if s.kernel is not None:     # k and v of the tracked rows stay in `step.out.x` for the runner
+            s.kernel(i, u, g, beta, w, o, step.out.x[i] if factors else None)
+            kv = (None, None) if factors else None
         else:
             multi = step.out.multi
             seeds = (multi.tails[:, i], multi.corrected[:, i]) if step.corrections is not None else (None, None)

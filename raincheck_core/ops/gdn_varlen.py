@@ -127,12 +127,9 @@ class VarlenLayout:
 
     @cached_property
     def step_rows(self) -> Tensor | None:
-        """For the torch path of one-row sequences: the step row of each, or None when they are exactly
-        the step's rows in order (a decode-only step: no gather, no scatter)."""
-        source = self.seqs.source
-        if self.seqs.step_rows_needed == len(source) and bool((source == torch.arange(len(source))).all()):
-            return None
-        return source.to(self.device)
+        """For one-row sequences: the step row of each, or None when they are exactly the step's rows in
+        order (a decode-only step: no gather, no scatter)."""
+        return None if self.seqs.in_order else self.seqs.source.to(self.device)
 
     @cached_property
     def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:

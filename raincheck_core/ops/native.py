@@ -229,6 +229,7 @@ class PackedSequences:
     seed_states_needed: int = 0
     count: int = 0              # sequences
     joins: int = 0
+    in_order: bool = False      # packed row r is step row r, for every r
 
     @cached_property
     def pointers(self) -> dict[str, int]:
@@ -284,7 +285,8 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
         longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
-        seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins))
+        seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
+        in_order=rows == list(range(total)))
 
 
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
