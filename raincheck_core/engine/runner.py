@@ -23,7 +23,7 @@ from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GD
 from ..models import DecoderLM
 from ..ops.attention import attention_layout
 from ..ops.gdn_varlen import VarlenLayout, runs_native, varlen_layout
-from ..ops.native import GDNBuffers, GDNKernel
+from ..ops.native import GDNBuffers, GDNKernel, PackedSequences, packed_sequences
 from .plan import Kind, Segment, StepPlan
 
 
@@ -159,10 +159,10 @@ class ModelRunner:
                         extra_b.append(jn.lead_beta[:, :s.lead])
                 else:
                     splits.append(None)
-            step.multi = GDNMulti(varlen_layout(
-                lengths, self.kernel, splits, device=dev, source=source, slots=[segs[i].gdn_slot for i in multi],
-                joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
-            step.out.multi = self._buffers(step.multi.layout)
+            multi_seqs = (lengths, splits, source, [segs[i].gdn_slot for i in multi],
+                          [(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)])
+            step.multi = GDNMulti(varlen_layout(multi_seqs[0], self.kernel, multi_seqs[1], device=dev,
+                                                source=multi_seqs[2], slots=multi_seqs[3], joins=multi_seqs[4]))
             if joins:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
@@ -176,12 +176,6 @@ class ModelRunner:
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
                 )
-            if self._native(step.multi.layout):
-                c = step.corrections
-                step.multi.kernel = GDNKernel(
-                    step.multi.layout.seqs, self.gdn.conv, self.gdn.ssm, self.key_heads, step.out.multi,
-                    extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
-                    maps=(c.p, c.s_ref) if c is not None else None)
         if single:
             keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
             keep = [single_segs[k] for k in keep_at]
@@ -191,15 +185,41 @@ class ModelRunner:
                                      seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
-            step.out.single = self._buffers(step.single.layout)
-            if self._native(step.single.layout):
-                seeds = (step.out.multi.tails, step.out.multi.corrected) if joins else (None, None)
-                step.single.kernel = GDNKernel(step.single.layout.seqs, self.gdn.conv, self.gdn.ssm,
-                                               self.key_heads, step.out.single, seeds=seeds)
-                if keep_at:
-                    rows = starts[-1] + segs[-1].rows
-                    step.out.x = torch.empty(self.gdn.conv.shape[1], rows, self.gdn.conv.shape[-1])
+        self._outputs(step, multi_seqs if multi else None, [starts[i] for i in single],
+                      [s.gdn_slot for s in single_segs], (seed_hist, seed_state))
+        if step.out.x is None and keep and step.kernel is not None:     # the kernel hands over tracked rows' k, v
+            step.out.x = torch.empty(self.gdn.conv.shape[1], starts[-1] + segs[-1].rows, self.gdn.conv.shape[-1])
         return step, [segs[i] for i in multi], joins, single_segs, keep
+
+    def _outputs(self, step: GDNStep, multi: tuple[list, ...] | None, single_rows: list[int],
+                 single_slots: list[int], seeds: tuple[list[int], list[int]]) -> None:
+        """The step's GDN output buffers and, on the native path, its one kernel call per layer: both
+        groups' sequences in one call, the joins run between them, so a joining turn's decode row starts
+        from its corrected state while that is in cache (the torch path runs the groups apart)."""
+        groups = [g for g in (step.multi, step.single) if g is not None]
+        if not all(self._native(g.layout) for g in groups):
+            step.out.multi = self._buffers(step.multi.layout) if step.multi is not None else None
+            step.out.single = self._buffers(step.single.layout) if step.single is not None else None
+            return
+        lengths, splits, source, slots, joins = multi if multi is not None else ([], [], [], [], [])
+        n_multi, ns = len(lengths), len(single_rows)
+        seqs = packed_sequences(
+            lengths + [1] * ns, splits + [None] * ns, source + single_rows,
+            slots + single_slots, joins,
+            seeds=([-1] * n_multi + seeds[0], [-1] * n_multi + seeds[1]) if joins and ns else None,
+            joins_after=n_multi)
+        out = self._buffers_of(seqs)
+        c = step.corrections
+        step.kernel = GDNKernel(
+            seqs, self.gdn.conv, self.gdn.ssm, self.key_heads, out,
+            extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
+            maps=(c.p, c.s_ref) if c is not None else None,
+            seeds=(out.tails, out.corrected) if joins and ns else (None, None))
+        step.out.multi, step.out.single = out.split(n_multi)
+        if step.multi is None:
+            step.out.multi = None
+        if step.single is None:
+            step.out.single = None
 
     def _native(self, layout: VarlenLayout) -> bool:
         """Whether this step's GDN layers run `layout`'s sequences through the native kernel."""
@@ -207,9 +227,12 @@ class ModelRunner:
             and self.gdn.ssm.dtype == self.gdn.conv.dtype == torch.float32
 
     def _buffers(self, layout: VarlenLayout) -> GDNBuffers:
+        return self._buffers_of(layout.seqs)
+
+    def _buffers_of(self, seqs: PackedSequences) -> GDNBuffers:
         pool = self.gdn
-        return GDNBuffers.empty(layout.seqs, pool.conv.shape[1], tuple(pool.conv.shape[2:]),
-                                tuple(pool.ssm.shape[2:]), self.device)
+        return GDNBuffers.empty(seqs, pool.conv.shape[1], tuple(pool.conv.shape[2:]), tuple(pool.ssm.shape[2:]),
+                                self.device)
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:

@@ -2,14 +2,14 @@
 
 The model runner builds a `ForwardBatch` from the step's plan (engine/runner.py); the layers read it
 and never see sessions. Attention layers share one `AttentionLayout`; GDN layers share one `GDNStep`,
-which splits the step's sequences into two groups run as one call each:
+which splits the step's sequences into two groups (one call each on the torch path):
 - `multi`: sequences of several rows (prefill and deferred chunks), with the deferred joins;
 - `single`: one-row sequences (decode rows), *after* `multi`, because a decode row may start from a
   state that `multi` just corrected (see `GDNCorrections`).
 New states are not written back by the layers: they are collected in `GDNOutputs` (buffers that hold every
 layer's rows, `[rows, layers, ...]`) and applied by the engine's update, so a forward that fails half-way
-leaves every state as it was. On the CPU in fp32 each group has a `GDNKernel` prepared once per step
-(ops/native.py): a layer's call then passes only its own rows.
+leaves every state as it was. On the CPU in fp32 the step has one `GDNKernel` prepared once (ops/native.py)
+that runs both groups, the joins between them: a layer's call then passes only its own rows.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class GDNMulti:
     layout: VarlenLayout    # its `seqs.source`: per packed row the step row it is, or -1 - e for appended
                             # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`); the
                             # slots sequences start from, and the joins (sequence, corrected slot)
-    kernel: GDNKernel | None = None     # the native calls, when the step's layers run them
 
 
 @dataclass
@@ -55,7 +54,6 @@ class GDNSingle:
                                      # of a turn whose chunk joined in this step starts from the corrected
                                      # state: `GDNCorrections` j; within the lead, from multi's conv tail)
     keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
-    kernel: GDNKernel | None = None  # the native calls (seeded from the multi group's buffers)
 
 
 @dataclass
@@ -76,6 +74,9 @@ class GDNStep:
     corrections: GDNCorrections | None = None
     single: GDNSingle | None = None
     out: GDNOutputs = field(default_factory=GDNOutputs)
+    # the native path: both groups in one call per layer, the joins between them (their outputs are
+    # `out.multi` and `out.single`, views of one buffer); None: the torch ops, group by group
+    kernel: GDNKernel | None = None
 
 
 @dataclass

@@ -122,7 +122,7 @@ _ENTRY = {
     "paged_attention": {"paged_attention_f32": ([_PTR] * 9 + [_I64] * 4 + [ctypes.c_float], ctypes.c_int)},
     "gated_deltanet": {
         "gated_deltanet_f32": ([_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64] + [_PTR] * 3
-                               + [_I64, _PTR, _I64, _PTR] + [_I64] * 10, ctypes.c_int),
+                               + [_I64, _PTR, _I64, _PTR] + [_I64] * 11, ctypes.c_int),
         "fold_maps_f32": ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64], None),
     },
 }
@@ -229,6 +229,7 @@ class PackedSequences:
     seed_states_needed: int = 0
     count: int = 0              # sequences
     joins: int = 0
+    joins_after: int = 0        # the joins run once this many sequences are done (those after may seed from them)
     in_order: bool = False      # packed row r is step row r, for every r
 
     @cached_property
@@ -241,11 +242,13 @@ class PackedSequences:
 
 def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
                      slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
-                     seeds: tuple[list[int] | None, list[int] | None] | None = None) -> PackedSequences:
+                     seeds: tuple[list[int] | None, list[int] | None] | None = None,
+                     joins_after: int | None = None) -> PackedSequences:
     """`source` None: packed row r is step row r. `slots`: the pool slot each sequence starts from (None:
     slot s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live slot) of
     each join. `seeds`: per sequence, the row of the seed histories and of the seed states it starts
-    from instead of its slot's (-1: its slot's). Built from Python lists (a step's few sequences): a
+    from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many sequences
+    are done (default: all), and join only sequences before it. Built from Python lists (a step's few sequences): a
     handful of small tensors, no reductions over them."""
     total = sum(lengths)
     if source is None:
@@ -260,6 +263,9 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         raise ValueError("one slot per sequence, and joins of sequences that are there")
     if min(slots, default=0) < 0 or min((live for _, live in joins), default=0) < 0:
         raise ValueError("pool slots are not negative")
+    joins_after = len(lengths) if joins_after is None else joins_after
+    if not 0 <= joins_after <= len(lengths) or any(seq >= joins_after for seq, _ in joins):
+        raise ValueError("the joins run after the sequences they join")
     split_index, count = [], 0
     for p in splits:
         split_index.append(-1 if p is None else count)
@@ -286,7 +292,7 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
         seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
-        in_order=rows == list(range(total)))
+        joins_after=joins_after, in_order=rows == list(range(total)))
 
 
 def gated_deltanet_available(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -331,6 +337,12 @@ class GDNBuffers:
         """Layer i's (finals, split states, tails, split tails, corrected), views."""
         return tuple(None if t is None else t[:, i] for t in (self.finals, self.split_states, self.tails,
                                                                 self.split_tails, self.corrected))
+
+    def split(self, n: int) -> tuple[GDNBuffers, GDNBuffers]:
+        """The buffers of the first n sequences (with every split and join, which only they have) and of
+        the rest, as views."""
+        return (GDNBuffers(self.finals[:n], self.tails[:n], self.split_states, self.split_tails, self.corrected),
+                GDNBuffers(self.finals[n:], self.tails[n:], None, None, None))
 
     def store(self, i: int, finals: torch.Tensor, split_states: torch.Tensor | None, tails: torch.Tensor,
               split_tails: torch.Tensor | None, corrected: torch.Tensor | None) -> None:
@@ -443,7 +455,8 @@ class GDNKernel:
             ptr["seed_hist_at"], out.data_ptr(), None if x_out is None else x_out.data_ptr(), finals, split_states,
             tails, split_tails, ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"], seqs.joins,
             ptr["join_seq"], ptr["join_live"], p, n["p_stride"], s_ref, n["ref_stride"], corrected,
-            n["out_state_stride"], n["out_hist_stride"], n["seed_state_stride"], n["seed_hist_stride"], seqs.count,
+            n["out_state_stride"], n["out_hist_stride"], n["seed_state_stride"], n["seed_hist_stride"],
+            seqs.joins_after, seqs.count,
             self.kernel, self.key_heads, heads, self.dk, self.dv)
         if status != 0:
             raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")

@@ -13,11 +13,14 @@
    in place), or, where seed_hist_at[s] / seed_state_at[s] >= 0, from that row of seed_hist [., K-1, C] /
    seed_state [., H, Dk, Dv] (a live state a join corrected in this step). It leaves its history in
    tails[s] and its state in state_out[s]; when split_row[s] >= 0 the history and state after its first
-   split_row[s] rows are also written to split_tails / split_out at split_index[s]. Then each of the
-   `joins` joins j corrects the live state of pool slot live_slot[j] by the sequence join_seq[j] (which ran
+   split_row[s] rows are also written to split_tails / split_out at split_index[s]. Once the first
+   joins_after sequences are done (all of them when joins_after >= n), each of the `joins` joins j
+   corrects the live state of pool slot live_slot[j] by the sequence join_seq[j] < joins_after (which ran
    from the prefix state with the lead appended, so its final state is S_lead'):
    corrected[j] = live + P_j (S_lead' - s_ref_j), P_j = p + j * p_stride [H, Dk, Dk] and
-   s_ref_j = s_ref + j * ref_stride [H, Dk, Dv]. Per row, with conv channels [q | k | v]:
+   s_ref_j = s_ref + j * ref_stride [H, Dk, Dv]; the sequences after them (a joining turn's decode row)
+   may start from a corrected state and a joined sequence's tails (seeds pointing into this call's own
+   outputs). Per row, with conv channels [q | k | v]:
        x = silu(conv(u)); q, k L2-normalised per key head (q also scaled by dk^-1/2);
        per value head h (key head h / (heads / key_heads)), with S [Dk, Dv]:
        S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q.
@@ -131,7 +134,8 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
                        const int64_t *split_index, int64_t joins, const int64_t *join_seq,
                        const int64_t *live_slot, const float *p, int64_t p_stride, const float *s_ref,
                        int64_t ref_stride, float *corrected, int64_t out_state_stride, int64_t out_hist_stride,
-                       int64_t seed_state_stride, int64_t seed_hist_stride, int64_t n, int64_t kernel,
+                       int64_t seed_state_stride, int64_t seed_hist_stride, int64_t joins_after, int64_t n,
+                       int64_t kernel,
                        int64_t key_heads, int64_t heads, int64_t dk, int64_t dv) {
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
@@ -143,7 +147,14 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
     float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv, *diff = dropped + dv;
     for (int64_t c = 0; c < C; c++)
         for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
+    /* the joins run once the first joins_after sequences are done: later sequences (a joining turn's
+       decode row) may start from the states they correct */
+#define RUN_JOINS()                                                                                        \
+    for (int64_t j = 0; j < joins; j++)                                                                   \
+        join_heads(corrected + j * out_state_stride, state_in + live_slot[j] * state_stride, p + j * p_stride, \
+                   state_out + join_seq[j] * out_state_stride, s_ref + j * ref_stride, diff, heads, dk, dv)
     for (int64_t s = 0; s < n; s++) {
+        if (s == joins_after) RUN_JOINS();
         const int64_t first = start[s], end = start[s] + len[s];
         /* where the sequence starts: its pool slot, or a seed (a state corrected by a join this step) */
         const float *h0 = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * seed_hist_stride
@@ -191,9 +202,8 @@ int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float
         }
 #undef ROW
     }
-    for (int64_t j = 0; j < joins; j++)
-        join_heads(corrected + j * out_state_stride, state_in + live_slot[j] * state_stride, p + j * p_stride,
-                   state_out + join_seq[j] * out_state_stride, s_ref + j * ref_stride, diff, heads, dk, dv);
+    if (joins_after >= n) RUN_JOINS();
+#undef RUN_JOINS
     free(wt);
     return 0;
 }
