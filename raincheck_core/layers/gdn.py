@@ -3,8 +3,8 @@
 Projections run once over all rows of the step. The short convolution and the delta-rule recurrence
 run over the step's packed sequences (layers/batch.py, ops/gdn_varlen.py): multi-row sequences with the
 deferred joins, then one-row sequences (decode rows), each from its own state slot or from a state a
-join just corrected; one native call on the CPU, else two groups of torch ops. States stay fp32. New states go to the batch's outputs, never back into the pool (the
-engine's update writes them).
+join just corrected; one native call on the CPU, else two groups of torch ops. States stay fp32. New
+states go to the batch's outputs, never back into the pool (the engine's update writes them).
 """
 
 from __future__ import annotations
