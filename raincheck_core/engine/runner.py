@@ -22,8 +22,8 @@ from ..cache.kv_pool import KVPool
 from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..models import DecoderLM
 from ..ops.attention import attention_layout
+from ..ops.gdn_kernel import GDNBuffers, GDNKernel, PackedSequences, packed_sequences
 from ..ops.gdn_varlen import VarlenLayout, runs_native, varlen_layout
-from ..ops.native import GDNBuffers, GDNKernel, PackedSequences, packed_sequences
 from .plan import Kind, Segment, StepPlan
 
 

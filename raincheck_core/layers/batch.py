@@ -8,7 +8,7 @@ which splits the step's sequences into two groups (one call each on the torch pa
   state that `multi` just corrected (see `GDNCorrections`).
 New states are not written back by the layers: they are collected in `GDNOutputs` (buffers that hold every
 layer's rows, `[rows, layers, ...]`) and applied by the engine's update, so a forward that fails half-way
-leaves every state as it was. On the CPU in fp32 the step has one `GDNKernel` prepared once (ops/native.py)
+leaves every state as it was. On the CPU in fp32 the step has one `GDNKernel` prepared once (ops/gdn_kernel.py)
 that runs both groups, the joins between them: a layer's call then passes only its own rows.
 """
 
@@ -21,8 +21,8 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
 from ..ops.attention import AttentionLayout
+from ..ops.gdn_kernel import GDNBuffers, GDNKernel
 from ..ops.gdn_varlen import VarlenLayout
-from ..ops.native import GDNBuffers, GDNKernel
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import native
+from . import gdn_kernel
 
 
 def identity_map(num_heads: int, dk: int, device: torch.device | str | None = None) -> Tensor:
@@ -49,7 +49,7 @@ def extend_map_(P: Tensor, k: Tensor, g: Tensor, beta: Tensor) -> Tensor:
     flat = P.view(-1, dk, dk)
     m = flat.shape[0]
     k, g, beta = k.float().reshape(-1, m, dk), g.float().reshape(-1, m), beta.float().reshape(-1, m)
-    if native.fold_maps_(P, k, g, beta):    # on the CPU: token by token, each map in L1, in one call
+    if gdn_kernel.fold_maps_(P, k, g, beta):    # on the CPU: token by token, each map in L1, in one call
         return P
     if k.shape[0] == 1:     # one token (a join read right after a decode step): the rank-1 form, no system
         kt = k[0].unsqueeze(1)                                           # [M, 1, Dk]

@@ -4,10 +4,11 @@ A step packs the rows of many sequences one after another; each sequence starts 
 history and recurrent state (read from the engine's pools by slot, never written) and ends with its
 own. Nothing here loops over sequences in Python. A layer's multi-row sequences, with the deferred
 joins, go through `gated_deltanet_varlen`: on the CPU one native call for the whole layer
-(csrc/gated_deltanet.c), elsewhere torch ops: the short convolution as K gathered multiply-adds over
-all rows, and the chunked delta rule, which batches every block of every sequence and scans only over
-block *steps* (the longest sequence's block count). Single-row sequences (decode rows) go through
-`gated_deltanet_rows`: the same native kernel, else one batched recurrent step.
+(csrc/gated_deltanet.c, ops/gdn_kernel.py), elsewhere torch ops (ops/gdn_varlen_torch.py): the short
+convolution as K gathered multiply-adds over all rows, and the chunked delta rule, which batches every
+block of every sequence and scans only over block *steps* (the longest sequence's block count).
+Single-row sequences (decode rows) go through `gated_deltanet_rows`: the same native kernel, else one
+batched recurrent step.
 
 A sequence may carry a *split*: the state and conv history after its first `split` rows are returned
 too. The deferred-prefill join uses it: a deferred chunk runs with its turn's first generated tokens
@@ -26,8 +27,9 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from . import gdn_state_map, native
+from . import gdn_kernel, gdn_state_map, native
 from .gdn import split_qkv
+from .gdn_varlen_torch import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
 # threads; the native kernel runs one thread (and on one thread is faster at every length measured).
@@ -68,7 +70,7 @@ class VarlenLayout:
     kernel: int
     # sequences: where each packed row is read from (a step row, or an appended row: a deferred chunk's
     # recorded conv lead), first rows, lengths, splits; what the native kernel reads
-    seqs: native.PackedSequences
+    seqs: gdn_kernel.PackedSequences
     chunk_size: int = 64
     device: torch.device | str = "cpu"
 
@@ -155,7 +157,7 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
         if split == 0:      # the state after zero rows would be the initial one
             raise ValueError(f"split after 0 rows is not supported (sequence {s})")
     return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
-                        seqs=native.packed_sequences(lengths, splits, source, slots, joins, seeds),
+                        seqs=gdn_kernel.packed_sequences(lengths, splits, source, slots, joins, seeds),
                         chunk_size=chunk_size, device=device)
 
 
@@ -214,29 +216,6 @@ def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int,
                        captures=captures)
 
 
-def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: VarlenLayout
-                         ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Depthwise causal convolution of packed rows `x [R, C]` (weight `[C, K]`), each sequence after its
-    own `history [N, K-1, C]`. Returns (out `[R, C]` in x's dtype, the histories after each sequence
-    `[N, K-1, C]`, the histories at the splits `[J, K-1, C]` or None).
-
-    The K multiply-adds accumulate in fp32 in tap order, as F.conv1d does (transformers casts to the
-    weight dtype first and back after)."""
-    lead, conv = layout.kernel - 1, layout.conv
-    ext = x.new_empty(conv.ext_rows, x.shape[1])
-    ext[conv.hist_at] = history.reshape(-1, x.shape[1]).to(x.dtype)
-    ext[conv.row_at] = x
-    tails = ext[conv.tail_at]
-    split_tails = ext[conv.split_tail_at] if conv.split_tail_at is not None else None
-    full32 = ext.to(weight.dtype).float()
-    w32 = weight.t().float()
-    base = conv.row_at - lead
-    acc = full32[base] * w32[0]
-    for j in range(1, layout.kernel):
-        acc.addcmul_(full32[base + j], w32[j])
-    return acc.to(weight.dtype).to(x.dtype), tails, split_tails
-
-
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
                           conv_weight: Tensor, conv_pool: Tensor, ssm_pool: Tensor, layout: VarlenLayout,
                           key_heads: int, key_dim: int, out: Tensor, maps: tuple[Tensor, Tensor] | None = None,
@@ -262,7 +241,7 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     seqs = layout.seqs
     if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
             == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
-        return native.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
+        return gdn_kernel.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
                                      maps)
     history, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     at, step_rows, appended, e = layout.gathers
@@ -303,8 +282,8 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
             == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
         x_out = u.new_empty(u.shape[0], u.shape[1]) if factors else None
-        finals, _, tails, _, _ = native.gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool, key_heads,
-                                                       seqs, out, None, seeds, x_out)
+        finals, _, tails, _, _ = gdn_kernel.gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool,
+                                                           key_heads, seqs, out, None, seeds, x_out)
         return tails, finals, factors_of(x_out, layout, key_heads, key_dim, heads) if factors else None
     hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
@@ -337,84 +316,3 @@ def factors_of(x_out: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int
     x = x_out if rows is None else x_out[rows]
     kd = key_heads * key_dim
     return x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(x.shape[0], heads, -1)
-
-
-def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                                  layout: VarlenLayout) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The chunked gated delta rule over packed rows (q, k `[R, H, Dk]` prepared, v `[R, H, Dv]`, g, beta
-    `[R, H]`) from per-sequence states `[N, H, Dk, Dv]`. Returns (o `[R, H, Dv]` fp32, final states
-    `[N, H, Dk, Dv]`, states at the splits `[J, H, Dk, Dv]` or None). Inputs are not modified."""
-    blocks_of = layout.blocks
-    C, B = blocks_of.chunk, blocks_of.num_blocks
-    num_heads, dk, dv = k.shape[1], k.shape[2], v.shape[2]
-
-    def blocked(x: Tensor) -> Tensor:
-        """[R, H, ...] -> [B, H, C, ...], zero where no row (padding: no write, no decay)."""
-        out = x.new_zeros(B * C, *x.shape[1:], dtype=torch.float32)
-        out[blocks_of.row_slot] = x.float()
-        return out.view(B, C, *x.shape[1:]).transpose(1, 2)
-
-    qb, kb, vb, gb, bb = (blocked(t) for t in (q, k, v, g, beta))
-    cum = gb.cumsum(-1)
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~causal, float("-inf")).exp_()
-    k_beta = kb * bb.unsqueeze(-1)
-    # UT transform (see ops/gdn.py chunk_gated_delta_rule): u = values written on a zero state, w turns
-    # the incoming state into their correction.
-    system = (k_beta @ kb.mT).mul_(decay)
-    rhs = torch.cat([vb * bb.unsqueeze(-1), k_beta * cum.exp().unsqueeze(-1)], dim=-1)
-    u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, dk], dim=-1)
-    intra = (qb @ kb.mT).mul_(decay)
-    readers = torch.cat([w, qb * cum.exp().unsqueeze(-1)], dim=-2)         # [B, H, 2C, Dk]
-    last = cum[..., -1:]
-    k_to_end = (kb * (last - cum).exp().unsqueeze(-1)).mT                  # [B, H, Dk, C]
-    chunk_decay = last.exp().unsqueeze(-1)                                 # [B, H, 1, 1]
-
-    S = state.to(device=q.device, dtype=torch.float32, copy=True)
-    o = torch.empty(B, num_heads, C, dv, dtype=torch.float32, device=q.device)
-    split_states = None
-    if any(len(idx) for _, idx in blocks_of.captures):
-        split_states = S.new_empty(sum(len(idx) for _, idx in blocks_of.captures), num_heads, dk, dv)
-    for (blocks, seqs, in_order), (cap_pos, cap_idx) in zip(blocks_of.steps, blocks_of.captures, strict=True):
-        nb = blocks.stop - blocks.start
-        s_in = S if in_order else S[seqs]
-        read = readers[blocks] @ s_in
-        v_new = u[blocks] - read[:, :, :C]
-        o[blocks] = torch.baddbmm(read[:, :, C:].flatten(0, 1), intra[blocks].flatten(0, 1),
-                                  v_new.flatten(0, 1)).view(nb, num_heads, C, dv)
-        s_out = torch.baddbmm((s_in * chunk_decay[blocks]).flatten(0, 1), k_to_end[blocks].flatten(0, 1),
-                              v_new.flatten(0, 1)).view(nb, num_heads, dk, dv)
-        if in_order:
-            S = s_out
-        else:
-            S[seqs] = s_out
-        if len(cap_idx):
-            split_states[cap_idx] = s_out[cap_pos]
-    out = o.transpose(1, 2).reshape(B * C, num_heads, dv)[blocks_of.row_slot]
-    return out, S, split_states
-
-
-def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
-    """One token for each of N sequences, updating `state [N, H, Dk, Dv]` (fp32, contiguous) IN PLACE:
-    q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`. Returns o `[N, H, Dv]` fp32.
-    (The callers pass states gathered from the pool, which are private copies.)"""
-    n, h, dk = k.shape
-    dv = v.shape[-1]
-    S = state.view(n * h, dk, dv)
-    S.mul_(g.float().exp().view(n * h, 1, 1))                             # decay first
-    kf = k.float().reshape(n * h, 1, dk)
-    read = torch.bmm(kf, S)                                                # Sᵀk as [NH, 1, Dv]
-    delta = (v.float().reshape(n * h, 1, dv) - read).mul_(beta.float().reshape(n * h, 1, 1))
-    S.addcmul_(kf.mT, delta)                                               # rank-1 write k ⊗ delta
-    return torch.bmm(q.float().reshape(n * h, 1, dk), S).view(n, h, dv)
-
-
-def conv_step(x: Tensor, weight: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
-    """The short convolution for one new row of each of N sequences: x `[N, C]`, history `[N, K-1, C]`.
-    Returns (out `[N, C]`, new histories `[N, K-1, C]`); same arithmetic as `causal_conv1d_varlen`."""
-    full = torch.cat([history.to(x.dtype), x[:, None]], dim=1)            # [N, K, C]
-    full32, w32 = full.to(weight.dtype).float(), weight.t().float()
-    acc = full32[:, 0] * w32[0]
-    for j in range(1, weight.shape[1]):
-        acc.addcmul_(full32[:, j], w32[j])
-    return acc.to(weight.dtype).to(x.dtype), full[:, 1:]

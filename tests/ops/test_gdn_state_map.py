@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from raincheck_core.ops import native
+from raincheck_core.ops import gdn_kernel, native
 from raincheck_core.ops.gdn import l2norm, recurrent_gated_delta_rule
 from raincheck_core.ops.gdn_state_map import extend_map, identity_map, join_state
 
@@ -19,7 +19,7 @@ def fold_path(request, monkeypatch):
     """Every test on both ways of extending a map: the native fold (token by token, csrc) and the torch
     ops (the rank-1 form, or blocks in the WY form)."""
     if request.param == "torch":
-        monkeypatch.setattr(native, "fold_maps_", lambda *a: False)
+        monkeypatch.setattr(gdn_kernel, "fold_maps_", lambda *a: False)
     elif not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
     return request.param

@@ -1,0 +1,314 @@
+"""The Python side of the native Gated DeltaNet kernels (csrc/gated_deltanet.c, built and loaded by
+ops/native.py): a step's packed sequences as the kernel reads them (`PackedSequences`), the buffers it
+writes (`GDNBuffers`), its calls prepared once per step (`GDNKernel`), a one-layer call
+(`gated_deltanet`, for tests and the per-layer API) and the fold of tokens into affine state maps
+(`fold_maps_`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from . import native
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype is torch.float32 and t.is_contiguous() else t.float().contiguous()
+
+
+@dataclass
+class PackedSequences:
+    """The sequences of a packed GDN call as the kernel reads them, built once per step (int64,
+    contiguous), with the bounds the kernel's reads need, so that no layer reduces over them again."""
+
+    source: torch.Tensor        # [R] packed row r reads step row source[r], or appended row -1 - source[r]
+    seq_start: torch.Tensor     # [N] first packed row of each sequence
+    seq_len: torch.Tensor       # [N]
+    split_row: torch.Tensor     # [N] rows before the sequence's split, -1: none
+    split_index: torch.Tensor   # [N] its index among the splits, -1: none
+    slot: torch.Tensor          # [N] the state-pool slot each sequence starts from
+    join_seq: torch.Tensor      # [J] the sequence whose final state drives each join
+    join_live: torch.Tensor     # [J] the pool slot of the live state each join corrects
+    seed_hist_at: torch.Tensor | None    # [N] row of the seed histories a sequence starts from, -1: its slot's
+    seed_state_at: torch.Tensor | None   # [N] row of the seed states a sequence starts from, -1: its slot's
+    step_rows_needed: int       # 1 + the largest step row read
+    appended: int               # appended rows read
+    splits: int
+    longest: int                # rows of the longest sequence
+    slots_needed: int           # 1 + the largest pool slot read (sequences' and joins' live slots)
+    seed_hists_needed: int = 0  # 1 + the largest seed row read
+    seed_states_needed: int = 0
+    count: int = 0              # sequences
+    joins: int = 0
+    joins_after: int = 0        # the joins run once this many sequences are done (those after may seed from them)
+    in_order: bool = False      # packed row r is step row r, for every r
+
+    @cached_property
+    def pointers(self) -> dict[str, int]:
+        """The data pointers the kernel takes (the tensors live as long as this object)."""
+        names = ("source", "seq_start", "seq_len", "split_row", "split_index", "slot", "join_seq", "join_live",
+                 "seed_hist_at", "seed_state_at")
+        return {n: None if getattr(self, n) is None else getattr(self, n).data_ptr() for n in names}
+
+
+def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
+                     slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
+                     seeds: tuple[list[int] | None, list[int] | None] | None = None,
+                     joins_after: int | None = None) -> PackedSequences:
+    """`source` None: packed row r is step row r. `slots`: the pool slot each sequence starts from (None:
+    slot s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live slot) of
+    each join. `seeds`: per sequence, the row of the seed histories and of the seed states it starts
+    from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many sequences
+    are done (default: all), and join only sequences before it. Built from Python lists (a step's few sequences): a
+    handful of small tensors, no reductions over them."""
+    total = sum(lengths)
+    if source is None:
+        rows = list(range(total))
+    else:
+        rows = source.tolist() if isinstance(source, torch.Tensor) else list(source)
+    if len(rows) != total:
+        raise ValueError(f"source has {len(rows)} rows for {total} packed rows")
+    slots = list(range(len(lengths))) if slots is None else list(slots)
+    joins = list(joins or [])
+    if len(slots) != len(lengths) or any(not 0 <= seq < len(lengths) for seq, _ in joins):
+        raise ValueError("one slot per sequence, and joins of sequences that are there")
+    if min(slots, default=0) < 0 or min((live for _, live in joins), default=0) < 0:
+        raise ValueError("pool slots are not negative")
+    joins_after = len(lengths) if joins_after is None else joins_after
+    if not 0 <= joins_after <= len(lengths) or any(seq >= joins_after for seq, _ in joins):
+        raise ValueError("the joins run after the sequences they join")
+    split_index, count = [], 0
+    for p in splits:
+        split_index.append(-1 if p is None else count)
+        count += p is not None
+    starts = [0] * len(lengths)
+    for i in range(1, len(lengths)):
+        starts[i] = starts[i - 1] + lengths[i - 1]
+
+    seed_hists, seed_states = seeds if seeds is not None else (None, None)
+    for at in (seed_hists, seed_states):
+        if at is not None and len(at) != len(lengths):
+            raise ValueError("one seed row (or -1) per sequence")
+    # every array in one tensor (one allocation and copy per step, not ten), handed out as views
+    parts = [rows, starts, lengths, [-1 if p is None else p for p in splits], split_index, slots,
+             [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or []]
+    flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+    (source_t, start_t, len_t, split_t, index_t, slot_t, join_t, live_t, hist_t,
+     state_t) = flat.split([len(part) for part in parts])
+    return PackedSequences(
+        source=source_t, seq_start=start_t, seq_len=len_t, split_row=split_t, split_index=index_t, slot=slot_t,
+        join_seq=join_t, join_live=live_t, seed_hist_at=None if seed_hists is None else hist_t,
+        seed_state_at=None if seed_states is None else state_t,
+        step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
+        longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
+        seed_hists_needed=max(seed_hists or [], default=-1) + 1,
+        seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
+        joins_after=joins_after, in_order=rows == list(range(total)))
+
+
+def _blocks_of(t: torch.Tensor, inner: int) -> bool:
+    """fp32 on the CPU, and each block of the last `inner` dims contiguous (a pool, whose blocks lie any
+    distance apart, or a layer's view of one)."""
+    if t.dtype is not torch.float32 or t.device.type != "cpu":
+        return False
+    expected = 1
+    for size, stride in zip(reversed(t.shape[-inner:]), reversed(t.stride()[-inner:]), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+@dataclass
+class GDNBuffers:
+    """What the GDN kernel writes for one group of sequences, every layer's rows side by side (`[rows,
+    layers, ...]`, fp32): the update then writes all layers' new states of a row with one copy."""
+
+    finals: torch.Tensor                  # [N, L, H, Dk, Dv] state after each sequence
+    tails: torch.Tensor                   # [N, L, K-1, C] conv history after each sequence
+    split_states: torch.Tensor | None     # [S, L, H, Dk, Dv] … after the first split_row rows
+    split_tails: torch.Tensor | None      # [S, L, K-1, C]
+    corrected: torch.Tensor | None        # [J, L, H, Dk, Dv] the joins' corrected live states
+
+    @classmethod
+    def empty(cls, seqs: PackedSequences, layers: int, hist_shape: tuple[int, ...], state_shape: tuple[int, ...],
+              device: torch.device | str = "cpu") -> GDNBuffers:
+        def new(rows: int, shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.empty(rows, layers, *shape, dtype=torch.float32, device=device)
+        return cls(new(seqs.count, state_shape), new(seqs.count, hist_shape),
+                   new(seqs.splits, state_shape) if seqs.splits else None,
+                   new(seqs.splits, hist_shape) if seqs.splits else None,
+                   new(seqs.joins, state_shape) if seqs.joins else None)
+
+    def layer(self, i: int) -> tuple[torch.Tensor | None, ...]:
+        """Layer i's (finals, split states, tails, split tails, corrected), views."""
+        return tuple(None if t is None else t[:, i] for t in (self.finals, self.split_states, self.tails,
+                                                                self.split_tails, self.corrected))
+
+    def split(self, n: int) -> tuple[GDNBuffers, GDNBuffers]:
+        """The buffers of the first n sequences (with every split and join, which only they have) and of
+        the rest, as views."""
+        return (GDNBuffers(self.finals[:n], self.tails[:n], self.split_states, self.split_tails, self.corrected),
+                GDNBuffers(self.finals[n:], self.tails[n:], None, None, None))
+
+    def store(self, i: int, finals: torch.Tensor, split_states: torch.Tensor | None, tails: torch.Tensor,
+              split_tails: torch.Tensor | None, corrected: torch.Tensor | None) -> None:
+        """Layer i's results computed elsewhere (the torch path) into the buffers."""
+        for buf, t in zip((self.finals, self.split_states, self.tails, self.split_tails, self.corrected),
+                          (finals, split_states, tails, split_tails, corrected), strict=True):
+            if buf is not None:
+                buf[:, i] = t
+
+
+def _layer_of(t: torch.Tensor | None, dim: int) -> tuple[int, int]:
+    """(data pointer, bytes from one layer's part to the next) of `t`, whose layers run along `dim`."""
+    if t is None:
+        return 0, 0
+    return t.data_ptr(), t.stride(dim) * t.element_size()
+
+
+class GDNKernel:
+    """One step's calls of the native GDN kernel (csrc/gated_deltanet.c) over one group of packed
+    sequences, one call per layer. What the layers share is checked and laid out once: the sequences,
+    the pools `conv_pool [slots, L, K-1, C]` and `ssm_pool [slots, L, H, Dk, Dv]` (read in place, never
+    written), the appended rows `extra` = (u `[L, T, C]`, g, beta `[L, T, H]`), the joins' `maps` = (P
+    `[J, L, H, Dk, Dk]`, S_lead `[J, L, H, Dk, Dv]`), the `seeds` = (histories `[M, L, K-1, C]`, states
+    `[M', L, H, Dk, Dv]`) sequences may start from, and the output buffers; a layer's part of each is
+    found by pointer arithmetic, so a layer's call passes only its own rows (its wrapper was ~40 µs of
+    checks and allocations per layer, more than the kernel at one row)."""
+
+    def __init__(self, seqs: PackedSequences, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, key_heads: int,
+                 out: GDNBuffers, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)):
+        lib = native.loaded("gated_deltanet")
+        if lib is None:
+            raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
+        self._fn = lib.gated_deltanet_f32
+        if not (_blocks_of(conv_pool, 2) and _blocks_of(ssm_pool, 3)) or conv_pool.shape[1] != ssm_pool.shape[1]:
+            raise ValueError("gated_deltanet reads fp32 CPU pools [slots, layers, ...] whose blocks are contiguous")
+        self.layers, (heads, dk, dv), hist_shape = ssm_pool.shape[1], ssm_pool.shape[2:], conv_pool.shape[2:]
+        self.seqs, self.key_heads, self.heads, self.dk, self.dv = seqs, key_heads, heads, dk, dv
+        self.channels, self.kernel = hist_shape[1], hist_shape[0] + 1
+        layers = self.layers
+        if seqs.slots_needed > min(conv_pool.shape[0], ssm_pool.shape[0]) or heads % (key_heads or 1) \
+                or self.channels != 2 * key_heads * dk + heads * dv:
+            raise ValueError("gated_deltanet: slots, channels or heads do not match")
+        xu, xg, xb = extra if extra is not None else (None, None, None)
+        if seqs.appended and (xu is None or any(
+                not t.is_contiguous() or t.dtype != torch.float32 or t.shape[0] != layers or t.shape[1] < seqs.appended
+                for t in (xu, xg, xb)) or xu.shape[2] != self.channels or xg.shape[2] != heads
+                or xb.shape[2] != heads):
+            raise ValueError("gated_deltanet: appended rows do not match (contiguous fp32 [layers, rows, ...], as "
+                             "many rows as the sequences read)")
+        p = s_ref = None
+        if seqs.joins:
+            if maps is None:
+                raise ValueError("gated_deltanet: joins need their maps (P, S_lead)")
+            p, s_ref = maps
+            if not (_blocks_of(p, 3) and _blocks_of(s_ref, 3)) or p.shape != (seqs.joins, layers, heads, dk, dk) \
+                    or s_ref.shape != (seqs.joins, layers, heads, dk, dv):
+                raise ValueError("gated_deltanet: P must be [J, L, H, Dk, Dk] and S_lead [J, L, H, Dk, Dv], fp32")
+        seed_hist, seed_state = seeds
+        for seed, needed, shape, inner in ((seed_hist, seqs.seed_hists_needed, hist_shape, 2),
+                                           (seed_state, seqs.seed_states_needed, ssm_pool.shape[2:], 3)):
+            if needed and (seed is None or not _blocks_of(seed, inner) or seed.shape[0] < needed
+                           or seed.shape[1:] != (layers, *shape)):
+                raise ValueError("gated_deltanet: seed rows, or their shapes, do not match")
+        for buf, rows, shape in ((out.finals, seqs.count, ssm_pool.shape[2:]), (out.tails, seqs.count, hist_shape),
+                                 (out.split_states, seqs.splits, ssm_pool.shape[2:]),
+                                 (out.split_tails, seqs.splits, hist_shape),
+                                 (out.corrected, seqs.joins, ssm_pool.shape[2:])):
+            if rows and (buf is None or not buf.is_contiguous() or buf.dtype != torch.float32
+                         or buf.shape != (rows, layers, *shape)):
+                raise ValueError("gated_deltanet: output buffers must be contiguous fp32 [rows, layers, ...]")
+        self.out = out
+        ptr = seqs.pointers
+        # per pointer argument: (base, bytes per layer); the ints between them are the same for every layer
+        self._layered = [_layer_of(t, d) for t, d in (
+            (xu, 0), (xg, 0), (xb, 0), (conv_pool, 1), (ssm_pool, 1), (seed_state, 1), (seed_hist, 1),
+            (out.finals, 1), (out.split_states, 1), (out.tails, 1), (out.split_tails, 1), (p, 1), (s_ref, 1),
+            (out.corrected, 1))]
+        self._ints = dict(
+            hist_stride=conv_pool.stride(0), state_stride=ssm_pool.stride(0),
+            seed_state_stride=seed_state.stride(0) if seed_state is not None else 0,
+            seed_hist_stride=seed_hist.stride(0) if seed_hist is not None else 0,
+            p_stride=p.stride(0) if p is not None else 0, ref_stride=s_ref.stride(0) if s_ref is not None else 0,
+            out_state_stride=out.finals.stride(0), out_hist_stride=out.tails.stride(0))
+        self._ptr = ptr
+
+    def __call__(self, layer: int, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
+                 out: torch.Tensor, x_out: torch.Tensor | None = None) -> None:
+        """Layer `layer`: packed row r is row `source[r]` of the step's pre-conv rows `u [R, C]` (rows may
+        be strided) and gates `g, beta [R, H]`, its output row `source[r]` of `out [R, H, Dv]`; `x_out
+        [R, C]`, if given, receives each step row's [q | k | v] as the delta rule read them."""
+        seqs, heads = self.seqs, self.heads
+        g, beta, w = _f32(g), _f32(beta), _f32(conv_weight)
+        if (u.dtype != torch.float32 or u.device.type != "cpu" or u.stride(-1) != 1 or u.shape[-1] != self.channels
+                or not out.is_contiguous() or out.dtype != torch.float32 or out.shape[1:] != (heads, self.dv)
+                or g.shape[-1] != heads or beta.shape[-1] != heads or w.shape != (self.channels, self.kernel)
+                or seqs.step_rows_needed > min(u.shape[0], out.shape[0], g.shape[0], beta.shape[0])
+                or not 0 <= layer < self.layers):
+            raise ValueError("gated_deltanet: a layer's rows, gates, output or conv weight do not match")
+        if x_out is not None and (not x_out.is_contiguous() or x_out.dtype != torch.float32
+                                  or x_out.shape[0] < seqs.step_rows_needed or x_out.shape[1:] != (self.channels,)):
+            raise ValueError("gated_deltanet: x_out must be a contiguous fp32 [rows, C]")
+        (xu, xg, xb, conv, ssm, seed_state, seed_hist, finals, split_states, tails, split_tails, p, s_ref,
+         corrected) = [base + layer * step if base else None for base, step in self._layered]
+        ptr, n = self._ptr, self._ints
+        status = self._fn(
+            u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), xu, xg, xb, ptr["source"], w.data_ptr(), conv,
+            ssm, ptr["slot"], n["hist_stride"], n["state_stride"], seed_state, ptr["seed_state_at"], seed_hist,
+            ptr["seed_hist_at"], out.data_ptr(), None if x_out is None else x_out.data_ptr(), finals, split_states,
+            tails, split_tails, ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"], seqs.joins,
+            ptr["join_seq"], ptr["join_live"], p, n["p_stride"], s_ref, n["ref_stride"], corrected,
+            n["out_state_stride"], n["out_hist_stride"], n["seed_state_stride"], n["seed_hist_stride"],
+            seqs.joins_after, seqs.count,
+            self.kernel, self.key_heads, heads, self.dk, self.dv)
+        if status != 0:
+            raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
+
+
+def fold_maps_(p: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> bool:
+    """Append tokens to the maps `p [..., Dk, Dk]` in place (csrc/gated_deltanet.c `fold_maps_f32`): k
+    `[T, M, Dk]`, g and beta `[T, M]` for its M maps. False, with `p` untouched, where the kernel does
+    not apply (not fp32 on the CPU, `p` not contiguous, or no kernel)."""
+    if not (p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+            and native.gated_deltanet_available(p.device, p.dtype)):
+        return False
+    lib = native.loaded("gated_deltanet")
+    dk = p.shape[-1]
+    maps = p.numel() // (dk * dk)
+    k, g, beta = _f32(k), _f32(g), _f32(beta)
+    n = k.shape[0]
+    if k.shape != (n, maps, dk) or g.shape != (n, maps) or beta.shape != (n, maps):
+        raise ValueError(f"fold_maps_: k [T, {maps}, {dk}], g and beta [T, {maps}] for {maps} maps")
+    lib.fold_maps_f32(p.data_ptr(), maps, dk, k.data_ptr(), g.data_ptr(), beta.data_ptr(), n)
+    return True
+
+
+def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, conv_weight: torch.Tensor,
+                   conv_pool: torch.Tensor, ssm_pool: torch.Tensor, key_heads: int, seqs: PackedSequences,
+                   out: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+                   x_out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
+    """One layer through the kernel (`GDNKernel` of a one-layer pool): short convolution, SiLU, q/k
+    normalisation and the delta rule over packed sequences, then the joins. Pools `conv_pool [slots, K-1,
+    C]`, `ssm_pool [slots, H, Dk, Dv]` (a layer's views of the engine's pools), `extra` = (u `[T, C]`, g,
+    beta `[T, H]`), `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`), `seeds` = (histories `[M, K-1,
+    C]`, states `[M', H, Dk, Dv]`); the rest as `GDNKernel.__call__`. Returns (final states, states at the
+    splits or None, histories after each sequence `[N, K-1, C]`, histories at the splits or None,
+    corrected live states `[J, H, Dk, Dv]` or None), fp32."""
+    if conv_pool.dim() != 3 or ssm_pool.dim() != 4:
+        raise ValueError("gated_deltanet: pools [slots, K-1, C] and [slots, H, Dk, Dv]")
+    buffers = GDNBuffers.empty(seqs, 1, tuple(conv_pool.shape[1:]), tuple(ssm_pool.shape[1:]))
+    kernel = GDNKernel(seqs, conv_pool.unsqueeze(1), ssm_pool.unsqueeze(1), key_heads, buffers,
+                       extra=None if extra is None else tuple(_f32(t).unsqueeze(0) for t in extra),
+                       maps=None if maps is None else tuple(t.unsqueeze(1) for t in maps),
+                       seeds=tuple(None if t is None else _f32(t).unsqueeze(1) for t in seeds))
+    kernel(0, u, g, beta, conv_weight, out, x_out)
+    return buffers.layer(0)
