@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,10 +21,11 @@ from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
-from ..errors import CheckpointError, InvalidInputError, StepFailedError
+from ..errors import InvalidInputError, StepFailedError
 from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
+from ..models.shipped import resolve_model_path
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -351,18 +351,6 @@ class Engine:
                 return self.runner.forward(inputs).logits
             finally:
                 cache.release()
-
-
-def resolve_model_path(path: str | Path) -> Path:
-    """A checkpoint folder; the name "demo" means the model this project trains and ships
-    (`models/demo/` in the repository, or `$RAINCHECK_DEMO_MODEL`)."""
-    if str(path) != "demo":
-        return Path(path)
-    folder = Path(os.environ.get("RAINCHECK_DEMO_MODEL", Path(__file__).resolve().parents[2] / "models" / "demo"))
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"the demo model is not at {folder}: train it with "
-                              "`python -m raincheck_core.models.demo.train` or set RAINCHECK_DEMO_MODEL")
-    return folder
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

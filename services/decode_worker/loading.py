@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from raincheck_core import CheckpointError, Engine
-from raincheck_core.engine.engine import resolve_model_path
+from raincheck_core.models.shipped import resolve_model_path
 
 from ..common.settings import ModelSpec
 
