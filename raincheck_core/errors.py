@@ -38,6 +38,16 @@ class OutOfPagesError(RaincheckError):
         super().__init__(f"{message}: needs {needed} pages, {available} available")
 
 
+class SessionPageBudgetError(OutOfPagesError):
+    """The request needs more pages than its session's own page budget allows: freeing other sessions'
+    pages would not help."""
+
+
+class GDNSlotsExhaustedError(OutOfPagesError):
+    """Every GDN state slot is taken (each open session of a GDN model holds one); `needed` and
+    `available` count slots."""
+
+
 class SessionClosedError(RaincheckError):
     """The session was closed; its cache is gone."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import OutOfPagesError
+from ..errors import GDNSlotsExhaustedError
 
 
 class GDNStatePool:
@@ -26,7 +26,7 @@ class GDNStatePool:
 
     def allocate(self) -> int:
         if not self._free:
-            raise OutOfPagesError("GDN state slots exhausted", needed=1, available=0)
+            raise GDNSlotsExhaustedError("GDN state slots exhausted", needed=1, available=0)
         slot = self._free.pop()
         self.conv[slot].zero_()
         self.ssm[slot].zero_()

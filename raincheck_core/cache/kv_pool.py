@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InvalidInputError, OutOfPagesError
+from ..errors import InvalidInputError, OutOfPagesError, SessionPageBudgetError
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class PageTable:
         """Make room for `n` more slots, or raise without changing anything."""
         need = self.pages_needed(n)
         if len(self.pages) + need > self.max_pages:
-            raise OutOfPagesError(
+            raise SessionPageBudgetError(
                 "session page budget exceeded", needed=len(self.pages) + need, available=self.max_pages
             )
         if need:

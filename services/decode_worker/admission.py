@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from raincheck_core import OutOfPagesError, SessionClosedError
+from raincheck_core.errors import GDNSlotsExhaustedError, SessionPageBudgetError
 
 from ..common.logs import bind
 
@@ -40,8 +41,11 @@ def admit(runtime: WorkerRuntime, action: Callable[[], T], keep: str = "") -> T:
 
 
 def _shared(runtime: WorkerRuntime, error: OutOfPagesError) -> bool:
-    """The error is about the worker's shared pool or slots, and the request fits the pool at all."""
-    return not str(error).startswith("session page budget") and error.needed <= runtime.engine.pool_stats().total_pages
+    """The error is about the worker's shared slots, or its shared pool and the request fits the pool at
+    all (a session's own budget is no one else's to free)."""
+    if isinstance(error, GDNSlotsExhaustedError):
+        return True
+    return not isinstance(error, SessionPageBudgetError) and error.needed <= runtime.engine.pool_stats().total_pages
 
 
 def free_one(runtime: WorkerRuntime, keep: str, reason: str) -> bool:
