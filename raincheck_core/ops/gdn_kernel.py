@@ -7,8 +7,8 @@ writes (`GDNBuffers`), its calls prepared once per step (`GDNKernel`), a one-lay
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -45,13 +45,6 @@ class PackedSequences:
     joins: int = 0
     joins_after: int = 0        # the joins run once this many sequences are done (those after may seed from them)
     in_order: bool = False      # packed row r is step row r, for every r
-
-    @cached_property
-    def pointers(self) -> dict[str, int]:
-        """The data pointers the kernel takes (the tensors live as long as this object)."""
-        names = ("source", "seq_start", "seq_len", "split_row", "split_index", "slot", "join_seq", "join_live",
-                 "seed_hist_at", "seed_state_at")
-        return {n: None if getattr(self, n) is None else getattr(self, n).data_ptr() for n in names}
 
 
 def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
@@ -163,11 +156,22 @@ class GDNBuffers:
                 buf[:, i] = t
 
 
-def _layer_of(t: torch.Tensor | None, dim: int) -> tuple[int, int]:
-    """(data pointer, bytes from one layer's part to the next) of `t`, whose layers run along `dim`."""
-    if t is None:
-        return 0, 0
-    return t.data_ptr(), t.stride(dim) * t.element_size()
+_LAYER_POINTERS = ("xu", "xg", "xb", "hist", "state_in", "seed_state", "seed_hist", "p", "s_ref", "state_out",
+                   "split_out", "tails", "split_tails", "corrected")
+_SEQUENCE_POINTERS = ("source", "start", "len", "split_row", "split_index", "slot", "seed_state_at",
+                      "seed_hist_at", "join_seq", "live_slot")
+
+
+class GDNArgs(ctypes.Structure):
+    """csrc/gated_deltanet.c's `gdn_args`, field by field: what one call of the kernel reads and writes."""
+
+    _fields_ = [("u", ctypes.c_void_p), ("ld_u", ctypes.c_int64),
+                *((name, ctypes.c_void_p) for name in ("g", "beta", "conv_w", "o", "x_out", *_LAYER_POINTERS,
+                                                       *_SEQUENCE_POINTERS)),
+                *((name, ctypes.c_int64) for name in (
+                    "n", "joins", "joins_after", "hist_stride", "state_stride", "seed_state_stride",
+                    "seed_hist_stride", "p_stride", "ref_stride", "out_state_stride", "out_hist_stride", "kernel",
+                    "key_heads", "heads", "dk", "dv"))]
 
 
 class GDNKernel:
@@ -226,19 +230,25 @@ class GDNKernel:
                          or buf.shape != (rows, layers, *shape)):
                 raise ValueError("gated_deltanet: output buffers must be contiguous fp32 [rows, layers, ...]")
         self.out = out
-        ptr = seqs.pointers
-        # per pointer argument: (base, bytes per layer); the ints between them are the same for every layer
-        self._layered = [_layer_of(t, d) for t, d in (
-            (xu, 0), (xg, 0), (xb, 0), (conv_pool, 1), (ssm_pool, 1), (seed_state, 1), (seed_hist, 1),
-            (out.finals, 1), (out.split_states, 1), (out.tails, 1), (out.split_tails, 1), (p, 1), (s_ref, 1),
-            (out.corrected, 1))]
-        self._ints = dict(
-            hist_stride=conv_pool.stride(0), state_stride=ssm_pool.stride(0),
-            seed_state_stride=seed_state.stride(0) if seed_state is not None else 0,
-            seed_hist_stride=seed_hist.stride(0) if seed_hist is not None else 0,
-            p_stride=p.stride(0) if p is not None else 0, ref_stride=s_ref.stride(0) if s_ref is not None else 0,
-            out_state_stride=out.finals.stride(0), out_hist_stride=out.tails.stride(0))
-        self._ptr = ptr
+        # the tensors the struct points into live as long as the kernel (some may be copies made here)
+        self._operands = (conv_pool, ssm_pool, xu, xg, xb, p, s_ref, seed_hist, seed_state)
+        args = self._args = GDNArgs(
+            n=seqs.count, joins=seqs.joins, joins_after=seqs.joins_after, hist_stride=conv_pool.stride(0),
+            state_stride=ssm_pool.stride(0), out_state_stride=out.finals.stride(0),
+            out_hist_stride=out.tails.stride(0), kernel=self.kernel, key_heads=key_heads, heads=heads, dk=dk, dv=dv,
+            **{name: t.stride(0) for name, t in (("seed_state_stride", seed_state), ("seed_hist_stride", seed_hist),
+                                                 ("p_stride", p), ("ref_stride", s_ref)) if t is not None},
+            **{name: t.data_ptr() for name, t in zip(_SEQUENCE_POINTERS, (
+                seqs.source, seqs.seq_start, seqs.seq_len, seqs.split_row, seqs.split_index, seqs.slot,
+                seqs.seed_state_at, seqs.seed_hist_at, seqs.join_seq, seqs.join_live), strict=True) if t is not None})
+        self._address = ctypes.addressof(args)
+        # what each call sets: (field, base pointer, bytes from one layer's part to the next) of each shared
+        # tensor there is (the others stay NULL)
+        self._layered = [(name, t.data_ptr(), t.stride(dim) * t.element_size())
+                         for name, t, dim in zip(_LAYER_POINTERS, (
+                             xu, xg, xb, conv_pool, ssm_pool, seed_state, seed_hist, p, s_ref, out.finals,
+                             out.split_states, out.tails, out.split_tails, out.corrected),
+                             (0, 0, 0, *[1] * 11), strict=True) if t is not None]
 
     def __call__(self, layer: int, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
                  out: torch.Tensor, x_out: torch.Tensor | None = None) -> None:
@@ -256,18 +266,13 @@ class GDNKernel:
         if x_out is not None and (not x_out.is_contiguous() or x_out.dtype != torch.float32
                                   or x_out.shape[0] < seqs.step_rows_needed or x_out.shape[1:] != (self.channels,)):
             raise ValueError("gated_deltanet: x_out must be a contiguous fp32 [rows, C]")
-        (xu, xg, xb, conv, ssm, seed_state, seed_hist, finals, split_states, tails, split_tails, p, s_ref,
-         corrected) = [base + layer * step if base else None for base, step in self._layered]
-        ptr, n = self._ptr, self._ints
-        status = self._fn(
-            u.data_ptr(), u.stride(0), g.data_ptr(), beta.data_ptr(), xu, xg, xb, ptr["source"], w.data_ptr(), conv,
-            ssm, ptr["slot"], n["hist_stride"], n["state_stride"], seed_state, ptr["seed_state_at"], seed_hist,
-            ptr["seed_hist_at"], out.data_ptr(), None if x_out is None else x_out.data_ptr(), finals, split_states,
-            tails, split_tails, ptr["seq_start"], ptr["seq_len"], ptr["split_row"], ptr["split_index"], seqs.joins,
-            ptr["join_seq"], ptr["join_live"], p, n["p_stride"], s_ref, n["ref_stride"], corrected,
-            n["out_state_stride"], n["out_hist_stride"], n["seed_state_stride"], n["seed_hist_stride"],
-            seqs.joins_after, seqs.count,
-            self.kernel, self.key_heads, heads, self.dk, self.dv)
+        args = self._args
+        args.u, args.ld_u, args.g, args.beta, args.conv_w, args.o = (u.data_ptr(), u.stride(0), g.data_ptr(),
+                                                                     beta.data_ptr(), w.data_ptr(), out.data_ptr())
+        args.x_out = None if x_out is None else x_out.data_ptr()
+        for name, base, step in self._layered:
+            setattr(args, name, base + layer * step)
+        status = self._fn(self._address)
         if status != 0:
             raise MemoryError("gated_deltanet: cannot allocate its scratch buffer")
 

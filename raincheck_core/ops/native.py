@@ -120,8 +120,7 @@ _I64 = ctypes.c_int64
 _ENTRY = {
     "paged_attention": {"paged_attention_f32": ([_PTR] * 9 + [_I64] * 4 + [ctypes.c_float], ctypes.c_int)},
     "gated_deltanet": {
-        "gated_deltanet_f32": ([_PTR, _I64] + [_PTR] * 10 + [_I64] * 2 + [_PTR] * 14 + [_I64] + [_PTR] * 3
-                               + [_I64, _PTR, _I64, _PTR] + [_I64] * 11, ctypes.c_int),
+        "gated_deltanet_f32": ([_PTR], ctypes.c_int),       # its arguments' struct (ops/gdn_kernel.py GDNArgs)
         "fold_maps_f32": ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64], None),
     },
 }

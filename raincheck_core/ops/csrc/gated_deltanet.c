@@ -123,20 +123,46 @@ static void join_heads(float *restrict y, const float *live, const float *P, con
     }
 }
 
+/* Everything one call reads and writes, as named in the comment at the top. One struct rather than ~50
+   arguments: ops/gdn_kernel.py mirrors it field by field (`GDNArgs`), fills what a step's layers share
+   once, and sets only a layer's own pointers before each call. */
+typedef struct {
+    /* the layer's step rows, gates, conv weight and outputs */
+    const float *u;
+    int64_t ld_u;
+    const float *g, *beta, *conv_w;
+    float *o, *x_out;
+    /* the layer's part of what the step's layers share */
+    const float *xu, *xg, *xb, *hist, *state_in, *seed_state, *seed_hist, *p, *s_ref;
+    float *state_out, *split_out, *tails, *split_tails, *corrected;
+    /* the step's sequences and joins */
+    const int64_t *source, *start, *len, *split_row, *split_index, *slot, *seed_state_at, *seed_hist_at,
+        *join_seq, *live_slot;
+    int64_t n, joins, joins_after;
+    /* row strides, in floats */
+    int64_t hist_stride, state_stride, seed_state_stride, seed_hist_stride, p_stride, ref_stride,
+        out_state_stride, out_hist_stride;
+    /* shapes */
+    int64_t kernel, key_heads, heads, dk, dv;
+} gdn_args;
+
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
-int gated_deltanet_f32(const float *u, int64_t ld_u, const float *g, const float *beta, const float *xu,
-                       const float *xg, const float *xb, const int64_t *source, const float *conv_w,
-                       const float *hist, const float *state_in, const int64_t *slot, int64_t hist_stride,
-                       int64_t state_stride, const float *seed_state, const int64_t *seed_state_at,
-                       const float *seed_hist, const int64_t *seed_hist_at, float *o, float *x_out,
-                       float *state_out, float *split_out, float *tails, float *split_tails,
-                       const int64_t *start, const int64_t *len, const int64_t *split_row,
-                       const int64_t *split_index, int64_t joins, const int64_t *join_seq,
-                       const int64_t *live_slot, const float *p, int64_t p_stride, const float *s_ref,
-                       int64_t ref_stride, float *corrected, int64_t out_state_stride, int64_t out_hist_stride,
-                       int64_t seed_state_stride, int64_t seed_hist_stride, int64_t joins_after, int64_t n,
-                       int64_t kernel,
-                       int64_t key_heads, int64_t heads, int64_t dk, int64_t dv) {
+int gated_deltanet_f32(const gdn_args *args) {
+    const float *u = args->u, *g = args->g, *beta = args->beta, *conv_w = args->conv_w, *xu = args->xu,
+                *xg = args->xg, *xb = args->xb, *hist = args->hist, *state_in = args->state_in,
+                *seed_state = args->seed_state, *seed_hist = args->seed_hist, *p = args->p, *s_ref = args->s_ref;
+    float *o = args->o, *x_out = args->x_out, *state_out = args->state_out, *split_out = args->split_out,
+          *tails = args->tails, *split_tails = args->split_tails, *corrected = args->corrected;
+    const int64_t *source = args->source, *start = args->start, *len = args->len, *split_row = args->split_row,
+                  *split_index = args->split_index, *slot = args->slot, *seed_state_at = args->seed_state_at,
+                  *seed_hist_at = args->seed_hist_at, *join_seq = args->join_seq, *live_slot = args->live_slot;
+    const int64_t ld_u = args->ld_u, n = args->n, joins = args->joins, joins_after = args->joins_after,
+                  hist_stride = args->hist_stride, state_stride = args->state_stride,
+                  seed_state_stride = args->seed_state_stride, seed_hist_stride = args->seed_hist_stride,
+                  p_stride = args->p_stride, ref_stride = args->ref_stride,
+                  out_state_stride = args->out_state_stride, out_hist_stride = args->out_hist_stride,
+                  kernel = args->kernel, key_heads = args->key_heads, heads = args->heads, dk = args->dk,
+                  dv = args->dv;
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
     const float q_scale = 1.0f / sqrtf((float)dk);
