@@ -48,7 +48,7 @@ from pathlib import Path
 import redis
 
 from raincheck_client import Client, RaincheckError
-from raincheck_core.models.demo.world import Dialogue, make_dialogue
+from raincheck_demo.world import Dialogue, make_dialogue
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("repeat", "actor_kill", "decode_worker_kill", "frontend_kill", "sigterm_drain", "ray_head_kill")

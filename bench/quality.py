@@ -5,7 +5,7 @@
 
 Held-out dialogues of the demo world (seed `HELD_OUT_SEED` and the next ones, never used in training) run
 through the engine's public API with greedy decoding, one session per dialogue and arm; an answer counts
-when it equals the reference exactly. Three families (`raincheck_core.models.demo.world.FAMILIES`): one
+when it equals the reference exactly. Three families (`raincheck_demo.world.FAMILIES`): one
 image with the first question (single), 1–3 images arriving at any turn (multi), a short video (video).
 An answer's *age* is how many turns ago the visual it asks about arrived: age 0 is the arrival turn, where
 raincheck has only the kept part of that visual (turn 1 in the single family), and "later" answers
@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
-from raincheck_core.models.demo.world import FAMILIES, Dialogue, make
+from raincheck_demo.world import FAMILIES, Dialogue, make
 
 from . import quality_control, quality_overlap
 

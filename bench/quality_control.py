@@ -15,8 +15,8 @@ import torch
 
 from raincheck_core import DeferralConfig, Engine, Message, VisualInput
 from raincheck_core.deferral.partition import partition_turn
-from raincheck_core.models.demo.world import Dialogue
 from raincheck_core.multimodal.turn_input import TurnInput, build_turn_input
+from raincheck_demo.world import Dialogue
 
 
 class Transcript:

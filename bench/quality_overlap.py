@@ -26,9 +26,9 @@ import torch
 
 from raincheck_core import DeferralConfig, Engine, Message
 from raincheck_core.deferral.partition import partition_turn
-from raincheck_core.models.demo.world import FAMILIES
 from raincheck_core.pruning.hiprune import calibrated_layers, spatial_spread
 from raincheck_core.pruning.settings import save_selector_options
+from raincheck_demo.world import FAMILIES
 
 from .quality_control import turn_input
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from raincheck_client import Client, Metrics
-from raincheck_core.models.demo.world import make_dialogue
+from raincheck_demo.world import make_dialogue
 from services.common.settings import DeferredSettings, FrontendSettings, ModelSpec, WorkerSettings
 from services.common.store import MemoryStore
 from services.decode_worker.recovery_ray import RecoveryReport

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
-from raincheck_core.models.demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
+from raincheck_demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
 
 from .common.settings import FrontendSettings, WorkerSettings
 from .common.store import make_store

@@ -1,5 +1,6 @@
-"""Package boundaries, read from the source: the services and benchmarks use raincheck_core's public
-surface only, raincheck_core imports nothing from services, and deferral/ does not reach into engine/."""
+"""Package boundaries, read from the source: the services, benchmarks and the demo model's package use
+raincheck_core's public surface only, raincheck_core imports nothing from services or the demo package and
+holds no training code, and deferral/ does not reach into engine/."""
 
 from __future__ import annotations
 
@@ -70,10 +71,22 @@ def test_benchmarks_use_only_public_names_of_the_engine():
     assert _crossings("bench") == []
 
 
+def test_the_demo_package_uses_only_public_names_of_the_engine():
+    assert _crossings("raincheck_demo") == []
+
+
 def test_the_engine_library_imports_nothing_from_services():
     for path in _sources("raincheck_core"):
         for module, _ in _imports(path):
             assert not module.startswith(("services", "grpc", "ray", "redis")), (path, module)
+
+
+def test_the_engine_library_holds_no_training_code():
+    """The demo model's world, data and training are the repository's raincheck_demo package."""
+    for path in _sources("raincheck_core"):
+        for module, _ in _imports(path):
+            assert not module.startswith(("raincheck_demo", "torch.optim", "tqdm")), (path, module)
+        assert ".backward(" not in path.read_text(), path
 
 
 def test_deferral_does_not_import_the_engine():

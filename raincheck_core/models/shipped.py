@@ -16,5 +16,5 @@ def resolve_model_path(path: str | Path) -> Path:
     folder = Path(os.environ.get("RAINCHECK_DEMO_MODEL", Path(__file__).resolve().parents[2] / "models" / "demo"))
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"the demo model is not at {folder}: train it with "
-                              "`python -m raincheck_core.models.demo.train` or set RAINCHECK_DEMO_MODEL")
+                              "`python -m raincheck_demo.train` or set RAINCHECK_DEMO_MODEL")
     return folder

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from raincheck_core.models.demo.world import random_scene
+from raincheck_demo.world import random_scene
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_IN_WHEEL = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
@@ -47,7 +47,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     client = src / "raincheck-client"
     shutil.copytree(ROOT / "raincheck_client", client, ignore=junk)
     server = src / "raincheck-serve"
-    for part in ("raincheck_core", "services", "requirements"):
+    for part in ("raincheck_core", "raincheck_demo", "services", "requirements"):
         shutil.copytree(ROOT / part, server / part, ignore=junk)
     for part in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / part, server / part)
@@ -73,7 +73,9 @@ def test_the_sdk_wheel_holds_the_sdk_and_needs_only_grpcio_and_protobuf(wheels):
 
 def test_the_server_wheel_installs_no_generic_names_and_declares_its_dependencies(wheels):
     tops, files, requires = _wheel_metadata(wheels["server"])
-    assert tops == {"raincheck_core", "raincheck_serve"}
+    assert tops == {"raincheck_core", "raincheck_demo", "raincheck_serve"}
+    assert "raincheck_demo/world.py" in files and "raincheck_demo/train.py" in files, "`raincheck demo` plays its world"
+    assert not [f for f in files if f.endswith(".safetensors")], "no checkpoint is in the wheel"
     packages = {str(p.parent.relative_to(ROOT / "services")) for p in (ROOT / "services").rglob("__init__.py")}
     shipped = {str(Path(f).parent.relative_to("raincheck_serve")) for f in files
                if f.startswith("raincheck_serve/") and f.endswith("/__init__.py")}

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from raincheck_core import DeferralConfig, SamplingParams
-from raincheck_core.models.demo.world import (
+from raincheck_core.pruning import keep_count
+from raincheck_demo.world import (
     Dialogue,
     make_dialogue,
     make_multi_dialogue,
     make_video_dialogue,
 )
-from raincheck_core.pruning import keep_count
 
 from .helpers import FOLDER, V2, engine, needs_checkpoint, needs_v2
 
-TEST_SEED = 424242          # never used in training (see raincheck_core.models.demo.train)
+TEST_SEED = 424242          # never used in training (see raincheck_demo.train)
 HARD_KINDS = ("relation", "list")   # two-word or list answers: a pruned cell cannot be guessed by chance
 # v2's multi-image lists are 97% right (its model card) and one of this test's is among the misses, so its
 # multi-image case asks relations only: this test is about what deferral gives back, the benchmark about accuracy

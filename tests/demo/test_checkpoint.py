@@ -1,7 +1,7 @@
 """The shipped checkpoints load in transformers and in the engine, and both give the same logits.
 
 v1 (`models/demo`) was trained with the vocabulary before issue 17, v2 (`models/demo-v2`) with today's
-(`raincheck_core.models.demo.tokenizer`): token ids are read from each folder's own config."""
+(`raincheck_demo.tokenizer`): token ids are read from each folder's own config."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from raincheck_core import Message, SamplingParams
-from raincheck_core.models.demo import tokenizer as tk
-from raincheck_core.models.demo.world import make_dialogue, make_video_dialogue
+from raincheck_demo import tokenizer as tk
+from raincheck_demo.world import make_dialogue, make_video_dialogue
 
 from .helpers import FOLDER, V2, engine, needs_checkpoint, needs_v2
 

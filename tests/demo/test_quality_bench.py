@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from bench import quality
-from raincheck_core.models.demo.world import FAMILIES
+from raincheck_demo.world import FAMILIES
 
 from .helpers import FOLDER, V2, needs_checkpoint, needs_v2
 
@@ -43,7 +43,7 @@ def test_quick_report_has_the_documented_keys(tmp_path):
 
 @needs_checkpoint
 def test_v1_single_family_report_keeps_its_top_level_keys(tmp_path):
-    """The default model (v1) through the single family only: the top-level keys as before families."""
+    """v1 (`models/demo`) through the single family only: the top-level keys as before families."""
     args = quality.parse_args(["--quick", "--model", str(FOLDER), "--families", "single", "--dialogues", "2",
                                "--control-dialogues", "1", "--threads", "1"])
     out = quality.run(args)
@@ -67,7 +67,7 @@ def test_a_subset_of_the_paper_selectors(tmp_path):
 def test_ages_count_turns_since_the_asked_about_visual_arrived():
     import random
 
-    from raincheck_core.models.demo.world import Dialogue, Question, Visual, random_scene
+    from raincheck_demo.world import Dialogue, Question, Visual, random_scene
 
     scene = random_scene(random.Random(0), 4, 4)
     d = Dialogue([Visual("image", (scene,), 1), Visual("image", (scene,), 2)],

@@ -8,11 +8,12 @@ import random
 import torch
 
 from raincheck_core import Message
-from raincheck_core.models.demo import batch as B
-from raincheck_core.models.demo import data
-from raincheck_core.models.demo import tokenizer as tk
-from raincheck_core.models.demo.config import image_processor
-from raincheck_core.models.demo.world import (
+from raincheck_core.multimodal.positions import compute_positions
+from raincheck_demo import batch as B
+from raincheck_demo import data
+from raincheck_demo import tokenizer as tk
+from raincheck_demo.config import image_processor
+from raincheck_demo.world import (
     CELL,
     HOLD,
     KINDS,
@@ -22,7 +23,6 @@ from raincheck_core.models.demo.world import (
     make_multi_dialogue,
     make_video_dialogue,
 )
-from raincheck_core.multimodal.positions import compute_positions
 
 
 def test_dialogues_are_seeded_and_cover_every_kind():
@@ -154,8 +154,8 @@ def test_video_frames_change_and_questions_need_the_frame():
 def _vision_encoder():
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from raincheck_core.models.demo.config import model_config
     from raincheck_core.multimodal.vision import VideoSettings, VisionEncoder
+    from raincheck_demo.config import model_config
 
     torch.manual_seed(0)
     tower = Qwen3_5ForConditionalGeneration(model_config()).model.visual.eval()

@@ -190,8 +190,8 @@ def test_the_build_context_holds_what_setup_installs_and_nothing_else() -> None:
              if s.strip() and not s.startswith("#")]
     tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
-    packages = ("raincheck_core/", "raincheck_client/", "services/", "bench/", "proto/", "requirements/",
-                "models/demo/")
+    packages = ("raincheck_core/", "raincheck_demo/", "raincheck_client/", "services/", "bench/", "proto/",
+                "requirements/", "models/demo/")
     needed = [f for f in tracked if f.startswith(packages)] + ["scripts/setup.sh", "pyproject.toml", "README.md"]
     assert [f for f in needed if not in_context(f, lines)] == []
     for path in (".git/config", ".venv/bin/python", "tests/conftest.py", "k8s/base/kustomization.yaml",

@@ -10,7 +10,7 @@ import time
 from openai import OpenAI
 
 from raincheck_client import Client
-from raincheck_core.models.demo.world import Dialogue, make_dialogue
+from raincheck_demo.world import Dialogue, make_dialogue
 from services.common.settings import FrontendSettings, WorkerSettings
 from services.common.store import Store
 from services.decode_worker.server import DecodeWorkerServer

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raincheck_core.models.demo.world import random_scene
+from raincheck_demo.world import random_scene
 from services.common.store import MemoryStore
 from tests.demo.helpers import FOLDER
 

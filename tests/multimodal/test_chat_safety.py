@@ -8,7 +8,7 @@ import random
 import pytest
 
 from raincheck_core import InvalidInputError, Message, SamplingParams
-from raincheck_core.models.demo.world import make_dialogue
+from raincheck_demo.world import make_dialogue
 from tests.demo.helpers import engine, needs_checkpoint
 
 pytestmark = needs_checkpoint

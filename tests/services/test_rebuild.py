@@ -10,7 +10,7 @@ import pytest
 
 from raincheck_client._gen import chat_pb2
 from raincheck_core import DeferralConfig
-from raincheck_core.models.demo.world import Dialogue, make_dialogue
+from raincheck_demo.world import Dialogue, make_dialogue
 from services._gen import worker_pb2
 from services.decode_worker.turns import rebuild_deferral
 from tests.demo.helpers import FOLDER, needs_checkpoint

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from raincheck_core.models.demo.world import make_dialogue
+from raincheck_demo.world import make_dialogue
 from tests.demo.helpers import FOLDER, needs_checkpoint
 from tests.services.conftest import MODEL, REDIS_URL, redis_store
 from tests.services.test_rebuild import TEST_SEED, _send

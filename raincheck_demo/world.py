@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw
 
-from ...inputs import Message
+from raincheck_core.inputs import Message
 
 CELL = 32
 COLOURS = {"red": (220, 40, 40), "green": (40, 165, 60), "blue": (40, 80, 225), "yellow": (235, 200, 30),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...multimodal.chat import chatml_template
+from raincheck_core.multimodal.chat import chatml_template
+
 from .world import answer_starts, vocabulary
 
 SPACE, NEWLINE = "Ġ", "Ċ"      # byte-level forms of " " and "\n"

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...inputs import Message, VisualInput
-from ...multimodal.chat import ChatFormatter
-from ...multimodal.positions import compute_positions
-from ...multimodal.vision import VideoSettings, VisionEncoder
+from raincheck_core.inputs import Message, VisualInput
+from raincheck_core.multimodal.chat import ChatFormatter
+from raincheck_core.multimodal.positions import compute_positions
+from raincheck_core.multimodal.vision import VideoSettings, VisionEncoder
+
 from . import tokenizer as tk
 from .world import COLOURS, SHAPES, Dialogue, Question, Visual
 

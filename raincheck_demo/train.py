@@ -1,6 +1,6 @@
 """Train the demo VLM (v2) from scratch on the world's dialogues and save it as a Hugging Face folder.
 
-    python -m raincheck_core.models.demo.train [--out models/demo-v2] [--seed 0] [--steps 1500]
+    python -m raincheck_demo.train [--out models/demo-v2] [--seed 0] [--steps 1500]
 
 This trains v2 (`models/demo-v2`). v1 (`models/demo`, still the default model) was written by this module
 as it stood before issue 17 (one vision block, single-image dialogues, a smaller vocabulary; its model card
