@@ -44,10 +44,20 @@ def _tpot_slo(value: float) -> float:
 
 
 def _checkpoint(model: str | None) -> str | None:
-    if model is not None and model != "demo" and not (Path(model) / "config.json").is_file():
-        what = "has no config.json" if Path(model).is_dir() else "is not a folder"
-        raise ValueError(f"no checkpoint at {model}: it {what} (give a Hugging Face checkpoint folder, or 'demo')")
-    return model
+    """A checkpoint folder, or the name of a shipped model (raincheck_core/models/shipped.py)."""
+    if model is None or (Path(model) / "config.json").is_file():
+        return model
+    names = " such as 'demo'"
+    if "/" not in model:
+        # imports torch, so only for a value that may be a name (a name wins over a folder of that name)
+        from raincheck_core.models.shipped import SHIPPED
+
+        if model in SHIPPED:
+            return model
+        names = ": " + ", ".join(SHIPPED)
+    what = "has no config.json" if Path(model).is_dir() else "is not a folder"
+    raise ValueError(f"no checkpoint at {model}: it {what} (give a Hugging Face checkpoint folder, or the name "
+                     f"of a shipped model{names})")
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -139,8 +149,9 @@ class FrontendSettings:
 class ModelSpec:
     """What an Engine loads. A decode worker and its deferred workers must load the same weights."""
 
-    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder, or 'demo'",
-                                shown="the demo model (models/demo); without it a random model")
+    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder, or a shipped model's name "
+                                "(demo, demo-v2, demo-v1)",
+                                shown="demo (models/demo-v2); without it a random model")
     model_name: str | None = setting(None, "RAINCHECK_MODEL_NAME", "the name clients ask for",
                                      shown="the folder's name")
     random_size: RandomSize = setting("tiny", "RAINCHECK_RANDOM_SIZE",
@@ -269,8 +280,9 @@ class ChatSettings:
 
 @dataclass
 class DemoSettings:
-    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder",
-                                shown="the demo model (models/demo); without it a random model")
+    model: Checkpoint = setting(None, "RAINCHECK_MODEL", "checkpoint folder, or a shipped model's name "
+                                "(demo, demo-v2, demo-v1)",
+                                shown="demo (models/demo-v2); without it a random model")
     max_new_tokens: int = setting(48, "RAINCHECK_DEMO_MAX_NEW_TOKENS", "room for a 36-token list answer", gt=0)
 
 

@@ -15,10 +15,12 @@ log = logging.getLogger(__name__)
 
 
 def default_model() -> str | None:
-    """"demo" when the project's demo model is in this checkout (or $RAINCHECK_DEMO_MODEL), else None."""
+    """"demo" when the folder that name stands for is here (models/demo-v2 of the checkout, or
+    $RAINCHECK_DEMO_MODEL, or under $RAINCHECK_MODELS_DIR: raincheck_core/models/shipped.py), else None."""
     try:
         resolve_model_path("demo")
-    except CheckpointError:
+    except CheckpointError as e:
+        log.debug("no default model: %s", e)
         return None
     return "demo"
 
@@ -39,7 +41,7 @@ def load_engine(spec: ModelSpec) -> Engine:
     from .random_model import save_random_model
 
     log.warning("no --model given: serving a RANDOM %s Qwen3.5-architecture model with a character-level "
-                "tokenizer (answers are noise; timings are real): the demo model (models/demo) is not in this "
-                "checkout", spec.random_size)
+                "tokenizer (answers are noise; timings are real): the demo model (models/demo-v2) is not in this "
+                "checkout, nor named by RAINCHECK_DEMO_MODEL or RAINCHECK_MODELS_DIR", spec.random_size)
     with tempfile.TemporaryDirectory(prefix="raincheck-random-") as folder:
         return Engine.from_pretrained(save_random_model(folder, spec.random_size), **options)
