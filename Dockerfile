@@ -40,11 +40,13 @@ RUN groupadd --system --gid 10001 raincheck \
 # The same paths as in the build stage: the editable install points at /app.
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
-# RAINCHECK_MODEL: the demo model (models/demo), so that a bare `docker run` answers real questions.
+# RAINCHECK_MODEL: the demo model (v2, models/demo-v2; what the name "demo" stands for), so that a bare
+# `docker run` answers real questions; clients know it as "demo". v1 is in the image too (`--model demo-v1`).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    RAINCHECK_MODEL=/app/models/demo \
+    RAINCHECK_MODEL=/app/models/demo-v2 \
+    RAINCHECK_MODEL_NAME=demo \
     RAINCHECK_TORCH_VARIANT=${TORCH_VARIANT} \
     RAY_USAGE_STATS_ENABLED=0
 WORKDIR /app

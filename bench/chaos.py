@@ -56,7 +56,7 @@ SEED = 20261201
 TURNS = 3
 ATTEMPTS = 5
 MAX_NEW_TOKENS = 48
-MODEL = "demo"
+MODEL = "demo-v1"     # v1, which docs/BENCHMARKS.md measured (its dialogues: one image with the first question)
 # Under `raincheck`, which answer tokens see which deferred rows depends on the step schedule. With the TPOT
 # objective (measured step times) and a deferred budget shared by the sessions in a step (8 x 31 > 63), that
 # schedule differs from run to run, and so may an answer. Fixed chunks of 7 (8 x 7 <= 63) make it the same

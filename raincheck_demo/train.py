@@ -2,9 +2,9 @@
 
     python -m raincheck_demo.train [--out models/demo-v2] [--seed 0] [--steps 1500]
 
-This trains v2 (`models/demo-v2`). v1 (`models/demo`, still the default model) was written by this module
-as it stood before issue 17 (one vision block, single-image dialogues, a smaller vocabulary; its model card
-names the commit).
+This trains v2 (`models/demo-v2`, the default model: "demo"). v1 (`models/demo`, loadable as "demo-v1") was
+written by this module as it stood before issue 17, then at raincheck_core/models/demo/train.py (one vision
+block, single-image dialogues, a smaller vocabulary; its model card names the commit).
 
 Seeded and single-threaded (the run takes the same steps whatever the machine's speed: `--steps`;
 `--minutes` optionally caps its CPU time). Teacher-forced on the exact token layout the engine builds

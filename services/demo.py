@@ -4,15 +4,15 @@ A frontend and a decode worker start in this process (gRPC over loopback, in-pro
 client SDK then plays one scripted multi-turn dialogue under each policy — full, hard, raincheck,
 post_answer — printing every answer with its TTFT and TPOT, and how much of the turn's visuals was
 deferred and still pending when the answer ended. A second image arrives mid-conversation, as in real
-chats: every new image is a new deferral. It serves v2 of the demo model (`models/demo-v2`, which reads
-images arriving at any turn) when the checkout has it; v1, the default model, answers from the first image.
+chats: every new image is a new deferral. It serves the default model, the demo model ("demo": v2,
+`models/demo-v2`, which reads images arriving at any turn), unless `--model` names another checkpoint
+(`--model demo-v1`: v1, which answers from the first image only).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from pathlib import Path
 
 from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
@@ -24,14 +24,11 @@ from .decode_worker.loading import default_model
 
 POLICIES = ("full", "hard", "raincheck", "post_answer")
 DEMO_SEED = 0
-DEMO_V2 = Path(__file__).resolve().parents[1] / "models" / "demo-v2"
 
 
 def demo_model(model: str | None) -> str | None:
-    """The checkpoint asked for; else v2 of the demo model when present; else the default (None: random)."""
-    if model is not None:
-        return model
-    return str(DEMO_V2) if (DEMO_V2 / "config.json").is_file() else default_model()
+    """The checkpoint asked for; else the default model ("demo" when present; None: random)."""
+    return model if model is not None else default_model()
 
 
 def demo_dialogue(seed: int) -> Dialogue:

@@ -1,7 +1,9 @@
 """The shipped demo checkpoints, each loaded once per test session (tests skip when one is absent).
 
-`models/demo` is v1, the default model (one image with the first question); `models/demo-v2` also reads
-images arriving at any turn and short videos (issue 17)."""
+`FOLDER` is v1 (`models/demo`, the name "demo-v1": one image with the first question); `V2` is v2
+(`models/demo-v2`, the default model, the names "demo" and "demo-v2"), which also reads images arriving at
+any turn and short videos (issue 17). Tests name the folder they mean, never "demo", so what they assert
+does not move with the default."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from raincheck_core.models.shipped import SHIPPED
+
 from .conftest import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -191,14 +193,14 @@ def test_the_build_context_holds_what_setup_installs_and_nothing_else() -> None:
     tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
     packages = ("raincheck_core/", "raincheck_demo/", "raincheck_client/", "services/", "bench/", "proto/",
-                "requirements/", "models/demo/")
+                "requirements/", "models/demo/", "models/demo-v2/")
     needed = [f for f in tracked if f.startswith(packages)] + ["scripts/setup.sh", "pyproject.toml", "README.md"]
     assert [f for f in needed if not in_context(f, lines)] == []
     for path in (".git/config", ".venv/bin/python", "tests/conftest.py", "k8s/base/kustomization.yaml",
                  "docs/design.md", "models/qwen/model.safetensors", "services/__pycache__/cli.cpython-311.pyc",
                  "bench/out/run.json", "Dockerfile"):
         assert not in_context(path, lines), path
-    assert in_context("models/demo/model.safetensors", lines)
+    assert in_context("models/demo/model.safetensors", lines) and in_context("models/demo-v2/model.safetensors", lines)
 
 
 def test_the_demo_model_path_and_ports_agree_with_the_manifests() -> None:
@@ -206,8 +208,12 @@ def test_the_demo_model_path_and_ports_agree_with_the_manifests() -> None:
     final = all_stages[-1]
     env = " ".join(rest for keyword, rest in final if keyword == "ENV")
     (model,) = re.findall(r"RAINCHECK_MODEL=(\S+)", env)
+    (name,) = re.findall(r"RAINCHECK_MODEL_NAME=(\S+)", env)
     config = yaml.safe_load((ROOT / "k8s" / "base" / "config.yaml").read_text())["data"]
-    assert config["RAINCHECK_MODEL"] == model == "/app/models/demo"
+    assert config["RAINCHECK_MODEL"] == model == "/app/models/demo-v2"
+    assert config["RAINCHECK_MODEL_NAME"] == name == "demo"
+    # the folder the name "demo" stands for (raincheck_core/models/shipped.py), as the image lays it out
+    assert SHIPPED["demo"].folder == Path(model).name and Path(model).parent == Path("/app/models")
     exposed = {int(p) for keyword, rest in final if keyword == "EXPOSE" for p in rest.split()}
     assert exposed == {50051, 50061}
 

@@ -418,7 +418,7 @@ def test_cpu_demo_needs_no_gpu_no_kuberay_and_no_secret(rendered: dict) -> None:
     assert "nvidia.com/gpu" not in yaml.safe_dump(docs)
     cfg = config(docs)
     assert cfg["RAY_ADDRESS"] == "" and cfg["RAINCHECK_RECOVERY_MODES"] == "colocated"
-    assert cfg["RAINCHECK_DEVICE"] == "cpu" and cfg["RAINCHECK_MODEL"] == "/app/models/demo"
+    assert cfg["RAINCHECK_DEVICE"] == "cpu" and cfg["RAINCHECK_MODEL"] == "/app/models/demo-v2"
     assert [s["metadata"]["name"] for s in find(docs, "Secret")] == ["raincheck-api-keys"]
     for name in ("gpu", "pd-disaggregated", "managed-redis"):
         assert find(rendered[name], "Secret") == [], f"{name} must not ship a Secret (re-applying would overwrite it)"

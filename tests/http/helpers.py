@@ -1,11 +1,13 @@
 """The HTTP frontend on loopback, in front of a decode worker serving the demo model (greedy answers
-about synthetic scenes), next to the gRPC frontend on the same store."""
+about synthetic scenes), next to the gRPC frontend on the same store. The answers these tests compare
+are v1's (`models/demo`, the name "demo-v1"), served under the name "demo"."""
 
 from __future__ import annotations
 
 import base64
 import random
 import time
+from pathlib import Path
 
 from openai import OpenAI
 
@@ -27,10 +29,10 @@ MAX_TOKENS = 48                        # room for a 12-object list answer (36 to
 class Stack:
     """One decode worker (demo model), the gRPC frontend and the HTTP frontend, on `store`."""
 
-    def __init__(self, store: Store, http: HttpSettings | None = None, **frontend):
+    def __init__(self, store: Store, http: HttpSettings | None = None, folder: Path = FOLDER, **frontend):
         self.store = store
         self.worker = DecodeWorkerServer(WorkerSettings(
-            model=str(FOLDER), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2},
+            model=str(folder), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2},
             heartbeat_s=0.5, registration_ttl_s=5.0, threads=16,
             tpot_slo=0.0), store).start()      # fixed chunks: answers comparable across paths (no timing in them)
         self.frontend_settings = FrontendSettings(port=0, metrics_port=None, threads=16,

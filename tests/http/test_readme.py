@@ -1,4 +1,5 @@
-"""The README's openai-client example, as written, against a server on loopback (its address swapped in)."""
+"""The README's openai-client example, as written, against a server on loopback (its address swapped in)
+serving what `raincheck serve` serves: the demo model, v2 (`models/demo-v2`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from raincheck_demo.world import random_scene
 from services.common.store import MemoryStore
-from tests.demo.helpers import FOLDER
+from tests.demo.helpers import V2
 
 from .helpers import Stack
 
@@ -21,11 +22,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def keyless():
-    if not (FOLDER / "model.safetensors").is_file():
-        pytest.skip("models/demo has no trained checkpoint")
-    s = Stack(MemoryStore(), api_keys=())
+    if not (V2 / "model.safetensors").is_file():
+        pytest.skip("models/demo-v2 has no trained checkpoint")
+    s = Stack(MemoryStore(), folder=V2, api_keys=())
     yield s
     s.close()
+
+
+def test_readme_scene_one_liner(tmp_path):
+    """The README's command that renders scene.png, run as written (outside the checkout: the installed
+    raincheck_demo), writes the scene the examples below use."""
+    (code,) = re.findall(r'\.venv/bin/python -c "(.*?)"\n', (ROOT / "README.md").read_text(), re.S)
+    out = subprocess.run([sys.executable, "-c", code.replace("\\\n", "")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "scene.png").read_bytes() == random_scene(random.Random(0)).png()
 
 
 def test_readme_openai_example(keyless, tmp_path):
