@@ -22,8 +22,7 @@ from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams, TurnEnd, TurnMetrics, VisualInput
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine.cost_model import StepCostModel
-from raincheck_core.engine.plan import Kind, StepPlan
+from raincheck_core.engine.core import StepStats
 from raincheck_core.models.random_init import save_random_checkpoint
 
 FAMILIES = ("qwen3_5", "qwen3_vl")
@@ -56,19 +55,15 @@ def image_prompt(engine: Engine, side: int = 32, text: int = 32, seed: int = 0) 
 
 class StepLog:
     """Every engine step's decode rows, deferred rows and duration (the engine's clock, as its TPOT
-    objective sees it), recorded by wrapping the scheduler's `account`, the one place a step is timed."""
+    objective sees it), recorded through the engine's `on_step` hook."""
 
     def __init__(self, engine: Engine):
         self.steps: list[tuple[int, int, float]] = []     # (decode rows, deferred rows, seconds)
-        account = engine.scheduler.account
+        engine.on_step(self.record)
 
-        def record(plan: StepPlan, seconds: float) -> None:
-            decode = sum(s.kind is Kind.DECODE for s in plan.segments)
-            deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
-            self.steps.append((decode, deferred, seconds))
-            account(plan, seconds)
-
-        engine.scheduler.account = record
+    def record(self, stats: StepStats) -> None:
+        if not stats.failed:
+            self.steps.append((stats.decode_rows, stats.deferred_rows + stats.recovery_rows, stats.seconds))
 
 
 _LOGS: weakref.WeakKeyDictionary[Engine, StepLog] = weakref.WeakKeyDictionary()
@@ -83,8 +78,7 @@ def step_log(engine: Engine) -> StepLog:
 
 def use_clock(engine: Engine, clock: Callable[[], float]) -> None:
     """Measure with `clock` from now on, with a fresh step-cost model (its samples must share one clock)."""
-    engine.clock = clock
-    engine.cost = engine.scheduler.cost = StepCostModel()
+    engine.use_clock(clock)
 
 
 @dataclass

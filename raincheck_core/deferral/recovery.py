@@ -65,6 +65,23 @@ class Recovery:
         return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done \
             and (self.fuse_held or not self.held)
 
+    def hold(self, fuse: bool) -> None:
+        """Reserve the rows from the cursor on for a deferred worker; fused chunks still run with `fuse`."""
+        self.held, self.fuse_held = True, fuse
+
+    def take_back(self) -> None:
+        """The deferred worker failed or timed out: local recovery runs the rest."""
+        self.held = self.racing = False
+
+    def race(self) -> None:
+        """A barrier waits for this held recovery: recover it locally too; a result that comes first still
+        joins."""
+        self.racing = True
+
+    def give_up(self) -> None:
+        """Drop the rows not restored yet (the session goes on as if they had been pruned)."""
+        self.cursor = self.total
+
     def mark_answer_done(self, now: float) -> None:
         self.answer_done = True
         self.t_answer_end = now

@@ -1,16 +1,16 @@
-"""The Engine: one model on one device, a shared KV pool and GDN state pool, many sessions.
+"""The Engine facade: one model on one device, a shared KV pool and GDN state pool, many sessions.
 
-Work advances in steps (`step()`): each step runs one forward over the rows the scheduler picked
-from every running turn. There is no engine thread: whoever waits for a turn's next event drives
-the steps, under one lock, so embedded use needs no threads and concurrent callers share steps.
+It loads a checkpoint, opens sessions, runs session-free forwards, and offers the hand-off verbs. The
+state it serves lives in the engine core (engine/core.py), which owns every transition; the steps are
+driven by whoever waits for a turn's next event, or by the background stepper (engine/stepper.py),
+under one lock (engine/engine_lock.py). No module of the engine package imports this one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +21,8 @@ from ..cache.kv_pool import KVPool, PoolStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
-from ..errors import InvalidInputError, StepFailedError
+from ..deferral.recovery import Recovery
+from ..errors import InvalidInputError
 from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
@@ -29,21 +30,15 @@ from ..models.shipped import resolve_model_path
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
-from .cost_model import StepCostModel
+from .core import EngineCore, StepStats
 from .engine_lock import EngineLock
-from .plan import Kind, Segment, StepPlan
-from .request import TurnRequest
-from .runner import ModelRunner
+from .plan import Segment, StepPlan
 from .scheduler import Scheduler
 from .session import Session
 from .session_cache import SessionCache
-from .step import run_step
+from .stepper import Stepper
 
 log = logging.getLogger(__name__)
-
-# A post-answer recovery whose own chunk fails this many times is given up: its remaining deferred rows
-# are dropped (the session continues as if they had been pruned) rather than blocking the next turn.
-MAX_RECOVERY_FAILURES = 3
 
 
 class Engine:
@@ -55,35 +50,48 @@ class Engine:
         # GDN decays drive states into subnormal floats, which run 10-70x slower on x86 CPUs; flushing
         # them changes nothing measurable. Set before the first multi-threaded op so workers inherit it.
         torch.set_flush_denormal(True)
-        self.model_config = cfg = model_config
+        self.model_config = model_config
         self.model = model.eval()
         self.formatter = formatter        # multimodal.chat.ChatFormatter, or None (token-level input only)
         self.vision = vision              # multimodal.vision.VisionEncoder, or None
-        self.device = torch.device(self.config.device)
-        self.dtype = self.config.torch_dtype
-        self.kv = KVPool(cfg.num_attention_layers, self.config.num_pages, self.config.page_size,
-                         cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
-        self.gdn = None
-        if cfg.num_gdn_layers:
-            conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
-                cfg.linear_num_value_heads * cfg.linear_value_head_dim
-            self.gdn = GDNStatePool(self.config.max_gdn_slots, cfg.num_gdn_layers, conv_dim,
-                                    cfg.linear_conv_kernel, cfg.linear_num_value_heads,
-                                    cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device)
-        self.cost = StepCostModel()
-        self.scheduler = Scheduler(self.config.max_rows_per_step, self.config.deferred_budget,
-                                   self.config.recovery_chunk, self.cost)
-        self.runner = ModelRunner(self.model, self.kv, self.gdn, cfg.linear_conv_kernel)
+        self.core = EngineCore(self.model, model_config, self.config)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
+        self.stepper = Stepper(self.core, self.lock)
         self.sessions: dict[str, Session] = {}
-        self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
-        # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times);
-        # a benchmark may swap in thread CPU time, a test a simulated clock
-        self.clock: Callable[[], float] = time.perf_counter
-        self._background: tuple[threading.Thread, threading.Event] | None = None
-        self._drivers = 0                 # consumers inside drive(): the background stepper leaves steps to them
-        self._drivers_lock = threading.Lock()
-        self._wake = threading.Event()
+
+    # the pools and the scheduler are the core's; read here for the services, benchmarks and tests
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.core.dtype
+
+    @property
+    def kv(self) -> KVPool:
+        return self.core.kv
+
+    @property
+    def gdn(self) -> GDNStatePool | None:
+        return self.core.gdn
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.core.clock
+
+    @property
+    def audit_gdn_join(self) -> bool:
+        """Keep every joined token's factors in the turns admitted from now on (tests, audits)."""
+        return self.core.audit_gdn_join
+
+    @audit_gdn_join.setter
+    def audit_gdn_join(self, value: bool) -> None:
+        self.core.audit_gdn_join = value
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -125,9 +133,15 @@ class Engine:
         with self.lock:
             if session_id is not None and session_id in self.sessions:
                 raise InvalidInputError(f"a session with id {session_id!r} already exists")
-            session = Session(self, SessionCache(self.kv, self.gdn, limit), session_id, deferral)
+            session = Session(self, self.core.open_cache(session_id or uuid.uuid4().hex, limit), deferral)
             self.sessions[session.id] = session
         return session
+
+    def release_session(self, session: Session) -> None:
+        """A closed session's pages and state slots go back to the pools (called by `Session.close`)."""
+        with self.lock:
+            self.sessions.pop(session.id, None)
+            self.core.forget(session.id)
 
     def stop_token_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -138,86 +152,42 @@ class Engine:
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()
 
-    # ---------------------------------------------------------------- stepping
+    # ---------------------------------------------------------------- stepping and instrumentation
     def step(self, only: SessionCache | None = None) -> bool:
         """One step over every running turn (and recoveries in the gaps; only `only`'s when given):
         engine/step.py. False when there was no work."""
-        with self.lock.for_step():
-            return run_step(self, only)
+        return self.stepper.step(only)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
-
-    def drive(self, request: TurnRequest) -> None:
-        """Step until `request` has an event to hand out or has ended. A consumer waits for the lock like
-        any caller (not behind the background stepper, which would otherwise keep it through a whole
-        post-answer recovery once the consumer's event was already there)."""
-        with self._drivers_lock:
-            self._drivers += 1
-        try:
-            while not request.events and not request.finished:
-                with self.lock:
-                    if not request.events and not request.finished:
-                        self.step()
-        finally:
-            with self._drivers_lock:
-                self._drivers -= 1
-
-    def complete_recovery(self, cache: SessionCache) -> None:
-        """Run `cache`'s deferred rows to the end (the completion barrier), in prefill-only chunks
-        shared with whatever else is running."""
-        while cache.recovery is not None:
-            with self.lock:
-                rec = cache.recovery
-                if rec is None:
-                    break
-                if not rec.answer_done:       # the answer is still streaming: finish it first
-                    self.step()
-                    continue
-                if rec.handed_off:            # the deferred worker's result is not back: recover here too
-                    log.info("a deferred worker's result is not back yet: recovering locally too")
-                    residual.race(rec)
-                if not self.step(only=cache):
-                    self.scheduler.add_recovering(cache)
+        return self.core.has_work()
 
     def start_background(self, after_step: Callable[[], None] | None = None, idle_wait_s: float = 0.02) -> None:
-        """Step in a daemon thread whenever there is work nobody is waiting for — chiefly post-answer
-        recovery in the gaps between turns; `after_step` runs after each step and each idle wait (the
-        services observe recoveries there). Consumers keep driving their own turns as before."""
-        if self._background is not None:
-            return
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.is_set():
-                stepped = False
-                try:
-                    # a consumer driving its turn steps for everyone: stepping too would only trade the
-                    # lock back and forth
-                    stepped = not self._drivers and self.has_work() and self.step()
-                    if after_step is not None:
-                        after_step()
-                except Exception:   # keep stepping; a failing turn gets its error from the step
-                    log.exception("background engine step failed")
-                if not stepped:
-                    self._wake.wait(idle_wait_s)
-                    self._wake.clear()
-
-        thread = threading.Thread(target=loop, name="raincheck-engine-steps", daemon=True)
-        self._background = (thread, stop)
-        thread.start()
+        """Step in a daemon thread whenever there is work nobody is waiting for (engine/stepper.py)."""
+        self.stepper.start_background(after_step, idle_wait_s)
 
     def wake(self) -> None:
-        """Tell the background stepper there is work now (instead of at its next idle check)."""
-        self._wake.set()
+        self.stepper.wake()
 
     def stop_background(self) -> None:
-        if self._background is not None:
-            thread, stop = self._background
-            stop.set()
-            self._wake.set()
-            thread.join(timeout=10)
-            self._background = None
+        self.stepper.stop_background()
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Measure with `clock` from now on (thread CPU time, a simulated clock), with a fresh cost model."""
+        with self.lock:
+            self.core.use_clock(clock)
+
+    def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
+        """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
+        Returns a function that removes the hook (so do the two below)."""
+        return self.core.on_plan(hook)
+
+    def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
+        """`hook(stats)` after each step: its rows by kind, sessions, and time on the engine's clock."""
+        return self.core.on_step(hook)
+
+    def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
+        """`hook(cache, recovery)` when a recovery completes, before its prefix state is released."""
+        return self.core.on_recovery_done(hook)
 
     # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
     def hold_residual(self, session: Session, *, fuse: bool = True) -> int | None:
@@ -228,7 +198,7 @@ class Engine:
             rec = session.cache.recovery
             if rec is None or rec.done:
                 return None
-            rec.held, rec.fuse_held = True, fuse
+            rec.hold(fuse)
             return rec.turn
 
     def export_residual(self, session: Session, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
@@ -237,12 +207,12 @@ class Engine:
         or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
         already holds; they are not shipped."""
         with self.lock:
-            return residual.export(self, session.cache, ticket, have)
+            return residual.export(self.core, session.cache, ticket, have)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
-        """Deferred-worker side: prefill the payload's rows on top of its context (a scratch cache)."""
+        """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
         with self.lock:
-            return residual.prefill(self, payload)
+            return residual.prefill(self.core, payload)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
@@ -251,7 +221,7 @@ class Engine:
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
         with self.lock:
-            return residual.apply(self, session.cache, ticket, result)
+            return residual.apply(self.core, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
@@ -260,61 +230,9 @@ class Engine:
             rec = session.cache.recovery
             if rec is None or rec.turn != ticket or not rec.held:
                 return False
-            rec.held = rec.racing = False
+            rec.take_back()
             self.wake()
             return True
-
-    # ---------------------------------------------------------------- the engine's own verbs
-    def _turn_ended(self, req: TurnRequest) -> None:
-        """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
-        self.scheduler.remove(req)
-        rec = req.recovery
-        if rec is not None and req.cache.recovery is rec and not rec.done:
-            rec.mark_answer_done(self.clock())
-            self.scheduler.add_recovering(req.cache)
-
-    def _recovery_done(self, cache: SessionCache) -> None:
-        rec = cache.recovery
-        rec.release()
-        cache.clear_generated()
-        cache.last_recovery_s = rec.completion_s
-        cache.recovery = None
-        self.scheduler.remove_recovering(cache)
-
-    def _fail_turn(self, req: TurnRequest, error: Exception) -> None:
-        """`req` fails alone; its session is undone to the turn's admission (as if it never ran)."""
-        if req.finished:
-            return
-        self.scheduler.remove(req)
-        if req.checkpoint is not None:
-            self.scheduler.remove_recovering(req.cache)
-            req.cache.restore(req.checkpoint)
-        log.warning("turn %d failed and was undone: %s", req.id, error)
-        req.fail(error)
-
-    def _step_failed(self, cache: SessionCache, error: Exception) -> None:
-        """A step holding only `cache`'s rows failed."""
-        req = next((r for r in self.scheduler.running if r.cache is cache), None)
-        if req is not None:
-            self._fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
-            return
-        rec = cache.recovery
-        if rec is None:
-            return
-        rec.failures += 1
-        if rec.failures < MAX_RECOVERY_FAILURES:
-            log.error("a recovery chunk failed (%d of %d tries): %s", rec.failures, MAX_RECOVERY_FAILURES, error)
-            return
-        log.error("giving up a recovery after %d failed chunks; %d deferred tokens dropped: %s",
-                  rec.failures, rec.pending, error)
-        rec.cursor = rec.total
-        self._recovery_done(cache)
-
-    def _forget(self, session: Session) -> None:
-        with self.lock:
-            self.sessions.pop(session.id, None)
-            self.scheduler.remove_recovering(session.cache)
-            session.cache.release()
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -340,17 +258,14 @@ class Engine:
                              torch.empty(0, dtype=torch.long), [])
         if position_ids is not None:
             rows.positions = _positions(position_ids, len(rows))
-        with self.lock:
-            cache = SessionCache(self.kv, self.gdn, self.kv.num_pages)
-            try:
-                n = len(rows)
-                write = cache.claim(n)
-                inputs = self.runner.prepare(StepPlan([Segment(Kind.RESIDUAL, cache, n, write, cache.readable(n),
-                                                               cache.gdn_slot, source=rows)]))
-                inputs.batch.logit_rows = None
-                return self.runner.forward(inputs).logits
-            finally:
-                cache.release()
+        with self.lock, self.core.scratch(rows) as cache:
+            n = len(rows)
+            write = cache.claim(n)
+            runner = self.core.runner
+            inputs = runner.prepare(StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n),
+                                                               cache.gdn_slot)]), self.core)
+            inputs.batch.logit_rows = None
+            return runner.forward(inputs).logits
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

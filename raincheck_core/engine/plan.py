@@ -1,21 +1,23 @@
-"""A step as data: which rows of which sessions run, where their K/V go, what each may read.
+"""A step as plain data: which rows of which sessions run, where their K/V go, what each may read.
 
 The scheduler builds a `StepPlan` (deciding and claiming slots, changing nothing else); the model
-runner turns it into tensors and runs the forward; the engine's update applies the results. The plan
-is plain data, so a failed forward can be dropped (`cancel`), a step can be split into passes, and a
-test can compare a plan's outputs with a reference.
+runner turns it into tensors and runs the forward; the update applies the results and says what
+happened; the engine core settles that (ends, fails, finishes). A segment names its session by id and
+carries slot lists, row counts and flags only, so a plan can be built and checked without a model
+(tests/engine/test_scheduler.py), dropped when its forward fails (`cancel`), split into passes, and
+compared with a reference. What a segment's rows *are* (their embeddings, the join's recorded factors)
+the runner reads through `StepSessions` from the session the segment names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from ..deferral.recovery import Recovery
     from ..multimodal.turn_input import TurnInput
     from .request import TurnRequest
     from .session_cache import SessionCache
@@ -26,29 +28,81 @@ class Kind(StrEnum):
     DECODE = "decode"          # a running turn's one generated-token row
     DEFERRED = "deferred"      # deferred rows fused into their turn's decode step (raincheck)
     RECOVERY = "recovery"      # deferred rows after the answer (idle gaps, the barrier)
-    RESIDUAL = "residual"      # rows prefilled for a hand-off on a deferred worker
+    RESIDUAL = "residual"      # rows prefilled outside a turn (a hand-off on a deferred worker, a scratch forward)
+
+
+CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)    # rows that are not a running turn's input or answer
 
 
 @dataclass(eq=False)
 class Segment:
-    """Contiguous rows of one session in the packed step."""
+    """Contiguous rows of one session in the packed step. Build it with the constructor of its kind."""
 
     kind: Kind
-    cache: SessionCache
+    session: str                          # the session (engine core id) whose rows these are
     rows: int
     write_slots: torch.Tensor             # [rows] claimed KV slots
     read_slots: torch.Tensor              # slots the rows may read, own last (bottom-right causal)
     gdn_slot: int | None                  # the state the rows start from and advance
-    source: TurnInput | None = None       # rows [first, first + rows) of it; None for a decode row
-    first: int = 0
+    first: int = 0                        # rows [first, first + rows) of the session's rows of this kind
     token: int | None = None              # a decode row's input token and position
     position: int = 0
-    request: TurnRequest | None = None    # the turn a prefill/decode segment advances
-    recovery: Recovery | None = None      # deferred/recovery: the recovery it advances;
-                                          # decode: the recovery whose GDN map it extends (if any)
     sample: bool = False                  # the turn samples its next token from the last row's logits
-    lead: int = 0                         # deferred/recovery with a GDN join: lead rows appended
+    generated: bool = False               # a decode row of a turn with deferred rows pending: its slot is
+                                          # GEN (invisible to them)
+    tracked: bool = False                 # … and its token extends the turn's GDN join map
+    serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False)
+    lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
+
+    @property
+    def joins(self) -> bool:
+        """A deferred chunk whose GDN state change is joined into its turn's live state."""
+        return self.live_slot is not None
+
+    @classmethod
+    def prefill(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
+                gdn_slot: int | None, last: bool) -> Segment:
+        """Input rows [first, first + rows) of the session's running turn; `last`: they end its input."""
+        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last)
+
+    @classmethod
+    def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,
+               gdn_slot: int | None, generated: bool, tracked: bool) -> Segment:
+        return cls(Kind.DECODE, session, 1, write, read, gdn_slot, token=token, position=position, sample=True,
+                   generated=generated, tracked=tracked)
+
+    @classmethod
+    def fused(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
+              prefix_slot: int | None, lead: int, live_slot: int | None, serial: bool = False) -> Segment:
+        """Deferred rows [first, first + rows) riding on their turn's decode step."""
+        return cls(Kind.DEFERRED, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
+                   serial=serial)
+
+    @classmethod
+    def post_answer(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
+                    prefix_slot: int | None, lead: int, live_slot: int | None) -> Segment:
+        """Deferred rows [first, first + rows) after the answer (a gap, the barrier)."""
+        return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot)
+
+    @classmethod
+    def residual(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
+                 gdn_slot: int | None) -> Segment:
+        """Rows [first, first + rows) of a scratch session's rows (no turn, no join)."""
+        return cls(Kind.RESIDUAL, session, rows, write, read, gdn_slot, first=first)
+
+
+class StepSessions(Protocol):
+    """What the runner and the update read a plan's sessions through (the engine core implements it)."""
+
+    def cache(self, session: str) -> SessionCache: ...
+
+    def turn(self, session: str) -> TurnRequest | None: ...
+
+    def rows(self, segment: Segment) -> TurnInput:
+        """The rows `segment` takes [first, first + rows) of: its turn's input, its recovery's D, or a
+        scratch session's rows."""
+        ...
 
 
 @dataclass
@@ -62,19 +116,20 @@ class StepPlan:
     def rows(self) -> int:
         return sum(s.rows for s in self.segments)
 
-    def caches(self) -> list[SessionCache]:
+    def sessions(self) -> list[str]:
         """The sessions in this step, in order, once each."""
-        return list(dict.fromkeys(s.cache for s in self.segments))
+        return list(dict.fromkeys(s.session for s in self.segments))
+
+    def rows_of(self, *kinds: Kind) -> int:
+        return sum(s.rows for s in self.segments if s.kind in kinds)
+
+    def count(self, kind: Kind) -> int:
+        return sum(1 for s in self.segments if s.kind is kind)
 
     def passes(self) -> list[StepPlan]:
         """Serial comparison mode (`DeferralConfig.fused=False`): deferred chunks of such turns run in a
         pass of their own before the rest. Fused (the default): one pass."""
-        serial = [s for s in self.segments if s.kind is Kind.DEFERRED and not s.recovery.cfg.fused]
+        serial = [s for s in self.segments if s.serial]
         if not serial:
             return [self]
-        return [StepPlan(serial), StepPlan([s for s in self.segments if all(s is not t for t in serial)])]
-
-    def cancel(self) -> None:
-        """Drop the plan: the claimed slots go back to their sessions' tables unfilled."""
-        for cache in self.caches():
-            cache.cancel_claims()
+        return [StepPlan(serial), StepPlan([s for s in self.segments if not s.serial])]

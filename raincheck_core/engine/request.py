@@ -1,7 +1,8 @@
 """One turn in flight: its input rows, how far it has run, its sampler, and the events it has produced.
 
-A request changes only through the engine's update (engine/update.py): `fed` after its rows ran,
-`accept` after a token was sampled for it, `finish` / `fail` when it ends.
+A request changes only through the step's update (engine/update.py): `fed` after its rows ran, `accept`
+after a token was sampled for it; and through the engine core (engine/core.py) when it ends: `finish`,
+`fail`. It reads its session's cache but never changes it (its recovery is the cache's).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 
-from ..deferral.recovery import Recovery
 from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler, SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
@@ -42,7 +42,7 @@ class TurnRequest:
     def __init__(
         self, cache: SessionCache, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
-        recovery: Recovery | None = None, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
+        deferred_tokens: int = 0, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
         checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
@@ -55,7 +55,7 @@ class TurnRequest:
         self.decode_text = decode
         self.return_logits = return_logits
         self.turn_end_id = turn_end_id    # the chat template's closing token, for chat-level turns
-        self.recovery = recovery          # this turn's deferred input D, if any
+        self.deferred_tokens = deferred_tokens    # |D| of this turn (its recovery is the cache's)
         self.checkpoint = checkpoint      # the cache at admission: a failed turn is undone to it
         self.barrier_wait_s = barrier_wait_s
         self.previous_recovery_s = previous_recovery_s
@@ -64,6 +64,7 @@ class TurnRequest:
         self.generated: list[int] = []
         self.events: deque[TurnEvent] = deque()
         self.finished = False
+        self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self._text = ""
         # the TPOT objective (DeferralConfig.tpot_slo): this turn's decode steps as measured, and what the
@@ -86,6 +87,11 @@ class TurnRequest:
         return len(self.input) - self.cursor
 
     @property
+    def answer_fed(self) -> int:
+        """Generated tokens fed back so far (the last sampled one is not yet)."""
+        return len(self.generated) - 1
+
+    @property
     def last_token(self) -> int:
         return self.generated[-1]
 
@@ -103,15 +109,8 @@ class TurnRequest:
         """`n` rows of this turn ran: input rows, or the one row of the last sampled token."""
         if self.t_start is None:
             self.t_start = now
-        cache = self.cache
-        if self.decoding:
-            cache.tokens.append(self.generated[-1])
-            cache.next_position += 1
-        else:
-            cache.tokens.extend(self.input.token_ids[self.cursor:self.cursor + n])
+        if not self.decoding:
             self.cursor += n
-            if self.decoding:
-                cache.next_position = self.input.next_position
 
     def accept(self, token: int, logits: torch.Tensor, now: float, restoring: bool) -> None:
         """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk):
@@ -130,13 +129,17 @@ class TurnRequest:
             self.finish("length")
 
     def finish(self, reason: str) -> None:
+        """The answer is over; the engine core settles what follows (engine/core.py `end_turn`)."""
         if self.finished:
             return
         self.finished = True
+        self.finish_reason = reason
         self.checkpoint = None
-        if reason != "cancelled":
-            self.cache.pending_ids = answer_tail(self.generated, reason, self.turn_end_id)
         self.events.append(TurnEnd(reason, list(self.generated), self._full_text(), self.metrics()))
+
+    def tail(self) -> list[int]:
+        """What the session's transcript holds of this ended answer that its cache has not fed."""
+        return answer_tail(self.generated, self.finish_reason or "cancelled", self.turn_end_id)
 
     def fail(self, error: BaseException) -> None:
         self.finished = True
@@ -146,13 +149,13 @@ class TurnRequest:
         end = self.t_last or self.clock()
         first = self.t_first or end
         n = len(self.generated)
-        rec = self.recovery
+        rec = self.cache.recovery
         gaps = self._restoring_gaps
         return TurnMetrics(
             prompt_tokens=len(self.input), generated_tokens=n, ttft_s=first - self.t_submit,
             tpot_s=(end - first) / (n - 1) if n > 1 else 0.0, e2e_s=end - self.t_submit,
             queue_s=(self.t_start or end) - self.t_submit,
-            deferred_tokens=rec.total if rec else 0, deferred_pending=rec.pending if rec else 0,
+            deferred_tokens=self.deferred_tokens, deferred_pending=rec.pending if rec is not None else 0,
             tpot_restoring_s=sum(gaps) / len(gaps) if gaps else None,
             barrier_wait_s=self.barrier_wait_s, previous_recovery_s=self.previous_recovery_s,
         )

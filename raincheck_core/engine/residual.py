@@ -25,13 +25,12 @@ from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
 from ..multimodal.turn_input import TurnInput
 from ..ops.gdn_state_map import join_state
-from .plan import Kind, Segment, StepPlan
-from .request import TurnRequest
+from .plan import Segment, StepPlan
 from .session_cache import SessionCache
 from .update import apply_step
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .core import EngineCore
 
 
 def current(cache: SessionCache, ticket: int | None = None, *, held: bool | None = None) -> Recovery:
@@ -47,20 +46,15 @@ def current(cache: SessionCache, ticket: int | None = None, *, held: bool | None
     return rec
 
 
-def race(rec: Recovery) -> None:
-    """A barrier waits for this held recovery: recover it locally too; a result that comes first still joins."""
-    rec.racing = True
-
-
 def visible_positions(cache: SessionCache) -> torch.Tensor:
     """Positions in the cache (0 .. length - 1) of the slots deferred rows may read, ascending."""
     slots = cache.table.slots(0, cache.length)
     return torch.isin(slots, cache.visible_slots()).nonzero().flatten()
 
 
-def export(engine: Engine, cache: SessionCache, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
+def export(core: EngineCore, cache: SessionCache, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
     rec = current(cache, ticket, held=True)
-    req = _running(engine, cache)
+    req = core.turn(cache.session)
     if req is not None and not req.decoding:
         raise RecoveryStateError("the turn's input is still being prefilled: hand off once it is in")
     positions = visible_positions(cache)
@@ -72,7 +66,7 @@ def export(engine: Engine, cache: SessionCache, ticket: int, have: torch.Tensor 
         shipped = positions[~held]
     slots = cache.table.slots(0, cache.length)[shipped]
     rows = rec.rows.subset(torch.arange(rec.cursor, rec.total))
-    join, kv, gdn = rec.join, engine.kv, engine.gdn
+    join, kv, gdn = rec.join, core.kv, core.gdn
     return ResidualPayload(
         context_k=kv.k[:, slots].clone(), context_v=kv.v[:, slots].clone(), context_index=shipped,
         visible=len(positions),
@@ -84,40 +78,37 @@ def export(engine: Engine, cache: SessionCache, ticket: int, have: torch.Tensor 
     )
 
 
-def prefill(engine: Engine, payload: ResidualPayload) -> ResidualResult:
-    """Prefill the residual rows on top of the shipped context, on a scratch cache."""
+def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
+    """Prefill the residual rows on top of the shipped context, on a scratch session."""
     ctx, r = payload.context_k.shape[1], payload.rows
     if ctx != payload.visible:
         raise RecoveryStateError(f"the payload ships {ctx} of the {payload.visible} context rows its residual sees")
-    cache = SessionCache(engine.kv, engine.gdn, engine.kv.num_pages)
-    try:
+    kv, gdn = core.kv, core.gdn
+    rows = TurnInput([0] * r, payload.embeds.to(core.device, core.dtype), payload.positions, 0, None,
+                     payload.deepstack_index, [d.to(core.device, core.dtype) for d in payload.deepstack])
+    with core.scratch(rows) as cache:
         slots = cache.table.append(ctx)
-        engine.kv.k[:, slots] = payload.context_k.to(engine.kv.k.dtype)
-        engine.kv.v[:, slots] = payload.context_v.to(engine.kv.v.dtype)
-        if engine.gdn is not None:
-            engine.gdn.conv[cache.gdn_slot] = payload.prefix_conv.to(engine.gdn.conv.dtype)
-            engine.gdn.ssm[cache.gdn_slot] = payload.prefix_ssm.float()
-        rows = TurnInput([0] * r, payload.embeds.to(engine.device, engine.dtype), payload.positions, 0, None,
-                         payload.deepstack_index, [d.to(engine.device, engine.dtype) for d in payload.deepstack])
-        step = engine.config.max_rows_per_step
+        kv.k[:, slots] = payload.context_k.to(kv.k.dtype)
+        kv.v[:, slots] = payload.context_v.to(kv.v.dtype)
+        if gdn is not None:
+            gdn.conv[cache.gdn_slot] = payload.prefix_conv.to(gdn.conv.dtype)
+            gdn.ssm[cache.gdn_slot] = payload.prefix_ssm.float()
+        step = core.config.max_rows_per_step
         for first in range(0, r, step):
             n = min(step, r - first)
             write = cache.claim(n)
-            plan = StepPlan([Segment(Kind.RESIDUAL, cache, n, write, cache.readable(n), cache.gdn_slot,
-                                     source=rows, first=first)])
-            apply_step(engine, plan, engine.runner.run(plan))
+            plan = StepPlan([Segment.residual(cache.session, first, n, write, cache.readable(n), cache.gdn_slot)])
+            apply_step(plan, core.runner.run(plan, core), core, gdn, core.clock())
         new = cache.table.slots(ctx, ctx + r)
         ssm = conv = None
-        if engine.gdn is not None:
-            ssm = engine.gdn.ssm[cache.gdn_slot].clone()
-            conv = engine.gdn.conv[cache.gdn_slot].clone()
-        return ResidualResult(engine.kv.k[:, new].clone(), engine.kv.v[:, new].clone(), ssm, conv,
+        if gdn is not None:
+            ssm = gdn.ssm[cache.gdn_slot].clone()
+            conv = gdn.conv[cache.gdn_slot].clone()
+        return ResidualResult(kv.k[:, new].clone(), kv.v[:, new].clone(), ssm, conv,
                               recovery=payload.recovery, first=payload.first)
-    finally:
-        cache.release()
 
 
-def apply(engine: Engine, cache: SessionCache, ticket: int, result: ResidualResult) -> Joined | None:
+def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualResult) -> Joined | None:
     """Join the result's rows from the cursor on: append their K/V, set the prefix state, repair the lead
     and join; the recovery is done. None (nothing changed) while the answer streams and a chunk could not
     be fused now (policy without fused chunks, or within the guard): try again later."""
@@ -127,38 +118,33 @@ def apply(engine: Engine, cache: SessionCache, ticket: int, result: ResidualResu
     if not result.first <= rec.cursor or result.first + result.rows != rec.total:
         raise RecoveryStateError(f"the result covers deferred rows {result.first}..{result.first + result.rows}; "
                                  f"the recovery has {rec.cursor}..{rec.total} left")
-    req = _running(engine, cache)
-    if req is not None and not (rec.cfg.fuses and len(req.generated) - 1 >= rec.cfg.guard):
+    req = core.turn(cache.session)
+    if req is not None and not (rec.cfg.fuses and req.answer_fed >= rec.cfg.guard):
         return None
     offset, r = rec.cursor - result.first, rec.pending
     start = cache.length
     slots = cache.claim(r)
-    engine.kv.k[:, slots] = result.k[:, offset:].to(device=engine.device, dtype=engine.kv.k.dtype)
-    engine.kv.v[:, slots] = result.v[:, offset:].to(device=engine.device, dtype=engine.kv.v.dtype)
+    core.kv.k[:, slots] = result.k[:, offset:].to(device=core.device, dtype=core.kv.k.dtype)
+    core.kv.v[:, slots] = result.v[:, offset:].to(device=core.device, dtype=core.kv.v.dtype)
     cache.fill(r)
     rec.slots.append(slots)
     if rec.join is not None:
-        gdn = engine.gdn
+        gdn = core.gdn
         gdn.ssm[rec.join.prefix] = result.ssm.to(gdn.ssm.device)
         gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
         with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
-            _join(engine, rec)
-    rec.advance(r, engine.clock())
-    engine._recovery_done(cache)
+            _join(core, rec)
+    rec.advance(r, core.clock())
+    core.finish_recovery(cache)
     return Joined(offset, torch.arange(start, start + r))
 
 
-def _running(engine: Engine, cache: SessionCache) -> TurnRequest | None:
-    """The session's turn whose answer is still streaming, if any."""
-    return next((r for r in engine.scheduler.running if r.cache is cache), None)
-
-
-def _join(engine: Engine, rec: Recovery) -> None:
+def _join(core: EngineCore, rec: Recovery) -> None:
     """The lead repair and join for a prefix state set from outside a step (layer by layer; the step
     does the same inside its forward)."""
-    join, pool = rec.join, engine.gdn
+    join, pool = rec.join, core.gdn
     n = join.lead_rows
-    for layer in engine.model.gdn_layers():
+    for layer in core.model.gdn_layers():
         i = layer.gdn_index
         conv, state = pool.conv[join.prefix, i], pool.ssm[join.prefix, i]
         if n:

@@ -1,6 +1,7 @@
 """Turns a step's plan into tensors and runs the decoder once over all of it, changing no session.
 
-`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features), builds the
+`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features; read from the
+sessions the plan names, through `StepSessions`), builds the
 attention layout (what each segment may read) and the GDN groups (which state each sequence starts
 from; deferred chunks with their turn's conv lead appended, and the live state their join corrects).
 `forward` runs the model and returns the sampled rows' logits and, for GDN models, the new states as
@@ -19,12 +20,13 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
+from ..deferral.gdn_join import GDNJoin
 from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..models import DecoderLM
 from ..ops.attention import attention_layout
 from ..ops.gdn_kernel import GDNBuffers, GDNKernel, PackedSequences, packed_sequences
 from ..ops.gdn_varlen import VarlenLayout, runs_native, varlen_layout
-from .plan import Kind, Segment, StepPlan
+from .plan import Kind, Segment, StepPlan, StepSessions
 
 
 @dataclass
@@ -61,6 +63,7 @@ class StepOutputs:
 @dataclass
 class StepInputs:
     plan: StepPlan
+    sessions: StepSessions
     batch: ForwardBatch
     multi: list[Segment]
     joins: list[Segment]
@@ -77,11 +80,11 @@ class ModelRunner:
         self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
 
-    def run(self, plan: StepPlan) -> StepOutputs:
-        return self.forward(self.prepare(plan))
+    def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs:
+        return self.forward(self.prepare(plan, sessions))
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan) -> StepInputs:
+    def prepare(self, plan: StepPlan, sessions: StepSessions) -> StepInputs:
         embeds: list[torch.Tensor | None] = []
         positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
@@ -89,13 +92,13 @@ class ModelRunner:
         starts = []
         for seg in plan.segments:
             starts.append(row)
-            if seg.source is None:
+            if seg.kind is Kind.DECODE:
                 decode_at.append(len(embeds))
                 decode_tokens.append(seg.token)
                 embeds.append(None)
                 positions.append(torch.full((3, 1), seg.position, dtype=torch.long))
             else:
-                src, first, n = seg.source, seg.first, seg.rows
+                src, first, n = sessions.rows(seg), seg.first, seg.rows
                 embeds.append(src.embeds[first:first + n])
                 positions.append(src.positions[:, first:first + n].cpu())
                 if src.deepstack:
@@ -117,21 +120,21 @@ class ModelRunner:
             attention = attention_layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
                                          torch.cat([s.write_slots for s in plan.segments]), self.device,
                                          self.kv.k.dtype)
-        gdn, multi, joins, single, keep = self._gdn(plan, starts)
+        gdn, multi, joins, single, keep = self._gdn(plan, starts, sessions)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
-        return StepInputs(plan, batch, multi, joins, single, keep)
+        return StepInputs(plan, sessions, batch, multi, joins, single, keep)
 
-    def _gdn(self, plan: StepPlan, starts: list[int]):
+    def _gdn(self, plan: StepPlan, starts: list[int], sessions: StepSessions):
         if self.gdn is None:
             return None, [], [], [], []
         dev = self.device
-        single = [i for i, s in enumerate(plan.segments) if s.rows == 1 and s.live_slot is None]
-        multi = [i for i, s in enumerate(plan.segments) if not (s.rows == 1 and s.live_slot is None)]
+        single = [i for i, s in enumerate(plan.segments) if s.rows == 1 and not s.joins]
+        multi = [i for i, s in enumerate(plan.segments) if not (s.rows == 1 and not s.joins)]
         segs = plan.segments
         step = GDNStep(self.gdn)
         joins: list[Segment] = []
@@ -146,12 +149,12 @@ class ModelRunner:
                 s = segs[i]
                 lengths.append(s.rows + s.lead)
                 source.extend(range(starts[i], starts[i] + s.rows))
-                if s.live_slot is not None:
+                if s.joins:
                     splits.append(s.rows)
                     join_seqs.append(j)
                     joins.append(s)
                     if s.lead:
-                        jn = s.recovery.join
+                        jn = sessions.cache(s.session).recovery.join
                         source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
                         appended += s.lead
                         extra_u.append(jn.lead_u[:, :s.lead])
@@ -167,17 +170,17 @@ class ModelRunner:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
                         seed_state[k] = j
-                        if _in_lead(joins[j]):
+                        if _in_lead(sessions.cache(joins[j].session).recovery.join):
                             seed_hist[k] = join_seqs[j]
                 step.corrections = GDNCorrections(
-                    p=_batched([s.recovery.join.p_rest for s in joins]),
-                    s_ref=_batched([s.recovery.join.s_lead for s in joins]),
+                    p=_batched([sessions.cache(s.session).recovery.join.p_rest for s in joins]),
+                    s_ref=_batched([sessions.cache(s.session).recovery.join.s_lead for s in joins]),
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
                 )
         if single:
-            keep_at = [k for k, s in enumerate(single_segs) if _tracks(s)]
+            keep_at = [k for k, s in enumerate(single_segs) if s.tracked]
             keep = [single_segs[k] for k in keep_at]
             step.single = GDNSingle(
                 layout=varlen_layout([1] * len(single), self.kernel, device=dev, source=[starts[i] for i in single],
@@ -251,7 +254,7 @@ class ModelRunner:
         res, step = inputs.batch.gdn.out, inputs.batch.gdn
         if step.multi is not None:
             mo = res.multi
-            plain = [k for k, s in enumerate(inputs.multi) if s.live_slot is None]
+            plain = [k for k, s in enumerate(inputs.multi) if not s.joins]
             if len(plain) == len(inputs.multi):
                 out.writes.append(StateWrite(step.multi.layout.slots, mo.tails, mo.finals))
             elif plain:
@@ -263,17 +266,17 @@ class ModelRunner:
                 out.writes.append(StateWrite(prefix, mo.split_tails, mo.split_states))
                 # a join's corrected live state (and, within the lead, its conv history) is written only
                 # where no decode row of its turn in this step starts from it and writes its own state
-                decoding = {seg.cache for seg in inputs.single if seg.kind is Kind.DECODE}
-                alone = [j for j, seg in enumerate(inputs.joins) if seg.cache not in decoding]
+                decoding = {seg.session for seg in inputs.single if seg.kind is Kind.DECODE}
+                alone = [j for j, seg in enumerate(inputs.joins) if seg.session not in decoding]
                 if alone:
                     at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
                     out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
                                                  mo.corrected if at is None else mo.corrected[at]))
-                repair = [j for j in alone if _in_lead(inputs.joins[j])]
+                repair = [j for j in alone if _in_lead(inputs.sessions.cache(inputs.joins[j].session).recovery.join)]
                 if repair:
                     at = torch.tensor(repair, device=self.device)
                     out.writes.append(StateWrite(live_slots[at], mo.tails[seqs[at]], None))
-                seq_of = [k for k, s in enumerate(inputs.multi) if s.live_slot is not None]
+                seq_of = [k for k, s in enumerate(inputs.multi) if s.joins]
                 out.joined = [(seg, mo.finals[k]) for k, seg in zip(seq_of, inputs.joins, strict=True)]
         if step.single is not None:
             so = res.single
@@ -288,7 +291,7 @@ class ModelRunner:
         stays per key head: the join widens it to value heads once per fold, not per token."""
         keep, segs = inputs.batch.gdn.single.keep, inputs.keep
         every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
-        joins = [seg.recovery.join for seg in segs]
+        joins = [inputs.sessions.cache(seg.session).recovery.join for seg in segs]
         lead = [j for j, jn in enumerate(joins) if jn.fed < jn.lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
@@ -319,15 +322,10 @@ class ModelRunner:
                 for j, seg in enumerate(segs)]
 
 
-def _tracks(seg: Segment) -> bool:
-    """A decode row of a turn whose deferred recovery tracks the GDN map of its generated tokens."""
-    return seg.kind is Kind.DECODE and seg.recovery is not None and seg.recovery.join is not None
-
-
-def _in_lead(chunk: Segment) -> bool:
-    """The chunk's turn has not generated its whole conv lead: its live conv history still reaches back
-    across the insertion boundary, so the join replaces it with the chunk's (with the lead re-run)."""
-    return chunk.recovery.join.fed < chunk.recovery.join.lead
+def _in_lead(join: GDNJoin) -> bool:
+    """The join's turn has not generated its whole conv lead: its live conv history still reaches back
+    across the insertion boundary, so a chunk's join replaces it with the chunk's (with the lead re-run)."""
+    return join.fed < join.lead
 
 
 def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -337,6 +335,6 @@ def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def _decode_of(chunk: Segment, single: list[Segment]) -> int:
     for k, s in enumerate(single):
-        if s.kind is Kind.DECODE and s.cache is chunk.cache:
+        if s.kind is Kind.DECODE and s.session == chunk.session:
             return k
     return -1

@@ -18,13 +18,55 @@ what does not fit waits for a later step or the gap after the answer. A turn wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
-from ..deferral.recovery import Recovery
 from .cost_model import StepCostModel
 from .plan import Kind, Segment, StepPlan
-from .request import TurnRequest
-from .session_cache import SessionCache
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..deferral.recovery import Recovery
+
+
+class CacheView(Protocol):
+    """What the scheduler reads of a session's cache (engine/session_cache.py), and the one thing it
+    changes: the slots it claims for the step it plans (dropped again if the step fails)."""
+
+    session: str
+    gdn_slot: int | None
+    next_position: int
+    recovery: Recovery | None
+
+    def claim(self, n: int) -> torch.Tensor: ...
+
+    def readable(self, n: int, *, hide_generated: bool = False) -> torch.Tensor: ...
+
+
+class TurnView(Protocol):
+    """What the scheduler reads of a running turn (engine/request.py)."""
+
+    cache: CacheView
+    cursor: int
+    tpot_slo: float | None
+
+    @property
+    def decoding(self) -> bool: ...
+
+    @property
+    def input_remaining(self) -> int: ...
+
+    @property
+    def answer_fed(self) -> int: ...
+
+    @property
+    def last_token(self) -> int: ...
+
+    def slack_s(self, plain_step_s: float) -> float: ...
+
+    def charge(self, seconds: float, plain_step_s: float) -> None: ...
 
 
 class Scheduler:
@@ -34,28 +76,32 @@ class Scheduler:
         self.deferred_budget = deferred_budget
         self.recovery_chunk = recovery_chunk
         self.cost = cost or StepCostModel()
-        self.running: list[TurnRequest] = []
-        self.recovering: list[SessionCache] = []    # answer done, deferred rows left
+        self.running: list[TurnView] = []
+        self.recovering: list[CacheView] = []    # answer done, deferred rows left
 
-    def add(self, request: TurnRequest) -> None:
+    def add(self, request: TurnView) -> None:
         self.running.append(request)
 
-    def remove(self, request: TurnRequest) -> None:
+    def remove(self, request: TurnView) -> None:
         if request in self.running:
             self.running.remove(request)
 
-    def add_recovering(self, cache: SessionCache) -> None:
+    def add_recovering(self, cache: CacheView) -> None:
         if cache not in self.recovering:
             self.recovering.append(cache)
 
-    def remove_recovering(self, cache: SessionCache) -> None:
+    def remove_recovering(self, cache: CacheView) -> None:
         if cache in self.recovering:
             self.recovering.remove(cache)
 
     def has_work(self) -> bool:
         return bool(self.running or self.recovering)
 
-    def schedule(self, only: SessionCache | None = None, solo: SessionCache | None = None) -> StepPlan:
+    def running_turn(self, cache: CacheView) -> TurnView | None:
+        """The session's turn whose answer is still streaming, if any."""
+        return next((r for r in self.running if r.cache is cache), None)
+
+    def schedule(self, only: CacheView | None = None, solo: CacheView | None = None) -> StepPlan:
         """This step's plan. `only` restricts post-answer recovery to one session (a barrier wait);
         `solo` restricts the whole step to one session (re-running a failed step session by session)."""
         running = [r for r in self.running if solo is None or r.cache is solo]
@@ -67,12 +113,12 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
-            rec, c = req.recovery, 0
-            if rec is not None and rec.fuses_now(len(req.generated) - 1):
+            rec, c = req.cache.recovery, 0
+            if rec is not None and rec.fuses_now(req.answer_fed):
                 limit = min(rec.pending, deferred_budget, budget - 1)
                 c = fit.rows(limit) if rec.cfg.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
             if c:
-                plan.segments.append(deferred_segment(req.cache, rec, c, Kind.DEFERRED))
+                plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(decode_segment(req))
             budget -= 1 + c
             deferred_budget -= c
@@ -94,29 +140,32 @@ class Scheduler:
                 n = fit.rows(n)
                 if not n:
                     break
-            plan.segments.append(deferred_segment(cache, cache.recovery, n, Kind.RECOVERY))
+            plan.segments.append(deferred_segment(cache, n, Kind.RECOVERY))
             gap -= n
         return plan
 
-    def account(self, plan: StepPlan, seconds: float) -> None:
+    def account(self, plan: StepPlan, seconds: float, turn: Callable[[str], TurnView | None]) -> None:
         """The step `plan` took `seconds`: teach the cost model (steps of decode rows only, without other
-        turns' prefill, are clean samples) and charge each decoding turn for its objective."""
+        turns' prefill, are clean samples) and charge each decoding turn (`turn`: a session's running
+        turn) for its objective."""
         decode = [s for s in plan.segments if s.kind is Kind.DECODE]
         if not decode:
             return
-        if not any(s.kind is Kind.PREFILL for s in plan.segments):
-            deferred = sum(s.rows for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY))
-            tracked = any(s.recovery is not None and s.recovery.join is not None for s in decode)
+        if not plan.count(Kind.PREFILL):
+            deferred = plan.rows_of(Kind.DEFERRED, Kind.RECOVERY)
+            tracked = any(s.tracked for s in decode)
             self.cost.observe(len(decode), deferred, seconds, tracked)
         plain = self.cost.plain_s(len(decode))
         for seg in decode:
-            seg.request.charge(seconds, seconds if plain is None else plain)
+            req = turn(seg.session)
+            if req is not None:
+                req.charge(seconds, seconds if plain is None else plain)
 
 
 class _Fit:
     """How many deferred rows the rest of this step may still carry under its turns' objectives."""
 
-    def __init__(self, cost: StepCostModel, decoding: list[TurnRequest]):
+    def __init__(self, cost: StepCostModel, decoding: list[TurnView]):
         self.carried = 0
         self.predict = cost.predictor(len(decoding))    # once per step: the medians do not change within it
         bound = [r for r in decoding if r.tpot_slo is not None]
@@ -145,26 +194,30 @@ class _Fit:
         return n
 
 
-def prefill_segment(req: TurnRequest, n: int) -> Segment:
+def prefill_segment(req: TurnView, n: int) -> Segment:
     cache = req.cache
     write = cache.claim(n)
-    return Segment(Kind.PREFILL, cache, n, write, cache.readable(n), cache.gdn_slot, source=req.input,
-                   first=req.cursor, request=req, sample=req.cursor + n == len(req.input))
+    return Segment.prefill(cache.session, req.cursor, n, write, cache.readable(n), cache.gdn_slot,
+                           last=n == req.input_remaining)
 
 
-def decode_segment(req: TurnRequest) -> Segment:
+def decode_segment(req: TurnView) -> Segment:
     cache = req.cache
-    rec = req.recovery if req.recovery is not None and not req.recovery.done else None
+    rec = cache.recovery
+    recovering = rec is not None and not rec.done
     write = cache.claim(1)
-    return Segment(Kind.DECODE, cache, 1, write, cache.readable(1), cache.gdn_slot, token=req.last_token,
-                   position=cache.next_position, request=req, recovery=rec, sample=True)
+    return Segment.decode(cache.session, req.last_token, cache.next_position, write, cache.readable(1),
+                          cache.gdn_slot, generated=recovering, tracked=recovering and rec.join is not None)
 
 
-def deferred_segment(cache: SessionCache, rec: Recovery, n: int, kind: Kind) -> Segment:
-    """`n` deferred rows from the recovery's cursor: they read every non-GEN slot, run on the prefix
-    GDN state, and (GDN models) carry the turn's conv lead for the join."""
+def deferred_segment(cache: CacheView, n: int, kind: Kind) -> Segment:
+    """`n` deferred rows of the cache's recovery from its cursor: they read every non-GEN slot, run on
+    the prefix GDN state, and (GDN models) carry the turn's conv lead for the join."""
+    rec = cache.recovery
     write = cache.claim(n)
+    read = cache.readable(n, hide_generated=True)
     join = rec.join
-    return Segment(kind, cache, n, write, cache.readable(n, hide_generated=True),
-                   join.prefix if join is not None else None, source=rec.rows, first=rec.cursor, recovery=rec,
-                   lead=join.lead_rows if join is not None else 0, live_slot=join.live if join is not None else None)
+    prefix, lead, live = (join.prefix, join.lead_rows, join.live) if join is not None else (None, 0, None)
+    if kind is Kind.DEFERRED:
+        return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, serial=not rec.cfg.fused)
+    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live)

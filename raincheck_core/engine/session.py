@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ..deferral.gdn_join import GDNJoin
 from ..deferral.partition import partition_turn
 from ..deferral.policy import DeferralConfig
-from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError, SessionBusyError, SessionClosedError, TurnAbortedError
 from ..inputs import Message, Prompt
 from ..multimodal.turn_input import build_turn_input
@@ -20,9 +17,33 @@ from .request import TurnRequest
 from .session_cache import Checkpoint, SessionCache
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..config import ModelConfig
+    from ..models import DecoderLM
+    from ..multimodal.chat import ChatFormatter
+    from ..multimodal.vision import VisionEncoder
+    from .core import EngineCore
+    from .engine_lock import EngineLock
+    from .stepper import Stepper
 
 TurnMessage = Message | Prompt | str | list[int]
+
+
+class SessionHost(Protocol):
+    """What a session needs of the engine that opened it (the facade, engine/engine.py)."""
+
+    core: EngineCore
+    stepper: Stepper
+    lock: EngineLock
+    model: DecoderLM
+    model_config: ModelConfig
+    formatter: ChatFormatter | None
+    vision: VisionEncoder | None
+
+    def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig: ...
+
+    def stop_token_ids(self) -> set[int]: ...
+
+    def release_session(self, session: Session) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -41,9 +62,8 @@ class SessionStatus:
 
 
 class Session:
-    def __init__(self, engine: Engine, cache: SessionCache, session_id: str | None = None,
-                 deferral: DeferralConfig | None = None):
-        self.id = session_id or uuid.uuid4().hex
+    def __init__(self, engine: SessionHost, cache: SessionCache, deferral: DeferralConfig | None = None):
+        self.id = cache.session
         self.engine = engine
         self.cache = cache
         self.deferral = deferral or DeferralConfig()
@@ -78,35 +98,20 @@ class Session:
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
             waited = self._barrier()
-            checkpoint = cache.checkpoint()
-            try:
-                # Reserve every page the turn can need now (D included), so neither the answer nor the
-                # recovery can fail halfway for lack of memory.
-                cache.table.reserve(len(parts.keep_rows) + deferred + params.max_new_tokens)
-                turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
-                recovery = None
-                if deferred:
-                    join = None
-                    if engine.gdn is not None:
-                        join = GDNJoin(engine.gdn, cache.gdn_slot, engine.model_config.linear_conv_kernel,
-                                       keep_factors=engine.audit_gdn_join)
-                    recovery = Recovery(full.subset(parts.deferred_rows), cfg, join, turn=cache.turns)
-                    cache.recovery = recovery
-            except Exception:
-                cache.restore(checkpoint)
-                raise
+            turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
             decode = engine.formatter.decode if engine.formatter is not None else None
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
-                                  recovery, waited, cache.last_recovery_s if cache.turns else None, checkpoint,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.clock)
-            cache.pending_ids = []
+                                  deferred, waited, cache.last_recovery_s if cache.turns else None,
+                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock)
+            # every page the turn can need is reserved now (D included), so neither the answer nor the
+            # recovery can fail halfway for lack of memory
+            engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
+                              reserve=len(parts.keep_rows) + deferred + params.max_new_tokens)
             self._current = request
-            self._undo = checkpoint
-            cache.turns += 1
-            engine.scheduler.add(request)
-            engine.wake()
+            self._undo = request.checkpoint
+            engine.stepper.wake()
         return TurnStream(self, request)
 
     def _check_idle(self) -> None:
@@ -124,9 +129,9 @@ class Session:
         """Complete the previous turn's recovery; returns the time waited."""
         if self.cache.recovery is None:
             return 0.0
-        clock = self.engine.clock
+        clock = self.engine.core.clock
         t0 = clock()
-        self.engine.complete_recovery(self.cache)
+        self.engine.stepper.complete_recovery(self.cache)
         return clock() - t0
 
     def complete_recovery(self) -> float:
@@ -177,10 +182,8 @@ class Session:
     def cancel(self) -> None:
         """Stop the running turn (if any) after the current step; it ends with finish_reason "cancelled"."""
         with self.engine.lock:
-            req = self._current
-            if req is not None and not req.finished:
-                req.finish("cancelled")
-                self.engine._turn_ended(req)
+            if self._current is not None:
+                self.engine.core.cancel_turn(self._current)
 
     def abort(self) -> None:
         """Undo the current turn unless its end has been read from its stream: stop it if it still runs,
@@ -193,11 +196,9 @@ class Session:
                 return
             error = TurnAbortedError(f"the turn of session {self.id} was abandoned")
             if not req.finished:
-                self.engine._fail_turn(req, error)
-            else:     # it ended, but nobody read the end
-                self.engine.scheduler.remove_recovering(self.cache)
-                self.cache.restore(undo)
-                req.error = error     # marks it undone (its events are left for nobody)
+                self.engine.core.fail_turn(req, error)
+            else:     # it ended, but nobody read the end (its events are left for nobody)
+                self.engine.core.undo_ended_turn(req, undo, error)
             self._undo = None
 
     def _end_read(self, request: TurnRequest) -> None:
@@ -211,7 +212,7 @@ class Session:
             return
         self.cancel()
         self.closed = True
-        self.engine._forget(self)
+        self.engine.release_session(self)
 
     @property
     def cached_tokens(self) -> int:
@@ -233,7 +234,7 @@ class TurnStream:
         req = self.request
         if self.end is not None:
             raise StopIteration
-        self.session.engine.drive(req)
+        self.session.engine.stepper.drive(req)
         if req.events:
             event = req.events.popleft()
             if isinstance(event, TurnEnd):

@@ -1,8 +1,9 @@
 """A session's cache: its KV page table, its GDN state slot, and where its token stream stands.
 
 Slots are claimed when a step is planned (`claim`) and filled when the step's results are applied
-(`fill`): a step that fails never changed the cache. A turn keeps a `Checkpoint` of the cache from its
-admission, so a turn that fails can be undone whole (`restore`).
+(`fill`, which also records the tokens fed and where positions stand): a step that fails never changed
+the cache. A turn keeps a `Checkpoint` of the cache from its admission, so a turn that fails can be
+undone whole (`restore`). The cache owns its turn's recovery (`recovery`): nothing else holds it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Checkpoint:
 
 
 class SessionCache:
-    def __init__(self, kv: KVPool, gdn: GDNStatePool | None, max_pages: int):
+    def __init__(self, session: str, kv: KVPool, gdn: GDNStatePool | None, max_pages: int):
+        self.session = session            # the id plans name this cache by
         self.table = PageTable(kv, max_pages)
         self.gdn = gdn
         self.gdn_slot = gdn.allocate() if gdn is not None else None
@@ -68,9 +70,15 @@ class SessionCache:
         self._claimed = 0
 
     # ---------------------------------------------------------------- applying a step
-    def fill(self, n: int, *, generated: bool = False) -> None:
+    def fill(self, n: int, *, generated: bool = False, tokens: list[int] | None = None,
+             next_position: int | None = None) -> None:
         """The first `n` claimed slots now hold K/V; `generated` labels them GEN (invisible to this
-        turn's deferred rows)."""
+        turn's deferred rows). `tokens`: the ids fed in them (a turn's input or answer rows; deferred rows
+        are not part of the token stream), `next_position`: the position id of the next token after them."""
+        if tokens:
+            self.tokens.extend(tokens)
+        if next_position is not None:
+            self.next_position = next_position
         start = self.table.length
         self.table.advance(n)
         self._claimed = max(0, self._claimed - n)
@@ -89,9 +97,14 @@ class SessionCache:
         """Slot ids of every non-GEN slot, in order: what deferred rows may read."""
         return self.table.slots(0, self.length)[deferred_visible(self._generated[: self.length])]
 
-    def clear_generated(self) -> None:
-        """The turn's recovery is complete: from now on every slot is plain context."""
+    def end_recovery(self) -> None:
+        """The recovery is complete (or given up): its prefix state is released and, from now on, every
+        slot is plain context."""
+        rec = self.recovery
+        rec.release()
         self._generated.zero_()
+        self.last_recovery_s = rec.completion_s
+        self.recovery = None
 
     # ---------------------------------------------------------------- undoing a turn
     def checkpoint(self) -> Checkpoint:

@@ -1,8 +1,9 @@
-"""One engine step, whole: schedule -> run -> update.
+"""One engine step, whole: schedule -> run -> update -> settle.
 
-    plan = scheduler.schedule()       # which rows of which sessions, claimed slots (engine/scheduler.py)
-    out  = runner.run(plan)           # tensors, one forward, new states as data (engine/runner.py)
-    apply_step(engine, plan, out)     # the only place sessions change (engine/update.py)
+    plan = scheduler.schedule()                 # which rows of which sessions, claimed slots (engine/scheduler.py)
+    out = runner.run(plan, core)                # tensors, one forward, new states as data (engine/runner.py)
+    core.settle(apply_step(plan, out, ...))     # sessions change, then what ended is settled (engine/update.py,
+                                                # engine/core.py)
 
 A forward that raises changes nothing: the plan's claims are dropped. If the step held several
 sessions, each session's share is re-run alone, so only the one whose own rows fail is hit: its turn
@@ -16,46 +17,55 @@ import logging
 from typing import TYPE_CHECKING
 
 from .plan import StepPlan
-from .session_cache import SessionCache
-from .update import apply_step, chunk_carriers
+from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .core import EngineCore
+    from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 
 
-def run_step(engine: Engine, only: SessionCache | None = None) -> bool:
+def run_step(core: EngineCore, only: SessionCache | None = None) -> bool:
     """One step (call under the engine lock). False when there was no work."""
-    t0 = engine.clock()
-    plan = engine.scheduler.schedule(only)
+    t0 = core.clock()
+    plan = core.scheduler.schedule(only)
     if not plan:
         return False
-    error = _run(engine, plan)
+    error = _run(core, plan)
+    core.stepped(plan, core.clock() - t0, failed=error is not None)
     if error is None:
-        engine.scheduler.account(plan, engine.clock() - t0)   # what the TPOT objective learns from
         return True
-    caches = plan.caches()
-    if len(caches) == 1:
-        engine._step_failed(caches[0], error)
+    sessions = plan.sessions()
+    if len(sessions) == 1:
+        core.step_failed(core.cache(sessions[0]), error)
         return True
-    log.warning("a step of %d sessions failed (%s); re-running each session alone", len(caches), error)
-    for cache in caches:
-        alone = engine.scheduler.schedule(only, solo=cache)
-        if alone and (e := _run(engine, alone)) is not None:
-            engine._step_failed(cache, e)
+    log.warning("a step of %d sessions failed (%s); re-running each session alone", len(sessions), error)
+    for sid in sessions:
+        cache = core.cache(sid)
+        alone = core.scheduler.schedule(only, solo=cache)
+        if alone and (e := _run(core, alone)) is not None:
+            core.step_failed(cache, e)
     return True
 
 
-def _run(engine: Engine, plan: StepPlan) -> Exception | None:
+def _run(core: EngineCore, plan: StepPlan) -> Exception | None:
+    """Run the plan's passes; what their updates found ended is settled once, after the last pass that
+    ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks)."""
     passes = plan.passes()
     restoring = chunk_carriers(plan)
+    result = StepResult()
+    error = None
     for i, part in enumerate(passes):
         try:
-            out = engine.runner.run(part)
+            for hook in core.plan_hooks:
+                hook(part)
+            out = core.runner.run(part, core)
         except Exception as e:
             for rest in passes[i:]:
-                rest.cancel()
-            return e
-        apply_step(engine, part, out, restoring)
-    return None
+                core.cancel(rest)
+            error = e
+            break
+        result.extend(apply_step(part, out, core, core.gdn, core.clock(), restoring))
+    core.settle(result)
+    return error

@@ -1,88 +1,119 @@
-"""Applies one step's results: the only place where a step changes sessions.
+"""Applies one step's results to the sessions it ran, and says what happened.
 
-In order: fill the claimed slots, write the new GDN states, do the deferred join's bookkeeping (the
-new `S_lead`, the lead of a turn's first generated tokens, `P_rest` extended by each later one), move
-cursors, then sample each turn's next token — one turn's sampling failure fails that turn alone — and
-end turns and recoveries that are done.
+In order: fill the claimed slots (and the tokens they hold), write the new GDN states, do the deferred
+join's bookkeeping (the new `S_lead`, the lead of a turn's first generated tokens, `P_rest` extended by
+each later one), move cursors, then sample each turn's next token. What ends here is only reported: the
+turns whose answer is over, the turns whose sampling failed (one turn's failure is its own), the
+recoveries that are complete. The engine core settles them (engine/core.py): it alone ends, fails and
+undoes turns and finishes recoveries.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import SamplingError
-from .plan import Kind, StepPlan
+from .plan import CHUNKS, Kind, StepPlan, StepSessions
 from .runner import StepOutputs
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..cache.gdn_state import GDNStatePool
+    from ..deferral.recovery import Recovery
+    from .request import TurnRequest
     from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 
 
-def apply_step(engine: Engine, plan: StepPlan, out: StepOutputs,
-               restoring: set[SessionCache] | None = None) -> None:
-    """Apply `out`, the outputs of `plan` (one pass of a step). `restoring`: the sessions whose deferred
-    rows the whole step carried (default: those in this pass; a serial step runs its chunks in a pass of
-    their own), whose next token's gap counts as a restoring one."""
-    now = engine.clock()
-    # 1. the claimed slots now hold K/V; a tracked turn's generated tokens are GEN
+@dataclass
+class StepResult:
+    """What a step's update found ended, for the engine core to settle."""
+
+    ended: list[TurnRequest] = field(default_factory=list)                 # answer over (stop, length)
+    failed: list[tuple[TurnRequest, Exception]] = field(default_factory=list)   # sampling failed
+    recovered: list[tuple[SessionCache, Recovery]] = field(default_factory=list)   # D is all in
+
+    def extend(self, other: StepResult) -> None:
+        self.ended += other.ended
+        self.failed += other.failed
+        self.recovered += other.recovered
+
+
+def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None, now: float,
+               restoring: set[str] | None = None) -> StepResult:
+    """Apply `out`, the outputs of `plan` (one pass of a step) at time `now`. `restoring`: the sessions
+    whose deferred rows the whole step carried (default: those in this pass; a serial step runs its
+    chunks in a pass of their own), whose next token's gap counts as a restoring one."""
+    result = StepResult()
+    # 1. the claimed slots now hold K/V; a recovering turn's generated tokens are GEN
     for seg in plan.segments:
-        seg.cache.fill(seg.rows, generated=seg.kind is Kind.DECODE and seg.recovery is not None)
+        cache = sessions.cache(seg.session)
+        if seg.kind is Kind.PREFILL:
+            rows = sessions.turn(seg.session).input
+            end = seg.first + seg.rows
+            cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end],
+                       next_position=rows.next_position if end == len(rows) else None)
+        elif seg.kind is Kind.DECODE:
+            cache.fill(1, generated=seg.generated, tokens=[seg.token], next_position=seg.position + 1)
+        else:
+            cache.fill(seg.rows)
     # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
-    if engine.gdn is not None:
-        pool = engine.gdn
+    if gdn is not None:
         for w in out.writes:     # every layer's state of a slot in one copy
             if w.conv is not None:
-                pool.conv.index_copy_(0, w.slots, w.conv.to(pool.conv.dtype))
+                gdn.conv.index_copy_(0, w.slots, w.conv.to(gdn.conv.dtype))
             if w.ssm is not None:
-                pool.ssm.index_copy_(0, w.slots, w.ssm.to(pool.ssm.dtype))
-        _join_bookkeeping(out)
+                gdn.ssm.index_copy_(0, w.slots, w.ssm.to(gdn.ssm.dtype))
+        _join_bookkeeping(out, sessions)
     # 3. cursors
     if restoring is None:
         restoring = chunk_carriers(plan)
     for seg in plan.segments:
-        if seg.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL):
-            if seg.recovery is not None:
-                seg.recovery.advance(seg.rows, now)
-                seg.recovery.slots.append(seg.write_slots)
-        elif seg.request is not None:
-            req = seg.request
-            was_prefilling = not req.decoding
-            req.fed(seg.rows, now)
-            if was_prefilling and req.decoding and req.recovery is not None and req.recovery.join is not None:
-                req.recovery.join.begin()      # I0 is in: the live state is the insertion boundary
-    # 4. sample; end turns
+        cache = sessions.cache(seg.session)
+        if seg.kind in CHUNKS:
+            if cache.recovery is not None:      # a scratch session's rows belong to no recovery
+                cache.recovery.advance(seg.rows, now)
+                cache.recovery.slots.append(seg.write_slots)
+            continue
+        req = sessions.turn(seg.session)
+        was_prefilling = not req.decoding
+        req.fed(seg.rows, now)
+        rec = cache.recovery
+        if was_prefilling and req.decoding and rec is not None and rec.join is not None:
+            rec.join.begin()      # I0 is in: the live state is the insertion boundary
+    # 4. sample
     for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
-        req = seg.request
+        req = sessions.turn(seg.session)
         if req.finished:
             continue
         try:
             token = req.sampler(logits)
         except Exception as e:   # this turn's sampling only: the others in the step go on
-            engine._fail_turn(req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}"))
+            result.failed.append((req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")))
             continue
-        req.accept(token, logits, now, restoring=seg.cache in restoring)
+        req.accept(token, logits, now, restoring=seg.session in restoring)
         if req.finished:
-            engine._turn_ended(req)
+            result.ended.append(req)
     # 5. recoveries that are complete
-    for seg in plan.segments:
-        rec = seg.cache.recovery
-        if rec is not None and rec.done and (seg.recovery is rec):
-            engine._recovery_done(seg.cache)
+    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in CHUNKS):
+        cache = sessions.cache(sid)
+        if cache.recovery is not None and cache.recovery.done:
+            result.recovered.append((cache, cache.recovery))
+    return result
 
 
-def chunk_carriers(plan: StepPlan) -> set[SessionCache]:
-    return {s.cache for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)}
+def chunk_carriers(plan: StepPlan) -> set[str]:
+    """The sessions whose deferred rows `plan` carries."""
+    return {s.session for s in plan.segments if s.kind in CHUNKS}
 
 
-def _join_bookkeeping(out: StepOutputs) -> None:
+def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
     for seg, s_lead in out.joined:
-        seg.recovery.join.set_joined(s_lead)
+        sessions.cache(seg.session).recovery.join.set_joined(s_lead)
     for t in out.tracked:
-        join = t.segment.recovery.join
+        join = sessions.cache(t.segment.session).recovery.join
         if t.state is not None:     # a lead token (the runner kept the state after it)
             join.record_lead(t.u, t.g, t.beta, t.state)
         else:

@@ -12,7 +12,6 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine import residual
 from raincheck_core.errors import RecoveryStateError
 from raincheck_core.ops.gdn import recurrent_gated_delta_rule
 from tests.deferral.helpers import image_prompt, record_joined_states, rel_err
@@ -25,18 +24,15 @@ ANSWER = SamplingParams(max_new_tokens=10, ignore_eos=True)
 class Restored:
     """The restored input of each recovery that completes: D's K/V in D order, and the prefix state."""
 
-    def __init__(self, engine: Engine, monkeypatch):
+    def __init__(self, engine: Engine):
         self.seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-        done = Engine._recovery_done
 
-        def spy(this, cache):
-            rec = cache.recovery
+        def spy(cache, rec):
             slots = torch.cat(rec.slots)
-            ssm = this.gdn.ssm[rec.join.prefix].clone() if rec.join is not None else None
-            self.seen.append((this.kv.k[:, slots].clone(), this.kv.v[:, slots].clone(), ssm))
-            done(this, cache)
+            ssm = engine.gdn.ssm[rec.join.prefix].clone() if rec.join is not None else None
+            self.seen.append((engine.kv.k[:, slots].clone(), engine.kv.v[:, slots].clone(), ssm))
 
-        monkeypatch.setattr(Engine, "_recovery_done", spy)
+        engine.on_recovery_done(spy)
 
 
 def _engines(tiny_checkpoints, family: str) -> tuple[Engine, Engine]:
@@ -68,9 +64,9 @@ def _in_flight(engine: Engine, remote: Engine, cfg: DeferralConfig, fuse: bool, 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 @pytest.mark.parametrize(("fuse", "local_rows"), [(False, 0), (True, 7)])
-def test_any_split_restores_what_colocated_restores(tiny_checkpoints, monkeypatch, family, fuse, local_rows):
+def test_any_split_restores_what_colocated_restores(tiny_checkpoints, family, fuse, local_rows):
     engine, remote = _engines(tiny_checkpoints, family)
-    restored = Restored(engine, monkeypatch)
+    restored = Restored(engine)
     reference = engine.open_session(deferral=RAINCHECK)
     reference.turn(image_prompt(engine, seed=41), ANSWER).result()
     reference.complete_recovery()
@@ -200,7 +196,7 @@ def test_a_racing_barrier_and_a_late_result_split_the_rows(tiny_checkpoints):
     ticket = engine.hold_residual(session)
     result = remote.prefill_residual(engine.export_residual(session, ticket))
     assert not engine.step()                                 # held: no gap recovery
-    residual.race(session.cache.recovery)
+    session.cache.recovery.race()
     assert engine.step() and session.pending_deferred == 8
     assert engine.apply_residual(session, ticket, result).offset == 8
     assert session.pending_deferred == 0

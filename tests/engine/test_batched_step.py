@@ -48,13 +48,7 @@ def _alone(engine: Engine, script) -> list[torch.Tensor]:
 def _together(engine: Engine, scripts) -> tuple[list[list[torch.Tensor]], list[tuple[set[Kind], int]]]:
     """All scripts at once; also what each step held: its segment kinds and how many sessions."""
     steps: list[tuple[set[Kind], int]] = []
-    run = engine.runner.run
-
-    def spy(plan):
-        steps.append(({s.kind for s in plan.segments}, len(plan.caches())))
-        return run(plan)
-
-    engine.runner.run = spy
+    remove = engine.on_plan(lambda plan: steps.append(({s.kind for s in plan.segments}, len(plan.sessions()))))
     sessions = [engine.open_session() for _ in scripts]
     streams = [[] for _ in scripts]
     next_turn = [0] * len(scripts)
@@ -73,7 +67,7 @@ def _together(engine: Engine, scripts) -> tuple[list[list[torch.Tensor]], list[t
         if all(s[-1].request.finished for s in streams) and next_turn == [len(s) for s in scripts]:
             break
         engine.step()
-    engine.runner.run = run
+    remove()
     logits = [[torch.stack([e.logits for e in st.tokens()]) for st in turns] for turns in streams]
     for s in sessions:
         s.close()

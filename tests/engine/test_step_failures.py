@@ -4,6 +4,8 @@ on exactly as they would have."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -23,19 +25,18 @@ def _logits(stream) -> torch.Tensor:
     return torch.stack([e.logits for e in stream.tokens()])
 
 
-def _fail_when(engine: Engine, session, after_steps: int) -> list[int]:
-    """Make every forward that holds `session`'s rows raise, from its `after_steps`-th such forward on."""
-    run, seen = engine.runner.forward, [0]
+def _fail_when(engine: Engine, session, after_steps: int) -> tuple[list[int], Callable[[], None]]:
+    """Make every forward that holds `session`'s rows raise, from its `after_steps`-th such forward on;
+    returns the count of such forwards and the hook's remover."""
+    seen = [0]
 
-    def forward(inputs):
-        if any(s.cache is session.cache for s in inputs.plan.segments):
+    def forward(plan):
+        if session.id in plan.sessions():
             seen[0] += 1
             if seen[0] > after_steps:
                 raise RuntimeError("injected forward failure")
-        return run(inputs)
 
-    engine.runner.forward = forward
-    return seen
+    return seen, engine.on_plan(forward)
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
@@ -53,7 +54,7 @@ def test_a_failed_turn_is_undone_and_the_others_go_on(tiny_checkpoints, family, 
     ref_logits = _logits(ref.turn(image_prompt(engine, seed=51), _params(8), return_logits=True))
     ref.close()
 
-    seen = _fail_when(engine, victim, after_steps)
+    seen, heal = _fail_when(engine, victim, after_steps)
     failing = victim.turn(image_prompt(engine, seed=50), _params(8), return_logits=True)
     other = bystander.turn(image_prompt(engine, seed=51), _params(8), return_logits=True)
     with pytest.raises(StepFailedError, match="injected forward failure"):
@@ -61,7 +62,7 @@ def test_a_failed_turn_is_undone_and_the_others_go_on(tiny_checkpoints, family, 
     assert seen[0] > after_steps
     other_logits = _logits(other)
     assert float((other_logits - ref_logits).abs().max()) <= 1e-5
-    del engine.runner.forward                                # back to the class's method
+    heal()
 
     # the failed turn left no trace: cache length, pages, turn count and recurrent state as before it
     assert (victim.cached_tokens, len(victim.cache.table.pages), victim.turns) == before
@@ -109,9 +110,9 @@ def test_a_recovery_that_keeps_failing_is_given_up_and_the_session_goes_on(tiny_
     session = engine.open_session(deferral=DeferralConfig("post_answer", selector="uniform"))
     session.turn(image_prompt(engine, seed=70), _params(2)).result()
     assert session.pending_deferred == 16
-    _fail_when(engine, session, after_steps=0)
+    _, heal = _fail_when(engine, session, after_steps=0)
     session.complete_recovery()                               # three failed chunks, then given up
-    del engine.runner.forward
+    heal()
     assert session.pending_deferred == 0 and not session.status().recovering
     session.turn(Prompt([11, 12]), _params(2)).result()
     session.close()

@@ -29,15 +29,12 @@ class SimulatedSteps:
         self.t = 0.0
         self.fixed_s, self.per_row_s, self.tracking_s = fixed_s, per_row_s, tracking_s
         self.decode_steps: list[tuple[float, float, int]] = []    # (seconds, plain seconds, deferred rows)
-        run = engine.runner.run
-        engine.clock = lambda: self.t
+        engine.use_clock(lambda: self.t)
+        engine.on_plan(self.advance)
 
-        def timed(plan: StepPlan):
-            out = run(plan)
-            self.t += self.cost(plan)
-            return out
-
-        engine.runner.run = timed
+    def advance(self, plan: StepPlan) -> None:
+        """The forward about to run takes its synthetic cost on the engine's clock."""
+        self.t += self.cost(plan)
 
     def cost(self, plan: StepPlan) -> float:
         decode = sum(1 for s in plan.segments if s.kind is Kind.DECODE)
@@ -48,8 +45,7 @@ class SimulatedSteps:
         plain = 0.010 + 0.0002 * decode
         extra = self.fixed_s + self.per_row_s * deferred if deferred else 0.0
         # the GDN join's bookkeeping on each decode row of a turn with deferred rows pending
-        extra += self.tracking_s * sum(1 for s in plan.segments if s.kind is Kind.DECODE and s.recovery is not None
-                                       and s.recovery.join is not None)
+        extra += self.tracking_s * sum(1 for s in plan.segments if s.tracked)
         self.decode_steps.append((plain + extra, plain, deferred))
         return plain + extra + 0.0005 * prefill
 

@@ -1,0 +1,297 @@
+"""The engine core: the one owner of every state change of sessions, turns, recoveries and the pools.
+
+It holds the scheduler, the model runner, the KV and GDN pools, the clock and every session's cache.
+A step is `plan = schedule(); out = run(plan); settle(apply(plan, out))` (engine/step.py); the update
+only reports what ended (engine/update.py) and the core settles it here. Only the core admits, ends,
+fails and undoes a turn, finishes or gives up a recovery, and forgets a session; a recovery's own
+transitions are its methods (deferral/recovery.py), and it is reachable from its session's cache only.
+The facade (engine/engine.py) and the sessions call these verbs under the engine lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.gdn_state import GDNStatePool
+from ..cache.kv_pool import KVPool
+from ..config import EngineConfig, ModelConfig
+from ..deferral.gdn_join import GDNJoin
+from ..deferral.policy import DeferralConfig
+from ..deferral.recovery import Recovery
+from ..errors import StepFailedError
+from ..models import DecoderLM
+from ..multimodal.turn_input import TurnInput
+from .cost_model import StepCostModel
+from .plan import Kind, Segment, StepPlan
+from .request import TurnRequest
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .session_cache import Checkpoint, SessionCache
+from .step import run_step
+from .update import StepResult
+
+log = logging.getLogger(__name__)
+
+# A post-answer recovery whose own chunk fails this many times is given up: its remaining deferred rows
+# are dropped (the session continues as if they had been pruned) rather than blocking the next turn.
+MAX_RECOVERY_FAILURES = 3
+
+_scratch_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step as the instrumentation hooks see it (`EngineCore.on_step`)."""
+
+    decode_rows: int
+    prefill_rows: int
+    deferred_rows: int          # fused into decode steps (Kind.DEFERRED)
+    recovery_rows: int          # post-answer chunks (Kind.RECOVERY)
+    residual_rows: int          # scratch rows (a hand-off's prefill)
+    tracked_rows: int           # decode rows that extend a GDN join's map
+    sessions: int
+    seconds: float              # the engine's clock, as the TPOT objective sees it
+    failed: bool                # the forward raised (the step was re-run session by session, or failed a turn)
+
+
+class EngineCore:
+    def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig):
+        cfg = model_config
+        self.config = config
+        self.model = model
+        self.model_config = cfg
+        self.device = torch.device(config.device)
+        self.dtype = config.torch_dtype
+        self.kv = KVPool(cfg.num_attention_layers, config.num_pages, config.page_size, cfg.num_kv_heads,
+                         cfg.head_dim, self.dtype, self.device)
+        self.gdn: GDNStatePool | None = None
+        if cfg.num_gdn_layers:
+            conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
+                cfg.linear_num_value_heads * cfg.linear_value_head_dim
+            self.gdn = GDNStatePool(config.max_gdn_slots, cfg.num_gdn_layers, conv_dim, cfg.linear_conv_kernel,
+                                    cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                                    self.dtype, self.device)
+        self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
+                                   StepCostModel())
+        self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel)
+        # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
+        self.clock: Callable[[], float] = time.perf_counter
+        self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
+        self.caches: dict[str, SessionCache] = {}
+        self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
+        self.scratch_rows: dict[str, TurnInput] = {}     # scratch session -> the rows it prefills
+        self.plan_hooks: list[Callable[[StepPlan], None]] = []
+        self.step_hooks: list[Callable[[StepStats], None]] = []
+        self.recovery_hooks: list[Callable[[SessionCache, Recovery], None]] = []
+
+    # ---------------------------------------------------------------- what the runner and update read
+    def cache(self, session: str) -> SessionCache:
+        return self.caches[session]
+
+    def turn(self, session: str) -> TurnRequest | None:
+        return self.turns.get(session)
+
+    def rows(self, segment: Segment) -> TurnInput:
+        if segment.kind is Kind.PREFILL:
+            return self.turns[segment.session].input
+        if segment.kind is Kind.RESIDUAL:
+            return self.scratch_rows[segment.session]
+        return self.caches[segment.session].recovery.rows
+
+    # ---------------------------------------------------------------- measuring and instrumentation
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Measure with `clock` from now on (thread CPU time in a benchmark, a simulated clock in a test),
+        with a fresh step-cost model: its samples must share one clock."""
+        self.clock = clock
+        self.scheduler.cost = StepCostModel()
+
+    def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
+        """Call `hook(plan)` before each forward of a step (each pass, each solo re-run). A hook that
+        raises fails that forward as the model would (fault injection in tests). Returns its remover."""
+        return _added(self.plan_hooks, hook)
+
+    def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
+        """Call `hook(stats)` after each step, with its rows by kind and its time on the engine's clock."""
+        return _added(self.step_hooks, hook)
+
+    def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
+        """Call `hook(cache, recovery)` when a recovery is complete, before its prefix state is released."""
+        return _added(self.recovery_hooks, hook)
+
+    def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None:
+        """A step ran: teach the TPOT objective (a step that did not fail) and tell the hooks."""
+        if not failed:
+            self.scheduler.account(plan, seconds, self.turn)
+        if self.step_hooks:
+            stats = StepStats(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
+                              plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
+                              sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed)
+            for hook in self.step_hooks:
+                hook(stats)
+
+    # ---------------------------------------------------------------- stepping
+    def step(self, only: SessionCache | None = None) -> bool:
+        """One step (engine/step.py; call under the engine lock). False when there was no work."""
+        return run_step(self, only)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def cancel(self, plan: StepPlan) -> None:
+        """Drop a plan whose forward failed: the claimed slots go back to their sessions unfilled."""
+        for sid in plan.sessions():
+            self.caches[sid].cancel_claims()
+
+    def settle(self, result: StepResult) -> None:
+        """What a step's update found ended: failed turns are undone, ended turns' recoveries go on in
+        the gaps, complete recoveries are finished."""
+        for req, error in result.failed:
+            self.fail_turn(req, error)
+        for req in result.ended:
+            self.end_turn(req)
+        for cache, rec in result.recovered:
+            if cache.recovery is rec:       # not undone with a failed turn meanwhile
+                self.finish_recovery(cache)
+
+    # ---------------------------------------------------------------- sessions
+    def open_cache(self, session: str, max_pages: int) -> SessionCache:
+        cache = SessionCache(session, self.kv, self.gdn, max_pages)
+        self.caches[session] = cache
+        return cache
+
+    def forget(self, session: str) -> None:
+        """The session is closed: its pages and state slots go back to the pools."""
+        cache = self.caches.pop(session, None)
+        if cache is not None:
+            self.scheduler.remove_recovering(cache)
+            cache.release()
+
+    @contextmanager
+    def scratch(self, rows: TurnInput, max_pages: int | None = None) -> Iterator[SessionCache]:
+        """A session that exists for one forward or prefill outside any turn (a hand-off's residual, a
+        session-free forward): `rows` are its rows; released on exit."""
+        sid = f"scratch-{next(_scratch_ids)}"
+        cache = self.open_cache(sid, max_pages or self.kv.num_pages)
+        self.scratch_rows[sid] = rows
+        try:
+            yield cache
+        finally:
+            self.scratch_rows.pop(sid, None)
+            self.forget(sid)
+
+    # ---------------------------------------------------------------- turns
+    def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int) -> None:
+        """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
+        the cache's recovery, and the scheduler runs it from the next step. On an error (no pages, no GDN
+        slot) the cache is as before and nothing was admitted."""
+        cache = request.cache
+        checkpoint = cache.checkpoint()
+        try:
+            cache.table.reserve(reserve)
+            if deferred is not None:
+                join = None
+                if self.gdn is not None:
+                    join = GDNJoin(self.gdn, cache.gdn_slot, self.model_config.linear_conv_kernel,
+                                   keep_factors=self.audit_gdn_join)
+                cache.recovery = Recovery(deferred, cfg, join, turn=cache.turns)
+        except Exception:
+            cache.restore(checkpoint)
+            raise
+        request.checkpoint = checkpoint
+        cache.pending_ids = []
+        cache.turns += 1
+        self.turns[cache.session] = request
+        self.scheduler.add(request)
+
+    def end_turn(self, request: TurnRequest) -> None:
+        """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
+        cache = request.cache
+        self.scheduler.remove(request)
+        if self.turns.get(cache.session) is request:
+            del self.turns[cache.session]
+        cache.pending_ids = request.tail()
+        rec = cache.recovery
+        if rec is not None and not rec.done:
+            rec.mark_answer_done(self.clock())
+            self.scheduler.add_recovering(cache)
+
+    def cancel_turn(self, request: TurnRequest) -> None:
+        """Stop `request` after the current step; it ends with finish_reason "cancelled"."""
+        if not request.finished:
+            request.finish("cancelled")
+            self.end_turn(request)
+
+    def fail_turn(self, request: TurnRequest, error: Exception) -> None:
+        """`request` fails alone; its session is undone to the turn's admission (as if it never ran)."""
+        if request.finished:
+            return
+        cache = request.cache
+        self.scheduler.remove(request)
+        if self.turns.get(cache.session) is request:
+            del self.turns[cache.session]
+        if request.checkpoint is not None:
+            self.scheduler.remove_recovering(cache)
+            cache.restore(request.checkpoint)
+        log.warning("turn %d failed and was undone: %s", request.id, error)
+        request.fail(error)
+
+    def undo_ended_turn(self, request: TurnRequest, checkpoint: Checkpoint, error: Exception) -> None:
+        """`request` ended but nobody read its end: put its session back as before it (its recovery, if
+        any, is dropped) and mark it undone."""
+        self.scheduler.remove_recovering(request.cache)
+        request.cache.restore(checkpoint)
+        request.error = error
+
+    def step_failed(self, cache: SessionCache, error: Exception) -> None:
+        """A step holding only `cache`'s rows failed: its running turn fails, or its recovery's chunk is
+        retried, and the recovery given up after `MAX_RECOVERY_FAILURES`."""
+        req = self.turns.get(cache.session)
+        if req is not None:
+            self.fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
+            return
+        rec = cache.recovery
+        if rec is None:
+            return
+        rec.failures += 1
+        if rec.failures < MAX_RECOVERY_FAILURES:
+            log.error("a recovery chunk failed (%d of %d tries): %s", rec.failures, MAX_RECOVERY_FAILURES, error)
+            return
+        log.error("giving up a recovery after %d failed chunks; %d deferred tokens dropped: %s",
+                  rec.failures, rec.pending, error)
+        rec.give_up()
+        self.finish_recovery(cache)
+
+    # ---------------------------------------------------------------- recoveries
+    def finish_recovery(self, cache: SessionCache) -> None:
+        """The cache's recovery is complete (or given up): every slot is plain context from now on."""
+        rec = cache.recovery
+        for hook in self.recovery_hooks:
+            hook(cache, rec)
+        cache.end_recovery()
+        self.scheduler.remove_recovering(cache)
+
+    def barrier_step(self, cache: SessionCache) -> None:
+        """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if
+        it still streams, else prefill-only chunks of it shared with whatever else runs; a recovery held
+        for a deferred worker whose result is not back is recovered locally too."""
+        rec = cache.recovery
+        if not rec.answer_done:
+            self.step()
+            return
+        if rec.handed_off:
+            log.info("a deferred worker's result is not back yet: recovering locally too")
+            rec.race()
+        if not self.step(only=cache):
+            self.scheduler.add_recovering(cache)
+
+
+def _added(hooks: list, hook: Callable) -> Callable[[], None]:
+    hooks.append(hook)
+    return lambda: hooks.remove(hook)

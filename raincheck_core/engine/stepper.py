@@ -1,0 +1,97 @@
+"""Who steps the engine: whoever waits for a turn's next event, and a background thread for the rest.
+
+There is no engine thread of its own: a consumer reading a turn's events drives the steps (`drive`),
+under the engine lock, so embedded use needs no threads and concurrent callers share steps. The
+optional background stepper steps whenever there is work nobody is waiting for — chiefly post-answer
+recovery in the gaps between turns — and leaves the steps to consumers while any drives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from .core import EngineCore
+from .engine_lock import EngineLock
+from .request import TurnRequest
+from .session_cache import SessionCache
+
+log = logging.getLogger(__name__)
+
+
+class Stepper:
+    def __init__(self, core: EngineCore, lock: EngineLock):
+        self.core = core
+        self.lock = lock
+        self._background: tuple[threading.Thread, threading.Event] | None = None
+        self._drivers = 0                 # consumers inside drive(): the background stepper leaves steps to them
+        self._drivers_lock = threading.Lock()
+        self._wake = threading.Event()
+
+    def step(self, only: SessionCache | None = None) -> bool:
+        """One step over every running turn (and recoveries in the gaps; only `only`'s when given)."""
+        with self.lock.for_step():
+            return self.core.step(only)
+
+    def drive(self, request: TurnRequest) -> None:
+        """Step until `request` has an event to hand out or has ended. A consumer waits for the lock like
+        any caller (not behind the background stepper, which would otherwise keep it through a whole
+        post-answer recovery once the consumer's event was already there)."""
+        with self._drivers_lock:
+            self._drivers += 1
+        try:
+            while not request.events and not request.finished:
+                with self.lock:
+                    if not request.events and not request.finished:
+                        self.step()
+        finally:
+            with self._drivers_lock:
+                self._drivers -= 1
+
+    def complete_recovery(self, cache: SessionCache) -> None:
+        """Run `cache`'s deferred rows to the end (the completion barrier)."""
+        while cache.recovery is not None:
+            with self.lock:
+                if cache.recovery is None:
+                    break
+                with self.lock.for_step():
+                    self.core.barrier_step(cache)
+
+    def start_background(self, after_step: Callable[[], None] | None = None, idle_wait_s: float = 0.02) -> None:
+        """Step in a daemon thread whenever there is work nobody is waiting for; `after_step` runs after
+        each step and each idle wait (the services observe recoveries there)."""
+        if self._background is not None:
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                stepped = False
+                try:
+                    # a consumer driving its turn steps for everyone: stepping too would only trade the
+                    # lock back and forth
+                    stepped = not self._drivers and self.core.has_work() and self.step()
+                    if after_step is not None:
+                        after_step()
+                except Exception:   # keep stepping; a failing turn gets its error from the step
+                    log.exception("background engine step failed")
+                if not stepped:
+                    self._wake.wait(idle_wait_s)
+                    self._wake.clear()
+
+        thread = threading.Thread(target=loop, name="raincheck-engine-steps", daemon=True)
+        self._background = (thread, stop)
+        thread.start()
+
+    def wake(self) -> None:
+        """Tell the background stepper there is work now (instead of at its next idle check)."""
+        self._wake.set()
+
+    def stop_background(self) -> None:
+        if self._background is not None:
+            thread, stop = self._background
+            stop.set()
+            self._wake.set()
+            thread.join(timeout=10)
+            self._background = None
