@@ -1,16 +1,15 @@
 """Turns a step's plan into tensors and runs the decoder once over all of it, changing no session.
 
-`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features; read from the
-sessions the plan names, through `StepSessions`), builds the
-attention layout (what each segment may read) and the GDN groups (which state each sequence starts
-from; deferred chunks with their turn's conv lead appended, and the live state their join corrects).
-`forward` runs the model and returns the sampled rows' logits and, for GDN models, the new states as
-writes to apply, plus what the deferred join's bookkeeping needs. Only the engine's update applies
-them (engine/update.py): a forward that raises leaves the caches as they were.
+`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features), read from the
+session each segment names through `StepSessions` (the engine core), builds the attention layout (what
+each segment may read) and the GDN groups (which state each sequence starts from; deferred chunks with
+their turn's conv lead appended, and the live state their join corrects). `forward` runs the model and
+returns the sampled rows' logits and, for GDN models, the new states as writes to apply, plus what the
+deferred join's bookkeeping needs. Only the step's update applies them (engine/update.py): a forward
+that raises leaves the caches as they were.
 
 K/V are written into the claimed slots during the forward (they are not visible to anyone until the
-update fills those slots).
-"""
+update fills those slots)."""
 
 from __future__ import annotations
 
