@@ -1,0 +1,243 @@
+"""The scheduler alone: plans built from fake session views, no model, no pools.
+
+A plan is plain data (engine/plan.py), so what the scheduler decides can be read off it directly:
+admission order and the row budget, the guard, fixed chunks and the TPOT objective's chunk buckets,
+the deferred budget across turns, post-answer recovery in the gaps and at a barrier, solo re-runs,
+and what each segment may read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.deferral.recovery import Recovery
+from raincheck_core.engine.cost_model import StepCostModel
+from raincheck_core.engine.plan import Kind
+from raincheck_core.engine.scheduler import Scheduler
+
+RAINCHECK = DeferralConfig("raincheck", selector="uniform", guard=4, chunk_size=7, tpot_slo=None)
+
+
+class Rows:
+    """A recovery's deferred rows, as far as the scheduler reads them: how many."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@dataclass
+class Join:
+    prefix: int
+    live: int
+    lead_rows: int = 0
+
+
+@dataclass(eq=False)
+class Cache:
+    """A session's cache view: `length` filled slots; claims hand out the next slot ids."""
+
+    session: str
+    length: int = 0
+    gdn_slot: int | None = None
+    recovery: Recovery | None = None
+    claimed: int = 0
+    reads: list[tuple[int, bool]] = field(default_factory=list)
+
+    @property
+    def next_position(self) -> int:
+        return self.length
+
+    def claim(self, n: int) -> torch.Tensor:
+        start = self.length + self.claimed
+        self.claimed += n
+        return torch.arange(start, start + n)
+
+    def readable(self, n: int, *, hide_generated: bool = False) -> torch.Tensor:
+        self.reads.append((n, hide_generated))
+        return torch.arange(self.length + self.claimed)
+
+
+@dataclass(eq=False)
+class Turn:
+    cache: Cache
+    input_rows: int = 10
+    cursor: int = 0
+    generated: int = 0                   # tokens sampled so far
+    tpot_slo: float | None = None
+    decode_s: float = 0.0
+    plain_s: float = 0.0
+
+    @property
+    def decoding(self) -> bool:
+        return self.cursor >= self.input_rows
+
+    @property
+    def input_remaining(self) -> int:
+        return self.input_rows - self.cursor
+
+    @property
+    def answer_fed(self) -> int:
+        return self.generated - 1
+
+    @property
+    def last_token(self) -> int:
+        return 100 + self.generated
+
+    def slack_s(self, plain_step_s: float) -> float:
+        return self.tpot_slo * (self.plain_s + plain_step_s) - self.decode_s - plain_step_s
+
+    def charge(self, seconds: float, plain_step_s: float) -> None:
+        self.decode_s += seconds
+        self.plain_s += plain_step_s
+
+
+def _decoding(name: str, generated: int = 10, deferred: int = 0, cfg: DeferralConfig = RAINCHECK,
+              join: Join | None = None, tpot_slo: float | None = None) -> Turn:
+    cache = Cache(name, length=20)
+    if deferred:
+        cache.recovery = Recovery(Rows(deferred), cfg, join)
+    return Turn(cache, input_rows=10, cursor=10, generated=generated, tpot_slo=tpot_slo)
+
+
+def _kinds(plan) -> list[tuple[Kind, str, int]]:
+    return [(s.kind, s.session, s.rows) for s in plan.segments]
+
+
+def test_decode_rows_first_then_prefill_oldest_first_within_the_row_budget():
+    sched = Scheduler(max_rows_per_step=12, deferred_budget=63, recovery_chunk=64)
+    old, new = Turn(Cache("old"), input_rows=8), Turn(Cache("new"), input_rows=8)
+    dec = _decoding("dec")
+    for t in (old, new, dec):
+        sched.add(t)
+    plan = sched.schedule()
+    assert _kinds(plan) == [(Kind.DECODE, "dec", 1), (Kind.PREFILL, "old", 8), (Kind.PREFILL, "new", 3)]
+    assert plan.rows == 12
+    first, rest = plan.segments[1], plan.segments[2]
+    assert first.sample and not rest.sample          # only the chunk that ends a turn's input samples
+    assert torch.equal(rest.write_slots, torch.arange(0, 3)) and rest.first == 0
+    decode = plan.segments[0]
+    assert decode.token == 110 and decode.position == 20 and not decode.generated and not decode.tracked
+
+
+def test_the_guard_holds_fused_chunks_back_and_a_fixed_chunk_follows_it():
+    sched = Scheduler(64, 63, 64)
+    early = _decoding("early", generated=4, deferred=20)     # 3 tokens fed: inside a guard of 4
+    late = _decoding("late", generated=5, deferred=20, join=Join(prefix=7, live=3, lead_rows=2))
+    sched.add(early)
+    sched.add(late)
+    plan = sched.schedule()
+    assert _kinds(plan) == [(Kind.DECODE, "early", 1), (Kind.DEFERRED, "late", 7), (Kind.DECODE, "late", 1)]
+    chunk = plan.segments[1]
+    assert chunk.gdn_slot == 7 and chunk.live_slot == 3 and chunk.lead == 2 and chunk.joins
+    assert late.cache.reads == [(7, True), (1, False)]      # the chunk reads without GEN slots, its row with
+    assert plan.segments[2].generated and plan.segments[2].tracked
+    assert plan.segments[0].generated and not plan.segments[0].tracked    # no GDN join: GEN, nothing to track
+
+
+def test_the_deferred_budget_is_shared_in_order_and_the_last_chunk_is_short():
+    sched = Scheduler(64, deferred_budget=10, recovery_chunk=64)
+    a, b = _decoding("a", deferred=20), _decoding("b", deferred=20)
+    sched.add(a)
+    sched.add(b)
+    assert _kinds(sched.schedule()) == [(Kind.DEFERRED, "a", 7), (Kind.DECODE, "a", 1),
+                                        (Kind.DEFERRED, "b", 3), (Kind.DECODE, "b", 1)]
+    sched = Scheduler(64, 63, 64)
+    sched.add(_decoding("c", deferred=5))
+    assert _kinds(sched.schedule())[0] == (Kind.DEFERRED, "c", 5)    # fewer rows left than a chunk
+
+
+def _measured(plain_s: float = 0.010) -> StepCostModel:
+    """A cost model that has seen plain steps and two chunk buckets: extra = 1 ms + 0.1 ms per row."""
+    cost = StepCostModel()
+    for _ in range(3):
+        cost.observe(1, 0, plain_s)
+        cost.observe(1, 7, plain_s + 0.001 + 0.0007)
+        cost.observe(1, 31, plain_s + 0.001 + 0.0031)
+    return cost
+
+
+def test_the_tpot_objective_fuses_the_largest_bucket_its_slack_pays_for():
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=0, tpot_slo=1.10)
+
+    def fused(saved_s: float) -> int:
+        sched = Scheduler(128, 63, 64, _measured())
+        turn = _decoding("t", deferred=100, cfg=cfg, tpot_slo=1.10)
+        turn.plain_s, turn.decode_s = 1.0, 1.0 + 0.1 - saved_s   # slack so far: what earlier steps saved
+        sched.add(turn)
+        plan = sched.schedule()
+        return plan.rows_of(Kind.DEFERRED)
+
+    # slack = 1.1 * (plain_s + 10 ms) - decode_s - 10 ms = saved + 1 ms
+    assert fused(0.0) == 0                   # 1 ms of slack: not even 7 rows (1.7 ms)
+    assert fused(0.0010) == 7                # 2 ms: 7 rows (1.7 ms), not 15 (2.5 ms)
+    assert fused(0.0035) == 31               # 4.5 ms: 31 rows (4.1 ms), not 63 (7.3 ms)
+    assert fused(0.0100) == 63
+
+
+def test_no_plain_step_measured_yet_means_no_fused_rows_under_an_objective():
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=0, tpot_slo=1.10)
+    sched = Scheduler(128, 63, 64, StepCostModel())
+    sched.add(_decoding("t", deferred=100, cfg=cfg, tpot_slo=1.10))
+    assert sched.schedule().rows_of(Kind.DEFERRED) == 0
+
+
+def test_post_answer_recovery_takes_the_whole_budget_alone_and_the_deferred_budget_beside_decode():
+    cfg = DeferralConfig("post_answer", selector="uniform")
+    sched = Scheduler(max_rows_per_step=40, deferred_budget=9, recovery_chunk=32)
+    idle = Cache("idle", length=30, recovery=Recovery(Rows(100), cfg, None))
+    idle.recovery.mark_answer_done(0.0)
+    sched.add_recovering(idle)
+    assert _kinds(sched.schedule()) == [(Kind.RECOVERY, "idle", 32)]       # a recovery chunk, alone
+    idle.claimed = 0
+    sched.add(_decoding("busy"))
+    assert _kinds(sched.schedule()) == [(Kind.DECODE, "busy", 1), (Kind.RECOVERY, "idle", 9)]
+    idle.claimed = 0
+    # a barrier wait for this session may take the whole remaining budget, whatever else decodes
+    assert _kinds(sched.schedule(only=idle)) == [(Kind.DECODE, "busy", 1), (Kind.RECOVERY, "idle", 32)]
+
+
+def test_a_held_recovery_is_left_to_its_deferred_worker_until_a_barrier_races_it():
+    cfg = DeferralConfig("post_answer", selector="uniform")
+    sched = Scheduler(64, 63, 64)
+    cache = Cache("held", length=30, recovery=Recovery(Rows(16), cfg, None))
+    cache.recovery.mark_answer_done(0.0)
+    cache.recovery.hold(fuse=True)
+    sched.add_recovering(cache)
+    assert not sched.schedule()
+    cache.recovery.race()
+    assert _kinds(sched.schedule()) == [(Kind.RECOVERY, "held", 16)]
+
+
+def test_a_solo_rerun_plans_one_session_only():
+    sched = Scheduler(64, 63, 64)
+    a, b = _decoding("a", deferred=20), Turn(Cache("b"), input_rows=5)
+    sched.add(a)
+    sched.add(b)
+    assert {s.session for s in sched.schedule(solo=b.cache).segments} == {"b"}
+    assert {s.session for s in sched.schedule(solo=a.cache).segments} == {"a"}
+
+
+def test_serial_mode_puts_the_chunk_in_a_pass_before_the_rest():
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=0, chunk_size=7, tpot_slo=None, fused=False)
+    sched = Scheduler(64, 63, 64)
+    sched.add(_decoding("s", deferred=20, cfg=cfg))
+    sched.add(_decoding("f", deferred=20))
+    first, rest = sched.schedule().passes()
+    assert _kinds(first) == [(Kind.DEFERRED, "s", 7)]
+    assert _kinds(rest) == [(Kind.DECODE, "s", 1), (Kind.DEFERRED, "f", 7), (Kind.DECODE, "f", 1)]
+
+
+def test_accounting_teaches_the_cost_model_and_charges_each_decoding_turn():
+    sched = Scheduler(64, 63, 64)
+    a, b = _decoding("a"), _decoding("b")
+    sched.add(a)
+    sched.add(b)
+    turns = {"a": a, "b": b}
+    sched.account(sched.schedule(), 0.020, turns.get)
+    assert sched.cost.plain_s(2) == 0.020
+    assert a.decode_s == b.decode_s == 0.020 and a.plain_s == 0.020
