@@ -20,11 +20,11 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
 from ..deferral.gdn_join import GDNJoin
-from ..layers.batch import ForwardBatch, GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
-from ..ops.attention import attention_layout
-from ..ops.gdn_kernel import GDNBuffers, GDNKernel, PackedSequences, packed_sequences
-from ..ops.gdn_varlen import VarlenLayout, runs_native, varlen_layout
+from ..ops.backend import OpSet, select
+from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..ops.gdn_varlen import varlen_layout
 from .plan import Kind, Segment, StepPlan, StepSessions
 
 
@@ -114,21 +114,21 @@ class ModelRunner:
                 rows = self.model.embed_tokens(ids)
             for at, e in zip(decode_at, rows.split(1), strict=True):
                 embeds[at] = e
+        ops = self._ops()
         attention = None
         if self.model.config.num_attention_layers:
-            attention = attention_layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
-                                         torch.cat([s.write_slots for s in plan.segments]), self.device,
-                                         self.kv.k.dtype)
-        gdn, multi, joins, single, keep = self._gdn(plan, starts, sessions)
+            attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
+                                             torch.cat([s.write_slots for s in plan.segments]), self.device)
+        gdn, multi, joins, single, keep = self._gdn(plan, starts, sessions, ops)
         batch = ForwardBatch(
-            embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv,
+            embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
         return StepInputs(plan, sessions, batch, multi, joins, single, keep)
 
-    def _gdn(self, plan: StepPlan, starts: list[int], sessions: StepSessions):
+    def _gdn(self, plan: StepPlan, starts: list[int], sessions: StepSessions, ops: OpSet):
         if self.gdn is None:
             return None, [], [], [], []
         dev = self.device
@@ -161,10 +161,9 @@ class ModelRunner:
                         extra_b.append(jn.lead_beta[:, :s.lead])
                 else:
                     splits.append(None)
-            multi_seqs = (lengths, splits, source, [segs[i].gdn_slot for i in multi],
-                          [(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)])
-            step.multi = GDNMulti(varlen_layout(multi_seqs[0], self.kernel, multi_seqs[1], device=dev,
-                                                source=multi_seqs[2], slots=multi_seqs[3], joins=multi_seqs[4]))
+            step.multi = GDNMulti(varlen_layout(
+                lengths, self.kernel, splits, device=dev, source=source, slots=[segs[i].gdn_slot for i in multi],
+                joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
             if joins:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
@@ -187,54 +186,14 @@ class ModelRunner:
                                      seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
-        self._outputs(step, multi_seqs if multi else None, [starts[i] for i in single],
-                      [s.gdn_slot for s in single_segs], (seed_hist, seed_state))
-        if step.out.x is None and keep and step.kernel is not None:     # the kernel hands over tracked rows' k, v
-            step.out.x = torch.empty(self.gdn.conv.shape[1], starts[-1] + segs[-1].rows, self.gdn.conv.shape[-1])
+        step.op = ops.gdn.prepare(step, self.key_heads)
         return step, [segs[i] for i in multi], joins, single_segs, keep
 
-    def _outputs(self, step: GDNStep, multi: tuple[list, ...] | None, single_rows: list[int],
-                 single_slots: list[int], seeds: tuple[list[int], list[int]]) -> None:
-        """The step's GDN output buffers and, on the native path, its one kernel call per layer: both
-        groups' sequences in one call, the joins run between them, so a joining turn's decode row starts
-        from its corrected state while that is in cache (the torch path runs the groups apart)."""
-        groups = [g for g in (step.multi, step.single) if g is not None]
-        if not all(self._native(g.layout) for g in groups):
-            step.out.multi = self._buffers(step.multi.layout) if step.multi is not None else None
-            step.out.single = self._buffers(step.single.layout) if step.single is not None else None
-            return
-        lengths, splits, source, slots, joins = multi if multi is not None else ([], [], [], [], [])
-        n_multi, ns = len(lengths), len(single_rows)
-        seqs = packed_sequences(
-            lengths + [1] * ns, splits + [None] * ns, source + single_rows,
-            slots + single_slots, joins,
-            seeds=([-1] * n_multi + seeds[0], [-1] * n_multi + seeds[1]) if joins and ns else None,
-            joins_after=n_multi)
-        out = self._buffers_of(seqs)
-        c = step.corrections
-        step.kernel = GDNKernel(
-            seqs, self.gdn.conv, self.gdn.ssm, self.key_heads, out,
-            extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
-            maps=(c.p, c.s_ref) if c is not None else None,
-            seeds=(out.tails, out.corrected) if joins and ns else (None, None))
-        step.out.multi, step.out.single = out.split(n_multi)
-        if step.multi is None:
-            step.out.multi = None
-        if step.single is None:
-            step.out.single = None
-
-    def _native(self, layout: VarlenLayout) -> bool:
-        """Whether this step's GDN layers run `layout`'s sequences through the native kernel."""
-        return runs_native(layout, self.model.embed_tokens.weight.dtype, self.device) \
-            and self.gdn.ssm.dtype == self.gdn.conv.dtype == torch.float32
-
-    def _buffers(self, layout: VarlenLayout) -> GDNBuffers:
-        return self._buffers_of(layout.seqs)
-
-    def _buffers_of(self, seqs: PackedSequences) -> GDNBuffers:
-        pool = self.gdn
-        return GDNBuffers.empty(seqs, pool.conv.shape[1], tuple(pool.conv.shape[2:]), tuple(pool.ssm.shape[2:]),
-                                self.device)
+    def _ops(self) -> OpSet:
+        """The step's op set, chosen once per step for the model's device and dtypes."""
+        gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
+        kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
+        return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn)
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops.attention import varlen_attention
 from ..ops.rope import apply_rope
 from .batch import ForwardBatch
 from .linear import Linear, MergedLinear
@@ -37,7 +36,8 @@ class Attention(nn.Module):
         k = self.k_norm(k.reshape(r, self.kv_heads, self.head_dim))
         v = v.reshape(r, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, batch.cos, batch.sin), apply_rope(k, batch.cos, batch.sin)
-        out = varlen_attention(q, k, v, batch.kv.k[self.attn_index], batch.kv.v[self.attn_index], batch.attention)
+        out = batch.ops.attention.attend(q, k, v, batch.kv.k[self.attn_index], batch.kv.v[self.attn_index],
+                                         batch.attention)
         out = out.reshape(r, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)

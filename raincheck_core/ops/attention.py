@@ -9,11 +9,12 @@ must not see; docs/mechanism.md §4).
 
 `AttentionLayout` is built once per step and shared by all attention layers. On the CPU, segments of up
 to 64 rows (decode rows, deferred and short prefill chunks) run in one call of the native paged kernel
-(ops/csrc/paged_attention.c), which reads K/V in place through the slot lists; longer prefills, and every
-segment where the kernel is not built, are grouped by query length and each group runs as one padded
-batched call. A GPU backend would run one varlen paged kernel over the same layout. A group of one segment
-whose readable slots are consecutive (a lone session's pages, which the pool hands out in order) reads
-K/V as a strided view of the cache; otherwise they are gathered into one padded copy.
+(ops/csrc/paged_attention.c, called through ops/paged_attention.py), which reads K/V in place through the
+slot lists; longer prefills, and every segment where the step's op set has no kernel (ops/backend.py),
+are grouped by query length and each group runs as one padded batched call. A GPU backend would run one
+varlen paged kernel over the same layout. A group of one segment whose readable slots are consecutive (a
+lone session's pages, which the pool hands out in order) reads K/V as a strided view of the cache;
+otherwise they are gathered into one padded copy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .native import PagedSegments, paged_attention, paged_attention_available, paged_segments
+from .paged_attention import PagedSegments, paged_attention, paged_segments
 
 # Up to this many query rows per segment a grouped matmul beats SDPA, which would need K/V copied out
 # to every query head; longer prefills take SDPA's fused kernel.
@@ -59,18 +60,15 @@ class AttentionLayout:
 
 
 def attention_layout(q_lens: list[int], read_slots: list[torch.Tensor], write_slots: torch.Tensor,
-                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                     native: bool | None = None) -> AttentionLayout:
+                     device: torch.device | str = "cpu", *, native: bool) -> AttentionLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]`
-    (their own slots last), for a cache of `dtype` on `device`. `native`: run the segments of up to
-    `SMALL_QUERY_ROWS` rows with the native paged kernel (None: wherever it is available); longer ones
-    take SDPA or the batched matmuls."""
+    (their own slots last), for a cache on `device`. `native`: run the segments of up to
+    `SMALL_QUERY_ROWS` rows with the native paged kernel (the step's op set says whether it may, see
+    ops/backend.py); longer ones take SDPA or the batched matmuls."""
     starts, row = [], 0
     for n in q_lens:
         starts.append(row)
         row += n
-    if native is None:
-        native = paged_attention_available(device, dtype)
     small = [s for s, n in enumerate(q_lens) if n == 1]
     medium = [s for s, n in enumerate(q_lens) if 1 < n <= SMALL_QUERY_ROWS]
     large = [s for s, n in enumerate(q_lens) if n > SMALL_QUERY_ROWS]

@@ -1,18 +1,23 @@
 """The Python side of the native Gated DeltaNet kernels (csrc/gated_deltanet.c, built and loaded by
-ops/native.py): a step's packed sequences as the kernel reads them (`PackedSequences`), the buffers it
-writes (`GDNBuffers`), its calls prepared once per step (`GDNKernel`), a one-layer call
-(`gated_deltanet`, for tests and the per-layer API) and the fold of tokens into affine state maps
-(`fold_maps_`).
+ops/native.py): a step's packed sequences as the kernel reads them (`PackedSequences`, and both groups
+of a step in one call: `fused_sequences`), the buffers it writes (`GDNBuffers`), its calls prepared once
+per step (`GDNKernel`), one-layer calls (`gated_deltanet`; and `gated_deltanet_varlen` /
+`gated_deltanet_rows`, the native side of ops/gdn_varlen.py's ops of those names, with their
+signatures) and the fold of tokens into affine state maps (`fold_maps_`).
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import native
+
+if TYPE_CHECKING:
+    from .gdn_varlen import VarlenLayout
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -100,6 +105,28 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
         seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
         joins_after=joins_after, in_order=rows == list(range(total)))
+
+
+def fused_sequences(first: PackedSequences | None, then: PackedSequences | None) -> PackedSequences:
+    """The sequences of `first` (with its joins and appended rows), then those of `then`, as one call: the
+    joins run between them, and `then`'s seed rows index the call's own outputs (its histories, where
+    `first`'s sequences come first, and its corrected states, the joins' own)."""
+    if then is not None and (then.joins or then.appended):
+        raise ValueError("fused_sequences: the sequences after the joins have none of their own, nor appended rows")
+    lengths, splits, source, slots = [], [], [], []
+    for part in (first, then):
+        if part is not None:
+            lengths += part.seq_len.tolist()
+            splits += [None if r < 0 else r for r in part.split_row.tolist()]
+            source += part.source.tolist()
+            slots += part.slot.tolist()
+    joins = [] if first is None else list(zip(first.join_seq.tolist(), first.join_live.tolist(), strict=True))
+    before = 0 if first is None else first.count
+    seeds = (None, None)
+    if then is not None:
+        seeds = tuple(None if at is None else [-1] * before + at.tolist()
+                      for at in (then.seed_hist_at, then.seed_state_at))
+    return packed_sequences(lengths, splits, source, slots, joins, seeds, joins_after=before)
 
 
 def _blocks_of(t: torch.Tensor, inner: int) -> bool:
@@ -190,7 +217,7 @@ class GDNKernel:
                  seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)):
         lib = native.loaded("gated_deltanet")
         if lib is None:
-            raise RuntimeError("the Gated DeltaNet kernel is not available (check gated_deltanet_available)")
+            raise RuntimeError("the Gated DeltaNet kernel is not available (see ops/backend.py select)")
         self._fn = lib.gated_deltanet_f32
         if not (_blocks_of(conv_pool, 2) and _blocks_of(ssm_pool, 3)) or conv_pool.shape[1] != ssm_pool.shape[1]:
             raise ValueError("gated_deltanet reads fp32 CPU pools [slots, layers, ...] whose blocks are contiguous")
@@ -317,3 +344,32 @@ def gated_deltanet(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                        seeds=tuple(None if t is None else _f32(t).unsqueeze(1) for t in seeds))
     kernel(0, u, g, beta, conv_weight, out, x_out)
     return buffers.layer(0)
+
+
+def gated_deltanet_varlen(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                          extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, conv_weight: torch.Tensor,
+                          conv_pool: torch.Tensor, ssm_pool: torch.Tensor, layout: VarlenLayout, key_heads: int,
+                          key_dim: int, out: torch.Tensor, maps: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          ) -> tuple[torch.Tensor | None, ...]:
+    """ops/gdn_varlen.py `gated_deltanet_varlen` (same arguments and results) through the kernel."""
+    return gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, layout.seqs, out, maps)
+
+
+def gated_deltanet_rows(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
+                        conv_pool: torch.Tensor, ssm_pool: torch.Tensor, layout: VarlenLayout, key_heads: int,
+                        key_dim: int, out: torch.Tensor,
+                        seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None), factors: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """ops/gdn_varlen.py `gated_deltanet_rows` (same arguments and results) through the kernel: one call
+    instead of the torch path's ~30 small ops. The factors are sliced from each step row's [q | k | v] as
+    the delta rule read them."""
+    x_out = u.new_empty(u.shape[0], u.shape[1]) if factors else None
+    finals, _, tails, _, _ = gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool, key_heads,
+                                            layout.seqs, out, None, seeds, x_out)
+    if x_out is None:
+        return tails, finals, None
+    rows = layout.step_rows
+    x = x_out if rows is None else x_out[rows]
+    kd = key_heads * key_dim
+    k, v = x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(x.shape[0], ssm_pool.shape[1], -1)
+    return tails, finals, (k, v)

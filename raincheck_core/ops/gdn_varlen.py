@@ -2,13 +2,13 @@
 
 A step packs the rows of many sequences one after another; each sequence starts from its own conv
 history and recurrent state (read from the engine's pools by slot, never written) and ends with its
-own. Nothing here loops over sequences in Python. A layer's multi-row sequences, with the deferred
-joins, go through `gated_deltanet_varlen`: on the CPU one native call for the whole layer
-(csrc/gated_deltanet.c, ops/gdn_kernel.py), elsewhere torch ops (ops/gdn_varlen_torch.py): the short
-convolution as K gathered multiply-adds over all rows, and the chunked delta rule, which batches every
-block of every sequence and scans only over block *steps* (the longest sequence's block count).
-Single-row sequences (decode rows) go through `gated_deltanet_rows`: the same native kernel, else one
-batched recurrent step.
+own. Nothing here loops over sequences in Python. `VarlenLayout` is where the rows go, built once per
+step. The ops over it are one layer's, by backend: here the torch path, `gated_deltanet_varlen` for
+multi-row sequences with the deferred joins (the short convolution as K gathered multiply-adds over all
+rows, and the chunked delta rule, which batches every block of every sequence and scans only over block
+*steps*: the longest sequence's block count; ops/gdn_varlen_torch.py) and `gated_deltanet_rows` for
+one-row sequences (decode rows: one batched recurrent step); the native kernel's of the same names and
+arguments are in ops/gdn_kernel.py, and which a step runs is chosen once per step (ops/backend.py).
 
 A sequence may carry a *split*: the state and conv history after its first `split` rows are returned
 too. The deferred-prefill join uses it: a deferred chunk runs with its turn's first generated tokens
@@ -27,13 +27,9 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from . import gdn_kernel, gdn_state_map, native
+from . import gdn_kernel, gdn_state_map
 from .gdn import split_qkv
 from .gdn_varlen_torch import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
-
-# With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
-# threads; the native kernel runs one thread (and on one thread is faster at every length measured).
-NATIVE_MAX_ROWS_THREADED = 256
 
 
 @dataclass
@@ -95,11 +91,6 @@ class VarlenLayout:
     def blocks(self) -> BlockLayout:
         splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
         return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
-
-    @cached_property
-    def native(self) -> bool:
-        """Whether fp32 layers of this step may run the native kernel (decided once per step)."""
-        return native.gated_deltanet_available(self.device, torch.float32)
 
     @cached_property
     def slots(self) -> Tensor:
@@ -233,16 +224,11 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     states, states at the splits or None, histories after each sequence, histories at the splits or
     None, corrected live states or None); inputs are not modified.
 
-    On the CPU in fp32 this is one call of the native kernel (csrc/gated_deltanet.c), token by token,
-    reading the rows and the pools' states where they lie; elsewhere, and where no compiler is found, the
-    torch ops with the chunked rule. One thread, `bench` shapes (`python -m bench.kernels`,
-    docs/BENCHMARKS.md): 5-8x the torch path at 10-1,000 rows."""
+    The torch ops with the chunked rule. The native kernel's version (ops/gdn_kernel.py, token by token,
+    reading the rows and the pools' states where they lie) is 5-8x faster at 10-1,000 rows on one thread,
+    `bench` shapes (`python -m bench.kernels`, docs/BENCHMARKS.md)."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
     seqs = layout.seqs
-    if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
-            == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
-        return gdn_kernel.gated_deltanet(u, g, beta, extra, conv_weight, conv_pool, ssm_pool, key_heads, seqs, out,
-                                     maps)
     history, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     at, step_rows, appended, e = layout.gathers
     rows = seqs.source.shape[0]
@@ -276,15 +262,8 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     per key head `[N, key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is
     modified.
 
-    Native on the CPU in fp32 (the kernel of `gated_deltanet_varlen`: one call instead of the torch
-    path's ~30 small ops); elsewhere one batched recurrent step."""
-    seqs, heads, dv = layout.seqs, ssm_pool.shape[1], ssm_pool.shape[3]
-    if (runs_native(layout, u.dtype, u.device) and conv_weight.dtype == out.dtype == conv_pool.dtype
-            == ssm_pool.dtype == torch.float32 and u.stride(-1) == 1 and out.is_contiguous()):
-        x_out = u.new_empty(u.shape[0], u.shape[1]) if factors else None
-        finals, _, tails, _, _ = gdn_kernel.gated_deltanet(u, g, beta, None, conv_weight, conv_pool, ssm_pool,
-                                                           key_heads, seqs, out, None, seeds, x_out)
-        return tails, finals, factors_of(x_out, layout, key_heads, key_dim, heads) if factors else None
+    One batched recurrent step."""
+    heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
     hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
     for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
         if at is not None:
@@ -299,20 +278,3 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     else:
         out[rows] = o.to(out.dtype)
     return new_hist, state, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
-
-
-def runs_native(layout: VarlenLayout, dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether `layout`'s sequences run through the native kernel: fp32 on the CPU where it is built, and,
-    with several torch threads, only sequences short enough (the chunked form's matmuls use the threads)."""
-    return (layout.native and dtype == torch.float32 and torch.device(device).type == "cpu"
-            and (torch.get_num_threads() == 1 or layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED))
-
-
-def factors_of(x_out: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, heads: int
-               ) -> tuple[Tensor, Tensor]:
-    """The one-row sequences' k `[N, key_heads, Dk]` and v `[N, H, Dv]` from the kernel's `x_out [R, C]`
-    (each step row's [q | k | v] as the delta rule read them), in sequence order."""
-    rows = layout.step_rows
-    x = x_out if rows is None else x_out[rows]
-    kd = key_heads * key_dim
-    return x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(x.shape[0], heads, -1)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raincheck_core.ops import gdn_kernel, native
-from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
+from raincheck_core.ops import backend, gdn_kernel, native
+from raincheck_core.ops.attention import reference_attention
+from raincheck_core.ops.paged_attention import paged_attention, paged_segments
 
 needs_kernel = pytest.mark.skipif(not native.paged_attention_available("cpu", torch.float32),
                                   reason="the native kernel cannot be built here (no C compiler)")
@@ -40,8 +41,7 @@ def test_kernel_equals_the_reference_for_every_segment(heads, kv, d):
     # large logits: a later block's max exceeds an earlier one's, so the accumulators are rescaled
     q = 4 * torch.randn(sum(q_lens), heads, d, generator=gen)
     out = torch.full_like(q, float("nan"))
-    native.paged_attention(q, k_cache, v_cache, out, native.paged_segments(list(range(len(q_lens))), q_lens,
-                                                                           starts, reads))
+    paged_attention(q, k_cache, v_cache, out, paged_segments(list(range(len(q_lens))), q_lens, starts, reads))
     for s, (n, at) in enumerate(zip(q_lens, starts, strict=True)):
         ref = reference_attention(q[at:at + n], k_cache, v_cache, reads[s])
         assert float((out[at:at + n] - ref).abs().max()) <= 1e-5, s
@@ -53,16 +53,16 @@ def test_kernel_writes_only_its_segments_rows_and_checks_its_inputs():
     k_cache, v_cache = torch.randn(64, 2, 16, generator=gen), torch.randn(64, 2, 16, generator=gen)
     q = torch.randn(3, 6, 16, generator=gen)
     out = torch.zeros_like(q)
-    seg = native.paged_segments([1], [1, 1, 1], [0, 1, 2], [torch.arange(5), torch.arange(5, 20), torch.arange(3)])
-    native.paged_attention(q, k_cache, v_cache, out, seg)
+    seg = paged_segments([1], [1, 1, 1], [0, 1, 2], [torch.arange(5), torch.arange(5, 20), torch.arange(3)])
+    paged_attention(q, k_cache, v_cache, out, seg)
     assert bool((out[[0, 2]] == 0).all())
     assert float((out[1] - reference_attention(q[1:2], k_cache, v_cache, torch.arange(5, 20))[0]).abs().max()) <= 1e-5
     with pytest.raises(ValueError, match="contiguous fp32"):
-        native.paged_attention(q.double(), k_cache, v_cache, out, seg)
+        paged_attention(q.double(), k_cache, v_cache, out, seg)
     # the kernel reads without bounds checks: a slot past the cache is refused before it runs
-    beyond = native.paged_segments([0], [1], [0], [torch.tensor([3, 64])])
+    beyond = paged_segments([0], [1], [0], [torch.tensor([3, 64])])
     with pytest.raises(ValueError, match="slots up to 64 in a cache of 64"):
-        native.paged_attention(q, k_cache, v_cache, out, beyond)
+        paged_attention(q, k_cache, v_cache, out, beyond)
 
 
 @pytest.mark.skipif(not native.gated_deltanet_available("cpu", torch.float32), reason="no C compiler")
@@ -90,15 +90,15 @@ def test_without_a_compiler_the_layout_takes_the_torch_path(monkeypatch, tmp_pat
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with caplog.at_level("WARNING"):
-        assert not native.paged_attention_available("cpu", torch.float32)
-    assert "no C compiler" in caplog.text
+        ops = backend.select("cpu", torch.float32, torch.float32, None)
+    assert ops.attention.name == "torch" and "no C compiler" in caplog.text
     gen = torch.Generator().manual_seed(4)
     k_cache, v_cache = torch.randn(32, 2, 16, generator=gen), torch.randn(32, 2, 16, generator=gen)
     q, k, v = torch.randn(2, 6, 16, generator=gen), torch.randn(2, 2, 16, generator=gen), torch.randn(2, 2, 16)
     reads = [torch.arange(0, 9), torch.arange(9, 20)]
-    layout = attention_layout([1, 1], reads, torch.tensor([8, 19]))
+    layout = ops.attention.layout([1, 1], reads, torch.tensor([8, 19]), "cpu")
     assert layout.paged is None
-    out = varlen_attention(q, k, v, k_cache, v_cache, layout)
+    out = ops.attention.attend(q, k, v, k_cache, v_cache, layout)
     for s in range(2):
         assert float((out[s:s + 1] - reference_attention(q[s:s + 1], k_cache, v_cache, reads[s])).abs().max()) <= 1e-5
 
@@ -129,5 +129,7 @@ def test_a_library_in_a_folder_of_another_user_is_never_loaded(monkeypatch, tmp_
 def test_native_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("RAINCHECK_NATIVE", "0")
     assert native.library("paged_attention") is None
-    assert attention_layout([1], [torch.arange(4)], torch.tensor([3])).paged is None
+    ops = backend.select("cpu", torch.float32, torch.float32, (torch.float32, torch.float32))
+    assert (ops.attention.name, ops.gdn.name) == ("torch", "torch")
+    assert ops.attention.layout([1], [torch.arange(4)], torch.tensor([3]), "cpu").paged is None
     assert not native.paged_attention_available("cpu", torch.float64)

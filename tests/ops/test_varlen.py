@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from raincheck_core.deferral.visibility import deferred_mask
-from raincheck_core.ops import native
+from raincheck_core.ops import backend, native
 from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
 from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule, split_qkv
-from raincheck_core.ops.gdn_varlen import gated_deltanet_rows, gated_deltanet_varlen, varlen_layout
+from raincheck_core.ops.gdn_varlen import varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import (
     causal_conv1d_varlen,
     chunk_gated_delta_rule_varlen,
@@ -62,8 +62,7 @@ def test_chunked_rule_over_packed_sequences_equals_each_alone(lengths, splits):
 ])
 @pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
 @pytest.mark.parametrize(("dk", "dv"), [(32, 24), (21, 48)], ids=["dv-rows", "dv-tiles"])
-def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, dk, dv,
-                                                                monkeypatch):
+def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appended, splits, use_native, dk, dv):
     """Conv, SiLU, q/k normalisation and the delta rule, by the native kernel or the torch ops, against
     each sequence alone through the one-sequence references. The step's rows are read in a shuffled order
     through the layout's source map from strided rows, appended rows from `extra`; outputs land at the step rows, the
@@ -72,7 +71,7 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
     number of its row tiles)."""
     if use_native and not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
-    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
+    ops = backend.NATIVE_GDN if use_native else backend.TORCH_GDN
     key_heads, heads = 2, 4                                       # two value heads per key head
     channels = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(sum(lengths))
@@ -103,7 +102,7 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
     out = torch.full((step_rows, heads, dv), float("nan"))
     layout = varlen_layout([n + a for n, a in zip(lengths, appended, strict=True)], K, splits,
                            source=torch.tensor(source), slots=slots, joins=joins)
-    finals, split_states, tails, split_tails, corrected = gated_deltanet_varlen(
+    finals, split_states, tails, split_tails, corrected = ops.varlen(
         u, g, beta, extra, w, conv_pool, ssm_pool, layout, key_heads, dk, out, (p, s_ref))
     assert torch.equal(conv_pool, before[0]) and torch.equal(ssm_pool, before[1])
     for j, (i, live) in enumerate(joins):   # the join: live + P (S_lead' - S_lead), P on the left
@@ -135,12 +134,12 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
 
 @pytest.mark.parametrize("decode_only", [True, False], ids=["decode-step", "rows-among-others"])
 @pytest.mark.parametrize("use_native", [False, True], ids=["torch", "native"])
-def test_one_row_sequences_equal_each_alone_from_slots_or_seeds(decode_only, use_native, monkeypatch):
+def test_one_row_sequences_equal_each_alone_from_slots_or_seeds(decode_only, use_native):
     """Decode rows: each from its pool slot, or from a seed state / seed history (a live state a join just
     corrected); outputs at their step rows, factors (k per key head, v) as the delta rule read them."""
     if use_native and not native.gated_deltanet_available("cpu", torch.float32):
         pytest.skip("the native kernel cannot be built here (no C compiler)")
-    monkeypatch.setattr(native, "gated_deltanet_available", lambda *a: use_native)
+    ops = backend.NATIVE_GDN if use_native else backend.TORCH_GDN
     key_heads, dk, heads, dv = 2, 32, 4, 24
     channels = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(3)
@@ -157,8 +156,8 @@ def test_one_row_sequences_equal_each_alone_from_slots_or_seeds(decode_only, use
     layout = varlen_layout([1] * n, K, source=rows, slots=slots, seeds=(hist_at, state_at))
     before = (conv_pool.clone(), ssm_pool.clone())
     out = torch.full((step, heads, dv), float("nan"))
-    tails, finals, (k_f, v_f) = gated_deltanet_rows(u, g, beta, w, conv_pool, ssm_pool, layout, key_heads, dk, out,
-                                                    (seed_hist, seed_state), factors=True)
+    tails, finals, (k_f, v_f) = ops.rows(u, g, beta, w, conv_pool, ssm_pool, layout, key_heads, dk, out,
+                                         (seed_hist, seed_state), factors=True)
     assert torch.equal(conv_pool, before[0]) and torch.equal(ssm_pool, before[1])
     for s, row in enumerate(rows):
         h0 = seed_hist[hist_at[s]] if hist_at[s] >= 0 else conv_pool[slots[s]]

@@ -1,0 +1,93 @@
+"""The op set of a step: which implementation of each op its layers call, chosen once per step.
+
+The ops live here in ops/, apart from the layers that call them (flash-linear-attention keeps its
+kernels apart from its layers the same way): paged attention over the step's `AttentionLayout`
+(ops/attention.py; the native kernel's side in ops/paged_attention.py) and Gated DeltaNet over the
+step's packed sequences, joins and decode rows (ops/gdn_step.py, one layer's ops in ops/gdn_varlen.py
+and ops/gdn_kernel.py). Each has implementations by backend: the native CPU kernels (csrc/, built and
+loaded by ops/native.py) and torch ops; a later one (FlexAttention, flash-linear-attention on a GPU) is
+one more `AttentionOps` / `GDNOps` for `select` to pick. The runner asks `select` once per step, builds
+the step's layouts with the op set it got and hands it to the forward (`ForwardBatch.ops`, and the
+prepared `GDNStep.op`): the layers call what they are handed and never ask which backend it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from . import gdn_kernel, gdn_varlen, native
+from .attention import AttentionLayout, attention_layout, varlen_attention
+from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
+
+# With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
+# threads; the native kernel runs one thread (and on one thread is faster at every length measured).
+NATIVE_MAX_ROWS_THREADED = 256
+
+
+@dataclass(frozen=True)
+class AttentionOps:
+    """Paged attention by one backend: the step's layout (`layout(q_lens, read_slots, write_slots,
+    device)`, see `attention_layout`) and a layer's call over it (`attend(q, k, v, k_cache, v_cache,
+    layout)`, see `varlen_attention`)."""
+
+    name: str
+    layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str], AttentionLayout]
+    attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout], Tensor]
+
+
+@dataclass(frozen=True)
+class GDNOps:
+    """Gated DeltaNet by one backend: one layer's multi-row sequences with their joins (`varlen`) and
+    one-row sequences (`rows`), with ops/gdn_varlen.py's signatures, and a step's op over both groups
+    (`prepare(step, key_heads)`, which also lays out the buffers it writes in `step.out`)."""
+
+    name: str
+    varlen: VarlenOp
+    rows: RowsOp
+    prepare: Callable[[GDNStep, int], GDNLayerOp]
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The ops of one step, each from the backend `select` chose for it."""
+
+    attention: AttentionOps
+    gdn: GDNOps
+
+
+def prepare_native(step: GDNStep, key_heads: int) -> GDNLayerOp:
+    """Both groups in one kernel call per layer; where the multi-row sequences are long and torch has
+    several threads, those take the torch ops (one thread is all the kernel uses) and the decode rows
+    still the kernel."""
+    if step.multi is None or torch.get_num_threads() == 1 \
+            or step.multi.layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED:
+        return FusedGDN(step, key_heads)
+    return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows)
+
+
+def prepare_torch(step: GDNStep, key_heads: int) -> GDNLayerOp:
+    return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows)
+
+
+NATIVE_ATTENTION = AttentionOps("native", partial(attention_layout, native=True), varlen_attention)
+TORCH_ATTENTION = AttentionOps("torch", partial(attention_layout, native=False), varlen_attention)
+NATIVE_GDN = GDNOps("native", gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows, prepare_native)
+TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows, prepare_torch)
+
+
+def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype | None,
+           gdn_dtypes: tuple[torch.dtype, ...] | None) -> OpSet:
+    """The op set of a step on `device` with activations of `dtype`, a KV cache of `kv_dtype` and GDN
+    state pools of `gdn_dtypes` (None: the model has no such layers, and their kernel is not built for
+    it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch.
+    Asked once per step, so `RAINCHECK_NATIVE=0` (ops/native.py) holds from the next step on."""
+    attention = NATIVE_ATTENTION if kv_dtype is not None and native.paged_attention_available(device, kv_dtype) \
+        else TORCH_ATTENTION
+    gdn = NATIVE_GDN if gdn_dtypes is not None and all(d == torch.float32 for d in gdn_dtypes) \
+        and native.gated_deltanet_available(device, dtype) else TORCH_GDN
+    return OpSet(attention, gdn)

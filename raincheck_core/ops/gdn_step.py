@@ -1,0 +1,161 @@
+"""A step's Gated DeltaNet work, laid out once per step and shared by every GDN layer, and the op that
+runs a layer of it.
+
+The runner splits the step's sequences into two groups (`GDNStep`):
+- `multi`: sequences of several rows (prefill and deferred chunks), with the deferred joins;
+- `single`: one-row sequences (decode rows), *after* `multi`, because a decode row may start from a
+  state that `multi` just corrected (see `GDNCorrections`).
+The step's op set (ops/backend.py) then prepares its op (`GDNStep.op`, a `GDNLayerOp`) and the buffers
+the op writes: on the native path both groups in one kernel call per layer, the joins between them
+(`FusedGDN`); otherwise the groups one after the other, each by the implementation that takes it
+(`GroupedGDN`). New states are not written back by the layers: they go to `GDNOutputs` (buffers that
+hold every layer's rows, `[rows, layers, ...]`) and the engine's update applies them, so a forward that
+fails half-way leaves every state as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from ..cache.gdn_state import GDNStatePool
+from .gdn_kernel import GDNBuffers, GDNKernel, PackedSequences, fused_sequences
+from .gdn_varlen import VarlenLayout
+
+# one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
+# native kernel's of the same names in ops/gdn_kernel.py)
+VarlenOp = Callable[..., tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]]
+RowsOp = Callable[..., tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]
+
+
+@dataclass
+class GDNMulti:
+    """Multi-row sequences. Packed in the group: each sequence's step rows, then its appended rows."""
+
+    layout: VarlenLayout    # its `seqs.source`: per packed row the step row it is, or -1 - e for appended
+                            # row e (recorded inputs, not step rows: `GDNCorrections.extra_*[:, e]`); the
+                            # slots sequences start from, and the joins (sequence, corrected slot)
+
+
+@dataclass
+class GDNCorrections:
+    """Affine corrections of some states, computed after `multi`: `S_j + P_j (F_j − S_ref_j)` where `F_j`
+    is the final state of `multi` sequence `layout.join_seqs[j]` (which runs the appended rows last) and
+    `S_j` the live state in slot `layout.join_slots[j]` (`GDNMulti.layout`). The deferred join
+    (docs/mechanism.md §5): a deferred chunk with the turn's conv lead appended."""
+
+    p: torch.Tensor                  # [J, layers, H, Dk, Dk] fp32
+    s_ref: torch.Tensor              # [J, layers, H, Dk, Dv] fp32
+    extra_u: torch.Tensor | None     # [layers, T, conv dim] appended rows' pre-conv inputs (all J, packed)
+    extra_g: torch.Tensor | None     # [layers, T, H]
+    extra_beta: torch.Tensor | None  # [layers, T, H]
+
+
+@dataclass
+class GDNSingle:
+    layout: VarlenLayout             # one-row sequences: their step rows, slots, and seed rows (a decode row
+                                     # of a turn whose chunk joined in this step starts from the corrected
+                                     # state: `GDNCorrections` j; within the lead, from multi's conv tail)
+    keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
+
+
+@dataclass
+class GDNOutputs:
+    """The step's new GDN states, every layer's rows side by side, and the one-row sequences' factors."""
+
+    multi: GDNBuffers | None = None         # finals, tails, split states and tails, corrected live states
+    single: GDNBuffers | None = None        # finals, tails
+    x: torch.Tensor | None = None           # [layers, R, C] step rows' [q | k | v] (native, tracked rows)
+    # per layer: u, k, v, g, beta of the one-row sequences
+    factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+
+
+class GDNLayerOp(Protocol):
+    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
+        """GDN layer `layer`'s token mixing of the step: its pre-conv rows `u [R, C]`, gates `g, beta [R, H]`
+        and conv weight `[C, K]`; outputs to `out [R, H, Dv]`, new states to the step's buffers."""
+
+
+@dataclass
+class GDNStep:
+    pool: GDNStatePool
+    multi: GDNMulti | None = None
+    corrections: GDNCorrections | None = None
+    single: GDNSingle | None = None
+    out: GDNOutputs = field(default_factory=GDNOutputs)
+    op: GDNLayerOp | None = None    # prepared by the step's op set (ops/backend.py `GDNOps.prepare`)
+
+    def keep_factors(self, u: Tensor, g: Tensor, beta: Tensor, k: Tensor | None, v: Tensor | None) -> None:
+        """A layer's u, g, beta of every one-row sequence, with k and v where the op does not leave them in
+        `out.x` (the runner picks the tracked rows once)."""
+        rows = self.single.layout.step_rows
+        us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
+        self.out.factors.append((us, k, v, gs, bs))
+
+
+def buffers(pool: GDNStatePool, seqs: PackedSequences) -> GDNBuffers:
+    """Empty output buffers for `seqs`, every layer of the pool's rows side by side."""
+    return GDNBuffers.empty(seqs, pool.conv.shape[1], tuple(pool.conv.shape[2:]), tuple(pool.ssm.shape[2:]),
+                            pool.conv.device)
+
+
+class FusedGDN:
+    """Both groups in one native call per layer (a `GDNKernel` prepared once for the step): the chunks'
+    sequences, then the joins, then the decode rows, which start from the states the joins just
+    corrected while those are in cache (seeds into the call's own outputs)."""
+
+    def __init__(self, step: GDNStep, key_heads: int):
+        seqs = fused_sequences(None if step.multi is None else step.multi.layout.seqs,
+                               None if step.single is None else step.single.layout.seqs)
+        out, c = buffers(step.pool, seqs), step.corrections
+        self.kernel = GDNKernel(
+            seqs, step.pool.conv, step.pool.ssm, key_heads, out,
+            extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
+            maps=(c.p, c.s_ref) if c is not None else None,
+            seeds=(out.tails, out.corrected) if seqs.seed_state_at is not None else (None, None))
+        multi, single = out.split(0 if step.multi is None else step.multi.layout.num_seqs)
+        step.out.multi = multi if step.multi is not None else None
+        step.out.single = single if step.single is not None else None
+        self.step = step
+        self.factors = step.single is not None and step.single.keep is not None
+        if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
+            step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
+
+    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
+        step = self.step
+        self.kernel(layer, u, g, beta, conv_weight, out, step.out.x[layer] if self.factors else None)
+        if self.factors:            # k and v of the tracked rows stay in `step.out.x` for the runner
+            step.keep_factors(u, g, beta, None, None)
+
+
+class GroupedGDN:
+    """The groups one after the other, each layer's: the multi-row sequences with the joins (`varlen`),
+    then the one-row sequences (`rows`); those of a turn whose chunk joined in this step start from the
+    corrected state (and, within the lead, the chunk's conv tail): the layout's seed rows."""
+
+    def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp):
+        self.step, self.key_heads, self.key_dim = step, key_heads, step.pool.ssm.shape[3]
+        self.varlen, self.rows = varlen, rows
+        step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
+        step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
+
+    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
+        step, i, c = self.step, layer, self.step.corrections
+        conv_pool, ssm_pool = step.pool.conv[:, i], step.pool.ssm[:, i]
+        if step.multi is not None:
+            extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
+            maps = (c.p[:, i], c.s_ref[:, i]) if c is not None else None
+            step.out.multi.store(i, *self.varlen(u, g, beta, extra, conv_weight, conv_pool, ssm_pool,
+                                                 step.multi.layout, self.key_heads, self.key_dim, out, maps))
+        if step.single is not None:
+            s, multi = step.single, step.out.multi
+            seeds = (multi.tails[:, i], multi.corrected[:, i]) if c is not None else (None, None)
+            new_hist, state, kv = self.rows(u, g, beta, conv_weight, conv_pool, ssm_pool, s.layout, self.key_heads,
+                                            self.key_dim, out, seeds, factors=s.keep is not None)
+            step.out.single.store(i, state, None, new_hist, None, None)
+            if kv is not None:
+                step.keep_factors(u, g, beta, *kv)

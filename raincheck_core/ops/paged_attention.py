@@ -1,0 +1,61 @@
+"""The Python side of the native paged-attention kernel (csrc/paged_attention.c, built and loaded by
+ops/native.py): a step's segments as the kernel reads them (`PagedSegments`, laid out once per step with
+the `AttentionLayout`) and a layer's call (`paged_attention`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import native
+
+
+@dataclass
+class PagedSegments:
+    """Segments of a step as the paged-attention kernel reads them (int64, contiguous)."""
+
+    q_start: torch.Tensor   # [S] first packed row of each segment
+    q_len: torch.Tensor     # [S]
+    k_start: torch.Tensor   # [S] offset of each segment's slot list in `keys`
+    k_len: torch.Tensor     # [S]
+    keys: torch.Tensor      # [sum k_len] readable slot ids, segment after segment
+    slot_bound: int         # 1 + the largest slot id: the kernel reads without bounds checks
+
+
+def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
+                   read_slots: list[torch.Tensor]) -> PagedSegments:
+    k_len = torch.tensor([len(read_slots[s]) for s in ids], dtype=torch.long)
+    q_start = torch.tensor([starts[s] for s in ids], dtype=torch.long)
+    q_len = torch.tensor([q_lens[s] for s in ids], dtype=torch.long)
+    keys = torch.cat([read_slots[s].cpu().long() for s in ids]).contiguous()
+    if bool((k_len < q_len).any()) or int(keys.min()) < 0:
+        raise ValueError("each segment reads at least its own rows' slots, and slot ids are not negative")
+    return PagedSegments(q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len, keys=keys,
+                         slot_bound=int(keys.max()) + 1)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                    seg: PagedSegments) -> None:
+    """Write into `out [R, heads, d]` the attention of `seg`'s rows of `q [R, heads, d]` over the cache
+    (see csrc/paged_attention.c). All fp32 on the CPU; `q`, `out` and the caches contiguous."""
+    lib = native.loaded("paged_attention")
+    if lib is None:
+        raise RuntimeError("the paged-attention kernel is not available (see ops/backend.py select)")
+    for t in (q, k_cache, v_cache, out):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"paged_attention needs contiguous fp32 CPU tensors, got {t.dtype} {t.device} "
+                             f"contiguous={t.is_contiguous()}")
+    heads, d = q.shape[1], q.shape[2]
+    kv = k_cache.shape[1]
+    if seg.slot_bound > k_cache.shape[0] or v_cache.shape != k_cache.shape or heads % kv:
+        raise ValueError(f"paged_attention: slots up to {seg.slot_bound - 1} in a cache of {k_cache.shape[0]}, "
+                         f"or caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} for {heads} heads")
+    status = lib.paged_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), seg.q_start.data_ptr(),
+        seg.q_len.data_ptr(), seg.k_start.data_ptr(), seg.k_len.data_ptr(), seg.keys.data_ptr(), len(seg.q_len),
+        heads, kv, d, d**-0.5)
+    if status != 0:
+        raise MemoryError("paged_attention: cannot allocate its scratch buffer")
+
+

@@ -1,0 +1,89 @@
+"""The op set a step runs (ops/backend.py): what `select` picks, and a step's GDN op by each backend —
+both groups in one native call, the groups apart through the torch ops, and long chunks through torch
+with the decode rows native — giving the same outputs, new states and factors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core.cache.gdn_state import GDNStatePool
+from raincheck_core.ops import backend, native
+from raincheck_core.ops.gdn_step import FusedGDN, GDNCorrections, GDNMulti, GDNSingle, GDNStep, GroupedGDN
+from raincheck_core.ops.gdn_varlen import varlen_layout
+
+needs_kernels = pytest.mark.skipif(not (native.gated_deltanet_available("cpu", torch.float32)
+                                        and native.paged_attention_available("cpu", torch.float32)),
+                                   reason="the native kernels cannot be built here (no C compiler)")
+F32, BF16 = torch.float32, torch.bfloat16
+KEY_HEADS, HEADS, DK, DV, K, LAYERS = 2, 4, 16, 8, 4, 2
+C = 2 * KEY_HEADS * DK + HEADS * DV
+
+
+@needs_kernels
+def test_select_takes_each_kernel_where_it_is_built_and_takes_the_tensors(monkeypatch):
+    def names(*args) -> tuple[str, str]:
+        ops = backend.select(*args)
+        return ops.attention.name, ops.gdn.name
+    assert names("cpu", F32, F32, (F32, F32)) == ("native", "native")
+    assert names("cpu", BF16, BF16, (BF16, F32)) == ("torch", "torch")
+    assert names("cpu", F32, BF16, (F32, F32)) == ("torch", "native")
+    assert names("cpu", F32, F32, (BF16, F32)) == ("native", "torch")
+    assert names("cpu", F32, None, None) == ("torch", "torch")        # a model without such layers
+    assert names("meta", F32, F32, (F32, F32)) == ("torch", "torch")  # not the CPU
+    monkeypatch.setenv("RAINCHECK_NATIVE", "0")                       # read at each step's selection
+    assert names("cpu", F32, F32, (F32, F32)) == ("torch", "torch")
+
+
+def _step(gen: torch.Generator) -> tuple[GDNStep, int]:
+    """A fused step's GDN work: a deferred chunk of 5 rows with its 3-row lead appended, joining the live
+    state in slot 4, and a plain 4-row chunk; then two tracked decode rows, the first of the joining turn
+    (from the corrected state and the chunk's conv tail), the second from its slot."""
+    pool = GDNStatePool(6, LAYERS, C, K, HEADS, DK, DV, F32, "cpu")
+    pool.conv.copy_(torch.randn(pool.conv.shape, generator=gen))
+    pool.ssm.copy_(torch.randn(pool.ssm.shape, generator=gen) / DK)
+    multi = varlen_layout([8, 4], K, [5, None], source=[0, 1, 2, 3, 4, -1, -2, -3, 5, 6, 7, 8], slots=[0, 1],
+                          joins=[(0, 4)])
+    single = varlen_layout([1, 1], K, source=[9, 10], slots=[2, 3], seeds=([0, -1], [0, -1]))
+    corrections = GDNCorrections(
+        p=torch.randn(1, LAYERS, HEADS, DK, DK, generator=gen) / DK,
+        s_ref=torch.randn(1, LAYERS, HEADS, DK, DV, generator=gen),
+        extra_u=torch.randn(LAYERS, 3, C, generator=gen),
+        extra_g=-torch.rand(LAYERS, 3, HEADS, generator=gen), extra_beta=torch.rand(LAYERS, 3, HEADS, generator=gen))
+    return GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, keep=torch.tensor([0, 1]))), 11
+
+
+def _run(ops: backend.GDNOps, seed: int = 0) -> tuple[type, dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    step, rows = _step(gen)
+    op = ops.prepare(step, KEY_HEADS)
+    outs, ks = [], []
+    for layer in range(LAYERS):
+        u = torch.randn(rows, C, generator=gen)
+        g, beta = -torch.rand(rows, HEADS, generator=gen), torch.rand(rows, HEADS, generator=gen)
+        o = torch.full((rows, HEADS, DV), float("nan"))
+        op(layer, u, g, beta, torch.randn(C, K, generator=gen) / 2, o)
+        outs.append(o)
+        k = step.out.factors[layer][1]
+        if k is None:   # left in the kernel's [q | k | v] rows
+            k = step.out.x[layer][[9, 10], 2 * DK:4 * DK].view(2, KEY_HEADS, DK)
+        ks.append(k)
+    m, s = step.out.multi, step.out.single
+    return type(op), dict(out=torch.stack(outs), finals=m.finals, tails=m.tails, split_states=m.split_states,
+                          split_tails=m.split_tails, corrected=m.corrected, decode_finals=s.finals,
+                          decode_tails=s.tails, k=torch.stack(ks))
+
+
+@needs_kernels
+def test_a_steps_gdn_op_gives_the_same_by_every_backend(monkeypatch):
+    kind, expected = _run(backend.TORCH_GDN)
+    assert kind is GroupedGDN
+    kind, fused = _run(backend.NATIVE_GDN)
+    assert kind is FusedGDN
+    monkeypatch.setattr(backend, "NATIVE_MAX_ROWS_THREADED", 4)     # the chunks count as long
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    kind, mixed = _run(backend.NATIVE_GDN)
+    assert kind is GroupedGDN
+    for got in (fused, mixed):
+        for name, t in expected.items():
+            assert not t.isnan().any() and float((got[name] - t).abs().max()) <= 1e-5, name
