@@ -18,18 +18,24 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def _private_definitions(package: str) -> set[str]:
-    """Private names a package defines: functions, classes, module globals and `self._x` attributes."""
+def _defined_in(path: Path) -> set[str]:
+    """Private names a module defines: functions, classes, globals, arguments and `self._x` attributes."""
     names = set()
-    for path in _sources(package):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-                names.add(node.attr)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
     return {n for n in names if _private(n)}
+
+
+def _private_definitions(package: str) -> set[str]:
+    """Private names a package defines (in any of its modules)."""
+    return set().union(*(_defined_in(p) for p in _sources(package)))
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
@@ -101,6 +107,49 @@ def test_subpackages_of_the_engine_library_share_no_private_names():
         for module, names in _imports(path):
             if module.startswith("raincheck_core") and not module.startswith(own):
                 assert not [n for n in names if _private(n)], (path, module, names)
+
+
+def _module_crossings(package: str) -> list[str]:
+    """Within `package`: a private name one module uses (imported by name, `TYPE_CHECKING` imports
+    included, or read as an attribute) that another of its modules defines and this one does not."""
+    paths = _sources(package)
+    defined = {p: _defined_in(p) for p in paths}
+    found = []
+    for path in paths:
+        where = path.relative_to(ROOT)
+        others = set().union(*(d for p, d in defined.items() if p != path)) - defined[path]
+        for module, names in _imports(path):
+            if module.startswith(package.replace("/", ".")):
+                found += [f"{where}: imports {module}.{n}" for n in names if _private(n)]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in others:
+                found.append(f"{where}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_module_of_the_engine_library_uses_another_modules_private_names():
+    assert _module_crossings("raincheck_core") == []
+
+
+def test_no_engine_module_imports_the_facade():
+    for path in _sources("raincheck_core/engine"):
+        if path.name in ("engine.py", "__init__.py"):
+            continue
+        for module, names in _imports(path):
+            assert module != "raincheck_core.engine.engine", (path, names)
+            assert not (module == "raincheck_core.engine" and "engine" in names), (path, names)
+
+
+def test_the_module_check_catches_a_private_crossing(tmp_path, monkeypatch):
+    (tmp_path / "raincheck_core").mkdir()
+    (tmp_path / "raincheck_core" / "engine.py").write_text("class E:\n    def _fail(self): ...\n")
+    (tmp_path / "raincheck_core" / "step.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from raincheck_core.engine import _Hidden\n\n"
+        "def f(engine):\n    engine._fail()\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    found = _module_crossings("raincheck_core")
+    assert any("_Hidden" in f for f in found) and any("._fail" in f for f in found)
+    assert not any(f.startswith("raincheck_core/engine.py") for f in found)
 
 
 def test_the_check_catches_a_private_crossing(tmp_path, monkeypatch):

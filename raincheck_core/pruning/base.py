@@ -125,7 +125,8 @@ class Selector(ABC):
     def _select(self, ctx: SelectionContext, keep: int) -> Tensor:
         """Pick exactly `keep` indices for 0 < keep < N."""
 
-    def _fallback(self, reason: str) -> None:
+    def note_fallback(self, reason: str) -> None:
+        """The selection falls back (a missing signal): recorded in `fallback_used`, logged once per reason."""
         self.fallback_used = reason if self.fallback_used is None else f"{self.fallback_used}; {reason}"
         if reason not in self._logged:
             self._logged.add(reason)
@@ -142,7 +143,7 @@ def attention_or_proxy(selector: Selector, ctx: SelectionContext, layer: str) ->
     scores = ctx.attention_received or {}
     if layer in scores:
         return scores[layer].float()
-    selector._fallback(f"no {layer!r} attention scores; using the L2 norm of the embeddings as a proxy")
+    selector.note_fallback(f"no {layer!r} attention scores; using the L2 norm of the embeddings as a proxy")
     return ctx.embeddings.float().norm(dim=1)
 
 

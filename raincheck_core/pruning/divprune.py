@@ -50,7 +50,7 @@ class DivPruneSelector(Selector):
         x = ctx.embeddings
         if self.features == "vision":
             if ctx.vision_features is None:
-                self._fallback("no vision features F; using the embeddings E")
+                self.note_fallback("no vision features F; using the embeddings E")
             else:
                 x = ctx.vision_features
         return divprune_order(x, keep).sort().values

@@ -60,9 +60,9 @@ class MMTokSelector(Selector):
     def _select(self, ctx: SelectionContext, keep: int) -> Tensor:
         f = ctx.vision_features
         if f is None:
-            self._fallback("no vision features F; E stands in for vision-to-vision similarity")
+            self.note_fallback("no vision features F; E stands in for vision-to-vision similarity")
             f = ctx.embeddings
         if ctx.query is None or ctx.query.shape[0] == 0:
-            self._fallback("no query embeddings; pure vision coverage")
+            self.note_fallback("no query embeddings; pure vision coverage")
         c = coverage_matrix(ctx.embeddings, f, ctx.query, self.alpha, self.tau_tv, self.tau_vv)
         return greedy_order(c, keep)[0].sort().values

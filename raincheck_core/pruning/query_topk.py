@@ -19,7 +19,7 @@ class QueryTopKSelector(Selector):
 
     def _select(self, ctx: SelectionContext, keep: int) -> Tensor:
         if ctx.query is None or ctx.query.shape[0] == 0:
-            self._fallback("no query embeddings; using the uniform stride")
+            self.note_fallback("no query embeddings; using the uniform stride")
             return strided(ctx.n, keep, ctx.device)
         score = cosine_matrix(ctx.query, ctx.embeddings).amax(dim=0)
         return top_indices(score, keep).sort().values
