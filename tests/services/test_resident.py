@@ -169,14 +169,14 @@ def test_an_in_flight_result_for_a_closed_session_or_an_abandoned_turn_is_droppe
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
-def test_a_split_through_ray_restores_what_colocated_restores(tiny_checkpoints, ray_session, monkeypatch, family):
+def test_a_split_through_ray_restores_what_colocated_restores(tiny_checkpoints, ray_session, family):
     """In flight through a real deferred-worker actor: fused chunks restore D's first 7 rows, the actor's
     result the other 9, joined mid-answer; every deferred row's K/V and the GDN prefix state after D are
     colocated recovery's."""
     folder = tiny_checkpoints[family][1]
     actor = start_actor(DeferredSettings(num_cpus=0, resource=""), ModelSpec(str(folder), family))
     engine = Engine.from_pretrained(folder)
-    restored = Restored(engine, monkeypatch)
+    restored = Restored(engine)
     reference = engine.open_session(deferral=RAINCHECK)
     reference.turn(image_prompt(engine, seed=41), SPLIT_ANSWER).result()
     reference.complete_recovery()
