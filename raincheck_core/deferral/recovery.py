@@ -59,11 +59,15 @@ class Recovery:
         """Local gap recovery leaves this recovery to a deferred worker."""
         return self.held and not self.racing
 
+    def past_guard(self, fed: int) -> bool:
+        """Deferred rows may join the turn's cache while its answer streams, `fed` answer tokens in: the
+        policy fuses and the guard is behind (the one guard rule: fused chunks and a hand-off's result)."""
+        return self.cfg.fuses and fed >= self.cfg.guard
+
     def fuses_now(self, fed: int) -> bool:
-        """A chunk may ride on a decode step: raincheck policy, past the guard, rows left (and, while held
-        for a deferred worker, fusing allowed)."""
-        return self.cfg.fuses and not self.answer_done and fed >= self.cfg.guard and not self.done \
-            and (self.fuse_held or not self.held)
+        """A chunk may ride on a decode step: past the guard, rows left (and, while held for a deferred
+        worker, fusing allowed)."""
+        return not self.answer_done and self.past_guard(fed) and not self.done and (self.fuse_held or not self.held)
 
     def hold(self, fuse: bool) -> None:
         """Reserve the rows from the cursor on for a deferred worker; fused chunks still run with `fuse`."""

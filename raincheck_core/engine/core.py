@@ -32,7 +32,7 @@ from .cost_model import StepCostModel
 from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, ScratchWork
 from .session_cache import Checkpoint, SessionCache
 from .step import run_step
 from .update import StepResult
@@ -87,6 +87,7 @@ class EngineCore:
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
         self.scratch_rows: dict[str, TurnInput] = {}     # scratch session -> the rows it prefills
+        self.scratch_works: dict[str, ScratchWork] = {}   # … while the step prefills them
         self.plan_hooks: list[Callable[[StepPlan], None]] = []
         self.step_hooks: list[Callable[[StepStats], None]] = []
         self.recovery_hooks: list[Callable[[SessionCache, Recovery], None]] = []
@@ -97,6 +98,9 @@ class EngineCore:
 
     def turn(self, session: str) -> TurnRequest | None:
         return self.turns.get(session)
+
+    def scratch_work(self, session: str) -> ScratchWork | None:
+        return self.scratch_works.get(session)
 
     def rows(self, segment: Segment) -> TurnInput:
         if segment.kind is Kind.PREFILL:
@@ -186,6 +190,22 @@ class EngineCore:
             self.scratch_rows.pop(sid, None)
             self.forget(sid)
 
+    def prefill_scratch(self, cache: SessionCache) -> None:
+        """Prefill a scratch session's rows through the ordinary step (a deferred worker's residual),
+        shared with the running turns' rows; other sessions' post-answer recovery waits, as for a barrier.
+        StepFailedError if a step holding only these rows fails."""
+        work = ScratchWork(cache, len(self.scratch_rows[cache.session]))
+        self.scratch_works[cache.session] = work
+        self.scheduler.add_scratch(work)
+        try:
+            while work.pending and work.error is None:
+                self.step(only=cache)
+        finally:
+            self.scheduler.remove_scratch(work)
+            del self.scratch_works[cache.session]
+        if work.error is not None:
+            raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
+
     # ---------------------------------------------------------------- turns
     def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int) -> None:
         """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
@@ -255,6 +275,10 @@ class EngineCore:
         req = self.turns.get(cache.session)
         if req is not None:
             self.fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
+            return
+        work = self.scratch_works.get(cache.session)
+        if work is not None:
+            work.error = error
             return
         rec = cache.recovery
         if rec is None:

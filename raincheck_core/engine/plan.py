@@ -20,6 +20,7 @@ import torch
 if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
     from .request import TurnRequest
+    from .scheduler import ScratchWork
     from .session_cache import SessionCache
 
 
@@ -98,6 +99,10 @@ class StepSessions(Protocol):
     def cache(self, session: str) -> SessionCache: ...
 
     def turn(self, session: str) -> TurnRequest | None: ...
+
+    def scratch_work(self, session: str) -> ScratchWork | None:
+        """A scratch session's rows being prefilled through the step (None for a one-off forward)."""
+        ...
 
     def rows(self, segment: Segment) -> TurnInput:
         """The rows `segment` takes [first, first + rows) of: its turn's input, its recovery's D, or a

@@ -1,10 +1,12 @@
 """The engine's hand-off verbs: a turn's deferred residual prefilled on another worker (docs/mechanism.md §8).
 
-Decode side: `hold` keeps local gap recovery off a recovery (and, if asked, fused chunks too), `export`
-ships what its remaining rows may see (once the turn's I0 is in; a receiver that holds part of the context
-gets only the rest), `apply` joins what comes back, `take_back` gives it to local recovery again, `race`
-lets a barrier recover it locally while the result may still come. Deferred-worker side: `prefill` runs
-the shipped rows through the ordinary step on a scratch cache.
+Decode side: `Recovery.hold` keeps local gap recovery off a recovery (and, if asked, fused chunks too),
+`export` ships what its remaining rows may see (once the turn's I0 is in; a receiver that holds part of
+the context gets only the rest), `apply` joins what comes back (mid-answer only past the guard, by the
+same rule as fused chunks: `Recovery.past_guard`), `Recovery.take_back` gives it to local recovery
+again, `Recovery.race` lets a barrier recover it locally while the result may still come.
+Deferred-worker side: `prefill` runs the shipped rows through the ordinary step, as a scratch session's
+residual segments (engine/core.py `prefill_scratch`).
 
 The split between local and shipped rows is made at the join: a result covers D from the cursor at its
 export; fused chunks (or a racing barrier) may have restored a prefix of that since, and `apply` joins
@@ -25,9 +27,7 @@ from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
 from ..multimodal.turn_input import TurnInput
 from ..ops.gdn_state_map import join_state
-from .plan import Segment, StepPlan
 from .session_cache import SessionCache
-from .update import apply_step
 
 if TYPE_CHECKING:
     from .core import EngineCore
@@ -93,12 +93,7 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
         if gdn is not None:
             gdn.conv[cache.gdn_slot] = payload.prefix_conv.to(gdn.conv.dtype)
             gdn.ssm[cache.gdn_slot] = payload.prefix_ssm.float()
-        step = core.config.max_rows_per_step
-        for first in range(0, r, step):
-            n = min(step, r - first)
-            write = cache.claim(n)
-            plan = StepPlan([Segment.residual(cache.session, first, n, write, cache.readable(n), cache.gdn_slot)])
-            apply_step(plan, core.runner.run(plan, core), core, gdn, core.clock())
+        core.prefill_scratch(cache)
         new = cache.table.slots(ctx, ctx + r)
         ssm = conv = None
         if gdn is not None:
@@ -119,7 +114,7 @@ def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualRe
         raise RecoveryStateError(f"the result covers deferred rows {result.first}..{result.first + result.rows}; "
                                  f"the recovery has {rec.cursor}..{rec.total} left")
     req = core.turn(cache.session)
-    if req is not None and not (rec.cfg.fuses and req.answer_fed >= rec.cfg.guard):
+    if req is not None and not rec.past_guard(req.answer_fed):
         return None
     offset, r = rec.cursor - result.first, rec.pending
     start = cache.length

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
@@ -69,6 +70,21 @@ class TurnView(Protocol):
     def charge(self, seconds: float, plain_step_s: float) -> None: ...
 
 
+@dataclass(eq=False)
+class ScratchWork:
+    """The rows of a scratch session (no turn, no recovery: a deferred worker's residual) to prefill
+    through the ordinary step; `error` is set when a step holding only them fails."""
+
+    cache: CacheView
+    rows: int
+    cursor: int = 0
+    error: Exception | None = None
+
+    @property
+    def pending(self) -> int:
+        return self.rows - self.cursor
+
+
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
                  cost: StepCostModel | None = None):
@@ -78,6 +94,7 @@ class Scheduler:
         self.cost = cost or StepCostModel()
         self.running: list[TurnView] = []
         self.recovering: list[CacheView] = []    # answer done, deferred rows left
+        self.scratch: list[ScratchWork] = []     # scratch rows to prefill (beside the turns' input rows)
 
     def add(self, request: TurnView) -> None:
         self.running.append(request)
@@ -94,8 +111,15 @@ class Scheduler:
         if cache in self.recovering:
             self.recovering.remove(cache)
 
+    def add_scratch(self, work: ScratchWork) -> None:
+        self.scratch.append(work)
+
+    def remove_scratch(self, work: ScratchWork) -> None:
+        if work in self.scratch:
+            self.scratch.remove(work)
+
     def has_work(self) -> bool:
-        return bool(self.running or self.recovering)
+        return bool(self.running or self.recovering or self.scratch)
 
     def running_turn(self, cache: CacheView) -> TurnView | None:
         """The session's turn whose answer is still streaming, if any."""
@@ -106,6 +130,7 @@ class Scheduler:
         `solo` restricts the whole step to one session (re-running a failed step session by session)."""
         running = [r for r in self.running if solo is None or r.cache is solo]
         recovering = [c for c in self.recovering if solo is None or c is solo]
+        scratch = [w for w in self.scratch if solo is None or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
         plan = StepPlan()
         decoding = [r for r in running if r.decoding][:budget]
@@ -126,6 +151,11 @@ class Scheduler:
             if not req.decoding and budget > 0:
                 n = min(req.input_remaining, budget)
                 plan.segments.append(prefill_segment(req, n))
+                budget -= n
+        for work in scratch:       # like a prefill: rows of nobody's answer, no objective of their own
+            if budget > 0 and work.pending:
+                n = min(work.pending, budget)
+                plan.segments.append(scratch_segment(work, n))
                 budget -= n
         # a barrier wait (`only`) is blocking a user's next turn: it may take the whole remaining budget,
         # whatever the other turns' objectives
@@ -199,6 +229,12 @@ def prefill_segment(req: TurnView, n: int) -> Segment:
     write = cache.claim(n)
     return Segment.prefill(cache.session, req.cursor, n, write, cache.readable(n), cache.gdn_slot,
                            last=n == req.input_remaining)
+
+
+def scratch_segment(work: ScratchWork, n: int) -> Segment:
+    cache = work.cache
+    write = cache.claim(n)
+    return Segment.residual(cache.session, work.cursor, n, write, cache.readable(n), cache.gdn_slot)
 
 
 def decode_segment(req: TurnView) -> Segment:

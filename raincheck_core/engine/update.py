@@ -72,10 +72,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         restoring = chunk_carriers(plan)
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
+        if seg.kind is Kind.RESIDUAL:
+            work = sessions.scratch_work(seg.session)
+            if work is not None:
+                work.cursor += seg.rows
+            continue
         if seg.kind in CHUNKS:
-            if cache.recovery is not None:      # a scratch session's rows belong to no recovery
-                cache.recovery.advance(seg.rows, now)
-                cache.recovery.slots.append(seg.write_slots)
+            cache.recovery.advance(seg.rows, now)
+            cache.recovery.slots.append(seg.write_slots)
             continue
         req = sessions.turn(seg.session)
         was_prefilling = not req.decoding
@@ -97,7 +101,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if req.finished:
             result.ended.append(req)
     # 5. recoveries that are complete
-    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in CHUNKS):
+    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY)):
         cache = sessions.cache(sid)
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))

@@ -8,7 +8,8 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.errors import RecoveryStateError
+from raincheck_core.engine.plan import Kind
+from raincheck_core.errors import RecoveryStateError, StepFailedError
 from tests.deferral.helpers import image_prompt
 
 CFG = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
@@ -77,4 +78,30 @@ def test_a_stale_result_is_never_applied(tiny_checkpoints):
     assert session.pending_deferred == 9 and session.status().handed_off
     engine.apply_residual(session, second, remote.prefill_residual(engine.export_residual(session, second)))
     assert session.pending_deferred == 0
+    session.close()
+
+
+def test_a_residual_prefill_runs_through_the_ordinary_step_and_fails_alone(tiny_checkpoints):
+    folder = tiny_checkpoints["qwen3_5"][1]
+    engine, remote = Engine.from_pretrained(folder), Engine.from_pretrained(folder, max_rows_per_step=4)
+    session = engine.open_session(deferral=CFG)
+    session.turn(image_prompt(engine, seed=33), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    payload = engine.export_residual(session, engine.hold_residual(session))
+    plans = []
+    remove = remote.on_plan(lambda plan: plans.append([(s.kind, s.rows) for s in plan.segments]))
+    remote.prefill_residual(payload)
+    assert plans == [[(Kind.RESIDUAL, 4)], [(Kind.RESIDUAL, 4)], [(Kind.RESIDUAL, 1)]]   # 9 rows, 4 per step
+    remove()
+
+    free = remote.pool_stats().free_pages
+
+    def fail(plan):
+        raise RuntimeError("injected forward failure")
+
+    remove = remote.on_plan(fail)
+    with pytest.raises(StepFailedError, match="injected forward failure"):
+        remote.prefill_residual(payload)
+    remove()
+    assert remote.pool_stats().free_pages == free and not remote.has_work()     # the scratch session is gone
+    remote.prefill_residual(payload)                                             # and the engine goes on
     session.close()
