@@ -19,7 +19,6 @@ calls (this machine is shared: a neighbour's burst stretches both sides of a rou
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -59,14 +58,12 @@ def side_by_side(a: Callable[[], object], b: Callable[[], object], repeats: int)
 
 def _gdn_paths(layout: VarlenLayout, hist: torch.Tensor, state: torch.Tensor
                ) -> tuple[VarlenLayout, Callable[..., None]]:
-    """A copy of `layout` held to the torch path, and the native path as a step runs it: the layer's
-    `GDNKernel`, prepared once (a one-layer pool here), called per layer."""
-    torch_path = dataclasses.replace(layout)
-    torch_path.native = False
+    """`layout` for the torch ops (they are torch-only), and the native path as a step runs it: the
+    layer's `GDNKernel`, prepared once (a one-layer pool here), called per layer."""
     if not gated_deltanet_available("cpu", torch.float32):
         raise SystemExit("the native GDN kernel cannot be built here (no C compiler): nothing to compare")
     buffers = GDNBuffers.empty(layout.seqs, 1, tuple(hist.shape[1:]), tuple(state.shape[1:]))
-    return torch_path, GDNKernel(layout.seqs, hist.unsqueeze(1), state.unsqueeze(1), KEY_HEADS, buffers)
+    return layout, GDNKernel(layout.seqs, hist.unsqueeze(1), state.unsqueeze(1), KEY_HEADS, buffers)
 
 
 def attention_rows(repeats: int) -> list[dict]:
