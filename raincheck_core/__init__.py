@@ -8,6 +8,7 @@ from .errors import (
     InvalidInputError,
     OutOfPagesError,
     RaincheckError,
+    RequestTooLargeError,
     SamplingError,
     SessionBusyError,
     SessionClosedError,
@@ -18,7 +19,7 @@ from .sampling import SamplingParams
 
 __all__ = [
     "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
-    "OutOfPagesError", "Prompt", "RaincheckError", "SamplingError", "SamplingParams", "Session",
+    "OutOfPagesError", "Prompt", "RaincheckError", "RequestTooLargeError", "SamplingError", "SamplingParams", "Session",
     "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
 ]

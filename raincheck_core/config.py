@@ -61,6 +61,7 @@ class ModelConfig:
     deepstack_levels: int = 0
     has_vision: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    max_position_embeddings: int | None = None   # the context length the checkpoint was built for
     raw: dict = field(default_factory=dict, compare=False, repr=False)   # config.json as written
 
     @property
@@ -155,6 +156,7 @@ def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None)
         deepstack_levels=len(getattr(vision, "deepstack_visual_indexes", None) or ()),
         has_vision=vision is not None,
         eos_token_ids=_ids(eos),
+        max_position_embeddings=getattr(text, "max_position_embeddings", None),
         raw=raw,
     )
 
@@ -176,6 +178,7 @@ class EngineConfig:
     deferred_budget: int = 63        # deferred rows per step riding on decode steps (bounds TPOT growth)
     recovery_chunk: int = 256        # rows per prefill-only recovery chunk after an answer
     num_threads: int | None = None   # torch intra-op threads; None leaves torch's default
+    max_model_len: int | None = None  # tokens a session may hold; None: the model's max_position_embeddings
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -184,6 +187,8 @@ class EngineConfig:
                      "deferred_budget", "recovery_chunk"):
             if getattr(self, name) <= 0:
                 raise InvalidInputError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise InvalidInputError(f"max_model_len must be positive, got {self.max_model_len}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

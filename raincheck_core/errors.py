@@ -11,6 +11,17 @@ class InvalidInputError(RaincheckError, ValueError):
     """The caller's input is malformed (shapes, token/visual mismatch, bad sampling values)."""
 
 
+class RequestTooLargeError(InvalidInputError):
+    """The turn can never be served, whatever the load: its conversation plus its prompt plus
+    `max_new_tokens` exceed the model's context length, or more slots than the session or the whole
+    pool can hold. Waiting does not cure it (unlike `OutOfPagesError`)."""
+
+    def __init__(self, message: str, limit: int, requested: int):
+        self.limit = limit
+        self.requested = requested
+        super().__init__(message)
+
+
 class UnsupportedModelError(RaincheckError):
     """The checkpoint's model_type (or a feature it needs) is not implemented."""
 

@@ -25,7 +25,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import StepFailedError
+from ..errors import RequestTooLargeError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
@@ -207,6 +207,30 @@ class EngineCore:
             raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
 
     # ---------------------------------------------------------------- turns
+    @property
+    def max_model_len(self) -> int | None:
+        """Tokens a session may hold: `EngineConfig.max_model_len`, else the checkpoint's context length."""
+        return self.config.max_model_len or self.model_config.max_position_embeddings
+
+    def check_fits(self, cache: SessionCache, prompt: int, deferred: int, max_new_tokens: int) -> None:
+        """RequestTooLargeError when a turn of `prompt` rows run now, `deferred` later and up to
+        `max_new_tokens` generated can never be served: past the context length, or more slots than the
+        session's page budget or the whole KV pool holds. What waiting can cure is left to admission."""
+        held, asked = cache.length, prompt + deferred + max_new_tokens
+        total = held + asked
+        detail = f"the conversation holds {held}, this turn's prompt is {prompt + deferred} and max_new_tokens " \
+                 f"is {max_new_tokens}: {total} requested"
+        limit = self.max_model_len
+        if limit is not None and total > limit:
+            raise RequestTooLargeError(f"this model's maximum context length is {limit} tokens; {detail}",
+                                       limit, total)
+        page = self.kv.page_size
+        for pages, what in ((cache.table.max_pages, "a session of this worker"),
+                            (self.kv.num_pages, "this worker's KV pool")):
+            if total > pages * page:
+                raise RequestTooLargeError(f"{what} holds at most {pages * page} tokens; {detail}", pages * page,
+                                           total)
+
     def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int) -> None:
         """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
         the cache's recovery, and the scheduler runs it from the next step. On an error (no pages, no GDN

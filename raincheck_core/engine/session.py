@@ -97,6 +97,7 @@ class Session:
             full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position)
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
+            engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens)
             waited = self._barrier()
             turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())

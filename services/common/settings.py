@@ -161,12 +161,16 @@ class ModelSpec:
                            "weights and activations: float32 on CPUs, bfloat16 on GPUs")
     num_pages: int | None = setting(None, "RAINCHECK_NUM_PAGES", "KV pages in the pool (16 tokens each)",
                                     shown="the engine's default", gt=0)
+    max_model_len: int | None = setting(None, "RAINCHECK_MAX_MODEL_LEN", "tokens a session may hold (prompt "
+                                        "and answers); longer requests are refused with 400 / INVALID_ARGUMENT",
+                                        shown="the model's max_position_embeddings", gt=0)
     engine: dict = Field(default_factory=dict)    # EngineConfig options (page_size, ...); gets num_pages
 
     @model_validator(mode="after")
     def _engine_options(self) -> ModelSpec:
-        if self.num_pages is not None:
-            self.engine = {**self.engine, "num_pages": self.num_pages}
+        for name in ("num_pages", "max_model_len"):
+            if getattr(self, name) is not None:
+                self.engine = {**self.engine, name: getattr(self, name)}
         return self
 
 
@@ -254,7 +258,7 @@ class WorkerSettings(ModelSpec):
 
     def model_spec(self) -> ModelSpec:
         return ModelSpec(self.model, self.model_name, self.random_size, self.device, self.dtype, self.num_pages,
-                         self.engine)
+                         self.max_model_len, self.engine)
 
 
 @dataclass

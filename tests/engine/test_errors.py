@@ -15,6 +15,7 @@ from raincheck_core import (
     InvalidInputError,
     OutOfPagesError,
     Prompt,
+    RequestTooLargeError,
     SamplingParams,
     SessionBusyError,
     SessionClosedError,
@@ -101,8 +102,9 @@ def test_visual_with_wrong_shape(engine):
 def test_session_over_its_page_budget_then_engine_still_serves(engine):
     free_before = engine.pool_stats().free_pages
     session = engine.open_session()
-    with pytest.raises(OutOfPagesError, match="page budget"):
-        session.turn(Prompt(list(range(100))), SamplingParams(max_new_tokens=64))   # 164 slots > 16 pages x 8
+    # 164 slots > 16 pages x 8: no wait can cure it, so it is an invalid request, not a full pool
+    with pytest.raises(RequestTooLargeError, match=r"a session of this worker holds at most 128 tokens; .* 164 req"):
+        session.turn(Prompt(list(range(100))), SamplingParams(max_new_tokens=64))
     assert session.cached_tokens == 0
     session.close()
     assert engine.pool_stats().free_pages == free_before
@@ -147,3 +149,20 @@ def test_token_ids_out_of_range(engine):
     with pytest.raises(InvalidInputError, match="no input tokens"):
         session.turn(Prompt([]))
     session.close()
+
+
+def test_a_turn_past_the_context_length_is_refused_in_tokens(tiny_checkpoints):
+    folder = tiny_checkpoints["qwen3_5"][1]
+    engine = Engine.from_pretrained(folder, max_model_len=40)
+    session = engine.open_session()
+    session.turn(Prompt(list(range(5, 25))), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    held = session.cached_tokens
+    with pytest.raises(RequestTooLargeError, match=rf"maximum context length is 40 tokens; the conversation holds "
+                                                   rf"{held}, this turn's prompt is \d+ and max_new_tokens is 12"):
+        session.turn(Prompt([5, 6, 7, 8, 9, 10]), SamplingParams(max_new_tokens=12))
+    assert session.cached_tokens == held and session.turns == 1          # refused before anything changed
+    session.turn(Prompt([5, 6]), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    default = Engine.from_pretrained(folder)
+    assert default.core.max_model_len == default.model_config.max_position_embeddings is not None
+    with pytest.raises(RequestTooLargeError, match="maximum context length"):
+        default.open_session().turn(Prompt([5]), SamplingParams(max_new_tokens=default.core.max_model_len))

@@ -129,3 +129,14 @@ def test_a_body_over_the_limit_is_413(stack):
 
     r = httpx.post(stack.http.url + "/generate", content=chunks(), headers=headers)
     assert r.status_code == 413
+
+
+@pytest.mark.parametrize(("content", "max_tokens"), [("hi", 10**6), ("red " * 5000, 16)])
+def test_a_request_past_the_context_is_400_in_tokens_and_not_retried(stack, content, max_tokens):
+    client = stack.openai().with_options(max_retries=2)
+    with pytest.raises(openai.BadRequestError) as e:     # 400: the client does not retry it
+        client.chat.completions.create(model=MODEL, messages=[user(content)], max_tokens=max_tokens)
+    err = error_of(e.value)
+    assert err["type"] == "invalid_request_error"
+    assert "maximum context length is 4096 tokens" in err["message"] and "requested" in err["message"]
+    assert len(ask(stack.openai(), [user("list the objects in row two .")]).choices) == 1   # still serving

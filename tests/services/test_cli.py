@@ -54,13 +54,15 @@ def test_flags_and_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("RAINCHECK_INSECURE_ALLOW_NO_AUTH", "yes")
     s = _settings(["serve", "--port", "0", "--api-keys-file", str(keys), "--metrics-port", "-1", "--model",
                    str(ckpt), "--policy", "full", "--num-pages", "64", "--recovery-mode", "disaggregated",
-                   "--max-new-tokens", "9", "--random-size", "bench"])
+                   "--max-new-tokens", "9", "--random-size", "bench", "--max-model-len", "1000"])
     front, worker = s["frontend"], s["worker"]
     assert front.api_keys == ("k1", "k2", "k3") and front.metrics_port is None and front.port == 0
     assert (front.default_recovery_mode, front.drain_s, front.metrics_host) == ("disaggregated", 30.0, "127.0.0.1")
     assert (front.max_image_bytes, front.allow_no_auth) == (1024, True)
     assert front.store.redis_url == worker.store.redis_url == "redis://127.0.0.1:6379/5"
-    assert (worker.model, worker.default_policy, worker.engine) == (str(ckpt), "full", {"num_pages": 64})
+    assert (worker.model, worker.default_policy, worker.engine) == (str(ckpt), "full",
+                                                                    {"num_pages": 64, "max_model_len": 1000})
+    assert worker.model_spec().engine == worker.engine
     assert (worker.max_new_tokens, worker.random_size, worker.host, worker.port) == (9, "bench", "127.0.0.1", 0)
     monkeypatch.setenv("RAINCHECK_METRICS_HOST", "0.0.0.0")
     w = _settings(["decode-worker", "--port", "7", "--worker-id", "w", "--advertise", "h:7"])["worker"]

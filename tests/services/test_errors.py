@@ -12,7 +12,6 @@ from raincheck_client import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    ResourceExhausted,
     Session,
     Token,
     Unauthenticated,
@@ -140,12 +139,14 @@ def test_turn_while_streaming_then_cancel(service):
     assert session.send("hi", max_new_tokens=2).result().finish_reason in ("stop", "length")
 
 
-def test_page_pool_exhausted(service):
+def test_a_turn_that_can_never_fit_is_invalid_argument_in_tokens(service):
     cluster, frontend = service
     client = cluster.client(frontend, "key-alice")
     session = client.create_session()
-    with pytest.raises(ResourceExhausted, match="KV page pool exhausted"):
-        session.send("hi", max_new_tokens=10_000).text()   # 626 pages > the pool's 512
+    # past the model's context (and 626 pages > the pool's 512): no wait cures it, so it is not
+    # RESOURCE_EXHAUSTED, which tells a client to retry
+    with pytest.raises(InvalidArgument, match=r"maximum context length is \d+ tokens; .* requested"):
+        session.send("hi", max_new_tokens=10_000).text()
     assert session.send("hi", max_new_tokens=2).text() is not None
     _still_serves(client)
 
