@@ -60,6 +60,29 @@ def _checkpoint(model: str | None) -> str | None:
                      f"of a shipped model{names})")
 
 
+def _device(device: str) -> str:
+    """A torch device this machine has: checked before anything loads (torch only for a non-CPU value)."""
+    if device == "cpu":
+        return device
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{device!r} is not a device: use cpu, cuda or cuda:N") from None
+    if parsed.type == "cpu":
+        return device
+    if parsed.type != "cuda":
+        raise ValueError(f"device {device!r} is not supported: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ValueError(f"{why} (use --device cpu)")
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+Device = Annotated[str, AfterValidator(_device)]
 Port = Annotated[int, Field(ge=0, le=65535)]
 OptionalPort = Annotated[Port | None, BeforeValidator(_off)]
 Checkpoint = Annotated[str | None, AfterValidator(_checkpoint)]
@@ -156,7 +179,7 @@ class ModelSpec:
                                      shown="the folder's name")
     random_size: RandomSize = setting("tiny", "RAINCHECK_RANDOM_SIZE",
                                       "size of the random model served when there is no checkpoint")
-    device: str = setting("cpu", "RAINCHECK_DEVICE", "torch device (cpu, cuda, cuda:1, ...)")
+    device: Device = setting("cpu", "RAINCHECK_DEVICE", "torch device (cpu, cuda, cuda:1, ...)")
     dtype: DType = setting("float32", "RAINCHECK_DTYPE",
                            "weights and activations: float32 on CPUs, bfloat16 on GPUs")
     num_pages: int | None = setting(None, "RAINCHECK_NUM_PAGES", "KV pages in the pool (16 tokens each)",

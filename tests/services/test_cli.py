@@ -127,6 +127,10 @@ BAD = [
     (["demo", "--model", "/nonexistent"], {}, "no checkpoint at /nonexistent"),
     (["serve", "--dtype", "fp8"], {}, "--dtype 'fp8': Input should be 'float32', 'bfloat16' or 'float16'"),
     (["serve", "--max-image-bytes", "0"], {}, "--max-image-bytes '0': Input should be greater than 0"),
+    # checked before the model loads: no CUDA here (or not 100 devices), and no such device type
+    (["serve", "--device", "cuda:99"], {}, "--device 'cuda:99': "),
+    (["decode-worker"], {"RAINCHECK_DEVICE": "tpu"}, "RAINCHECK_DEVICE='tpu': 'tpu' is not a device"),
+    (["serve", "--max-model-len", "0"], {}, "--max-model-len '0': Input should be greater than 0"),
     (["serve"], {"RAINCHECK_MAX_IMAGE_BYTES": "10MB"}, "RAINCHECK_MAX_IMAGE_BYTES='10MB'"),
     (["serve", "--num-pages", "many"], {}, "--num-pages 'many': Input should be a valid integer"),
     (["decode-worker"], {"RAINCHECK_NUM_PAGES": "-4"}, "RAINCHECK_NUM_PAGES='-4': Input should be greater than 0"),
