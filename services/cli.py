@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .common.flags import Group, SettingsError, add_flags, build
+from .common.ports import check_ports
 from .common.settings import (
     ChatSettings,
     DeferredSettings,
@@ -97,6 +98,22 @@ def _serve_worker(front: FrontendSettings, worker: WorkerSettings, serve: ServeS
     return worker
 
 
+def _listens(command: str, s: dict[str, Any]) -> list[tuple[str, str, int | None]]:
+    """(flag, host, port) of every port `command` will listen on (None: off)."""
+    ports: list[tuple[str, str, int | None]] = []
+    if command in ("serve", "frontend", "http"):
+        f = s["frontend"]
+        ports.append(("--metrics-port", f.metrics_host, f.metrics_port))
+        if command != "http":
+            ports.append(("--port", f.host, f.port))
+    if command in ("serve", "http"):
+        ports.append(("--http-port", s["http"].host, s["http"].port))
+    if command == "decode-worker":
+        w = s["worker"]
+        ports += [("--port", w.host, w.port), ("--metrics-port", w.metrics_host, w.metrics_port)]
+    return ports
+
+
 def _run(command: str, s: dict[str, Any]) -> None:
     if command == "demo":
         from .demo import run_demo
@@ -140,8 +157,12 @@ def describe(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> None:
     try:
         command, built = settings(argv)
+        check_ports(_listens(command, built))
     except SettingsError as e:
         print(e, file=sys.stderr)
+        sys.exit(2)
+    except ValueError as e:      # a taken port: before anything loads, like a bad value
+        print(f"raincheck {command}: error: {e}", file=sys.stderr)
         sys.exit(2)
     log: LogSettings = built["log"]
     _setup_logging(command, log)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -241,3 +242,16 @@ def test_chat_waits_for_a_server_with_a_progress_line(monkeypatch, capsys):
         _chat(monkeypatch, capsys, ChatSettings(address="127.0.0.1:1", wait_s=1.5), [])
     assert time.monotonic() - start >= 1.5
     assert "waiting for the server at 127.0.0.1:1 (not reachable yet)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--http-port"])
+def test_a_taken_port_is_named_before_anything_loads(capsys, flag):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        ports = {"--port": "0", "--metrics-port": "-1", "--http-port": "0", flag: str(port)}
+        code, err = _main(["serve", *[x for kv in ports.items() for x in kv]], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{flag} {port}: cannot listen on 127.0.0.1:{port} (Address already in use)" in err
+    assert "loading" not in capsys.readouterr().out
