@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 from raincheck_client import (
     Client,
+    Event,
     Final,
     Metrics,
     RaincheckError,
@@ -33,8 +34,21 @@ T = TypeVar("T")
 
 
 def _turn(session: Session, text: str, images: list[bytes], max_new_tokens: int) -> None:
+    """Stream one turn. Ctrl-C while it streams cancels the turn (the session keeps what came before it)
+    and returns to the prompt; Ctrl-C at the prompt, or again while cancelling, leaves the chat."""
+    turn = session.send(text, images=images, max_new_tokens=max_new_tokens, follow_recovery=True)
+    try:
+        _show(turn)
+    except KeyboardInterrupt:
+        print("\n  cancelling the turn (Ctrl-C again leaves)", flush=True)
+        turn.cancel()            # stop reading: the server cancels the turn ...
+        session.cancel()         # ... and this returns once it has, so the next message finds it idle
+        print("  [cancelled]")
+
+
+def _show(turn: Iterable[Event]) -> None:
     answered, deferred = False, 0
-    for event in session.send(text, images=images, max_new_tokens=max_new_tokens, follow_recovery=True):
+    for event in turn:
         if isinstance(event, Token):
             print(event.text, end="", flush=True)
         elif isinstance(event, Metrics):

@@ -4,6 +4,7 @@ a bad /image and shows /status as a table."""
 
 from __future__ import annotations
 
+import _thread
 import io
 import os
 import socket
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from raincheck_client import Unavailable
+from raincheck_client import Client, Token, Unavailable
 from raincheck_core.config import DTYPES
 from raincheck_core.deferral.policy import POLICIES
 from services import chat_cli, cli
@@ -255,3 +256,35 @@ def test_a_taken_port_is_named_before_anything_loads(capsys, flag):
     assert code == 2 and err.count("\n") == 1, err
     assert f"{flag} {port}: cannot listen on 127.0.0.1:{port} (Address already in use)" in err
     assert "loading" not in capsys.readouterr().out
+
+
+def test_ctrl_c_while_an_answer_streams_cancels_the_turn_and_the_chat_goes_on(embedded, capsys):
+    _, frontend, _ = embedded
+    client = Client(frontend.address)
+    session = client.create_session()
+    send = session.send
+
+    def interrupted_after_the_first_token(*args, **kwargs):
+        turn = send(*args, **kwargs)
+
+        class Interrupted:
+            cancel = turn.cancel
+
+            def __iter__(self):
+                for event in turn:
+                    yield event
+                    if isinstance(event, Token):
+                        _thread.interrupt_main()      # what Ctrl-C does to the main thread
+                        time.sleep(5)                 # the interrupt lands here, mid-stream
+
+        return Interrupted()
+
+    session.send = interrupted_after_the_first_token
+    chat_cli._turn(session, "list the objects in row two .", [], max_new_tokens=200)
+    out = capsys.readouterr().out
+    assert "cancelling the turn (Ctrl-C again leaves)" in out and "[cancelled]" in out
+    session.send = send
+    assert session.send("hello", max_new_tokens=2, ignore_eos=True).result().finish_reason == "length"
+    assert not session.cancel()                       # nothing left running
+    session.close()
+    client.close()
