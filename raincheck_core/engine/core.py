@@ -86,8 +86,7 @@ class EngineCore:
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
-        self.scratch_rows: dict[str, TurnInput] = {}     # scratch session -> the rows it prefills
-        self.scratch_works: dict[str, ScratchWork] = {}   # … while the step prefills them
+        self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
         self.plan_hooks: list[Callable[[StepPlan], None]] = []
         self.step_hooks: list[Callable[[StepStats], None]] = []
         self.recovery_hooks: list[Callable[[SessionCache, Recovery], None]] = []
@@ -99,14 +98,14 @@ class EngineCore:
     def turn(self, session: str) -> TurnRequest | None:
         return self.turns.get(session)
 
-    def scratch_work(self, session: str) -> ScratchWork | None:
-        return self.scratch_works.get(session)
+    def scratch(self, session: str) -> ScratchWork | None:
+        return self.scratches.get(session)
 
     def rows(self, segment: Segment) -> TurnInput:
         if segment.kind is Kind.PREFILL:
             return self.turns[segment.session].input
         if segment.kind is Kind.RESIDUAL:
-            return self.scratch_rows[segment.session]
+            return self.scratches[segment.session].input
         return self.caches[segment.session].recovery.rows
 
     # ---------------------------------------------------------------- measuring and instrumentation
@@ -178,31 +177,28 @@ class EngineCore:
             cache.release()
 
     @contextmanager
-    def scratch(self, rows: TurnInput, max_pages: int | None = None) -> Iterator[SessionCache]:
+    def scratch_session(self, rows: TurnInput) -> Iterator[SessionCache]:
         """A session that exists for one forward or prefill outside any turn (a hand-off's residual, a
         session-free forward): `rows` are its rows; released on exit."""
         sid = f"scratch-{next(_scratch_ids)}"
-        cache = self.open_cache(sid, max_pages or self.kv.num_pages)
-        self.scratch_rows[sid] = rows
+        cache = self.open_cache(sid, self.kv.num_pages)
+        work = self.scratches[sid] = ScratchWork(cache, rows)
         try:
             yield cache
         finally:
-            self.scratch_rows.pop(sid, None)
+            self.scheduler.remove_scratch(work)
+            del self.scratches[sid]
             self.forget(sid)
 
     def prefill_scratch(self, cache: SessionCache) -> None:
         """Prefill a scratch session's rows through the ordinary step (a deferred worker's residual),
         shared with the running turns' rows; other sessions' post-answer recovery waits, as for a barrier.
         StepFailedError if a step holding only these rows fails."""
-        work = ScratchWork(cache, len(self.scratch_rows[cache.session]))
-        self.scratch_works[cache.session] = work
+        work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
-        try:
-            while work.pending and work.error is None:
-                self.step(only=cache)
-        finally:
-            self.scheduler.remove_scratch(work)
-            del self.scratch_works[cache.session]
+        while work.pending and work.error is None:
+            self.step(only=cache)
+        self.scheduler.remove_scratch(work)
         if work.error is not None:
             raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
 
@@ -216,7 +212,9 @@ class EngineCore:
         """RequestTooLargeError when a turn of `prompt` rows run now, `deferred` later and up to
         `max_new_tokens` generated can never be served: past the context length, or more slots than the
         session's page budget or the whole KV pool holds. What waiting can cure is left to admission."""
-        held, asked = cache.length, prompt + deferred + max_new_tokens
+        # the previous turn's deferred rows not restored yet will be in the cache before this turn runs
+        held = cache.length + (cache.recovery.pending if cache.recovery is not None else 0)
+        asked = prompt + deferred + max_new_tokens
         total = held + asked
         detail = f"the conversation holds {held}, this turn's prompt is {prompt + deferred} and max_new_tokens " \
                  f"is {max_new_tokens}: {total} requested"
@@ -257,9 +255,7 @@ class EngineCore:
     def end_turn(self, request: TurnRequest) -> None:
         """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
         cache = request.cache
-        self.scheduler.remove(request)
-        if self.turns.get(cache.session) is request:
-            del self.turns[cache.session]
+        self._stop_running(request)
         cache.pending_ids = request.tail()
         rec = cache.recovery
         if rec is not None and not rec.done:
@@ -277,14 +273,17 @@ class EngineCore:
         if request.finished:
             return
         cache = request.cache
-        self.scheduler.remove(request)
-        if self.turns.get(cache.session) is request:
-            del self.turns[cache.session]
+        self._stop_running(request)
         if request.checkpoint is not None:
             self.scheduler.remove_recovering(cache)
             cache.restore(request.checkpoint)
         log.warning("turn %d failed and was undone: %s", request.id, error)
         request.fail(error)
+
+    def _stop_running(self, request: TurnRequest) -> None:
+        self.scheduler.remove(request)
+        if self.turns.get(request.cache.session) is request:
+            del self.turns[request.cache.session]
 
     def undo_ended_turn(self, request: TurnRequest, checkpoint: Checkpoint, error: Exception) -> None:
         """`request` ended but nobody read its end: put its session back as before it (its recovery, if
@@ -300,7 +299,7 @@ class EngineCore:
         if req is not None:
             self.fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
             return
-        work = self.scratch_works.get(cache.session)
+        work = self.scratches.get(cache.session)
         if work is not None:
             work.error = error
             return

@@ -258,7 +258,7 @@ class Engine:
                              torch.empty(0, dtype=torch.long), [])
         if position_ids is not None:
             rows.positions = _positions(position_ids, len(rows))
-        with self.lock, self.core.scratch(rows) as cache:
+        with self.lock, self.core.scratch_session(rows) as cache:
             n = len(rows)
             write = cache.claim(n)
             runner = self.core.runner

@@ -100,8 +100,8 @@ class StepSessions(Protocol):
 
     def turn(self, session: str) -> TurnRequest | None: ...
 
-    def scratch_work(self, session: str) -> ScratchWork | None:
-        """A scratch session's rows being prefilled through the step (None for a one-off forward)."""
+    def scratch(self, session: str) -> ScratchWork | None:
+        """A scratch session's rows and how far the step has prefilled them (None: not a scratch session)."""
         ...
 
     def rows(self, segment: Segment) -> TurnInput:

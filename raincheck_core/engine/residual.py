@@ -86,7 +86,7 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
     kv, gdn = core.kv, core.gdn
     rows = TurnInput([0] * r, payload.embeds.to(core.device, core.dtype), payload.positions, 0, None,
                      payload.deepstack_index, [d.to(core.device, core.dtype) for d in payload.deepstack])
-    with core.scratch(rows) as cache:
+    with core.scratch_session(rows) as cache:
         slots = cache.table.append(ctx)
         kv.k[:, slots] = payload.context_k.to(kv.k.dtype)
         kv.v[:, slots] = payload.context_v.to(kv.v.dtype)

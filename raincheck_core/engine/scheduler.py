@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..deferral.recovery import Recovery
+    from ..multimodal.turn_input import TurnInput
 
 
 class CacheView(Protocol):
@@ -72,17 +73,18 @@ class TurnView(Protocol):
 
 @dataclass(eq=False)
 class ScratchWork:
-    """The rows of a scratch session (no turn, no recovery: a deferred worker's residual) to prefill
-    through the ordinary step; `error` is set when a step holding only them fails."""
+    """A scratch session (no turn, no recovery) and its rows: a deferred worker's residual, prefilled
+    through the ordinary step from `cursor` on, or a session-free forward's rows; `error` is set when a
+    step holding only them fails."""
 
     cache: CacheView
-    rows: int
+    input: TurnInput
     cursor: int = 0
     error: Exception | None = None
 
     @property
     def pending(self) -> int:
-        return self.rows - self.cursor
+        return len(self.input) - self.cursor
 
 
 class Scheduler:

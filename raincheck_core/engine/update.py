@@ -73,7 +73,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
         if seg.kind is Kind.RESIDUAL:
-            work = sessions.scratch_work(seg.session)
+            work = sessions.scratch(seg.session)
             if work is not None:
                 work.cursor += seg.rows
             continue

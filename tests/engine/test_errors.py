@@ -21,6 +21,8 @@ from raincheck_core import (
     SessionClosedError,
     UnsupportedModelError,
 )
+from raincheck_core.deferral.policy import DeferralConfig
+from tests.deferral.helpers import image_prompt
 from tests.engine.reference import image_tokens, random_visual
 
 
@@ -166,3 +168,15 @@ def test_a_turn_past_the_context_length_is_refused_in_tokens(tiny_checkpoints):
     assert default.core.max_model_len == default.model_config.max_position_embeddings is not None
     with pytest.raises(RequestTooLargeError, match="maximum context length"):
         default.open_session().turn(Prompt([5]), SamplingParams(max_new_tokens=default.core.max_model_len))
+
+
+def test_the_previous_turns_pending_deferred_rows_count_against_the_context(tiny_checkpoints):
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1], max_model_len=60)
+    session = engine.open_session(deferral=DeferralConfig("post_answer", selector="uniform"))
+    session.turn(image_prompt(engine, seed=3), SamplingParams(max_new_tokens=2, ignore_eos=True)).result()
+    held, pending = session.cached_tokens, session.pending_deferred
+    assert pending == 16
+    fits_without_them = 60 - held - 2            # a prompt of 2 rows (the unfed token + 1): 60 - held in all
+    with pytest.raises(RequestTooLargeError, match=f"the conversation holds {held + pending},"):
+        session.turn(Prompt([5]), SamplingParams(max_new_tokens=fits_without_them))
+    assert session.pending_deferred == pending   # refused before the barrier ran
