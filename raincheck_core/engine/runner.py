@@ -153,7 +153,7 @@ class ModelRunner:
                     join_seqs.append(j)
                     joins.append(s)
                     if s.lead:
-                        jn = sessions.cache(s.session).recovery.join
+                        jn = _join_of(sessions, s)
                         source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
                         appended += s.lead
                         extra_u.append(jn.lead_u[:, :s.lead])
@@ -168,11 +168,11 @@ class ModelRunner:
                 for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
                     if k >= 0:
                         seed_state[k] = j
-                        if _in_lead(sessions.cache(joins[j].session).recovery.join):
+                        if _in_lead(_join_of(sessions, joins[j])):
                             seed_hist[k] = join_seqs[j]
                 step.corrections = GDNCorrections(
-                    p=_batched([sessions.cache(s.session).recovery.join.p_rest for s in joins]),
-                    s_ref=_batched([sessions.cache(s.session).recovery.join.s_lead for s in joins]),
+                    p=_batched([_join_of(sessions, s).p_rest for s in joins]),
+                    s_ref=_batched([_join_of(sessions, s).s_lead for s in joins]),
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
@@ -230,7 +230,7 @@ class ModelRunner:
                     at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
                     out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
                                                  mo.corrected if at is None else mo.corrected[at]))
-                repair = [j for j in alone if _in_lead(inputs.sessions.cache(inputs.joins[j].session).recovery.join)]
+                repair = [j for j in alone if _in_lead(_join_of(inputs.sessions, inputs.joins[j]))]
                 if repair:
                     at = torch.tensor(repair, device=self.device)
                     out.writes.append(StateWrite(live_slots[at], mo.tails[seqs[at]], None))
@@ -249,7 +249,7 @@ class ModelRunner:
         stays per key head: the join widens it to value heads once per fold, not per token."""
         keep, segs = inputs.batch.gdn.single.keep, inputs.keep
         every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
-        joins = [inputs.sessions.cache(seg.session).recovery.join for seg in segs]
+        joins = [_join_of(inputs.sessions, seg) for seg in segs]
         lead = [j for j, jn in enumerate(joins) if jn.fed < jn.lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
@@ -278,6 +278,11 @@ class ModelRunner:
                 states[j] = s
         return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
                 for j, seg in enumerate(segs)]
+
+
+def _join_of(sessions: StepSessions, seg: Segment) -> GDNJoin:
+    """The GDN join of the recovery `seg`'s session is running (a joining chunk, a tracked decode row)."""
+    return sessions.cache(seg.session).recovery.join
 
 
 def _in_lead(join: GDNJoin) -> bool:
