@@ -23,10 +23,15 @@ FAMILIES = {
     "qwen3_vl_text": "qwen3_vl",
     "qwen3_5": "qwen3_5",
     "qwen3_5_text": "qwen3_5",
+    "qwen3_vl_moe": "qwen3_vl_moe",
+    "qwen3_vl_moe_text": "qwen3_vl_moe",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
 }
 # The M-RoPE split (temporal, height, width) that transformers' modeling code assumes when a config has
 # none (Qwen3VLTextRotaryEmbedding, Qwen3_5TextRotaryEmbedding): it is not a config default.
-DEFAULT_MROPE_SECTION = {"qwen3_vl": (24, 20, 20), "qwen3_5": (11, 11, 10)}
+DEFAULT_MROPE_SECTION = {"qwen3_vl": (24, 20, 20), "qwen3_5": (11, 11, 10), "qwen3_vl_moe": (24, 20, 20),
+                         "qwen3_5_moe": (11, 11, 10)}
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,12 @@ class ModelConfig:
     has_vision: bool = False
     eos_token_ids: tuple[int, ...] = ()
     max_position_embeddings: int | None = None   # the context length the checkpoint was built for
+    # mixture of experts (0 experts: a dense model)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0     # 0: no shared expert
+    moe_layers: tuple[int, ...] = ()             # layers whose MLP is the sparse MoE block
     raw: dict = field(default_factory=dict, compare=False, repr=False)   # config.json as written
 
     @property
@@ -128,7 +139,8 @@ def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None)
         family=family,
         vocab_size=text.vocab_size,
         hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
+        # Qwen3.5-MoE's text config has no dense MLP width: every layer is an MoE block
+        intermediate_size=getattr(text, "intermediate_size", 0),
         num_layers=text.num_hidden_layers,
         num_heads=text.num_attention_heads,
         num_kv_heads=text.num_key_value_heads,
@@ -157,8 +169,23 @@ def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None)
         has_vision=vision is not None,
         eos_token_ids=_ids(eos),
         max_position_embeddings=getattr(text, "max_position_embeddings", None),
+        num_experts=getattr(text, "num_experts", 0) or 0,
+        num_experts_per_tok=getattr(text, "num_experts_per_tok", 0) or 0,
+        moe_intermediate_size=getattr(text, "moe_intermediate_size", 0) or 0,
+        shared_expert_intermediate_size=getattr(text, "shared_expert_intermediate_size", 0) or 0,
+        moe_layers=_moe_layers(text),
         raw=raw,
     )
+
+
+def _moe_layers(text) -> tuple[int, ...]:
+    """The layers transformers builds a sparse MoE block in (Qwen3VLMoeTextDecoderLayer: all but
+    `mlp_only_layers`, every `decoder_sparse_step`-th; Qwen3_5MoeDecoderLayer: every layer)."""
+    if not getattr(text, "num_experts", 0):
+        return ()
+    dense = set(getattr(text, "mlp_only_layers", None) or ())
+    step = getattr(text, "decoder_sparse_step", 1) or 1
+    return tuple(i for i in range(text.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .decoder import DecoderLM
+from .moe import Qwen3VLMoeDecoder, Qwen35MoeDecoder
 from .qwen3_5 import Qwen35Decoder
 from .qwen3_vl import Qwen3VLDecoder
 
-REGISTRY: dict[str, type[DecoderLM]] = {"qwen3_vl": Qwen3VLDecoder, "qwen3_5": Qwen35Decoder}
+REGISTRY: dict[str, type[DecoderLM]] = {"qwen3_vl": Qwen3VLDecoder, "qwen3_5": Qwen35Decoder,
+                                         "qwen3_vl_moe": Qwen3VLMoeDecoder, "qwen3_5_moe": Qwen35MoeDecoder}
 
 
 def build_decoder(cfg: ModelConfig) -> DecoderLM:

@@ -1,7 +1,8 @@
 """The text decoder shared by both families: embeddings, a stack of blocks, final norm, LM head.
 
-A family (models/qwen3_vl.py, models/qwen3_5.py) chooses the norm convention, the token mixer of
-each layer and whether DeepStack features are injected. Parameter names mirror transformers' so
+A family (models/qwen3_vl.py, models/qwen3_5.py, and their MoE variants) chooses the norm convention,
+the token mixer of each layer, its MLP (dense SwiGLU or a sparse MoE block) and whether DeepStack
+features are injected. Parameter names mirror transformers' so
 checkpoints map by name.
 """
 
@@ -14,21 +15,25 @@ from ..config import ModelConfig
 from ..layers.batch import ForwardBatch
 from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU
+from ..layers.moe import SparseMoE
 from ..ops.rope import inverse_frequencies, mrope_axes, rope_cos_sin
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, mixer: nn.Module, norm_cls: type[nn.Module], mixer_name: str):
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module, norm_cls: type[nn.Module], mixer_name: str,
+                 mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp if mlp is not None else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.sparse = isinstance(self.mlp, SparseMoE)   # its experts run through the step's op set
         self.mixer_name = mixer_name
         self.add_module(mixer_name, mixer)   # "self_attn" or "linear_attn", as in checkpoints
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         h = h + getattr(self, self.mixer_name)(self.input_layernorm(h), batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x = self.post_attention_layernorm(h)
+        return h + (self.mlp(x, batch.ops) if self.sparse else self.mlp(x))
 
 
 class DecoderLM(nn.Module):
@@ -50,6 +55,11 @@ class DecoderLM(nn.Module):
 
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         raise NotImplementedError
+
+    def build_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s MLP: the dense SwiGLU; MoE families return their sparse block where the
+        config puts one."""
+        return SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def gdn_layers(self) -> list[nn.Module]:
         """The Gated DeltaNet token mixers, in layer order (empty for full-attention models)."""

@@ -54,28 +54,35 @@ def _local_name(name: str) -> str | None:
     return name
 
 
-def _targets(model: nn.Module) -> dict[str, tuple[tuple[int, ...], Callable[[torch.Tensor], None]]]:
-    """Checkpoint-side parameter name -> (expected shape, writer). Merged projections expose one name
-    per part (`…self_attn.q_proj.weight`), exactly as checkpoints store them."""
-    targets: dict[str, tuple[tuple[int, ...], Callable[[torch.Tensor], None]]] = {}
+Target = tuple[tuple[tuple[int, ...], ...], Callable[[torch.Tensor], None]]   # (accepted shapes, writer)
+
+
+def _targets(model: nn.Module) -> dict[str, Target]:
+    """Checkpoint-side parameter name -> (accepted shapes, writer). Merged projections expose one name
+    per part (`…self_attn.q_proj.weight`), exactly as checkpoints store them; modules with
+    `checkpoint_targets` (MoE experts, layers/moe.py) their own names and layouts."""
+    targets: dict[str, Target] = {}
     merged = {name: m for name, m in model.named_modules() if isinstance(m, MergedLinear)}
     for name, module in merged.items():
         parent = name.rsplit(".", 1)[0]
         for part_leaf in module.part_names():
             part, leaf = part_leaf.split(".")
             targets[f"{parent}.{part_leaf}"] = (
-                module.part_shape(part, leaf),
+                (module.part_shape(part, leaf),),
                 lambda t, m=module, p=part, lf=leaf: m.load_part(p, lf, t),
             )
+    custom = {name: m for name, m in model.named_modules() if hasattr(m, "checkpoint_targets")}
+    for name, module in custom.items():
+        targets.update({f"{name}.{local}": target for local, target in module.checkpoint_targets().items()})
     for name, param in model.named_parameters(remove_duplicate=False):
-        if name.rsplit(".", 1)[0] in merged:
+        if name.rsplit(".", 1)[0] in merged.keys() | custom.keys():
             continue
 
         def write(t: torch.Tensor, param: torch.Tensor = param) -> None:
             with torch.no_grad():
                 param.copy_(t.to(param.dtype))
 
-        targets[name] = (tuple(param.shape), write)
+        targets[name] = ((tuple(param.shape),), write)
     return targets
 
 
@@ -102,9 +109,9 @@ def load_decoder_weights(model: nn.Module, folder: Path, tied: bool) -> dict[str
         if local not in targets:
             unexpected.append(name)
             continue
-        shape, write = targets[local]
-        if shape != tuple(tensor.shape):
-            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, the config expects {shape}")
+        shapes, write = targets[local]
+        if tuple(tensor.shape) not in shapes:
+            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, the config expects {shapes[0]}")
         write(tensor)
         seen.add(local)
     missing = sorted(expected - seen)

@@ -14,12 +14,12 @@ class Qwen35Decoder(DecoderLM):
 
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         layers, n_attn, n_gdn = [], 0, 0
-        for kind in cfg.layer_types:
+        for i, kind in enumerate(cfg.layer_types):
             if kind == "full_attention":
                 mixer, name = Attention(cfg, n_attn, OffsetRMSNorm, gated=True), "self_attn"
                 n_attn += 1
             else:
                 mixer, name = GatedDeltaNet(cfg, n_gdn), "linear_attn"
                 n_gdn += 1
-            layers.append(DecoderBlock(cfg, mixer, OffsetRMSNorm, name))
+            layers.append(DecoderBlock(cfg, mixer, OffsetRMSNorm, name, self.build_mlp(cfg, i)))
         return layers

@@ -13,6 +13,6 @@ class Qwen3VLDecoder(DecoderLM):
 
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         return [
-            DecoderBlock(cfg, Attention(cfg, i, RMSNorm, gated=False), RMSNorm, "self_attn")
+            DecoderBlock(cfg, Attention(cfg, i, RMSNorm, gated=False), RMSNorm, "self_attn", self.build_mlp(cfg, i))
             for i in range(cfg.num_layers)
         ]

@@ -29,6 +29,8 @@ ImageLike = Image.Image | bytes | bytearray | str | Path
 _TOWERS = {
     "qwen3_vl": ("qwen3_vl", "Qwen3VLVisionConfig", "Qwen3VLVisionModel"),
     "qwen3_5": ("qwen3_5", "Qwen3_5VisionConfig", "Qwen3_5VisionModel"),
+    "qwen3_vl_moe": ("qwen3_vl_moe", "Qwen3VLMoeVisionConfig", "Qwen3VLMoeVisionModel"),
+    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeVisionConfig", "Qwen3_5MoeVisionModel"),
 }
 # Where checkpoints keep the tower: transformers' save_pretrained layout first, then the older hub one.
 VISION_PREFIXES = ("model.visual.", "visual.")

@@ -4,11 +4,12 @@ The ops live here in ops/, apart from the layers that call them (flash-linear-at
 kernels apart from its layers the same way): paged attention over the step's `AttentionLayout`
 (ops/attention.py; the native kernel's side in ops/paged_attention.py) and Gated DeltaNet over the
 step's packed sequences, joins and decode rows (ops/gdn_step.py, one layer's ops in ops/gdn_varlen.py
-and ops/gdn_kernel.py). Each has implementations by backend: the native CPU kernels (csrc/, built and
-loaded by ops/native.py) and torch ops; a later one (FlexAttention, flash-linear-attention on a GPU) is
-one more `AttentionOps` / `GDNOps` for `select` to pick. The runner asks `select` once per step, builds
-the step's layouts with the op set it got and hands it to the forward (`ForwardBatch.ops`, and the
-prepared `GDNStep.op`): the layers call what they are handed and never ask which backend it is.
+and ops/gdn_kernel.py), and the grouped expert matmul of MoE layers (ops/moe.py). Each has
+implementations by backend: the native CPU kernels (csrc/, built and loaded by ops/native.py) and torch
+ops; a later one (FlexAttention, flash-linear-attention on a GPU) is one more `AttentionOps` / `GDNOps`
+for `select` to pick. The runner asks `select` once per step, builds the step's layouts with the op set
+it got and hands it to the forward (`ForwardBatch.ops`, and the prepared `GDNStep.op`): the layers call
+what they are handed and never ask which backend it is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import Tensor
 from . import gdn_kernel, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
 from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
+from .moe import ExpertsOp, grouped_experts
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
 # threads; the native kernel runs one thread (and on one thread is faster at every length measured).
@@ -58,6 +60,8 @@ class OpSet:
 
     attention: AttentionOps
     gdn: GDNOps
+    # the grouped expert matmul of MoE layers (ops/moe.py): the torch loop on every backend for now
+    moe: ExpertsOp = grouped_experts
 
 
 def prepare_native(step: GDNStep, key_heads: int) -> GDNLayerOp:
