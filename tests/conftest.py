@@ -21,7 +21,7 @@ torch.set_num_threads(2)
 def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, object]]:
     """family -> (transformers model, saved folder)."""
     out = {}
-    for family in ("qwen3_vl", "qwen3_5"):
+    for family in ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"):
         model = tiny.build_model(family)
         folder = tiny.save_model(model, tmp_path_factory.mktemp(family))
         out[family] = (model, folder)

@@ -43,11 +43,11 @@ def _joined_vs_reapplied(engine: Engine, monkeypatch, setting=FUSED) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoints):
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def engine(tiny_checkpoints, request):
     """Slow decays (as trained models have on many heads): with transformers' random init the state
     forgets within a token or two, P_rest ≈ 0, and no join — right or wrong — would matter."""
-    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    engine = Engine.from_pretrained(tiny_checkpoints[request.param][1])
     with torch.no_grad():
         for layer in engine.model.layers:
             if hasattr(layer, "linear_attn"):

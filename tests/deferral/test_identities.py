@@ -1,4 +1,4 @@
-"""The identities deferred prefill must keep (fp32, ≤ 1e-4), for both model families."""
+"""The identities deferred prefill must keep (fp32, ≤ 1e-4), for both model families and their MoE variants."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from tests.deferral.helpers import concat, hf_forward, image_prompt, record_prefix_states, split, token_rows
 
-FAMILIES = ["qwen3_vl", "qwen3_5"]
+FAMILIES = ["qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"]
 TOL = 1e-4
 
 
