@@ -22,12 +22,13 @@ WORDS = ["the", "a", "red", "green", "blue", "orange", "yellow", "box", "circle"
 CHAT_TEMPLATE = chatml_template("you are helpful .")
 
 
-def save_random_model(folder: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Checkpoint + tokenizer in `folder`; every id of the model's vocabulary decodes to some text."""
+def save_random_model(folder: str | Path, size: str = "tiny", seed: int = 0, family: str = "qwen3_5") -> Path:
+    """Checkpoint + tokenizer in `folder`; every id of the model's vocabulary decodes to some text.
+    `family`: any of raincheck_core.models.random_init's (the MoE variants too)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    folder = save_random_checkpoint(folder, "qwen3_5", size, seed)
+    folder = save_random_checkpoint(folder, family, size, seed)
     config = json.loads((folder / "config.json").read_text())
     vocab_size = config["text_config"]["vocab_size"]
     image = config["image_token_id"]
