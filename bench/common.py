@@ -243,15 +243,16 @@ def add_ratios(summary: dict, turns: list[TurnStats], ref_summary: dict, ref_tur
     summary["tpot_steps_ratio"] = ratio(summary["tpot_steps_s"], ref_summary["tpot_steps_s"])
 
 
-def time_call(fn: Callable[[], object], inner: int, repeats: int) -> float:
+def time_call(fn: Callable[[], object], inner: int, repeats: int,
+              clock: Callable[[], float] = time.perf_counter) -> float:
     """Best over `repeats` batches of the mean time of `fn` in a batch of `inner` calls (seconds)."""
     fn()
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
-        best = min(best, (time.perf_counter() - t0) / inner)
+        best = min(best, (clock() - t0) / inner)
     return best
 
 

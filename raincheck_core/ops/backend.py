@@ -24,7 +24,7 @@ from torch import Tensor
 from . import gdn_kernel, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
 from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
-from .moe import ExpertsOp, grouped_experts
+from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
 # threads; the native kernel runs one thread (and on one thread is faster at every length measured).
@@ -60,7 +60,7 @@ class OpSet:
 
     attention: AttentionOps
     gdn: GDNOps
-    # the grouped expert matmul of MoE layers (ops/moe.py): the torch loop on every backend for now
+    # the grouped expert matmul of MoE layers (ops/moe.py): torch's loop unless `select` finds better
     moe: ExpertsOp = grouped_experts
 
 
@@ -88,10 +88,12 @@ def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype
            gdn_dtypes: tuple[torch.dtype, ...] | None) -> OpSet:
     """The op set of a step on `device` with activations of `dtype`, a KV cache of `kv_dtype` and GDN
     state pools of `gdn_dtypes` (None: the model has no such layers, and their kernel is not built for
-    it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch.
+    it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch;
+    MoE experts through torch's grouped GEMM where it has one (ops/moe.py).
     Asked once per step, so `RAINCHECK_NATIVE=0` (ops/native.py) holds from the next step on."""
     attention = NATIVE_ATTENTION if kv_dtype is not None and native.paged_attention_available(device, kv_dtype) \
         else TORCH_ATTENTION
     gdn = NATIVE_GDN if gdn_dtypes is not None and all(d == torch.float32 for d in gdn_dtypes) \
         and native.gated_deltanet_available(device, dtype) else TORCH_GDN
-    return OpSet(attention, gdn)
+    moe = grouped_mm_experts if grouped_mm_available(device) else grouped_experts
+    return OpSet(attention, gdn, moe)

@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.errors import CheckpointError
-from raincheck_core.ops.moe import grouped_experts, route
+from raincheck_core.ops import backend
+from raincheck_core.ops.moe import grouped_experts, grouped_mm_available, grouped_mm_experts, route
 from tests import tiny
 from tests.engine.reference import hf_logits, image_tokens, random_visual
 
@@ -123,17 +124,28 @@ def test_expert_tensor_of_the_wrong_width_is_reported(tiny_checkpoints, tmp_path
         Engine.from_pretrained(folder)
 
 
-def test_grouped_experts_equals_each_row_through_its_experts():
+@pytest.mark.parametrize("op", [grouped_experts, grouped_mm_experts], ids=["loop", "grouped_mm"])
+@pytest.mark.parametrize(("hidden", "inter"), [(16, 8), (8, 6)], ids=["aligned", "unaligned"])
+def test_expert_ops_equal_each_row_through_its_experts(op, hidden, inter):
+    """The unaligned widths (6 fp32 values: 24 bytes) take the loop inside the grouped-GEMM op."""
+    if op is grouped_mm_experts and not grouped_mm_available("cpu"):
+        pytest.skip("this torch has no _grouped_mm")
     g = torch.Generator().manual_seed(0)
-    x, gate_up = torch.randn(9, 8, generator=g), torch.randn(5, 12, 8, generator=g)
-    down = torch.randn(5, 8, 6, generator=g)
+    x, gate_up = torch.randn(9, hidden, generator=g), torch.randn(5, 2 * inter, hidden, generator=g)
+    down = torch.randn(5, hidden, inter, generator=g)
     experts, weights = route(torch.randn(9, 5, generator=g) * 3, 2)
     assert torch.allclose(weights.sum(-1), torch.ones(9))
     rows = []
     for r in range(9):
-        acc = torch.zeros(8)
+        acc = torch.zeros(hidden)
         for e, w in zip(experts[r].tolist(), weights[r], strict=True):
             gate, up = (gate_up[e] @ x[r]).chunk(2)
             acc += w * (down[e] @ (torch.nn.functional.silu(gate) * up))
         rows.append(acc)
-    assert torch.allclose(grouped_experts(x, experts, weights, gate_up, down), torch.stack(rows), atol=1e-5)
+    assert torch.allclose(op(x, experts, weights, gate_up, down), torch.stack(rows), atol=1e-5)
+
+
+def test_the_cpu_backend_takes_the_grouped_gemm_where_torch_has_it():
+    ops = backend.select("cpu", torch.float32, torch.float32, None)
+    assert ops.moe is (grouped_mm_experts if grouped_mm_available("cpu") else grouped_experts)
+    assert backend.OpSet(ops.attention, ops.gdn).moe is grouped_experts
