@@ -27,6 +27,10 @@ Every (workload, N) runs once per round, the order reversed every other round so
 alike, after one short untimed warm-up turn per workload. `--profile` adds a per-layer-kind breakdown
 (forward hooks; thread CPU ms per step, exclusive of child modules) of the text step at N = 1 and at
 the largest N, and of the plain and the fused steps of 16 image turns.
+
+`chunk_cost_by_bucket` (bench/moe.py; `--no-moe` skips it): one image turn per chunk size (7/15/31/63
+rows), dense Qwen3.5 vs its MoE shape: what carrying a chunk adds to a decode step, and how many
+distinct experts the plain and the fused steps route to.
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ from tqdm import tqdm
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 
-from . import plots
+from . import moe, plots
 from .common import FAMILIES, STEP_QUANTILE, build_engine, image_prompt, quantile, setup_torch
 
 GOALS = {"scaling_32": 10.0, "fused_step_over_plain_16": 1.5}
 FUSED_N = 16
+MOE_VS_DENSE = ("qwen3_5", "qwen3_5_moe")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -299,6 +304,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="add a per-layer-kind breakdown of the largest steps")
+    ap.add_argument("--no-moe", action="store_true", help="skip the chunk-step cost by bucket, MoE vs dense")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG of tokens/s vs N (default docs/img/batch_scaling.png; not written with --quick)")
@@ -340,6 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         results = {family: bench_family(family, args, Path(tmp)) for family in args.families.split(",")}
+        buckets = None if args.no_moe else moe.bucket_costs(MOE_VS_DENSE, args.side, args.text, args.max_new,
+                                                            args.repeats, Path(tmp))
     wall = time.perf_counter() - t0
     top = args.ns[-1]
     head = {
@@ -361,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     for family, r in results.items():
         if "profile" in r:
             print(f"Where a step's CPU time goes, {family} (forward hooks):\n\n{profile_table(r['profile'])}\n")
+    if buckets:
+        print(f"Extra cost of a chunk-carrying decode step over the plain step, by chunk bucket (one session, "
+              f"CPU time, 20th percentiles; bench/moe.py):\n\n{moe.bucket_table(buckets)}\n")
     print(json.dumps(head, indent=2))
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {**head, "goals": GOALS, "quick": args.quick, "wall_s": wall, "command": cmd,
                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                   "results": results}
+                   "results": results, "chunk_cost_by_bucket": buckets}
         args.json.write_text(json.dumps(payload, indent=2))
 
 

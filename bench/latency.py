@@ -13,6 +13,8 @@ time, with ratios to `full`. Then, on one family:
 - a chunk-size sweep at `tpot_slo=None` (fused and serial), and from it the extra cost of a
   chunk-carrying step over a plain decode step, fitted as fixed + per-row (least squares over c);
 - a retention sweep (full run only) and the GDN state-join micro-benchmark;
+- the MoE shape (bench/moe.py): full / hard / raincheck on the random MoE checkpoint, with the
+  distinct experts a plain decode step and a fused step route to;
 - think time: 3 turns (image, then two text questions) with t seconds between an answer's end and
   the next question while the engine steps in the background; per policy the TTFT of turn 1, its
   mean TPOT, the barrier wait at turns 2-3 and the share of D restored before turn 1's answer ended.
@@ -46,7 +48,7 @@ from tqdm import tqdm
 from raincheck_core import TurnMetrics
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
 
-from . import plots
+from . import moe, plots
 from .common import (
     FAMILIES,
     Arm,
@@ -386,6 +388,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-think", action="store_true", help="skip the think-time scenario")
     ap.add_argument("--img-dir", type=Path, help="where PNG plots go (default docs/img; none with --quick)")
     ap.add_argument("--json", type=Path, help="write every number here")
+    moe.add_args(ap)
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu measures the calling thread only: use it with --threads 1")
@@ -424,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
             if family == args.sweep_family and not args.no_think:
                 gaps = think_time(engine, prompt, args)
             del engine
+        moe_res = None if args.no_moe else moe.latency_section(
+            args, Path(tmp), [Arm(a, _cfg(args, a)) for a in moe.MOE_ARMS], CLOCKS[args.clock])
     gdn = gdn_join_bench(args.gdn_lengths, 3 if args.quick else 7)
     main_family = args.sweep_family if args.sweep_family in results else families[0]
     head = headline(results, objective, chunk, gaps, gdn, main_family)
@@ -446,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Think time ({args.sweep_family}, wall clock, background stepping, median of {args.gap_repeats}):"
               f"\n\n{think_table(gaps)}\n")
     print(f"GDN state join micro-benchmark (fp32, best of batches):\n\n{gdn_table(gdn)}\n")
+    if moe_res:
+        print(moe.latency_table(moe_res) + "\n")
     print(goal_table(head))
     if args.img_dir:
         for path in plots.save_all(args.img_dir, results, chunk, retention, args.max_new, objective):
@@ -454,7 +461,8 @@ def main(argv: list[str] | None = None) -> None:
         payload = {**head, "goals": GOALS, "wall_s": wall, "torch": torch.__version__,
                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                    "policies": results, "objective": objective, "chunk_sweep": chunk,
-                   "retention_sweep": retention, "think_time": [vars(r) for r in gaps or []], "gdn_join": gdn}
+                   "retention_sweep": retention, "think_time": [vars(r) for r in gaps or []], "gdn_join": gdn,
+                   "moe": moe_res}
         args.json.write_text(json.dumps(payload, indent=2))
 
 
