@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import Qwen3_5Config, Qwen3_5TextConfig, Qwen3VLConfig
+from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3_5TextConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 
 from raincheck_core import CheckpointError, ModelConfig, UnsupportedModelError
 
@@ -19,6 +19,8 @@ QWEN35_GDN = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key
                   linear_value_head_dim=128, linear_conv_kernel=4)
 QWEN35_IDS = dict(image_token_id=248056, video_token_id=248057, vision_start_token_id=248053,
                   vision_end_token_id=248054)
+DENSE = dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, shared_expert_intermediate_size=0,
+             moe_layers=())
 QWEN3VL_IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
                    vision_end_token_id=151653)
 
@@ -49,7 +51,7 @@ def test_qwen3_vl_8b(tmp_path):
         mrope_section=(24, 20, 20), layer_types=("full_attention",) * 36, tie_word_embeddings=False,
         attention_bias=False, linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
         linear_value_head_dim=0, linear_conv_kernel=4, **QWEN3VL_IDS, spatial_merge_size=2, deepstack_levels=3,
-        has_vision=True, eos_token_ids=(151645, 151643), max_position_embeddings=262144))
+        has_vision=True, eos_token_ids=(151645, 151643), max_position_embeddings=262144, **DENSE))
 
 
 def test_qwen3_vl_defaults_and_the_modeling_code_mrope_default(tmp_path):
@@ -71,7 +73,7 @@ def test_qwen3_5_9b(tmp_path):
         num_heads=16, num_kv_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, rotary_dim=64,
         mrope_section=(11, 11, 10), layer_types=QWEN35_LAYERS, tie_word_embeddings=False, attention_bias=False,
         **QWEN35_GDN, **QWEN35_IDS, spatial_merge_size=2, deepstack_levels=0, has_vision=True,
-        eos_token_ids=(248046, 248044), max_position_embeddings=262144))
+        eos_token_ids=(248046, 248044), max_position_embeddings=262144, **DENSE))
 
 
 def test_qwen3_5_small_tied_with_defaults(tmp_path):
@@ -82,6 +84,29 @@ def test_qwen3_5_small_tied_with_defaults(tmp_path):
     c = ModelConfig.from_folder(_save(Qwen3_5Config(text_config=text, tie_word_embeddings=True), tmp_path))
     assert (c.tie_word_embeddings, c.rotary_dim, c.rope_theta, c.mrope_section) == (True, 64, 10000.0, (11, 11, 10))
     assert (c.num_gdn_layers, c.num_attention_layers, c.eos_token_ids) == (18, 6, (248044,))
+
+
+def test_qwen3_vl_30b_a3b(tmp_path):
+    text = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[])
+    c = ModelConfig.from_folder(_save(Qwen3VLMoeConfig(text_config=text), tmp_path))
+    assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.intermediate_size) == \
+        ("qwen3_vl_moe", 128, 8, 768, 6144)
+    assert c.moe_layers == tuple(range(48)) and c.shared_expert_intermediate_size == 0 and c.deepstack_levels == 3
+
+
+def test_qwen3_vl_moe_dense_layers(tmp_path):
+    text = dict(num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    assert ModelConfig.from_folder(_save(Qwen3VLMoeConfig(text_config=text), tmp_path)).moe_layers == (1, 5)
+
+
+def test_qwen3_5_moe_defaults(tmp_path):
+    """Every layer sparse, with a shared expert; the text config has no dense MLP width."""
+    c = ModelConfig.from_folder(_save(Qwen3_5MoeConfig(), tmp_path))
+    assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
+            c.shared_expert_intermediate_size, c.intermediate_size) == ("qwen3_5_moe", 256, 8, 512, 512, 0)
+    assert c.moe_layers == tuple(range(c.num_layers)) and c.num_gdn_layers == 3 * c.num_attention_layers
 
 
 def test_qwen3_5_text_only(tmp_path):
