@@ -13,7 +13,7 @@ from tests.engine.reference import mm_token_types
 from tests.multimodal.mm_helpers import QWEN_TEMPLATE, png, save_tokenizer
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"])
 def test_png_through_vision_tower_matches_transformers(tiny_checkpoints, tmp_path, family):
     hf, folder = tiny_checkpoints[family]
     folder = shutil.copytree(folder, tmp_path / "ckpt")
