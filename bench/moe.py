@@ -66,9 +66,11 @@ class ExpertCounter:
                                statistics.fmean(self._layers)))
         self._layers = []
 
-    def per_step(self, fused: bool) -> float | None:
-        """Mean distinct experts of the decode steps with (`fused`) or without deferred rows."""
-        counts = [e for decode, deferred, e in self.steps if decode and (deferred > 0) == fused]
+    def per_step(self, fused: bool, rows: int | None = None) -> float | None:
+        """Mean distinct experts of the decode steps with (`fused`; `rows` of them, when given) or without
+        deferred rows."""
+        counts = [e for decode, deferred, e in self.steps
+                  if decode and (deferred > 0) == fused and (rows is None or deferred == rows)]
         return statistics.fmean(counts) if counts else None
 
     def close(self) -> None:
@@ -105,10 +107,12 @@ def latency_section(args: argparse.Namespace, workdir: Path, arms: Sequence[Arm]
 
 
 def latency_table(res: dict) -> str:
-    rows = ["| arm | TTFT ms | TPOT ms | TTFT / full | TPOT / full (paired) |", "|---|---|---|---|---|"]
+    rows = ["| arm | TTFT ms | TPOT ms | TTFT / full | TPOT / full (paired) | chunk steps | D restored before end |",
+            "|---|---|---|---|---|---|---|"]
     for name, s in res["arms"].items():
+        restored = "-" if s["restored_before_end"] is None else f"{s['restored_before_end']:.0%}"
         rows.append(f"| {name} | {1e3 * s['ttft_s']:.1f} | {1e3 * s['tpot_s']:.2f} | {s['ttft_ratio']:.2f}x | "
-                    f"{s['tpot_ratio']:.2f}x ({s['tpot_ratio_paired']:.2f}x) |")
+                    f"{s['tpot_ratio']:.2f}x ({s['tpot_ratio_paired']:.2f}x) | {s['restoring_steps']} | {restored} |")
     fused = res["experts_per_fused_step"]
     return (f"MoE shape ({res['shape']}):\n\n" + "\n".join(rows) +
             f"\n\nexperts_per_decode_step {res['experts_per_decode_step']:.1f}, experts_per_fused_step "
@@ -117,7 +121,7 @@ def latency_table(res: dict) -> str:
 
 def bucket_costs(families: Sequence[str], side: int, text: int, max_new: int, repeats: int, workdir: Path) -> dict:
     """family -> chunk size -> extra ms of a chunk-carrying decode step over the plain (guard) step
-    (20th percentiles of each, one session, thread CPU time), and the distinct experts of each."""
+    (20th percentiles of each, one session, thread CPU time) and the distinct experts of its steps."""
     out: dict = {}
     for family in families:
         engine = build_engine(family, workdir)
@@ -131,21 +135,27 @@ def bucket_costs(families: Sequence[str], side: int, text: int, max_new: int, re
         for c in CHUNK_SIZES:
             plain = quantile([g for t in turns[f"c{c}"] for g in t.plain_gaps()], STEP_QUANTILE)
             fused = quantile([g for t in turns[f"c{c}"] for g in t.restoring_gaps(c)], STEP_QUANTILE)
-            rows[c] = dict(plain_ms=1e3 * plain, extra_ms=None if fused is None else 1e3 * (fused - plain))
+            rows[c] = dict(plain_ms=1e3 * plain, extra_ms=None if fused is None else 1e3 * (fused - plain),
+                           experts=counter.per_step(True, c))
         out[family] = dict(buckets=rows, experts_per_decode_step=counter.per_step(False),
                            experts_per_fused_step=counter.per_step(True))
     return out
 
 
 def bucket_table(res: dict) -> str:
-    head = "| family | plain step ms | " + " | ".join(f"+{c} rows" for c in CHUNK_SIZES) + " | experts decode / fused |"
-    rows = [head, "|---" * (len(CHUNK_SIZES) + 3) + "|"]
+    """Extra ms per bucket, with the distinct experts of those steps (MoE) in parentheses."""
+    head = "| family | plain step ms (experts) | " + " | ".join(f"+{c} rows" for c in CHUNK_SIZES) + " |"
+    rows = [head, "|---" * (len(CHUNK_SIZES) + 2) + "|"]
+
+    def experts(n: float | None) -> str:
+        return "" if n is None else f" ({n:.1f})"
+
     for family, r in res.items():
         b = r["buckets"]
-        extra = " | ".join("-" if b[c]["extra_ms"] is None else f"+{b[c]['extra_ms']:.2f} ms" for c in CHUNK_SIZES)
-        experts = "-" if r["experts_per_decode_step"] is None else \
-            f"{r['experts_per_decode_step']:.1f} / {r['experts_per_fused_step'] or 0:.1f}"
-        rows.append(f"| {family} | {b[CHUNK_SIZES[0]]['plain_ms']:.2f} | {extra} | {experts} |")
+        extra = " | ".join("-" if b[c]["extra_ms"] is None else f"+{b[c]['extra_ms']:.2f} ms{experts(b[c]['experts'])}"
+                           for c in CHUNK_SIZES)
+        rows.append(f"| {family} | {b[CHUNK_SIZES[0]]['plain_ms']:.2f}{experts(r['experts_per_decode_step'])} | "
+                    f"{extra} |")
     return "\n".join(rows)
 
 
