@@ -30,7 +30,7 @@ from raincheck_core import Engine
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
 from raincheck_core.engine.core import StepStats
 from raincheck_core.layers.moe import SparseMoE
-from raincheck_core.models.random_init import MOE_FAMILIES, MOE_SHAPES
+from raincheck_core.models.random_init import MOE_FAMILIES, MOE_SHAPES, SIZES
 from raincheck_core.ops.moe import grouped_experts, grouped_mm_available, grouped_mm_experts, route
 
 from .common import (
@@ -163,7 +163,8 @@ def op_bench(row_counts: Sequence[int], repeats: int = 7) -> list[dict]:
     """The loop expert op vs the `_grouped_mm` one (same routing, same sorted rows) at the bench MoE
     shape; per row count, seconds per call (best of `repeats`) and grouped_mm / loop speed."""
     s = MOE_SHAPES["bench"]
-    e, k, inter, hidden = s["num_experts"], s["num_experts_per_tok"], s["moe_intermediate_size"], 384
+    e, k, inter = s["num_experts"], s["num_experts_per_tok"], s["moe_intermediate_size"]
+    hidden = SIZES["bench"]["hidden"]
     g = torch.Generator().manual_seed(0)
     gate_up, down = torch.randn(e, 2 * inter, hidden, generator=g) / 20, torch.randn(e, hidden, inter, generator=g) / 12
     out = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from raincheck_core import Engine
@@ -37,8 +38,9 @@ def test_sharded_checkpoint_with_tied_embeddings(tmp_path):
     assert float((engine.forward_logits(ids) - hf_logits(model, ids)).abs().max()) <= 1e-4
 
 
-def test_bfloat16_engine_stays_close_to_fp32(tiny_checkpoints):
-    _, folder = tiny_checkpoints["qwen3_5"]
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_bfloat16_engine_stays_close_to_fp32(tiny_checkpoints, family):
+    _, folder = tiny_checkpoints[family]
     ids = torch.randint(0, 150, (40,), generator=torch.Generator().manual_seed(6))
     fp32 = Engine.from_pretrained(folder).forward_logits(ids)
     bf16 = Engine.from_pretrained(folder, dtype="bfloat16").forward_logits(ids)
