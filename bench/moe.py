@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="1,8,16,32,64")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"`python -m bench.moe {' '.join(argv if argv is not None else sys.argv[1:])}`: {_shape('ops')}\n")
+    cmd = " ".join(["python -m bench.moe", *(argv if argv is not None else sys.argv[1:])])
+    s = MOE_SHAPES["bench"]
+    print(f"`{cmd}`: hidden {SIZES['bench']['hidden']}, {s['num_experts']} experts, top-{s['num_experts_per_tok']}, "
+          f"expert width {s['moe_intermediate_size']}; one thread, thread CPU time, best of 7\n")
     print("| rows | active experts | loop ms | _grouped_mm ms | _grouped_mm speed |\n|---|---|---|---|---|")
     for r in op_bench([int(x) for x in args.rows.split(",")]):
         gm = "n/a" if r["grouped_mm_ms"] is None else f"{r['grouped_mm_ms']:.3f} | {r['speed_vs_loop']:.2f}x"

@@ -9,9 +9,10 @@ another weight read.
 
 Two implementations (`ExpertsOp`): `grouped_experts`, the torch loop (one gate/up and one down matmul
 per active expert), and `grouped_mm_experts`, one `torch._grouped_mm` per projection over all the
-experts' row groups. On the CPU the grouped GEMM measured 1.2-1.7x the loop's speed at 8-64 rows and
-the same at one row (`python -m bench.moe`, docs/BENCHMARKS.md "Mixture of experts"), so the CPU
-backend takes it where torch has it (ops/backend.py); an accelerated backend can bring its own kernel.
+experts' row groups. On the CPU the grouped GEMM measured 1.2-1.7x the loop's speed at 8-64 rows
+(three runs) and 1.0-1.1x at one row (`python -m bench.moe`, docs/BENCHMARKS.md "Mixture of experts"),
+so the CPU backend takes it where torch has it (ops/backend.py); an accelerated backend can bring its
+own kernel.
 """
 
 from __future__ import annotations
