@@ -50,7 +50,7 @@ class TurnRequest:
         self.cache = cache
         self.input = turn_input
         self.params = params
-        self.sampler = Sampler(params)
+        self.sampler = Sampler(params, turn_input.token_ids, stop_ids)
         self.stop_ids = stop_ids
         self.decode_text = decode
         self.return_logits = return_logits
@@ -122,7 +122,8 @@ class TurnRequest:
         self.generated.append(token)
         text = self._text_delta()
         self.events.append(TokenEvent(token, text, len(self.generated) - 1,
-                                      logits.clone() if self.return_logits else None))
+                                      logits.clone() if self.return_logits else None,
+                                      self.sampler.logprob, self.sampler.top_logprobs))
         if token in self.stop_ids and not self.params.ignore_eos:
             self.finish("stop")
         elif len(self.generated) >= self.params.max_new_tokens:

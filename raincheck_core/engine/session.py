@@ -85,6 +85,7 @@ class Session:
         reported as `barrier_wait_s`)."""
         params = sampling or SamplingParams()
         engine = self.engine
+        _check_token_ids(params, engine.model_config.vocab_size)
         cfg = engine.deferral_for(deferral or self.deferral)
         self._check_idle()
         # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
@@ -218,6 +219,13 @@ class Session:
     @property
     def cached_tokens(self) -> int:
         return self.cache.length
+
+
+def _check_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", [t for t, _ in params.logit_bias])):
+        if any(t >= vocab_size for t in ids):
+            raise InvalidInputError(f"{name} names token ids outside the vocabulary (size {vocab_size}): "
+                                    f"{sorted(t for t in ids if t >= vocab_size)}")
 
 
 class TurnStream:
