@@ -172,13 +172,14 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         turn = await start(request, lambda: openai_api.to_spec(body, images))
         cid, model = openai_api.completion_id(), body.model
         if not body.stream:
-            return openai_api.completion_body(cid, model, await finish(turn))
+            return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
         created, usage_chunk = int(time.time()), body.stream_options is not None and body.stream_options.include_usage
 
         def chunks(event: Delta | Done) -> list[dict]:
             if isinstance(event, Delta):
-                return [openai_api.chunk_body(cid, model, created, {"content": event.text})]
-            out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, raincheck=event.details())]
+                return [openai_api.chunk_body(cid, model, created, {"content": event.text}, logprobs=event.logprobs)]
+            out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, event.unsent_logprobs,
+                                         raincheck=event.details())]
             if usage_chunk:
                 out.append(openai_api.chunk_body(cid, model, created, None, usage=openai_api.usage_body(event)))
             return out

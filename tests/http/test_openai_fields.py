@@ -1,0 +1,65 @@
+"""No field of OpenAI's chat request is silently ignored: every field the openai package's request type
+has is declared in services/http/openai_fields.py, each refused one is a 400 naming it when it asks for
+something, each honoured or bookkeeping one is accepted, and a field in no list is a 400."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from openai.types.chat import completion_create_params as chat_params
+
+from services.http import openai_fields
+from services.http.openai_api import ChatCompletionRequest
+
+from .helpers import MODEL, user
+
+CHAT_KEYS = sorted(chat_params.CompletionCreateParamsStreaming.__required_keys__
+                   | chat_params.CompletionCreateParamsStreaming.__optional_keys__)
+# a value asking for something, per refused field (others: True)
+ASKING = {"n": 2, "service_tier": "flex", "response_format": {"type": "json_object"},
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+          "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
+          "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+          "reasoning_effort": "high", "verbosity": "low"}
+# a non-default value, per honoured or bookkeeping field
+SETTING = {"max_tokens": 4, "max_completion_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["zzz"],
+           "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"5": 1.0}, "logprobs": True,
+           "top_logprobs": 2, "user": "u1", "metadata": {"k": "v"}, "safety_identifier": "s1",
+           "prompt_cache_key": "c1", "stream_options": {"include_usage": True}}
+FIXED = {"model", "messages", "stream"}    # every request sets them
+
+
+def test_every_openai_chat_field_is_declared_and_modelled():
+    assert set(CHAT_KEYS) <= set(openai_fields.CHAT), "declare it in services/http/openai_fields.py"
+    assert set(openai_fields.CHAT) <= set(ChatCompletionRequest.model_fields)
+    assert set(openai_fields.EXTRAS) <= set(ChatCompletionRequest.model_fields)
+
+
+@pytest.mark.parametrize("name", [k for k in CHAT_KEYS if openai_fields.CHAT[k].status == openai_fields.REFUSED])
+def test_a_refused_field_asking_for_something_is_400(stack, name):
+    body = {"model": MODEL, "messages": [user("hi")], "max_tokens": 2, name: ASKING.get(name, True)}
+    with pytest.raises(openai.BadRequestError) as e:
+        stack.openai().post("/chat/completions", body=body, cast_to=object)
+    err = e.value.response.json()["error"]
+    assert err["param"] == name and f"{name} is not supported" in err["message"]
+
+
+@pytest.mark.parametrize("name", [k for k in CHAT_KEYS
+                                  if openai_fields.CHAT[k].status != openai_fields.REFUSED and k not in FIXED])
+def test_an_honoured_or_bookkeeping_field_is_accepted(stack, name):
+    body = {"model": MODEL, "messages": [user("hi")], "max_tokens": 2, name: SETTING[name],
+            "stream": name == "stream_options"}
+    if name == "top_logprobs":
+        body["logprobs"] = True
+    response = stack.openai().post("/chat/completions", body=body, cast_to=object, stream=body["stream"],
+                                   stream_cls=openai.Stream[object])
+    if body["stream"]:
+        assert list(response)
+    else:
+        assert response["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_neutral_values_of_refused_fields_pass(stack):
+    r = stack.openai().chat.completions.create(model=MODEL, messages=[user("hi")], max_tokens=2, n=1,
+                                               response_format={"type": "text"}, store=False, tools=[])
+    assert r.choices[0].finish_reason in ("stop", "length")
