@@ -229,20 +229,80 @@ class ErrorEvent(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ChatEvent(_message.Message):
-    __slots__ = ("turn_id", "token", "metrics", "recovery", "final", "error")
+    __slots__ = ("turn_id", "token", "metrics", "recovery", "final", "error", "prompt")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     token: TokenDelta
     metrics: TurnMetrics
     recovery: RecoveryProgress
     final: TurnFinal
     error: ErrorEvent
-    def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
+    prompt: PromptTokens
+    def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., prompt: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ECHO_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingOptions
+    echo: bool
+    prompt_logprobs: int
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+
+class PromptTokens(_message.Message):
+    __slots__ = ("tokens", "text")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenDelta]
+    text: str
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenDelta, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("model", "text", "add_special_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    text: str
+    add_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "tokens", "max_model_len")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    max_model_len: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[str]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("model", "token_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
