@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import openai_api, sglang_api
+from . import openai_api, sglang_api, stateless_api
 from .call import HttpCall
 from .chat import ChatBackend, Delta, Done, Turn
 from .errors import HttpError
@@ -227,6 +227,8 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     async def get_model_info(request: Request, model: str | None = None):
         await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
         return sglang_api.model_info(await sglang_model(model))
+
+    stateless_api.add_routes(app, backend, blocking, EventStream)
 
     @app.get("/health")
     async def health():

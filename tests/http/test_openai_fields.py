@@ -1,4 +1,4 @@
-"""No field of OpenAI's chat request is silently ignored: every field the openai package's request type
+"""No field of OpenAI's chat or completions request is silently ignored: every field the openai package's request type
 has is declared in services/http/openai_fields.py, each refused one is a 400 naming it when it asks for
 something, each honoured or bookkeeping one is accepted, and a field in no list is a 400."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
 from services.http import openai_fields
+from services.http.completions import CompletionRequest
 from services.http.openai_api import ChatCompletionRequest
 
 from .helpers import MODEL, user
@@ -63,3 +65,38 @@ def test_neutral_values_of_refused_fields_pass(stack):
     r = stack.openai().chat.completions.create(model=MODEL, messages=[user("hi")], max_tokens=2, n=1,
                                                response_format={"type": "text"}, store=False, tools=[])
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+COMPLETION_KEYS = sorted(completion_params.CompletionCreateParamsStreaming.__required_keys__
+                         | completion_params.CompletionCreateParamsStreaming.__optional_keys__)
+COMPLETION_ASKING = {"n": 2, "best_of": 2, "suffix": "end"}
+COMPLETION_SETTING = {**SETTING, "echo": True, "logprobs": 2}
+COMPLETION_FIXED = {"model", "prompt", "stream"}
+
+
+def test_every_openai_completions_field_is_declared_and_modelled():
+    assert set(COMPLETION_KEYS) <= set(openai_fields.COMPLETIONS), "declare it in services/http/openai_fields.py"
+    assert set(openai_fields.COMPLETIONS) | set(openai_fields.EXTRAS) <= set(CompletionRequest.model_fields)
+
+
+@pytest.mark.parametrize("name", [k for k in COMPLETION_KEYS
+                                  if openai_fields.COMPLETIONS[k].status == openai_fields.REFUSED])
+def test_a_refused_completions_field_is_400(stack, name):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, name: COMPLETION_ASKING[name]}
+    with pytest.raises(openai.BadRequestError) as e:
+        stack.openai().post("/completions", body=body, cast_to=object)
+    assert e.value.response.json()["error"]["param"] == name
+
+
+@pytest.mark.parametrize("name", [k for k in COMPLETION_KEYS
+                                  if openai_fields.COMPLETIONS[k].status != openai_fields.REFUSED
+                                  and k not in COMPLETION_FIXED])
+def test_an_honoured_completions_field_is_accepted(stack, name):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, name: COMPLETION_SETTING[name],
+            "stream": name == "stream_options"}
+    response = stack.openai().post("/completions", body=body, cast_to=object, stream=body["stream"],
+                                   stream_cls=openai.Stream[object])
+    if body["stream"]:
+        assert list(response)
+    else:
+        assert response["choices"][0]["finish_reason"] in ("stop", "length")
