@@ -19,6 +19,7 @@ class Sampling:
     logit_bias: Mapping[int, float] = field(default_factory=dict)   # token id -> [-100, 100]
     logprobs: bool = False                    # each Token carries its logprob
     top_logprobs: int = 0                     # and the k most likely tokens' (0-20)
+    grammar: str = ""                         # llguidance grammar text the answer must follow ("": none)
 
     def apply(self, options: chat_pb2.SamplingOptions) -> chat_pb2.SamplingOptions:
         """`options` with these fields set."""
@@ -27,5 +28,5 @@ class Sampling:
                 setattr(options, name, getattr(self, name))
         options.stop_token_ids.extend(self.stop_token_ids)
         options.logit_bias.update(self.logit_bias)
-        options.logprobs, options.top_logprobs = self.logprobs, self.top_logprobs
+        options.logprobs, options.top_logprobs, options.grammar = self.logprobs, self.top_logprobs, self.grammar
         return options

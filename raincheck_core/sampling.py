@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import InvalidInputError, SamplingError
 from .logit_rules import LogitRules, token_logprobs
+
+if TYPE_CHECKING:
+    from .grammar import TokenConstraint
 
 log = logging.getLogger(__name__)
 MIN_TEMPERATURE = 1e-5   # below it, sampling is greedy in all but name; 0 asks for greedy
@@ -57,6 +61,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias in [-100, 100])
     logprobs: bool = False            # report each chosen token's log probability
     top_logprobs: int = 0             # and the k most likely tokens' (needs logprobs)
+    grammar: str | None = None        # llguidance grammar text the answer must follow (grammar.py)
 
     def __post_init__(self) -> None:
         temperature = _number("temperature", self.temperature)
@@ -97,6 +102,8 @@ class SamplingParams:
             raise InvalidInputError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("top_logprobs needs logprobs")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise InvalidInputError(f"grammar must be a string, got {type(self.grammar).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -107,13 +114,15 @@ class Sampler:
     """Draws one token from the logits `[vocab]`; owns the turn's random generator and logit rules.
 
     `context`: the turn's input tokens (the repetition penalty's); `stop_ids`: the tokens that end the
-    answer (held back until `min_tokens`). After each draw, `logprob` / `top_logprobs` hold the chosen
-    token's log probability under the model's logits (with `params.logprobs`)."""
+    answer (held back until `min_tokens`); `constraint`: the turn's grammar, which masks what it cannot
+    take next. After each draw, `logprob` / `top_logprobs` hold the chosen token's log probability under
+    the model's logits, before any rule or mask (with `params.logprobs`)."""
 
     def __init__(self, params: SamplingParams, context: list[int] | tuple[int, ...] = (),
-                 stop_ids: set[int] | frozenset[int] = frozenset()):
+                 stop_ids: set[int] | frozenset[int] = frozenset(), constraint: TokenConstraint | None = None):
         self.params = params
         self.rules = LogitRules(params, context, stop_ids) if LogitRules.needed(params) else None
+        self.constraint = constraint
         self.logprob: float | None = None
         self.top_logprobs: tuple[tuple[int, float], ...] = ()
         self.generator = torch.Generator()
@@ -127,9 +136,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         self.fallback = None
         raw = logits.detach().float()
-        token = self._draw(self.rules.apply(raw) if self.rules is not None else raw)
+        ruled = self.rules.apply(raw) if self.rules is not None else raw
+        if self.constraint is not None:
+            ruled = self.constraint.apply(ruled.clone() if ruled is raw else ruled)
+        token = self._draw(ruled)
         if self.rules is not None:
             self.rules.record(token)
+        if self.constraint is not None:
+            self.constraint.consume(token)
         if self.params.logprobs:
             self.logprob, self.top_logprobs = token_logprobs(raw, token, self.params.top_logprobs)
         return token

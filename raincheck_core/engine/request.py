@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..grammar import TokenConstraint
 from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler, SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
@@ -44,13 +45,13 @@ class TurnRequest:
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
         deferred_tokens: int = 0, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
         checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None,
     ):
         self.id = next(_ids)
         self.cache = cache
         self.input = turn_input
         self.params = params
-        self.sampler = Sampler(params, turn_input.token_ids, stop_ids)
+        self.sampler = Sampler(params, turn_input.token_ids, stop_ids, constraint)
         self.stop_ids = stop_ids
         self.decode_text = decode
         self.return_logits = return_logits

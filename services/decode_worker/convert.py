@@ -55,7 +55,7 @@ def to_sampling(o: chat_pb2.SamplingOptions, default_max_new_tokens: int) -> Sam
     kw.setdefault("max_new_tokens", default_max_new_tokens)
     return SamplingParams(ignore_eos=o.ignore_eos, stop_token_ids=tuple(o.stop_token_ids),
                           logit_bias=tuple(sorted(o.logit_bias.items())), logprobs=o.logprobs,
-                          top_logprobs=o.top_logprobs, **kw)
+                          top_logprobs=o.top_logprobs, grammar=o.grammar or None, **kw)
 
 
 def token_delta(event: TokenEvent, decode: Callable[[list[int]], str] | None) -> chat_pb2.TokenDelta:

@@ -23,6 +23,7 @@ from .errors import HttpError
 from .images import ImageLoader
 from .logprobs import chat_logprobs
 from .openai_fields import RaincheckExtras
+from .response_format import grammar_of
 from .sampling_fields import sampling_options
 
 
@@ -72,10 +73,10 @@ class ChatCompletionRequest(RaincheckExtras):
     metadata: dict[str, str] | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    response_format: Any = None
     # refused unless neutral (openai_fields.CHAT says why)
     service_tier: Any = None
     store: Any = None
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -99,6 +100,7 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     messages = [await _role_message(m, i, images) for i, m in enumerate(r.messages)]
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     sampling = sampling_options(r, max_tokens, bool(r.logprobs), r.top_logprobs or 0)
+    sampling.grammar = grammar_of(r.response_format) or ""
     stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
     return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop)
 

@@ -58,7 +58,7 @@ CHAT: dict[str, Field] = {
     "prompt_cache_key": Field(BOOKKEEPING, "a cache routing hint; sessions are matched by history instead"),
     "service_tier": _refused("one service tier", "auto", "default"),
     "store": _refused("completions are not stored for retrieval", False),
-    "response_format": _refused("structured outputs are not built yet", {"type": "text"}),
+    "response_format": Field(HONOURED, "json_object, json_schema: a grammar mask in the sampler (llguidance)"),
     "tools": _refused("tool calling is not built yet", []),
     "tool_choice": _refused("tool calling is not built yet", "none"),
     "parallel_tool_calls": _refused("tool calling is not built yet"),

@@ -18,7 +18,7 @@ from .helpers import MODEL, user
 CHAT_KEYS = sorted(chat_params.CompletionCreateParamsStreaming.__required_keys__
                    | chat_params.CompletionCreateParamsStreaming.__optional_keys__)
 # a value asking for something, per refused field (others: True)
-ASKING = {"n": 2, "service_tier": "flex", "response_format": {"type": "json_object"},
+ASKING = {"n": 2, "service_tier": "flex",
           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
           "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
           "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
@@ -27,7 +27,8 @@ ASKING = {"n": 2, "service_tier": "flex", "response_format": {"type": "json_obje
 SETTING = {"max_tokens": 4, "max_completion_tokens": 4, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["zzz"],
            "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"5": 1.0}, "logprobs": True,
            "top_logprobs": 2, "user": "u1", "metadata": {"k": "v"}, "safety_identifier": "s1",
-           "prompt_cache_key": "c1", "stream_options": {"include_usage": True}}
+           "prompt_cache_key": "c1", "stream_options": {"include_usage": True},
+           "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}}}
 FIXED = {"model", "messages", "stream"}    # every request sets them
 
 
