@@ -249,20 +249,24 @@ class ChatEvent(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., prompt: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs")
+    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs", "messages_json", "tools_json")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ECHO_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingOptions
     echo: bool
     prompt_logprobs: int
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    messages_json: str
+    tools_json: str
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ...) -> None: ...
 
 class PromptTokens(_message.Message):
     __slots__ = ("tokens", "text")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import torch
 
 from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, InvalidInputError, Prompt, TokenEvent, TurnEnd, TurnMetrics
+from raincheck_core.multimodal.chat import chatml_template
 
 from .admission import admit
 from .convert import error_event, final_event, metrics_event, to_sampling, token_delta
@@ -70,8 +72,11 @@ def _scored_only(ids: list[int], prompt: chat_pb2.PromptTokens | None) -> Iterat
 def prompt_ids(engine: Engine, request: chat_pb2.CompleteRequest | chat_pb2.DetokenizeRequest) -> list[int]:
     """The prompt's token ids (InvalidInputError: none or both given, empty, outside the vocabulary)."""
     text = getattr(request, "text", "")
-    if bool(text) == bool(request.token_ids):
-        raise InvalidInputError("the prompt is text or token ids: give exactly one")
+    chat = getattr(request, "messages_json", "")
+    if (bool(text) + bool(request.token_ids) + bool(chat)) != 1:
+        raise InvalidInputError("the prompt is text, token ids or chat messages: give exactly one")
+    if chat:
+        text = render_chat(_formatter(engine), chat, request.tools_json)
     ids = list(request.token_ids) if request.token_ids else _formatter(engine).encode(text)
     vocab = engine.model_config.vocab_size
     if not ids:
@@ -80,6 +85,34 @@ def prompt_ids(engine: Engine, request: chat_pb2.CompleteRequest | chat_pb2.Deto
     if outside:
         raise InvalidInputError(f"token ids must be in [0, {vocab}): got {outside[:5]}")
     return ids
+
+
+def render_chat(formatter, messages_json: str, tools_json: str) -> str:
+    """A whole chat (and the tools it may call) as the checkpoint's chat template renders it, ready for the
+    assistant's answer. Control tokens in any message's text are refused, as in a session's turns."""
+    try:
+        messages = json.loads(messages_json)
+        tools = json.loads(tools_json) if tools_json else None
+    except json.JSONDecodeError as e:
+        raise InvalidInputError(f"the chat's messages or tools are not JSON: {e}") from None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidInputError("the chat's messages are a list of objects")
+    for m in messages:
+        if isinstance(m.get("content"), str):
+            formatter.check_text(m["content"])
+    text = _render(formatter, messages, tools)
+    if tools and text == _render(formatter, messages, None):
+        raise InvalidInputError("this model's chat template does not render tools: it cannot be offered any")
+    return text
+
+
+def _render(formatter, messages: list[dict], tools: list | None) -> str:
+    try:
+        return formatter.tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=formatter.chat_template or chatml_template(), tokenize=False,
+            add_generation_prompt=True)
+    except Exception as e:      # the template's own refusals (raise_exception) and malformed messages
+        raise InvalidInputError(f"the chat template cannot render this chat: {e}") from None
 
 
 def _prompt_tokens(engine: Engine, ids: list[int], request: chat_pb2.CompleteRequest) -> list[chat_pb2.TokenDelta]:

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import openai_api, sglang_api, stateless_api
+from . import openai_api, sglang_api, stateless_api, tool_chat, tools
 from .call import HttpCall
 from .chat import ChatBackend, Delta, Done, Turn
 from .errors import HttpError
@@ -169,6 +169,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     # -- OpenAI --------------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
+        if tools.uses_tools(body):
+            return await tool_chat.respond(body, HttpCall(request.headers.get("authorization")), backend.servicer,
+                                           blocking, EventStream)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
         cid, model = openai_api.completion_id(), body.model
         if not body.stream:

@@ -28,7 +28,12 @@ SETTING = {"max_tokens": 4, "max_completion_tokens": 4, "temperature": 0.5, "top
            "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"5": 1.0}, "logprobs": True,
            "top_logprobs": 2, "user": "u1", "metadata": {"k": "v"}, "safety_identifier": "s1",
            "prompt_cache_key": "c1", "stream_options": {"include_usage": True},
-           "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}}}
+           "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}},
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "none",
+           "parallel_tool_calls": False}
+# the demo model's template renders no tools: offering it some is refused as such (tests/http/test_tools.py
+# shows these fields honoured on a checkpoint whose template renders them)
+NO_TOOLS_HERE = {"tools", "parallel_tool_calls"}
 FIXED = {"model", "messages", "stream"}    # every request sets them
 
 
@@ -54,6 +59,12 @@ def test_an_honoured_or_bookkeeping_field_is_accepted(stack, name):
             "stream": name == "stream_options"}
     if name == "top_logprobs":
         body["logprobs"] = True
+    if name == "parallel_tool_calls":
+        body["tools"] = SETTING["tools"]
+    if name in NO_TOOLS_HERE:
+        with pytest.raises(openai.BadRequestError, match="does not render tools"):
+            stack.openai().post("/chat/completions", body=body, cast_to=object)
+        return
     response = stack.openai().post("/chat/completions", body=body, cast_to=object, stream=body["stream"],
                                    stream_cls=openai.Stream[object])
     if body["stream"]:
