@@ -39,7 +39,7 @@ _SHARED = {
     "temperature": Field(HONOURED, "0 (the default) is greedy"),
     "top_p": Field(HONOURED, "nucleus sampling"),
     "seed": Field(HONOURED, "reproducible sampling"),
-    "stop": Field(HONOURED, "up to 4 stop strings, cut from the answer"),
+    "stop": Field(HONOURED, "stop strings, cut from the answer"),
     "n": _refused("one answer per request: n > 1 needs a session fork (shared prompt pages)", 1),
     "presence_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
     "frequency_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
@@ -79,7 +79,7 @@ COMPLETIONS: dict[str, Field] = {
     **_SHARED,
     "prompt": Field(HONOURED, "a string, token ids, or a list of either (one choice each)"),
     "echo": Field(HONOURED, "the prompt in front of the answer (with its logprobs when asked)"),
-    "logprobs": Field(HONOURED, "0-5: each token's logprob and that many alternatives"),
+    "logprobs": Field(HONOURED, "0-20: each token's logprob and that many alternatives"),
     "best_of": _refused("one answer per request", 1),
     "suffix": _refused("no fill-in-the-middle", ""),
 }

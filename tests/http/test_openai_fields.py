@@ -4,6 +4,8 @@ something, each honoured or bookkeeping one is accepted, and a field in no list 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
 import pytest
 from openai.types import completion_create_params as completion_params
@@ -112,3 +114,9 @@ def test_an_honoured_completions_field_is_accepted(stack, name):
         assert list(response)
     else:
         assert response["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_docs_table_lists_every_field():
+    docs = (Path(__file__).resolve().parents[2] / "docs/services.md").read_text()
+    for name in {*openai_fields.CHAT, *openai_fields.COMPLETIONS}:
+        assert f"| `{name}` |" in docs, f"{name} is missing from the OpenAI fields table of the services doc"
