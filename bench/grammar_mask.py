@@ -6,7 +6,7 @@ to its own schema instance (as the batched sampler applies masks, row by row).
 
 The vocabulary is a byte-level BPE trained here on the installed Python sources (about 33k tokens, as a
 small production tokenizer has; no download). Both libraries walk the same valid JSON instance, token by
-token: llguidance (`LLMatcher`, the library Raincheck uses) and outlines-core (`Index` + `Guide`) when it
+token: llguidance through Raincheck's own mask (raincheck_core/grammar.py) and outlines-core (`Index` + `Guide`) when it
 is installed; without it, llguidance alone is measured and the output says so. Times are medians.
 """
 
@@ -19,12 +19,9 @@ import sysconfig
 import time
 from pathlib import Path
 
-import llguidance
-import llguidance.hf
-import llguidance.torch
 import torch
 
-from raincheck_core.grammar import json_schema_grammar
+from raincheck_core.grammar import Grammars, json_schema_grammar
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
@@ -52,24 +49,24 @@ def _median_ms(samples: list[float]) -> float:
 
 
 def bench_llguidance(hf, tokens: list[int], batch: int, repeats: int) -> dict:
+    """Through Raincheck's own path (raincheck_core/grammar.py), as the sampler runs it."""
     vocab = len(hf)
-    lt = llguidance.hf.from_tokenizer(hf, n_vocab=vocab)
+    grammars = Grammars(hf, vocab)
     grammar = json_schema_grammar(SCHEMA)
+    grammars.constraint(grammar, hf.eos_token_id)          # the tokenizer is built once per engine
     builds, steps = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        matchers = [llguidance.LLMatcher(lt, grammar) for _ in range(batch)]
+        rows = [grammars.constraint(grammar, hf.eos_token_id) for _ in range(batch)]
         builds.append((time.perf_counter() - t0) / batch)
-        mask = llguidance.torch.allocate_token_bitmask(batch, vocab)
         logits = torch.randn(batch, vocab)
         for token in tokens:
             t0 = time.perf_counter()
-            for i, m in enumerate(matchers):         # the sampler's rows, each with its own matcher
-                llguidance.torch.fill_next_token_bitmask(m, mask, i)
-                llguidance.torch.apply_token_bitmask_inplace(logits[i:i + 1], mask[i:i + 1])
+            for i, row in enumerate(rows):                  # the sampler's rows, each with its own matcher
+                row.apply(logits[i])
             steps.append(time.perf_counter() - t0)
-            for m in matchers:
-                assert m.consume_token(token), "the instance left the grammar"
+            for row in rows:
+                row.consume(token)
     return {"compile_ms": _median_ms(builds), "mask_step_ms": _median_ms(steps),
             "mask_per_row_us": round(statistics.median(steps) / batch * 1e6, 1)}
 

@@ -13,7 +13,6 @@ import json
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from .errors import InvalidInputError, SamplingError
@@ -50,23 +49,28 @@ class Grammars:
         return TokenConstraint(llguidance.LLMatcher(tokenizer, grammar), self.vocab_size)
 
 
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
 class TokenConstraint:
     """One turn's grammar state: which tokens may come next, advanced by each drawn token."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
-        llguidance.torch.fill_next_token_bitmask(matcher, self._bitmask, 0)
-        if matcher.is_error() or not self._bitmask.any():
+        first = self.allowed()       # computing the first mask is what finds a dead start
+        if matcher.is_error() or not first.any():
             error = matcher.get_error().splitlines()[0] if matcher.is_error() else "no token allowed"
             raise InvalidInputError(f"the model's vocabulary cannot start an answer this grammar accepts ({error})")
 
+    def allowed(self) -> torch.Tensor:
+        """`[vocab]` bool: the tokens the grammar can take next (llguidance's bitmask, one bit a token)."""
+        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+        return ((words.unsqueeze(1) >> _BITS) & 1).bool().flatten()[:self.vocab_size]
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits [vocab]` with the tokens the grammar cannot take next at -inf (in place)."""
-        llguidance.torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
-        llguidance.torch.apply_token_bitmask_inplace(logits.view(1, -1), self._bitmask)
-        return logits
+        return logits.masked_fill_(~self.allowed().to(logits.device), float("-inf"))
 
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)

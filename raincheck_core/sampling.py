@@ -102,8 +102,13 @@ class SamplingParams:
             raise InvalidInputError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidInputError("top_logprobs needs logprobs")
-        if self.grammar is not None and not isinstance(self.grammar, str):
-            raise InvalidInputError(f"grammar must be a string, got {type(self.grammar).__name__}")
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str):
+                raise InvalidInputError(f"grammar must be a string, got {type(self.grammar).__name__}")
+            # a grammar's answer ends at the stop token when the grammar is complete, and not before
+            if self.ignore_eos or self.min_tokens:
+                raise InvalidInputError("a grammar decides where the answer ends: ignore_eos and min_tokens "
+                                        "cannot be set with it")
 
     @property
     def greedy(self) -> bool:

@@ -76,3 +76,10 @@ def test_rules_leave_other_samplers_alone():
 def test_bad_rules_are_refused(kwargs, message):
     with pytest.raises(InvalidInputError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_a_grammar_leaves_the_answers_end_to_itself():
+    with pytest.raises(InvalidInputError, match="a grammar decides where the answer ends"):
+        SamplingParams(grammar="{}", min_tokens=3)
+    with pytest.raises(InvalidInputError, match="a grammar decides where the answer ends"):
+        SamplingParams(grammar="{}", ignore_eos=True)
