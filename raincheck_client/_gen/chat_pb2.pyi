@@ -249,7 +249,7 @@ class ChatEvent(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., prompt: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs", "messages_json", "tools_json")
+    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs", "messages_json", "tools_json", "continue_final_message")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class CompleteRequest(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -266,7 +267,8 @@ class CompleteRequest(_message.Message):
     prompt_logprobs: int
     messages_json: str
     tools_json: str
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ...) -> None: ...
+    continue_final_message: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
 
 class PromptTokens(_message.Message):
     __slots__ = ("tokens", "text")

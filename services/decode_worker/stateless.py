@@ -76,7 +76,7 @@ def prompt_ids(engine: Engine, request: chat_pb2.CompleteRequest | chat_pb2.Deto
     if (bool(text) + bool(request.token_ids) + bool(chat)) != 1:
         raise InvalidInputError("the prompt is text, token ids or chat messages: give exactly one")
     if chat:
-        text = render_chat(_formatter(engine), chat, request.tools_json)
+        text = render_chat(_formatter(engine), chat, request.tools_json, request.continue_final_message)
     ids = list(request.token_ids) if request.token_ids else _formatter(engine).encode(text)
     vocab = engine.model_config.vocab_size
     if not ids:
@@ -87,9 +87,10 @@ def prompt_ids(engine: Engine, request: chat_pb2.CompleteRequest | chat_pb2.Deto
     return ids
 
 
-def render_chat(formatter, messages_json: str, tools_json: str) -> str:
+def render_chat(formatter, messages_json: str, tools_json: str, continue_final: bool = False) -> str:
     """A whole chat (and the tools it may call) as the checkpoint's chat template renders it, ready for the
-    assistant's answer. Control tokens in any message's text are refused, as in a session's turns."""
+    assistant's answer (`continue_final`: ready to continue its last, assistant message). Control tokens
+    in any message's text are refused, as in a session's turns."""
     try:
         messages = json.loads(messages_json)
         tools = json.loads(tools_json) if tools_json else None
@@ -100,17 +101,19 @@ def render_chat(formatter, messages_json: str, tools_json: str) -> str:
     for m in messages:
         if isinstance(m.get("content"), str):
             formatter.check_text(m["content"])
-    text = _render(formatter, messages, tools)
-    if tools and text == _render(formatter, messages, None):
+    if continue_final and (not messages or messages[-1].get("role") != "assistant"):
+        raise InvalidInputError("continue_final_message needs a final assistant message")
+    text = _render(formatter, messages, tools, continue_final)
+    if tools and text == _render(formatter, messages, None, continue_final):
         raise InvalidInputError("this model's chat template does not render tools: it cannot be offered any")
     return text
 
 
-def _render(formatter, messages: list[dict], tools: list | None) -> str:
+def _render(formatter, messages: list[dict], tools: list | None, continue_final: bool) -> str:
     try:
         return formatter.tokenizer.apply_chat_template(
             messages, tools=tools, chat_template=formatter.chat_template or chatml_template(), tokenize=False,
-            add_generation_prompt=True)
+            add_generation_prompt=not continue_final, continue_final_message=continue_final)
     except Exception as e:      # the template's own refusals (raise_exception) and malformed messages
         raise InvalidInputError(f"the chat template cannot render this chat: {e}") from None
 

@@ -53,7 +53,7 @@ class CompletionRequest(RaincheckExtras):
 
 def requests_of(r: CompletionRequest) -> list[chat_pb2.CompleteRequest]:
     """One CompleteRequest per prompt (400 for a refused field, too many prompts, or echo with stream)."""
-    openai_fields.check(r, openai_fields.COMPLETIONS)
+    openai_fields.check(r, openai_fields.COMPLETIONS, openai_fields.CHAT_ONLY)
     if r.stream_options is not None and not r.stream:
         raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     single = isinstance(r.prompt, str) or isinstance(r.prompt[0], int)

@@ -99,15 +99,25 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "guard": (int | None, None, "deferral: decode tokens before the first deferred chunk"),
     "tpot_slo": (float | None, None, "deferral: allowed mean TPOT as a ratio of a plain step"),
     "recovery_mode": (str | None, None, "a new session's recovery mode"),
+    "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
 }
+
+# extras that only a chat with images or a session can use: a completion (text, no session) refuses them
+CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "recovery_mode",
+             "continue_final_message")
 
 RaincheckExtras: type[BaseModel] = create_model(
     "RaincheckExtras", __config__=ConfigDict(extra="forbid"),
     **{name: (kind, default) for name, (kind, default, _) in EXTRAS.items()})
 
 
-def check(request: BaseModel, table: dict[str, Field]) -> None:
-    """400 naming the first refused field set to a value that asks for something."""
+def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str, ...] = ()) -> None:
+    """400 naming the first refused field (or extra in `refused_extras`) set to a value that asks for
+    something."""
     for name, field in table.items():
         if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
             raise HttpError.invalid(f"{name} is not supported: {field.note}", param=name)
+    for name in refused_extras:
+        if getattr(request, name) not in (None, False):
+            raise HttpError.invalid(f"{name} is not supported here: a completion is text without a session",
+                                    param=name)

@@ -31,7 +31,8 @@ async def respond(body: openai_api.ChatCompletionRequest, call: HttpCall, servic
         sampling = sampling_options(body, max_tokens, False, 0)
         sampling.grammar = chat.grammar or ""
         request = chat_pb2.CompleteRequest(model=body.model, messages_json=chat.messages_json,
-                                           tools_json=chat.tools_json, sampling=sampling)
+                                           tools_json=chat.tools_json, sampling=sampling,
+                                           continue_final_message=chat.continue_final)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         run = completions.Completion(0, call, await blocking(servicer.Complete, request, call), StopMatcher(stop),
                                      False)

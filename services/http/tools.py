@@ -25,8 +25,7 @@ from .errors import HttpError
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 # request fields a stateless, text-only tool chat cannot honour
-NOT_WITH_TOOLS = ("logprobs", "top_logprobs", "response_format", "policy", "selector", "retention", "chunk_size",
-                  "guard", "tpot_slo", "recovery_mode")
+NOT_WITH_TOOLS = ("logprobs", "top_logprobs", "response_format", *openai_fields.CHAT_ONLY[:-1])
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,13 @@ class ToolChat:
     tools_json: str               # "" when no tool is offered (tool_choice none)
     grammar: str | None           # the forced call's grammar (required / a named function)
     parallel: bool                # more than one call may be returned
+    continue_final: bool = False  # the answer continues the last (assistant) message
 
 
 def uses_tools(r: Any) -> bool:
+    """The request runs as a stateless chat: tools in any form, or a final assistant message to continue."""
     return (bool(r.tools) or r.tool_choice is not None or r.parallel_tool_calls is not None
-            or any(m.role == "tool" or m.tool_calls for m in r.messages))
+            or r.continue_final_message or any(m.role == "tool" or m.tool_calls for m in r.messages))
 
 
 def tool_chat(r: Any) -> ToolChat:
@@ -49,10 +50,10 @@ def tool_chat(r: Any) -> ToolChat:
         raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     for name in NOT_WITH_TOOLS:
         if getattr(r, name) not in (None, False, {"type": "text"}):
-            raise HttpError.invalid(f"{name} cannot be combined with tools or tool messages (a tool chat is a "
-                                    "stateless text completion)", param=name)
+            raise HttpError.invalid(f"{name} cannot be combined with tools, tool messages or continue_final_message (a "
+                                    "stateless text chat)", param=name)
     tools = [_tool(t, i) for i, t in enumerate(r.tools or [])]
-    choice = r.tool_choice if r.tool_choice is not None else "auto"
+    choice = r.tool_choice if r.tool_choice is not None else "auto" if tools else "none"
     names = [t["function"]["name"] for t in tools]
     if choice == "none":
         offered, forced = [], []
@@ -73,7 +74,8 @@ def tool_chat(r: Any) -> ToolChat:
         raise HttpError.invalid("parallel_tool_calls needs tools", param="parallel_tool_calls")
     messages = [_message(m, i) for i, m in enumerate(r.messages)]
     return ToolChat(json.dumps(messages), json.dumps(offered) if offered else "",
-                    call_grammar(forced) if forced else None, r.parallel_tool_calls is not False)
+                    call_grammar(forced) if forced else None, r.parallel_tool_calls is not False,
+                    r.continue_final_message)
 
 
 def _tool(t: Any, i: int) -> dict:
@@ -129,5 +131,6 @@ def split_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict
                       "function": {"name": name, "arguments": arguments if isinstance(arguments, str)
                                    else json.dumps(arguments)}})
     kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return content or None, calls
+    if not calls:
+        return text, calls
+    return "".join(kept).strip() or None, calls

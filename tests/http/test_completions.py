@@ -98,3 +98,21 @@ def test_models_retrieve_tokenize_detokenize_metrics(stack):
     assert httpx.post(url + "/tokenize", json={"prompt": CONTEXT}).status_code == 401
     metrics = httpx.get(url + "/metrics")
     assert metrics.status_code == 200 and "raincheck:http_session_matches" in metrics.text
+
+
+def test_a_final_assistant_message_is_continued(stack):
+    from .helpers import assistant, user
+
+    question = "what colour is the object in row one column one ?"
+    client = stack.openai()
+    with pytest.raises(openai.BadRequestError, match="send continue_final_message: true"):
+        client.chat.completions.create(model=MODEL, messages=[user(question), assistant("it is")], max_tokens=8)
+    r = client.chat.completions.create(model=MODEL, messages=[user(question), assistant("blue and")], max_tokens=8,
+                                       extra_body={"continue_final_message": True})
+    prompt = engine(FOLDER).formatter.encode(CONTEXT + "blue and")
+    want = engine(FOLDER).open_session().turn(Prompt(prompt), SamplingParams(max_new_tokens=8)).result()
+    assert want.text == " orange square"
+    assert r.choices[0].message.content == want.text and r.usage.prompt_tokens == len(prompt)
+    with pytest.raises(openai.BadRequestError, match="needs a final assistant message"):
+        client.chat.completions.create(model=MODEL, messages=[user(question)], max_tokens=8,
+                                       extra_body={"continue_final_message": True})

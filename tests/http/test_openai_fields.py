@@ -119,3 +119,13 @@ def test_docs_table_lists_every_field():
     docs = (Path(__file__).resolve().parents[2] / "docs/services.md").read_text()
     for name in {*openai_fields.CHAT, *openai_fields.COMPLETIONS}:
         assert f"| `{name}` |" in docs, f"{name} is missing from the OpenAI fields table of the services doc"
+
+
+@pytest.mark.parametrize("name", openai_fields.CHAT_ONLY)
+def test_a_chat_only_extra_is_400_on_completions(stack, name):
+    value = {"policy": "full", "selector": "uniform", "recovery_mode": "colocated", "retention": 0.5,
+             "tpot_slo": 1.5}.get(name, True if name == "continue_final_message" else 7)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, name: value}
+    with pytest.raises(openai.BadRequestError) as e:
+        stack.openai().post("/completions", body=body, cast_to=object)
+    assert e.value.response.json()["error"]["param"] == name
