@@ -21,12 +21,12 @@ def sampling_options(r: BaseModel, max_tokens: int | None, logprobs: bool, top_l
     for name in _SCALARS:
         if getattr(r, name) is not None:
             setattr(options, name, getattr(r, name))
-    options.logit_bias.update(_logit_bias(r.logit_bias or {}))
+    options.logit_bias.update(logit_bias(r.logit_bias or {}))
     return options
 
 
-def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
-    """OpenAI's logit_bias keys are token ids written as strings."""
+def logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's (and SGLang's) logit_bias keys are token ids written as strings."""
     out = {}
     for key, value in bias.items():
         try:
