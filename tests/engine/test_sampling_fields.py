@@ -11,8 +11,7 @@ from raincheck_core import Engine, InvalidInputError, Prompt, SamplingParams
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoints):
-    return Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1], num_pages=64, page_size=8,
-                                  max_pages_per_session=16)
+    return Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1], num_pages=96)    # a hybrid (GDN) model
 
 
 def test_logprobs_match_the_engines_logits(engine):
