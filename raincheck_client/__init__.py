@@ -25,12 +25,13 @@ from .errors import (
     Unavailable,
 )
 from .events import Event, Final, Metrics, RecoveryProgress, Token
+from .sampling import Sampling
 from .session_info import ModelInfo, SessionInfo
 from .sync import Client, Session, Turn
 
 __all__ = [
     "AsyncClient", "AsyncSession", "AsyncTurn", "Cancelled", "Client", "Event", "FailedPrecondition", "Final",
     "InvalidArgument", "Metrics", "ModelInfo", "NotFound", "PermissionDenied", "RaincheckError",
-    "RecoveryProgress", "ResourceExhausted", "Session", "SessionInfo", "Token", "Turn", "Unauthenticated",
+    "RecoveryProgress", "ResourceExhausted", "Sampling", "Session", "SessionInfo", "Token", "Turn", "Unauthenticated",
     "Unavailable",
 ]

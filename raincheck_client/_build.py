@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 
 from ._gen import chat_pb2
+from .sampling import Sampling
 from .session_info import RECOVERY_MODES
 
 ImageSource = bytes | bytearray | str | os.PathLike
@@ -51,13 +52,16 @@ def create_session(model: str, recovery: str | None, **policy) -> chat_pb2.Creat
 
 
 def chat(session_id: str, text: str, images: Sequence[ImageSource], videos: Sequence[Sequence[ImageSource]],
-         *, follow_recovery: bool, policy: dict | None, **sampling) -> chat_pb2.ChatRequest:
-    """`sampling`: temperature, top_p, top_k, seed, max_new_tokens (None = server default), ignore_eos."""
+         *, follow_recovery: bool, policy: dict | None, options: Sampling | None = None,
+         **sampling) -> chat_pb2.ChatRequest:
+    """`sampling`: temperature, top_p, top_k, seed, max_new_tokens (None = server default), ignore_eos;
+    `options`: OpenAI's other sampling fields."""
     message = chat_pb2.UserMessage(
         text=text, images=[_image_bytes(i) for i in images],
         videos=[chat_pb2.Video(frames=[_image_bytes(f) for f in frames]) for frames in videos],
     )
+    options = (options or Sampling()).apply(chat_pb2.SamplingOptions(**sampling))
     return chat_pb2.ChatRequest(
-        session_id=session_id, message=message, sampling=chat_pb2.SamplingOptions(**sampling),
+        session_id=session_id, message=message, sampling=options,
         deferral=deferral(**policy) if policy else None, follow_recovery=follow_recovery,
     )

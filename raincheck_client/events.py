@@ -13,6 +13,8 @@ class Token:
     token_id: int
     text: str            # the new text this token completes (may be empty)
     index: int           # position among the turn's generated tokens
+    logprob: float | None = None      # with Sampling(logprobs=True)
+    top_logprobs: tuple[tuple[int, str, float], ...] = ()   # (token id, token, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ def from_proto(event: chat_pb2.ChatEvent) -> Event:
     kind = event.WhichOneof("event")
     if kind == "token":
         t = event.token
-        return Token(t.token_id, t.text, t.index)
+        return Token(t.token_id, t.text, t.index, _optional(t, "logprob"),
+                     tuple((a.token_id, a.token, a.logprob) for a in t.top_logprobs))
     if kind == "recovery":
         r = event.recovery
         return RecoveryProgress(r.pending_tokens, r.complete, r.elapsed_s)

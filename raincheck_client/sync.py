@@ -10,6 +10,7 @@ from . import _build
 from ._gen import chat_pb2, chat_pb2_grpc
 from .errors import from_rpc_error
 from .events import Event, Final, Metrics, from_proto
+from .sampling import Sampling
 from .session_info import ModelInfo, SessionInfo
 
 
@@ -73,14 +74,14 @@ class Session:
              videos: Sequence[Sequence[_build.ImageSource]] = (), *, max_new_tokens: int | None = None,
              temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
              seed: int | None = None, ignore_eos: bool = False, policy: dict | None = None,
-             follow_recovery: bool = False) -> Turn:
+             follow_recovery: bool = False, sampling: Sampling | None = None) -> Turn:
         """Start a turn: images are encoded bytes or file paths, videos lists of frames. `policy`
         overrides the session's deferral settings for this turn (keys as in `create_session`).
         With `follow_recovery` the stream continues after `Final` with `RecoveryProgress` events until
         the turn's deferred tokens are all prefilled."""
         request = _build.chat(self.id, text, images, videos, follow_recovery=follow_recovery, policy=policy,
                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                              seed=seed, ignore_eos=ignore_eos)
+                              seed=seed, ignore_eos=ignore_eos, options=sampling)
         c = self.client
         return Turn(c._stub.Chat(request, metadata=c._metadata))
 

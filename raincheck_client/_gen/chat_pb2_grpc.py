@@ -64,6 +64,21 @@ class ChatServiceStub:
                 request_serializer=raincheck_dot_v1_dot_chat__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=raincheck_dot_v1_dot_chat__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Complete = channel.unary_stream(
+                '/raincheck.v1.ChatService/Complete',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.CompleteRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.ChatEvent.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/raincheck.v1.ChatService/Tokenize',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/raincheck.v1.ChatService/Detokenize',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -108,6 +123,27 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Complete(self, request, context):
+        """A stateless completion of raw text or token ids (no chat template, no session; OpenAI's
+        /v1/completions): with echo, a PromptTokens event first, then events as in Chat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """The model's tokenizer: text to token ids, and back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +176,21 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=raincheck_dot_v1_dot_chat__pb2.ListModelsRequest.FromString,
                     response_serializer=raincheck_dot_v1_dot_chat__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Complete': grpc.unary_stream_rpc_method_handler(
+                    servicer.Complete,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.CompleteRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.ChatEvent.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +355,87 @@ class ChatService:
             '/raincheck.v1.ChatService/ListModels',
             raincheck_dot_v1_dot_chat__pb2.ListModelsRequest.SerializeToString,
             raincheck_dot_v1_dot_chat__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Complete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raincheck.v1.ChatService/Complete',
+            raincheck_dot_v1_dot_chat__pb2.CompleteRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.ChatEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raincheck.v1.ChatService/Tokenize',
+            raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raincheck.v1.ChatService/Detokenize',
+            raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,7 @@ from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError
+from ..grammar import Grammars
 from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
@@ -54,6 +55,7 @@ class Engine:
         self.model = model.eval()
         self.formatter = formatter        # multimodal.chat.ChatFormatter, or None (token-level input only)
         self.vision = vision              # multimodal.vision.VisionEncoder, or None
+        self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         self.core = EngineCore(self.model, model_config, self.config)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)

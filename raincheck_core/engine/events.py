@@ -28,6 +28,8 @@ class TokenEvent:
     text: str                          # the new text this token completes ("" without a tokenizer)
     index: int                         # 0-based position among this turn's generated tokens
     logits: torch.Tensor | None = field(default=None, repr=False)   # [vocab] fp32 with return_logits
+    logprob: float | None = None       # with SamplingParams.logprobs: log softmax of the model's logits
+    top_logprobs: tuple[tuple[int, float], ...] = ()   # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..grammar import TokenConstraint
 from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler, SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
@@ -44,13 +45,13 @@ class TurnRequest:
         decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
         deferred_tokens: int = 0, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
         checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None,
     ):
         self.id = next(_ids)
         self.cache = cache
         self.input = turn_input
         self.params = params
-        self.sampler = Sampler(params)
+        self.sampler = Sampler(params, turn_input.token_ids, stop_ids, constraint)
         self.stop_ids = stop_ids
         self.decode_text = decode
         self.return_logits = return_logits
@@ -122,7 +123,8 @@ class TurnRequest:
         self.generated.append(token)
         text = self._text_delta()
         self.events.append(TokenEvent(token, text, len(self.generated) - 1,
-                                      logits.clone() if self.return_logits else None))
+                                      logits.clone() if self.return_logits else None,
+                                      self.sampler.logprob, self.sampler.top_logprobs))
         if token in self.stop_ids and not self.params.ignore_eos:
             self.finish("stop")
         elif len(self.generated) >= self.params.max_new_tokens:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..deferral.partition import partition_turn
 from ..deferral.policy import DeferralConfig
 from ..errors import InvalidInputError, SessionBusyError, SessionClosedError, TurnAbortedError
+from ..grammar import TokenConstraint
 from ..inputs import Message, Prompt
 from ..multimodal.turn_input import build_turn_input
 from ..sampling import SamplingParams
@@ -85,11 +86,13 @@ class Session:
         reported as `barrier_wait_s`)."""
         params = sampling or SamplingParams()
         engine = self.engine
+        _check_token_ids(params, engine.model_config.vocab_size)
         cfg = engine.deferral_for(deferral or self.deferral)
         self._check_idle()
         # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
         # stepping meanwhile. Only one turn of this session can get past the re-check below.
         prompt, chat_level = self._prompt(message, cfg)
+        constraint = self._constraint(params, chat_level)
         with engine.lock:
             self._check_idle()
             cache = self.cache
@@ -105,7 +108,7 @@ class Session:
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
                                   deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock)
+                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraint)
             # every page the turn can need is reserved now (D included), so neither the answer nor the
             # recovery can fail halfway for lack of memory
             engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
@@ -180,6 +183,20 @@ class Session:
         )
         return prompt, True
 
+    def _constraint(self, params: SamplingParams, chat_level: bool) -> TokenConstraint | None:
+        """The turn's grammar, compiled against the token that ends its answer (outside the engine lock:
+        compiling a large schema takes a while)."""
+        if params.grammar is None:
+            return None
+        engine = self.engine
+        if chat_level:
+            stop = engine.formatter.turn_end_id
+        elif engine.model_config.eos_token_ids:
+            stop = engine.model_config.eos_token_ids[0]
+        else:
+            raise InvalidInputError("this model has no stop token to end a grammar's answer")
+        return engine.grammars.constraint(params.grammar, stop)
+
     def cancel(self) -> None:
         """Stop the running turn (if any) after the current step; it ends with finish_reason "cancelled"."""
         with self.engine.lock:
@@ -218,6 +235,13 @@ class Session:
     @property
     def cached_tokens(self) -> int:
         return self.cache.length
+
+
+def _check_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", [t for t, _ in params.logit_bias])):
+        if any(t >= vocab_size for t in ids):
+            raise InvalidInputError(f"{name} names token ids outside the vocabulary (size {vocab_size}): "
+                                    f"{sorted(t for t in ids if t >= vocab_size)}")
 
 
 class TurnStream:

@@ -65,6 +65,21 @@ class DecodeWorkerStub:
                 request_serializer=raincheck_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=raincheck_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.Complete = channel.unary_stream(
+                '/raincheck.v1.DecodeWorker/Complete',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.CompleteRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.ChatEvent.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/raincheck.v1.DecodeWorker/Tokenize',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/raincheck.v1.DecodeWorker/Detokenize',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class DecodeWorkerServicer:
@@ -107,6 +122,25 @@ class DecodeWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Complete(self, request, context):
+        """As ChatService's (the frontend forwards them to a worker serving the model).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +173,21 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=raincheck_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=raincheck_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'Complete': grpc.unary_stream_rpc_method_handler(
+                    servicer.Complete,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.CompleteRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.ChatEvent.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +352,87 @@ class DecodeWorker:
             '/raincheck.v1.DecodeWorker/Stats',
             raincheck_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
             raincheck_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Complete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raincheck.v1.DecodeWorker/Complete',
+            raincheck_dot_v1_dot_chat__pb2.CompleteRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.ChatEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raincheck.v1.DecodeWorker/Tokenize',
+            raincheck_dot_v1_dot_chat__pb2.TokenizeRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raincheck.v1.DecodeWorker/Detokenize',
+            raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

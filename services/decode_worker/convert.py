@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import grpc
 
@@ -15,6 +16,7 @@ from raincheck_core import (
     SamplingParams,
     SessionBusyError,
     SessionClosedError,
+    TokenEvent,
     TurnEnd,
     TurnMetrics,
 )
@@ -44,11 +46,28 @@ def to_message(m: chat_pb2.UserMessage) -> Message:
                    videos=[[bytes(f) for f in v.frames] for v in m.videos])
 
 
+_OPTIONAL = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "presence_penalty", "frequency_penalty",
+             "repetition_penalty", "min_p", "min_tokens")
+
+
 def to_sampling(o: chat_pb2.SamplingOptions, default_max_new_tokens: int) -> SamplingParams:
-    kw = {name: getattr(o, name) for name in ("temperature", "top_p", "top_k", "seed", "max_new_tokens")
-          if o.HasField(name)}
+    kw = {name: getattr(o, name) for name in _OPTIONAL if o.HasField(name)}
     kw.setdefault("max_new_tokens", default_max_new_tokens)
-    return SamplingParams(ignore_eos=o.ignore_eos, **kw)
+    return SamplingParams(ignore_eos=o.ignore_eos, stop_token_ids=tuple(o.stop_token_ids),
+                          logit_bias=tuple(sorted(o.logit_bias.items())), logprobs=o.logprobs,
+                          top_logprobs=o.top_logprobs, grammar=o.grammar or None, **kw)
+
+
+def token_delta(event: TokenEvent, decode: Callable[[list[int]], str] | None) -> chat_pb2.TokenDelta:
+    """A TokenEvent as sent; with logprobs, the tokens decoded alone (`decode`: the checkpoint's)."""
+    delta = chat_pb2.TokenDelta(token_id=event.token_id, text=event.text, index=event.index)
+    if event.logprob is None:
+        return delta
+    piece = decode or (lambda ids: "")
+    delta.logprob, delta.token = event.logprob, piece([event.token_id])
+    delta.top_logprobs.extend(chat_pb2.TokenLogprob(token_id=t, logprob=lp, token=piece([t]))
+                              for t, lp in event.top_logprobs)
+    return delta
 
 
 def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralConfig:

@@ -16,6 +16,7 @@ from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import DEFERRED_PENDING, KV_USAGE, SESSIONS
 from ..common.settings import WorkerSettings
+from . import stateless
 from .admission import admit
 from .convert import MODES, from_deferral, to_deferral, to_mode
 from .recovery import ColocatedRecovery, RecoveryBackend
@@ -163,6 +164,11 @@ class WorkerRuntime:
             self.on_change()
 
         return run_turn(ws, stream, request, backend, alive), rpc_ended
+
+    def complete(self, request: chat_pb2.CompleteRequest) -> Iterator[chat_pb2.ChatEvent]:
+        """A stateless completion (stateless.py): checked and admitted now, run by the returned stream."""
+        self._check_serving()
+        return stateless.complete(self, request)
 
     def _check_serving(self) -> None:
         if self.draining:

@@ -9,6 +9,7 @@ from raincheck_core import RaincheckError
 
 from .._gen import worker_pb2, worker_pb2_grpc
 from ..common.grpc_util import ServiceError, rpc
+from . import stateless
 from .convert import status_for
 from .runtime import DrainingError, ModeUnavailableError, SessionExistsError, WorkerRuntime
 
@@ -59,3 +60,15 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
     @worker_rpc
     def Stats(self, request, context) -> worker_pb2.WorkerStats:
         return self.runtime.stats()
+
+    @worker_rpc
+    def Complete(self, request, context):
+        return self.runtime.complete(request)
+
+    @worker_rpc
+    def Tokenize(self, request, context):
+        return stateless.tokenize(self.runtime.engine, request)
+
+    @worker_rpc
+    def Detokenize(self, request, context):
+        return stateless.detokenize(self.runtime.engine, request)

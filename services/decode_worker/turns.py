@@ -15,7 +15,16 @@ from raincheck_core.engine import TurnStream
 from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import BARRIER_WAIT, TurnTimer
-from .convert import error_event, final_event, metrics_event, progress_event, to_deferral, to_message, to_sampling
+from .convert import (
+    error_event,
+    final_event,
+    metrics_event,
+    progress_event,
+    to_deferral,
+    to_message,
+    to_sampling,
+    token_delta,
+)
 from .recovery import RecoveryBackend
 from .replay import replay_prompt
 from .sessions import WorkerSession
@@ -67,12 +76,13 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
     tlog = bind(log, session_id=ws.id, turn_id=turn_id)
     timer = TurnTimer("decode_worker")
     pending = None
+    formatter = stream.session.engine.formatter
+    decode = formatter.decode if formatter is not None else None
     try:
         for event in stream:
             if isinstance(event, TokenEvent):
                 timer.token()
-                yield chat_pb2.ChatEvent(turn_id=turn_id, token=chat_pb2.TokenDelta(
-                    token_id=event.token_id, text=event.text, index=event.index))
+                yield chat_pb2.ChatEvent(turn_id=turn_id, token=token_delta(event, decode))
                 now = backend.pending(ws)
                 if now != pending and (pending is not None or now):
                     pending = now

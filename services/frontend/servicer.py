@@ -13,7 +13,7 @@ from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, rpc
 from ..common.settings import FrontendSettings
 from ..common.store import SessionRecord, Store
-from . import relay
+from . import relay, stateless
 from .auth import Auth
 from .router import Router
 from .sessions import MODES, Sessions
@@ -91,6 +91,20 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             chat_pb2.ModelInfo(name=name, workers=n, recovery_modes=sorted(MODES[m] for m in modes[name]))
             for name, n in sorted(workers.items())
         ])
+
+    @frontend_rpc
+    def Complete(self, request, context):
+        return stateless.complete(self.sessions, self.auth.identify(context), request, context)
+
+    @frontend_rpc
+    def Tokenize(self, request, context):
+        self.auth.identify(context)
+        return stateless.ask(self.sessions, "Tokenize", request, self.timeout_s)
+
+    @frontend_rpc
+    def Detokenize(self, request, context):
+        self.auth.identify(context)
+        return stateless.ask(self.sessions, "Detokenize", request, self.timeout_s)
 
     def _describe(self, record: SessionRecord) -> chat_pb2.SessionInfo:
         return self.sessions.describe(record, self._ask_worker(record, "GetSession"))

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import openai_api, sglang_api
+from . import openai_api, sglang_api, stateless_api, tool_chat, tools
 from .call import HttpCall
 from .chat import ChatBackend, Delta, Done, Turn
 from .errors import HttpError
@@ -169,16 +169,20 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     # -- OpenAI --------------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
+        if tools.uses_tools(body):
+            return await tool_chat.respond(body, HttpCall(request.headers.get("authorization")), backend.servicer,
+                                           blocking, EventStream)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
         cid, model = openai_api.completion_id(), body.model
         if not body.stream:
-            return openai_api.completion_body(cid, model, await finish(turn))
+            return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
         created, usage_chunk = int(time.time()), body.stream_options is not None and body.stream_options.include_usage
 
         def chunks(event: Delta | Done) -> list[dict]:
             if isinstance(event, Delta):
-                return [openai_api.chunk_body(cid, model, created, {"content": event.text})]
-            out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, raincheck=event.details())]
+                return [openai_api.chunk_body(cid, model, created, {"content": event.text}, logprobs=event.logprobs)]
+            out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, event.unsent_logprobs,
+                                         raincheck=event.details())]
             if usage_chunk:
                 out.append(openai_api.chunk_body(cid, model, created, None, usage=openai_api.usage_body(event)))
             return out
@@ -226,6 +230,8 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     async def get_model_info(request: Request, model: str | None = None):
         await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
         return sglang_api.model_info(await sglang_model(model))
+
+    stateless_api.add_routes(app, backend, blocking, EventStream)
 
     @app.get("/health")
     async def health():

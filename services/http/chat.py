@@ -15,6 +15,7 @@ cancel) leaves no tip: what the client saw is not what the session holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,7 @@ class Usage:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # the tokens since the last delta (with logprobs asked)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class Done:
     session_id: str
     match: str                             # continued | forked | new
     metrics: chat_pb2.TurnMetrics = field(repr=False)
+    logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # every shown token's (with logprobs asked)
+    unsent_logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # of those, the ones no Delta carried
 
     def details(self) -> dict:
         """Raincheck's view of the turn (the `raincheck` field of responses)."""
@@ -240,17 +244,22 @@ class Turn:
         """Errors after the start (the worker failed mid-turn) raise ServiceError."""
         stops = StopMatcher(self.spec.stop, keep=self.spec.keep_stop)
         shown: list[str] = []
+        scored: list[chat_pb2.TokenDelta] = []     # the tokens with logprobs, in order
+        sent = 0
         metrics = None
         for event in self._events:
             kind = event.WhichOneof("event")
             if kind == "token" and stops.matched is None:
+                if event.token.HasField("logprob"):
+                    scored.append(event.token)
                 text = stops.feed(event.token.text)
                 if stops.matched is not None:   # the rest of the answer is not wanted: stop the turn now
                     self.backend.servicer.CancelTurn(chat_pb2.CancelTurnRequest(session_id=self.session_id),
                                                      self.call)
                 if text:
                     shown.append(text)
-                    yield Delta(text)
+                    yield Delta(text, tuple(scored[sent:]))
+                    sent = len(scored)
             elif kind == "metrics":
                 metrics = event.metrics
             elif kind == "error":
@@ -259,8 +268,10 @@ class Turn:
             elif kind == "final":
                 if stops.matched is None and (tail := stops.flush()):
                     shown.append(tail)
-                    yield Delta(tail)
-                yield self._done(event.final, metrics or chat_pb2.TurnMetrics(), "".join(shown), stops.matched)
+                    yield Delta(tail, tuple(scored[sent:]))
+                    sent = len(scored)
+                done = self._done(event.final, metrics or chat_pb2.TurnMetrics(), "".join(shown), stops.matched)
+                yield dataclasses.replace(done, logprobs=tuple(scored), unsent_logprobs=tuple(scored[sent:]))
                 return
         raise ServiceError(grpc.StatusCode.INTERNAL, "the turn's stream ended without its final event")
 

@@ -106,7 +106,8 @@ def group_turns(messages: Sequence[RoleMessage]) -> Conversation:
             pending, answers = [], []
         pending.append(m)
     if answers or not pending:
-        raise HttpError.invalid("the last message must be the user's (the turn to answer)", param="messages")
+        raise HttpError.invalid("the last message must be the user's (the turn to answer); to continue a final "
+                                "assistant message, send continue_final_message: true", param="messages")
     return Conversation(history, _merge(pending))
 
 

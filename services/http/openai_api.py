@@ -1,27 +1,30 @@
 """OpenAI's chat completions: the request schema Raincheck accepts, and the response and chunk bodies.
 
-Accepted: `messages` with text and `image_url` parts; `stream` (+ `stream_options.include_usage`);
-`max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n = 1`; Raincheck's
-knobs as extra fields (`policy`, `selector`, `retention`, `chunk_size`, `guard`, `tpot_slo`, `recovery_mode`, plus
-`top_k`, `ignore_eos`). Omitted sampling fields take the server's defaults (greedy), not OpenAI's.
-Features a session cannot honour (tools, logprobs, penalties, structured output, n > 1) are refused with
-400 rather than ignored.
+What each OpenAI field does, and the extra fields accepted, is openai_fields.py's: every field is
+honoured, bookkeeping, or refused with a 400, never ignored. Omitted sampling fields take the server's
+defaults (greedy), not OpenAI's.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from raincheck_client._gen import chat_pb2
 
+from . import openai_fields
 from .chat import Done, TurnSpec
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
+from .logprobs import chat_logprobs
+from .openai_fields import RaincheckExtras
+from .response_format import grammar_of
+from .sampling_fields import sampling_options
 
 
 class ImageURL(BaseModel):
@@ -47,8 +50,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")   # OpenAI's bookkeeping fields (user, metadata, store, ...)
+class ChatCompletionRequest(RaincheckExtras):
+    """Every field of OpenAI's chat request (openai_fields.CHAT says what each does) and the declared
+    extras; any other field is a 400."""
     model: str
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
@@ -60,49 +64,43 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    # refused unless neutral
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
-    # Raincheck's own (extra_body in the openai client)
-    top_k: int | None = None
-    ignore_eos: bool = False
-    policy: str | None = None
-    selector: str | None = None
-    retention: float | None = None
-    chunk_size: int | None = None
-    guard: int | None = None
-    tpot_slo: float | None = None
-    recovery_mode: str | None = None
-
-
-def _refuse_unsupported(r: ChatCompletionRequest) -> None:
-    if r.n not in (None, 1):
-        raise HttpError.invalid("n must be 1: a session turn has one answer", param="n")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(r, name):
-            raise HttpError.invalid(f"{name} is not supported", param=name)
-    if r.logprobs or r.top_logprobs:
-        raise HttpError.invalid("logprobs are not supported", param="logprobs")
-    if r.logit_bias:
-        raise HttpError.invalid("logit_bias is not supported", param="logit_bias")
-    if r.tools or r.functions:
-        raise HttpError.invalid("tools and function calling are not supported", param="tools")
-    if r.response_format and r.response_format.get("type") != "text":
-        raise HttpError.invalid("only response_format {'type': 'text'} is supported", param="response_format")
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    response_format: Any = None
+    # refused unless neutral (openai_fields.CHAT says why)
+    service_tier: Any = None
+    store: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
 
 async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
-    _refuse_unsupported(r)
+    openai_fields.check(r, openai_fields.CHAT)
+    if r.stream_options is not None and not r.stream:
+        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     messages = [await _role_message(m, i, images) for i, m in enumerate(r.messages)]
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-    sampling = chat_pb2.SamplingOptions(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed,
-                                        max_new_tokens=max_tokens, ignore_eos=r.ignore_eos)
+    sampling = sampling_options(r, max_tokens, bool(r.logprobs), r.top_logprobs or 0)
+    sampling.grammar = grammar_of(r.response_format) or ""
     stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
     return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop)
 
@@ -148,17 +146,18 @@ def usage_body(done: Done) -> dict:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def completion_body(cid: str, model: str, done: Done) -> dict:
+def completion_body(cid: str, model: str, done: Done, logprobs: bool = False) -> dict:
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                         "finish_reason": done.finish_reason, "logprobs": None}],
+                         "finish_reason": done.finish_reason,
+                         "logprobs": chat_logprobs(done.logprobs) if logprobs else None}],
             "usage": usage_body(done), "raincheck": done.details()}
 
 
 def chunk_body(cid: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None,
-               **extra: Any) -> dict:
+               logprobs: Sequence[chat_pb2.TokenDelta] = (), **extra: Any) -> dict:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                                          "logprobs": None}]
+                                          "logprobs": chat_logprobs(logprobs) if logprobs else None}]
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": choices, **extra}
 

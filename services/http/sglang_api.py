@@ -5,14 +5,16 @@
 (`<|im_start|>role\\n...<|im_end|>\\n`) ending with the generation prompt `<|im_start|>assistant\\n`, one
 `<|vision_start|><|image_pad|><|vision_end|>` per image, and `image_data` holding the images in order
 (base64, a data URL, or an http(s) URL where allowed). It is parsed into turns and matched to sessions
-exactly like a chat completion. `sampling_params` follow SGLang's names; those a session cannot honour
-(regex, json_schema, penalties, stop_token_ids, ...) are refused unless neutral. Requests with
+exactly like a chat completion. `sampling_params` follow SGLang's names: the penalties, `min_p`,
+`min_new_tokens`, `stop_token_ids`, `logit_bias` and `json_schema` are honoured as in the OpenAI API; those a
+session cannot honour (`n`, regex, ebnf, structural tags, ...) are refused unless neutral. Requests with
 `max_new_tokens: 0` (SGLang's "cache this prefix") are answered without running anything: the prefix is
 prefilled with its turn. Batches (`text` as a list), `input_ids` and logprobs are not supported.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any
@@ -20,23 +22,28 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from raincheck_client._gen import chat_pb2
+from raincheck_core.grammar import json_schema_grammar
 
 from .chat import Done, TurnSpec
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
 from .openai_api import deferral_of
+from .sampling_fields import logit_bias
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 _MESSAGE = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n?", re.S)
 # SGLang sampling parameters a session cannot honour, with the value that means "off"
-_NEUTRAL: dict[str, Any] = {"min_new_tokens": 0, "n": 1, "stop_token_ids": None, "stop_regex": None, "min_p": 0.0,
-                            "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                            "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-                            "skip_special_tokens": True, "custom_params": None, "logit_bias": None}
+_NEUTRAL: dict[str, Any] = {"n": 1, "stop_regex": None, "regex": None, "ebnf": None, "structural_tag": None,
+                            "skip_special_tokens": True, "custom_params": None}
 _IGNORED = ("spaces_between_special_tokens", "stream_interval")
-_USED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos", "no_stop_trim", "sampling_seed")
+_USED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos", "no_stop_trim", "sampling_seed",
+         "min_new_tokens", "stop_token_ids", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+         "json_schema", "logit_bias")
+# SGLang's names of the engine's sampling rules (SamplingOptions fields)
+_RULES = {"min_new_tokens": "min_tokens", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
+          "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty"}
 TOP_K_ALL = 1 << 30                       # SGLang's "no top-k"
 
 
@@ -118,6 +125,17 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
         temperature=p.get("temperature", 1.0), top_p=p.get("top_p"), seed=p.get("sampling_seed"),
         top_k=top_k if top_k is not None and 0 < top_k < TOP_K_ALL else None,
         max_new_tokens=p.get("max_new_tokens") or default_max_new_tokens, ignore_eos=bool(p.get("ignore_eos")))
+    for name, field in _RULES.items():
+        if p.get(name) is not None:
+            setattr(options, field, p[name])
+    options.stop_token_ids.extend(p.get("stop_token_ids") or [])
+    options.logit_bias.update(logit_bias(p.get("logit_bias") or {}))
+    if p.get("json_schema"):
+        try:
+            options.grammar = json_schema_grammar(json.loads(p["json_schema"]))
+        except (TypeError, json.JSONDecodeError) as e:
+            raise HttpError.invalid(f"sampling_params.json_schema is a JSON schema as a string: {e}",
+                                    param="sampling_params.json_schema") from None
     stop = p.get("stop") or []
     return options, [stop] if isinstance(stop, str) else list(stop), bool(p.get("no_stop_trim"))
 

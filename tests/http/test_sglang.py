@@ -118,3 +118,16 @@ def test_bad_generate_requests_are_400(stack, body, message):
 def test_generate_needs_the_key(stack):
     r = httpx.post(stack.http.url + "/generate", json={"text": user("hi") + GENERATION_PROMPT})
     assert r.status_code == 401
+
+
+def test_sglang_sampling_rules_and_json_schema_are_honoured(stack):
+    from tests.demo.helpers import FOLDER, engine
+
+    text = user("is there a red object in row one ?") + GENERATION_PROMPT
+    schema = {"sampling_params": {"json_schema": '{"type": "boolean"}', "max_new_tokens": 8}}
+    r = httpx.post(stack.http.url + "/generate", json={"text": text, **schema}, headers=HEADERS)
+    assert r.status_code == 200 and r.json()["text"] in ("true", "false")
+    token = engine(FOLDER).formatter.encode(" blue")[-1]
+    biased = {"sampling_params": {"logit_bias": {str(token): 100}, "max_new_tokens": 3, "min_new_tokens": 3}}
+    r = httpx.post(stack.http.url + "/generate", json={"text": text, **biased}, headers=HEADERS)
+    assert r.status_code == 200 and r.json()["text"] == " blue blue blue"

@@ -1,0 +1,123 @@
+"""Every field of OpenAI's chat and completions requests, and what Raincheck does with it: each is
+honoured, accepted as bookkeeping (it never changes an answer: `user`, `metadata`, ...), or refused with
+a 400 when set to anything but its neutral value. Never silently ignored: tests/http/test_openai_fields.py
+walks the openai package's request types against these tables, and docs/services.md lists them.
+
+`EXTRAS` is the one place that declares the fields a request may carry beyond OpenAI's (Raincheck's
+knobs, vLLM/SGLang sampling extras); the request models are built on it, and a field in none of these
+lists is refused (the request models forbid unknown fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from .errors import HttpError
+
+HONOURED, BOOKKEEPING, REFUSED = "honoured", "bookkeeping", "refused"
+
+
+@dataclass(frozen=True)
+class Field:
+    status: str                        # HONOURED | BOOKKEEPING | REFUSED
+    note: str                          # how it is honoured, or why it is refused
+    neutral: tuple = (None,)           # values that ask for nothing (a refused field may carry them)
+
+
+def _refused(note: str, *neutral: Any) -> Field:
+    return Field(REFUSED, note, (None, *neutral))
+
+
+_SHARED = {
+    "model": Field(HONOURED, "the served model's name (404 for another)"),
+    "stream": Field(HONOURED, "server-sent events"),
+    "stream_options": Field(HONOURED, "include_usage: a last chunk with usage; 400 without stream"),
+    "max_tokens": Field(HONOURED, "the answer's length limit"),
+    "temperature": Field(HONOURED, "0 (the default) is greedy"),
+    "top_p": Field(HONOURED, "nucleus sampling"),
+    "seed": Field(HONOURED, "reproducible sampling"),
+    "stop": Field(HONOURED, "stop strings, cut from the answer"),
+    "n": _refused("one answer per request: n > 1 needs a session fork (shared prompt pages)", 1),
+    "presence_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
+    "frequency_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
+    "logit_bias": Field(HONOURED, "token id -> bias in [-100, 100]"),
+    "user": Field(BOOKKEEPING, "an end-user id for the operator's logs; never changes an answer"),
+}
+
+CHAT: dict[str, Field] = {
+    **_SHARED,
+    "messages": Field(HONOURED, "system, user (text, image_url), assistant (with tool_calls), tool"),
+    "max_completion_tokens": Field(HONOURED, "as max_tokens (wins over it)"),
+    "logprobs": Field(HONOURED, "log softmax of the model's logits for each chosen token"),
+    "top_logprobs": Field(HONOURED, "0-20 alternatives per token (needs logprobs)"),
+    "metadata": Field(BOOKKEEPING, "tags for stored completions; never changes an answer"),
+    "safety_identifier": Field(BOOKKEEPING, "an end-user id for abuse reports; never changes an answer"),
+    "prompt_cache_key": Field(BOOKKEEPING, "a cache routing hint; sessions are matched by history instead"),
+    "service_tier": _refused("one service tier", "auto", "default"),
+    "store": _refused("completions are not stored for retrieval", False),
+    "response_format": Field(HONOURED, "json_object, json_schema: a grammar mask in the sampler (llguidance)"),
+    "tools": Field(HONOURED, "rendered by the checkpoint's chat template; calls parsed into tool_calls"),
+    "tool_choice": Field(HONOURED, "none, auto, required or a named function (the last two grammar-forced)"),
+    "parallel_tool_calls": Field(HONOURED, "false: at most one call is returned"),
+    "functions": _refused("the deprecated form of tools: send tools", []),
+    "function_call": _refused("the deprecated form of tool_choice: send tool_choice", "none"),
+    "audio": _refused("text output only"),
+    "modalities": _refused("text output only", ["text"]),
+    "prediction": _refused("no predicted outputs (speculative decoding)"),
+    "reasoning_effort": _refused("the served models have no reasoning-effort control"),
+    "verbosity": _refused("the served models have no verbosity control"),
+    "web_search_options": _refused("no web search"),
+    "moderation": _refused("no moderation"),
+    "prompt_cache_retention": _refused("sessions are kept by the server's own expiry"),
+    "prompt_cache_options": _refused("sessions are kept by the server's own expiry"),
+}
+
+COMPLETIONS: dict[str, Field] = {
+    **_SHARED,
+    "prompt": Field(HONOURED, "a string, token ids, or a list of either (one choice each)"),
+    "echo": Field(HONOURED, "the prompt in front of the answer (with its logprobs when asked)"),
+    "logprobs": Field(HONOURED, "0-20: each token's logprob and that many alternatives"),
+    "best_of": _refused("one answer per request", 1),
+    "suffix": _refused("no fill-in-the-middle", ""),
+}
+
+# Raincheck's knobs and vLLM/SGLang extras (extra_body in the openai client): name -> (type, default, note).
+EXTRAS: dict[str, tuple[Any, Any, str]] = {
+    "top_k": (int | None, None, "top-k sampling (0: off)"),
+    "min_p": (float | None, None, "drop tokens below min_p x the top token's probability"),
+    "min_tokens": (int | None, None, "the stop tokens cannot end the answer before this many"),
+    "repetition_penalty": (float | None, None, "divides seen tokens' positive logits (1: off)"),
+    "stop_token_ids": (list[int] | None, None, "token ids that end the answer"),
+    "ignore_eos": (bool, False, "keep going past the model's stop tokens (benchmarks)"),
+    "policy": (str | None, None, "deferral policy for this request's turn"),
+    "selector": (str | None, None, "deferral: which visual tokens go first"),
+    "retention": (float | None, None, "deferral: fraction of visual tokens prefilled first"),
+    "chunk_size": (int | None, None, "deferral: deferred rows fused per decode step"),
+    "guard": (int | None, None, "deferral: decode tokens before the first deferred chunk"),
+    "tpot_slo": (float | None, None, "deferral: allowed mean TPOT as a ratio of a plain step"),
+    "recovery_mode": (str | None, None, "a new session's recovery mode"),
+    "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
+}
+
+# extras that only a chat with images or a session can use: a completion (text, no session) refuses them
+CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "recovery_mode",
+             "continue_final_message")
+
+RaincheckExtras: type[BaseModel] = create_model(
+    "RaincheckExtras", __config__=ConfigDict(extra="forbid"),
+    **{name: (kind, default) for name, (kind, default, _) in EXTRAS.items()})
+
+
+def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str, ...] = ()) -> None:
+    """400 naming the first refused field (or extra in `refused_extras`) set to a value that asks for
+    something."""
+    for name, field in table.items():
+        if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
+            raise HttpError.invalid(f"{name} is not supported: {field.note}", param=name)
+    for name in refused_extras:
+        if getattr(request, name) not in (None, False):
+            raise HttpError.invalid(f"{name} is not supported here: a completion is text without a session",
+                                    param=name)

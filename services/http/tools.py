@@ -1,0 +1,136 @@
+"""Tool calling on chat completions: `tools`, `tool_choice`, assistant `tool_calls` and `tool` result
+messages, through the checkpoint's chat template and a parser for the Qwen family's call format
+(`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`).
+
+A chat with tools runs as a stateless completion of the whole rendered chat (the frontend's Complete RPC;
+no session: a session's turns are user messages, and the template renders tools and tool results around
+them). `tool_choice`: `none` renders no tools; `auto` renders them and parses any calls in the answer;
+`required` and a named function also hold the answer to a call's grammar (llguidance: the tag, then JSON
+of one of the functions' names with arguments its parameter schema accepts), so the call always parses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+
+from . import openai_fields
+from .errors import HttpError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+# request fields a stateless, text-only tool chat cannot honour
+NOT_WITH_TOOLS = ("logprobs", "top_logprobs", "response_format", *openai_fields.CHAT_ONLY[:-1])
+
+
+@dataclass(frozen=True)
+class ToolChat:
+    messages_json: str
+    tools_json: str               # "" when no tool is offered (tool_choice none)
+    grammar: str | None           # the forced call's grammar (required / a named function)
+    parallel: bool                # more than one call may be returned
+    continue_final: bool = False  # the answer continues the last (assistant) message
+
+
+def uses_tools(r: Any) -> bool:
+    """The request runs as a stateless chat: tools in any form, or a final assistant message to continue."""
+    return (bool(r.tools) or r.tool_choice is not None or r.parallel_tool_calls is not None
+            or r.continue_final_message or any(m.role == "tool" or m.tool_calls for m in r.messages))
+
+
+def tool_chat(r: Any) -> ToolChat:
+    """The request as a chat to render (400 for what a tool chat cannot do)."""
+    openai_fields.check(r, openai_fields.CHAT)
+    if r.stream_options is not None and not r.stream:
+        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
+    for name in NOT_WITH_TOOLS:
+        if getattr(r, name) not in (None, False, {"type": "text"}):
+            raise HttpError.invalid(f"{name} cannot be combined with tools, tool messages or continue_final_message (a "
+                                    "stateless text chat)", param=name)
+    tools = [_tool(t, i) for i, t in enumerate(r.tools or [])]
+    choice = r.tool_choice if r.tool_choice is not None else "auto" if tools else "none"
+    names = [t["function"]["name"] for t in tools]
+    if choice == "none":
+        offered, forced = [], []
+    elif choice == "auto":
+        offered, forced = tools, []
+    elif choice == "required":
+        offered, forced = tools, tools
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict) and \
+            choice["function"].get("name") in names:
+        offered, forced = tools, [tools[names.index(choice["function"]["name"])]]
+    else:
+        raise HttpError.invalid(f"tool_choice is none, auto, required or one of the tools "
+                                f"({{'type': 'function', 'function': {{'name': ...}}}}); got {choice!r}",
+                                param="tool_choice")
+    if choice != "none" and not tools:
+        raise HttpError.invalid("tool_choice needs tools", param="tool_choice")
+    if r.parallel_tool_calls is not None and not tools:
+        raise HttpError.invalid("parallel_tool_calls needs tools", param="parallel_tool_calls")
+    messages = [_message(m, i) for i, m in enumerate(r.messages)]
+    return ToolChat(json.dumps(messages), json.dumps(offered) if offered else "",
+                    call_grammar(forced) if forced else None, r.parallel_tool_calls is not False,
+                    r.continue_final_message)
+
+
+def _tool(t: Any, i: int) -> dict:
+    fn = t.get("function") if isinstance(t, dict) else None
+    if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str) and fn["name"]):
+        raise HttpError.invalid(f"tools[{i}] is {{'type': 'function', 'function': {{'name': ..., 'parameters': "
+                                "...}}}}", param=f"tools[{i}]")
+    if not isinstance(fn.get("parameters", {}), dict):
+        raise HttpError.invalid(f"tools[{i}].function.parameters is a JSON schema object", param=f"tools[{i}]")
+    return {"type": "function", "function": fn}
+
+
+def _message(m: Any, i: int) -> dict:
+    content = m.content
+    if isinstance(content, list):
+        if any(p.type != "text" for p in content):
+            raise HttpError.invalid(f"messages[{i}]: a tool chat is text only", param=f"messages[{i}]")
+        content = "\n".join(p.text or "" for p in content)
+    out = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+    return out
+
+
+def call_grammar(tools: list[dict]) -> str:
+    """The grammar of exactly one call of one of `tools`, in the tagged format the parser reads."""
+    schemas = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                "properties": {"name": {"const": t["function"]["name"]},
+                               "arguments": t["function"].get("parameters") or {"type": "object"}}}
+               for t in tools]
+    schema = {**(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}),
+              "x-guidance": {"whitespace_flexible": False}}
+    lark = f'start: "{OPEN}\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(schema)}'
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def split_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict]]:
+    """The answer's content (None when only calls) and its tool calls as OpenAI writes them. A block that
+    does not parse (an answer cut by max_tokens) stays in the content."""
+    calls, kept, last = [], [], 0
+    for match in CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+            name, arguments = call["name"], call.get("arguments", {})
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+        if calls and not parallel:
+            break
+        kept.append(text[last:match.start()])
+        last = match.end()
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": name, "arguments": arguments if isinstance(arguments, str)
+                                   else json.dumps(arguments)}})
+    kept.append(text[last:])
+    if not calls:
+        return text, calls
+    return "".join(kept).strip() or None, calls
