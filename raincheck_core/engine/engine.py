@@ -18,6 +18,7 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
+from ..cache.prefix import PrefixStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
@@ -151,6 +152,11 @@ class Engine:
 
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()
+
+    def prefix_stats(self) -> PrefixStats | None:
+        """The prefix cache's pages, GDN checkpoints and hits; None when it is off."""
+        with self.lock:
+            return self.core.prefix.stats() if self.core.prefix is not None else None
 
     # ---------------------------------------------------------------- stepping and instrumentation
     def step(self, only: SessionCache | None = None) -> bool:
