@@ -28,6 +28,7 @@ from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
+from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -55,6 +56,8 @@ class Engine:
         self.model = model.eval()
         self.formatter = formatter        # multimodal.chat.ChatFormatter, or None (token-level input only)
         self.vision = vision              # multimodal.vision.VisionEncoder, or None
+        if vision is not None and self.config.encoder_cache_bytes:
+            vision.cache = EncoderCache(self.config.encoder_cache_bytes)
         self.core = EngineCore(self.model, model_config, self.config)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
@@ -152,6 +155,11 @@ class Engine:
 
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()
+
+    def encoder_cache_stats(self) -> EncoderCacheStats | None:
+        """The vision tower's output cache: entries, bytes, hits; None without a tower or with it off."""
+        cache = self.vision.cache if self.vision is not None else None
+        return cache.stats() if cache is not None else None
 
     def prefix_stats(self) -> PrefixStats | None:
         """The prefix cache's pages, GDN checkpoints and hits; None when it is off."""

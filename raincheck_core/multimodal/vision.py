@@ -22,6 +22,7 @@ from PIL import Image
 from ..errors import CheckpointError, InvalidInputError, UnsupportedModelError
 from ..inputs import VisualInput
 from ..pruning.vit_attention import install_attention_capture, merge_group_mean, record_attention_received
+from .encoder_cache import EncoderCache, pixels_key
 
 ImageLike = Image.Image | bytes | bytearray | str | Path
 
@@ -71,6 +72,7 @@ class VisionEncoder:
         self.device, self.dtype = first.device, first.dtype
         # now, before sessions share the tower across threads (vit_attention: Concurrency)
         install_attention_capture(model)
+        self.cache: EncoderCache | None = None     # outputs by input content (the engine sets it)
 
     @classmethod
     def from_checkpoint(
@@ -119,7 +121,7 @@ class VisionEncoder:
         if not images:
             return []
         pixels, grids = self.preprocess_images(images, min_pixels=min_pixels, max_pixels=max_pixels)
-        return self._encode(pixels, grids, "image", signals)
+        return self._encode_cached(pixels, grids, "image", signals)
 
     # -- videos -----------------------------------------------------------------------------------------
 
@@ -160,7 +162,7 @@ class VisionEncoder:
     def encode_video(self, frames: Sequence[ImageLike], *, max_pixels: int | None = None,
                      signals: bool = False) -> VisualInput:
         pixels, grid = self.preprocess_video(frames, max_pixels=max_pixels)
-        return self._encode(pixels, grid, "video", signals)[0]
+        return self._encode_cached(pixels, grid, "video", signals)[0]
 
     def video_timestamps(self, num_frames: int, fps: float | None = None) -> list[float]:
         """Seconds per temporal patch, as transformers' Qwen3VLProcessor writes them (`<{t:.1f} seconds>`).
@@ -174,6 +176,23 @@ class VisionEncoder:
         return [(secs[i] + secs[i + tp - 1]) / 2 for i in range(0, len(secs), tp)]
 
     # -- tower ------------------------------------------------------------------------------------------
+
+    def _encode_cached(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str, signals: bool
+                       ) -> list[VisualInput]:
+        """`_encode` for the visuals the encoder cache does not hold (in one batch); each output carries its
+        input's content hash (the prefix cache's key for its rows)."""
+        parts = torch.split(pixels, grids.prod(-1).tolist())
+        keys = [pixels_key(kind, g, p) for g, p in zip(grids, parts, strict=True)]
+        out = [self.cache.get(k, signals) if self.cache is not None else None for k in keys]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            fresh = self._encode(torch.cat([parts[i] for i in todo]), grids[todo], kind, signals)
+            for i, v in zip(todo, fresh, strict=True):
+                v.content_hash = keys[i]
+                out[i] = v
+                if self.cache is not None:
+                    self.cache.put(keys[i], v)
+        return out
 
     @torch.inference_mode()
     def _encode(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str, signals: bool = False
