@@ -69,7 +69,7 @@ def test_a_repeated_video_is_not_encoded_again():
 
 def test_the_byte_budget_holds():
     vision = _cached()
-    (a,) = vision.encode_images([png()])
+    vision.encode_images([png()])
     one = vision.cache.stats().bytes
     vision.cache = EncoderCache(one + one // 2)
     for color in ("red", "green", "blue"):
