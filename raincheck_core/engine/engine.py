@@ -161,6 +161,14 @@ class Engine:
         cache = self.vision.cache if self.vision is not None else None
         return cache.stats() if cache is not None else None
 
+    def clear_caches(self) -> None:
+        """Empty the prefix cache and the encoder cache (sessions keep the pages they hold)."""
+        with self.lock:
+            if self.core.prefix is not None:
+                self.core.prefix.clear()
+        if self.vision is not None and self.vision.cache is not None:
+            self.vision.cache.clear()
+
     def prefix_stats(self) -> PrefixStats | None:
         """The prefix cache's pages, GDN checkpoints and hits; None when it is off."""
         with self.lock:

@@ -76,6 +76,11 @@ class EncoderCache:
                 _, dropped = self.entries.popitem(last=False)
                 self.bytes -= _size(dropped)
 
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+            self.bytes = 0
+
     def stats(self) -> EncoderCacheStats:
         with self._lock:
             return EncoderCacheStats(len(self.entries), self.bytes, self.hits, self.misses)
