@@ -232,15 +232,16 @@ class _Fit:
 
 def _aligned(start: int, n: int, align: tuple[int, int]) -> int:
     """`n` rows from slot `start`, cut at the first multiple of `every` they cross, else back to the last
-    multiple of `page` (`align = (page, every)`): a hybrid model's prefix cache keeps GDN checkpoints where
-    a step ends on a page boundary, so a prompt leaves one every `every` slots and one at its last page."""
+    page boundary before their last row (`align = (page, every)`): a hybrid model's prefix cache keeps GDN
+    checkpoints where a step ends on a page boundary, so a prompt leaves one every `every` slots and one
+    where a request with the same prompt can resume (a hit leaves at least the last row to run)."""
     page, every = align
     end = start + n
     first = (start // every + 1) * every
     if first < end:
         return first - start
-    boundary = end // page * page
-    return boundary - start if start < boundary < end else n
+    boundary = (end - 1) // page * page
+    return boundary - start if start < boundary else n
 
 
 def prefill_segment(req: TurnView, n: int) -> Segment:

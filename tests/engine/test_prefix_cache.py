@@ -70,7 +70,6 @@ def test_hit_matches_a_fresh_engine(engines, family, kind, policy):
     cached, logits, second = _turn(warm, prompt, cfg)
     _, ref, _ = _turn(fresh, prompt, cfg)
     i0, _ = split(warm, prompt, cfg)
-    assert len(i0) % PAGE          # the prompt's last page boundary is a GDN checkpoint
     assert cached == (len(i0) - 1) // PAGE * PAGE
     if kind != "text":
         assert cached > 20         # visual rows came from the cache
@@ -156,3 +155,16 @@ def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
     _, ref, _ = _turn(fresh, other)
     assert cached == 48
     assert _err(logits, ref) <= TOL
+
+
+def test_a_hybrid_prefill_ends_steps_where_checkpoints_are_kept(engines):
+    warm, _ = engines["qwen3_5"]
+    rows: list[int] = []
+    remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
+    prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(5)).tolist()
+    _turn(warm, prompt, n=1)
+    remove()
+    # every 256 slots, then the last page boundary before the last row (599 -> 592), then the rest
+    assert rows == [256, 256, 80, 8]
+    assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
+    assert _turn(warm, prompt, n=1)[0] == 592                         # the same prompt: all but its tail
