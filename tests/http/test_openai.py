@@ -102,6 +102,7 @@ def test_edited_history_forks_and_the_original_continues(stack):
     (a1, _, t1), (a2, _, t2) = play(client, q[:2], image, stream=False, **full)
     assert [a1, a2] == expected[:2] and t1["session_id"] == t2["session_id"]
 
+    hits = metric("raincheck:prefix_cache_hit_tokens_total")
     fork, usage, details = complete(client, [user(q[0], image), assistant(a1), user(edited)], **full)
     assert details["match"] == "forked" and details["session_id"] != t1["session_id"]
     assert fork == expected_edit[1]
@@ -109,6 +110,7 @@ def test_edited_history_forks_and_the_original_continues(stack):
     # first answer): that comes from the prefix cache
     cached = usage.prompt_tokens_details.cached_tokens
     assert cached > IMAGE_TOKENS and details["prefilled_tokens"] == usage.prompt_tokens - cached
+    assert metric("raincheck:prefix_cache_hit_tokens_total") == hits + cached
 
     # the original session is untouched: its next turn continues it and answers as the SDK's did
     a3, usage, details = complete(client, [user(q[0], image), assistant(a1), user(q[1]), assistant(a2),
