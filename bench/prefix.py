@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in FAMILIES:
-            results[family] = run_family(build_engine(family, Path(tmp)), repeats)
+            results[family] = run_family(build_engine(family, Path(tmp), prefix_cache=True), repeats)
     report = {
         "warm_over_cold_ttft": {f: r["system"]["warm_over_cold"] for f, r in results.items()},
         "regenerate_prefilled_rows": {f: r["regenerate"]["prefilled_rows"] for f, r in results.items()},
