@@ -1,7 +1,9 @@
 """The vision tower's outputs by input content: an image sent again, in any session, is not encoded again.
 
 The key is a hash of what the tower would read: the kind, the patch grid and the preprocessed pixels
-(so the image's content and every processor setting that changes them). An entry holds the merged
+(so the image's content and every processor setting that changes them); an image or video sent as bytes
+(or a PIL image) is also named by a hash of those and the processor's settings, so that a repeat skips
+decoding and preprocessing as well. An entry holds the merged
 embeddings and DeepStack features, and the selection signals when they were computed (ViT attention
 received, last-block features: what selectors that score without the query read). Least recently used
 entries go first when the byte budget is exceeded. Sessions encode outside the engine lock, so the
@@ -18,6 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..inputs import VisualInput
+
+MAX_ALIASES = 65536     # input hashes kept (32 bytes each); an entry whose alias went is found by its pixels
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class EncoderCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: OrderedDict[bytes, VisualInput] = OrderedDict()
+        self.aliases: OrderedDict[bytes, bytes] = OrderedDict()    # input bytes' hash -> entry key
         self.bytes = 0
         self.hits = self.misses = 0
         self._lock = threading.Lock()
@@ -61,6 +66,26 @@ class EncoderCache:
             self.entries.move_to_end(key)
             self.hits += 1
         return v if signals else replace(v, vision_features=None, attention_received=None)
+
+    def find(self, raws: list[bytes | None], signals: bool) -> list[VisualInput] | None:
+        """Every visual named by its input's hash `raws`, or None unless all are cached (then the caller
+        preprocesses them all; `get` counts the hits and misses)."""
+        with self._lock:
+            keys = [self.aliases.get(r) if r is not None else None for r in raws]
+            found = [self.entries.get(k) if k is not None else None for k in keys]
+            if any(v is None or (signals and v.attention_received is None) for v in found):
+                return None
+            for k in keys:
+                self.entries.move_to_end(k)
+            self.hits += len(found)
+        return [v if signals else replace(v, vision_features=None, attention_received=None) for v in found]
+
+    def alias(self, raw: bytes, key: bytes) -> None:
+        with self._lock:
+            self.aliases[raw] = key
+            self.aliases.move_to_end(raw)
+            while len(self.aliases) > MAX_ALIASES:
+                self.aliases.popitem(last=False)
 
     def put(self, key: bytes, visual: VisualInput) -> None:
         size = _size(visual)
@@ -79,6 +104,7 @@ class EncoderCache:
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
+            self.aliases.clear()
             self.bytes = 0
 
     def stats(self) -> EncoderCacheStats:

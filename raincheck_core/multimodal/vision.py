@@ -8,6 +8,7 @@ sampled; their timestamps come from `fps` (see `video_timestamps`).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -120,8 +121,12 @@ class VisionEncoder:
         """One `VisualInput` per image (all images run through the tower in one batch)."""
         if not images:
             return []
+        settings = f"image:{min_pixels}:{max_pixels}:{self.image_processor.to_json_string()}"
+        raws = [raw_key(img, settings) for img in images]
+        if self.cache is not None and (found := self.cache.find(raws, signals)) is not None:
+            return found
         pixels, grids = self.preprocess_images(images, min_pixels=min_pixels, max_pixels=max_pixels)
-        return self._encode_cached(pixels, grids, "image", signals)
+        return self._remember(raws, self._encode_cached(pixels, grids, "image", signals))
 
     # -- videos -----------------------------------------------------------------------------------------
 
@@ -161,8 +166,21 @@ class VisionEncoder:
 
     def encode_video(self, frames: Sequence[ImageLike], *, max_pixels: int | None = None,
                      signals: bool = False) -> VisualInput:
+        settings = f"video:{max_pixels}:{self.video}:{self.image_processor.to_json_string()}"
+        keys = [raw_key(frame, settings) for frame in frames]
+        raws = [None if None in keys else b"".join(keys)]
+        if self.cache is not None and (found := self.cache.find(raws, signals)) is not None:
+            return found[0]
         pixels, grid = self.preprocess_video(frames, max_pixels=max_pixels)
-        return self._encode_cached(pixels, grid, "video", signals)[0]
+        return self._remember(raws, self._encode_cached(pixels, grid, "video", signals))[0]
+
+    def _remember(self, raws: list[bytes | None], visuals: list[VisualInput]) -> list[VisualInput]:
+        """Name each visual's cache entry by its input's bytes too (a repeat skips decoding and preprocessing)."""
+        if self.cache is not None:
+            for raw, v in zip(raws, visuals, strict=True):
+                if raw is not None:
+                    self.cache.alias(raw, v.content_hash)
+        return visuals
 
     def video_timestamps(self, num_frames: int, fps: float | None = None) -> list[float]:
         """Seconds per temporal patch, as transformers' Qwen3VLProcessor writes them (`<{t:.1f} seconds>`).
@@ -214,6 +232,18 @@ class VisionEncoder:
                         attention_received={n: v[i] for n, v in per_item_scores.items()} if per_item_scores else None)
             for i in range(len(sizes))
         ]
+
+
+def raw_key(obj: ImageLike, settings: str) -> bytes | None:
+    """16 bytes naming an image given as bytes or a PIL image, under `settings` (the processor's and the
+    call's); None for a path (its file may change)."""
+    if isinstance(obj, (bytes, bytearray)):
+        data = bytes(obj)
+    elif isinstance(obj, Image.Image):
+        data = f"{obj.mode}:{obj.size}".encode() + obj.tobytes()
+    else:
+        return None
+    return hashlib.blake2b(settings.encode() + data, digest_size=16).digest()
 
 
 def load_image(obj: ImageLike, index: int = 0, *, what: str = "image",
