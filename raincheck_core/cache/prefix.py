@@ -164,9 +164,10 @@ class PrefixCache:
 
     # ---------------------------------------------------------------- eviction
     def held(self) -> tuple[int, int]:
-        """Pages the cache holds, and how many of them nobody else does."""
-        refs = self.pool.refs
-        return len(self.pages), sum(1 for p in self.pages.values() if refs[p] == 1)
+        """Pages the cache holds, and how many of them nobody else does (read without the engine lock, by
+        the workers' stats: from a copy made in one call)."""
+        refs, pages = self.pool.refs, list(self.pages.values())
+        return len(pages), sum(1 for p in pages if refs[p] == 1)
 
     def reclaim(self, n: int) -> None:
         """Let go of up to `n` pages only the cache holds, least recently used first (the pool is short)."""

@@ -76,3 +76,16 @@ def test_the_byte_budget_holds():
         vision.encode_images([png(color=color)])
         assert vision.cache.stats().bytes <= one + one // 2
     assert vision.cache.stats().entries == 1
+
+
+def test_the_same_bytes_skip_decoding_and_preprocessing():
+    vision = _cached()
+    preprocessed = []
+    preprocess = vision.preprocess_images
+    vision.preprocess_images = lambda images, **kw: preprocessed.append(len(images)) or preprocess(images, **kw)
+    red = png()
+    (a,) = vision.encode_images([red])
+    (b,) = vision.encode_images([bytes(red)])
+    assert preprocessed == [1] and b.content_hash == a.content_hash
+    vision.encode_images([red], max_pixels=32 * 32)     # other settings: preprocessed again
+    assert preprocessed == [1, 1]
