@@ -44,6 +44,9 @@ def dump(model: str, families: list[str], dialogues: int) -> dict[str, dict[str,
                                       tpot_slo=None)
             out[family][name] = [quality.run_engine_arm(engine, cfg, d, m) for d, m in
                                  tqdm(list(zip(held_out, messages, strict=True)), desc=f"{family} {name}", leave=False)]
+    prefix = engine.prefix_stats()
+    if prefix is not None:     # the arms share sessions' prefixes (the same dialogue under another policy)
+        print(f"prefix cache: {prefix.hits} hits, {prefix.hit_tokens} prompt tokens served", file=sys.stderr)
     return out
 
 

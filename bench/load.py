@@ -7,8 +7,9 @@ ports; each session sends an image with its first turn and text after, through t
 `--http` through the official openai client against the HTTP frontend (each request resends the whole
 conversation, streamed; the server matches it to the session). Prints client-side TTFT / inter-token
 latency / E2E per turn index and the engine's deferral numbers (with `--http` also the share of prompt
-tokens served from sessions), and exits non-zero on any error. Bounded: at most 64 sessions x 10 turns,
-and a deadline for the whole run.
+tokens served from sessions), what the prefix and encoder caches hold against their budgets
+(`--prefix-cache-pages`, `--encoder-cache-mib`: small ones make them evict), and exits non-zero on any
+error or a cache over its budget. Bounded: at most 64 sessions x 10 turns, and a deadline for the whole run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw
 
 from raincheck_client import Client, RaincheckError, Token
+from raincheck_core import Engine
 from services.common.settings import FrontendSettings, WorkerSettings
 from services.common.store import MemoryStore
 from services.decode_worker.server import DecodeWorkerServer
@@ -175,6 +177,28 @@ def report(results: list[SessionResult], turns: int, wall_s: float) -> None:
         print(f"error: {error}")
 
 
+def cache_budgets(engine: Engine) -> list[str]:
+    """Print what the caches hold against their budgets; one line per cache over its budget."""
+    cfg, over = engine.config, []
+    prefix, pool, encoder = engine.prefix_stats(), engine.pool_stats(), engine.encoder_cache_stats()
+    if prefix is not None:
+        pages = cfg.prefix_cache_pages or cfg.num_pages // 2
+        print(f"prefix cache: {prefix.hits} hits of {prefix.lookups} lookups, {prefix.hit_tokens} prompt tokens "
+              f"served; holds {pool.cached_pages} pages (budget {pages}), {prefix.checkpoints} GDN checkpoints "
+              f"of {prefix.checkpoint_bytes / 2**20:.1f} MiB (budget {cfg.gdn_checkpoint_bytes / 2**20:.0f})")
+        over += [f"prefix cache holds {pool.cached_pages} pages > {pages}"] if pool.cached_pages > pages else []
+        if prefix.checkpoint_bytes > cfg.gdn_checkpoint_bytes:
+            over.append(f"GDN checkpoints hold {prefix.checkpoint_bytes} bytes > {cfg.gdn_checkpoint_bytes}")
+    if encoder is not None:
+        print(f"encoder cache: {encoder.hits} hits, {encoder.misses} tower runs; holds {encoder.entries} entries "
+              f"of {encoder.bytes / 2**20:.2f} MiB (budget {cfg.encoder_cache_bytes / 2**20:.2f})")
+        if encoder.bytes > cfg.encoder_cache_bytes:
+            over.append(f"encoder cache holds {encoder.bytes} bytes > {cfg.encoder_cache_bytes}")
+    for line in over:
+        print(f"over budget: {line}")
+    return over
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=16)
@@ -185,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="checkpoint folder (default: a random model of --size)")
     p.add_argument("--size", choices=["tiny", "bench"], default="bench")
     p.add_argument("--deadline-s", type=float, default=600.0)
+    p.add_argument("--prefix-cache-pages", type=int, default=None, help="the worker's prefix cache budget")
+    p.add_argument("--encoder-cache-mib", type=float, default=None, help="the worker's encoder cache budget")
     p.add_argument("--http", action="store_true",
                    help="through the openai client and the HTTP frontend (OpenAI chat completions, streamed)")
     args = p.parse_args(argv)
@@ -193,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
     store = MemoryStore()
     worker = DecodeWorkerServer(WorkerSettings(model=args.model, random_size=args.size, port=0, metrics_port=None,
-                                               threads=args.sessions + 8), store).start()
+                                               threads=args.sessions + 8, prefix_cache_pages=args.prefix_cache_pages,
+                                               encoder_cache_mib=args.encoder_cache_mib), store).start()
     front_settings = FrontendSettings(port=0, metrics_port=None, threads=args.sessions + 8)
     frontend = FrontendServer(front_settings, store).start()
     http = None
@@ -220,12 +247,13 @@ def main(argv: list[str] | None = None) -> int:
                 (http or frontend).stop(0)
         results = [f.result() for f in finished] + [SessionResult(error="deadline passed") for _ in late]
         report(results, args.turns, time.perf_counter() - t0)
+        over = cache_budgets(worker.runtime.engine)
     finally:
         if http:
             http.stop(0)
         frontend.stop(0)
         worker.stop(0)
-    return 1 if any(r.error for r in results) else 0
+    return 1 if any(r.error for r in results) or over else 0
 
 
 if __name__ == "__main__":

@@ -206,14 +206,27 @@ class EngineConfig:
     recovery_chunk: int = 256        # rows per prefill-only recovery chunk after an answer
     num_threads: int | None = None   # torch intra-op threads; None leaves torch's default
     max_model_len: int | None = None  # tokens a session may hold; None: the model's max_position_embeddings
+    # the prefix cache (cache/prefix.py): full KV pages shared between sessions, at most this many pages
+    # held (None: half of num_pages; pages only the cache holds are evicted first when the pool is short),
+    # and GDN state checkpoints within this many bytes
+    prefix_cache: bool = True
+    prefix_cache_pages: int | None = None
+    gdn_checkpoint_bytes: int = 256 << 20
+    gdn_checkpoint_every: int = 256        # slots between GDN checkpoints of a long prompt (rounded to pages)
+    encoder_cache_bytes: int = 256 << 20   # vision tower outputs by image content (0: off)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("page_size", "num_pages", "max_pages_per_session", "max_gdn_slots", "max_rows_per_step",
-                     "deferred_budget", "recovery_chunk"):
+                     "deferred_budget", "recovery_chunk", "gdn_checkpoint_every"):
             if getattr(self, name) <= 0:
                 raise InvalidInputError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.prefix_cache_pages is not None and self.prefix_cache_pages <= 0:
+            raise InvalidInputError(f"prefix_cache_pages must be positive, got {self.prefix_cache_pages}")
+        for name in ("gdn_checkpoint_bytes", "encoder_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidInputError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidInputError(f"max_model_len must be positive, got {self.max_model_len}")
 

@@ -7,6 +7,7 @@ encoder on another machine) build a `Prompt` directly with precomputed `VisualIn
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +28,8 @@ class VisualInput:
     `vision_features` (`[N, d_vision]`, last ViT block averaged per merge group) and
     `attention_received` (per named ViT layer, a length-N score) feed the selectors that use them;
     without them those selectors fall back to embedding-based proxies (see raincheck_core.pruning).
+    `content_hash`: a strong hash of what the tokens were made from (the vision encoder sets it from the
+    preprocessed pixels and the processor's settings); without it `digest()` hashes the tokens themselves.
     """
 
     kind: VisualKind
@@ -35,6 +38,16 @@ class VisualInput:
     deepstack: list[torch.Tensor] = field(default_factory=list)
     vision_features: torch.Tensor | None = None
     attention_received: dict[str, torch.Tensor] | None = None
+    content_hash: bytes | None = None
+
+    def digest(self) -> bytes:
+        """16 bytes naming this visual's tokens (the prefix cache's key for its rows)."""
+        if self.content_hash is None:
+            h = hashlib.blake2b(self.kind.encode() + str(self.grid_thw).encode(), digest_size=16)
+            for t in [self.embeddings, *self.deepstack]:
+                h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            self.content_hash = h.digest()
+        return self.content_hash
 
     def num_tokens(self, merge: int) -> int:
         t, h, w = self.grid_thw

@@ -3,10 +3,16 @@
 K/V of attention layer l live in `k[l]`/`v[l]`, flat over slots (`page * page_size + offset`).
 A sequence's slots follow processing order; which slot a row may attend to is decided by the
 forward batch (positions and visibility), never by slot order.
+
+Pages are reference-counted: the prefix cache (cache/prefix.py) holds a reference to every page it
+has registered and shares full pages read-only between sequences. A page goes back to the free list
+when its last holder lets go; a page only the cache holds counts as free (`reclaim` evicts it when the
+free list runs short), and a sequence about to write into a page someone else holds copies it first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +23,9 @@ from ..errors import InvalidInputError, OutOfPagesError, SessionPageBudgetError
 @dataclass(frozen=True)
 class PoolStats:
     total_pages: int
-    free_pages: int
+    free_pages: int             # what admission can get: the free list plus pages only the prefix cache holds
     page_size: int
+    cached_pages: int = 0       # pages the prefix cache holds (shared with sessions or not)
 
     @property
     def used_pages(self) -> int:
@@ -40,17 +47,44 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._free = list(range(num_pages - 1, -1, -1))     # pop() hands out low pages first
+        self.refs = [0] * num_pages
+        # the prefix cache: how many pages it holds, how many of them only it holds, and `reclaim(n)`, which
+        # lets go of up to `n` of those (least recently used first)
+        self.cached: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        self.reclaim: Callable[[int], None] = lambda n: None
 
     def stats(self) -> PoolStats:
-        return PoolStats(self.num_pages, len(self._free), self.page_size)
+        held, only = self.cached()
+        return PoolStats(self.num_pages, len(self._free) + only, self.page_size, held)
 
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
+            self.reclaim(n - len(self._free))
+        if n > len(self._free):
             raise OutOfPagesError("KV page pool exhausted", needed=n, available=len(self._free))
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            self.refs[p] = 1
+        return pages
+
+    def share(self, pages: list[int]) -> None:
+        """One more holder of each of `pages`."""
+        for p in pages:
+            self.refs[p] += 1
 
     def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        """One holder fewer of each of `pages`; those nobody holds go back to the free list."""
+        for p in reversed(pages):
+            self.refs[p] -= 1
+            if self.refs[p] == 0:
+                self._free.append(p)
+
+    def copy_page(self, src: int, dst: int, rows: int) -> None:
+        """The first `rows` slots of page `src`, every layer's K and V, into page `dst`."""
+        ps = self.page_size
+        a, b = src * ps, dst * ps
+        self.k[:, b:b + rows].copy_(self.k[:, a:a + rows])
+        self.v[:, b:b + rows].copy_(self.v[:, a:a + rows])
 
 
 class PageTable:
@@ -97,14 +131,31 @@ class PageTable:
         self.length += n
         return slots
 
+    def adopt(self, pages: list[int], length: int) -> None:
+        """Start an empty sequence on `pages` (shared, read-only: full pages holding its first `length`
+        slots, as the prefix cache found them)."""
+        if self.pages or len(pages) * self.pool.page_size != length or len(pages) > self.max_pages:
+            raise InvalidInputError(f"cannot adopt {len(pages)} pages for {length} slots")
+        self.pool.share(pages)
+        self.pages = list(pages)
+        self.length = length
+        self._index()
+
     def truncate(self, length: int) -> None:
-        """Forget every slot from `length` on and return the pages no longer needed to the pool."""
+        """Forget every slot from `length` on and return the pages no longer needed to the pool. A partly
+        kept last page that someone else holds too is copied (copy on write: later slots overwrite it)."""
         if not 0 <= length <= self.length:
             raise InvalidInputError(f"cannot truncate {self.length} slots to {length}")
         self.length = length
-        keep = -(-length // self.pool.page_size)
+        ps = self.pool.page_size
+        keep = -(-length // ps)
         self.pool.release(self.pages[keep:])
         del self.pages[keep:]
+        if length % ps and self.pool.refs[self.pages[-1]] > 1:
+            fresh = self.pool.allocate(1)[0]
+            self.pool.copy_page(self.pages[-1], fresh, length % ps)
+            self.pool.release([self.pages[-1]])
+            self.pages[-1] = fresh
         self._index()
 
     def slots(self, start: int, end: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
+from ..cache.prefix import PrefixCache
 from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.policy import DeferralConfig
@@ -78,8 +79,18 @@ class EngineCore:
             self.gdn = GDNStatePool(config.max_gdn_slots, cfg.num_gdn_layers, conv_dim, cfg.linear_conv_kernel,
                                     cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                                     self.dtype, self.device)
+        # the prefix cache shares full pages between sessions (cache/prefix.py); on a hybrid model a hit
+        # resumes from a GDN checkpoint, kept where a step ended on a page boundary, so prefill chunks end
+        # every `gdn_checkpoint_every` slots and at the prompt's last page boundary (a few more steps)
+        self.prefix: PrefixCache | None = None
+        if config.prefix_cache:
+            self.prefix = PrefixCache(self.kv, config.prefix_cache_pages or config.num_pages // 2,
+                                      config.gdn_checkpoint_bytes, hybrid=self.gdn is not None)
+        align = None
+        if self.prefix is not None and self.gdn is not None:
+            align = (config.page_size, max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size)
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel())
+                                   StepCostModel(), align=align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel)
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
         self.clock: Callable[[], float] = time.perf_counter
@@ -155,6 +166,8 @@ class EngineCore:
     def settle(self, result: StepResult) -> None:
         """What a step's update found ended: failed turns are undone, ended turns' recoveries go on in
         the gaps, complete recoveries are finished."""
+        for cache in result.grown:          # first: a failed turn's pages hold valid K/V all the same
+            self._publish(cache)
         for req, error in result.failed:
             self.fail_turn(req, error)
         for req in result.ended:
@@ -162,6 +175,19 @@ class EngineCore:
         for cache, rec in result.recovered:
             if cache.recovery is rec:       # not undone with a failed turn meanwhile
                 self.finish_recovery(cache)
+
+    def _publish(self, cache: SessionCache) -> None:
+        """Hand the cache's newly completed full pages to the prefix cache, with the GDN state after the last
+        one when the step ended there."""
+        chain = cache.chain
+        if self.prefix is None or cache.session in self.scratches or len(chain.hashes) <= cache.published:
+            return
+        state = None
+        if self.gdn is not None and cache.length == len(chain.hashes) * self.kv.page_size:
+            state = (self.gdn.conv[cache.gdn_slot], self.gdn.ssm[cache.gdn_slot])
+        done = len(chain.hashes)
+        self.prefix.publish(chain.hashes[:done], cache.table.pages[:done], cache.published, state)
+        cache.published = done
 
     # ---------------------------------------------------------------- sessions
     def open_cache(self, session: str, max_pages: int) -> SessionCache:
@@ -236,6 +262,7 @@ class EngineCore:
         cache = request.cache
         checkpoint = cache.checkpoint()
         try:
+            reserve -= self._reuse_prefix(request)
             cache.table.reserve(reserve)
             if deferred is not None:
                 join = None
@@ -251,6 +278,20 @@ class EngineCore:
         cache.turns += 1
         self.turns[cache.session] = request
         self.scheduler.add(request)
+
+    def _reuse_prefix(self, request: TurnRequest) -> int:
+        """A new session's turn starts on the longest prefix of its input the prefix cache holds (at least
+        its last row is run: its logits give the first token). Returns the rows served from the cache."""
+        cache, rows = request.cache, request.input
+        if self.prefix is None or cache.length or cache.pending_ids or rows.row_keys is None:
+            return 0
+        hit = self.prefix.match(rows.row_keys, len(rows) - 1)
+        if hit is None:
+            return 0
+        n = len(hit.pages) * self.kv.page_size
+        cache.adopt(hit, rows.row_keys[:n], rows.token_ids[:n])
+        request.skip_cached(n)
+        return n
 
     def end_turn(self, request: TurnRequest) -> None:
         """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""

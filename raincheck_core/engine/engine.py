@@ -18,6 +18,7 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
+from ..cache.prefix import PrefixStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
@@ -28,6 +29,7 @@ from ..inputs import VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
+from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -56,6 +58,8 @@ class Engine:
         self.formatter = formatter        # multimodal.chat.ChatFormatter, or None (token-level input only)
         self.vision = vision              # multimodal.vision.VisionEncoder, or None
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
+        if vision is not None and self.config.encoder_cache_bytes:
+            vision.cache = EncoderCache(self.config.encoder_cache_bytes)
         self.core = EngineCore(self.model, model_config, self.config)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
@@ -153,6 +157,24 @@ class Engine:
 
     def pool_stats(self) -> PoolStats:
         return self.kv.stats()
+
+    def encoder_cache_stats(self) -> EncoderCacheStats | None:
+        """The vision tower's output cache: entries, bytes, hits; None without a tower or with it off."""
+        cache = self.vision.cache if self.vision is not None else None
+        return cache.stats() if cache is not None else None
+
+    def clear_caches(self) -> None:
+        """Empty the prefix cache and the encoder cache (sessions keep the pages they hold)."""
+        with self.lock:
+            if self.core.prefix is not None:
+                self.core.prefix.clear()
+        if self.vision is not None and self.vision.cache is not None:
+            self.vision.cache.clear()
+
+    def prefix_stats(self) -> PrefixStats | None:
+        """The prefix cache's pages, GDN checkpoints and hits; None when it is off."""
+        with self.lock:
+            return self.core.prefix.stats() if self.core.prefix is not None else None
 
     # ---------------------------------------------------------------- stepping and instrumentation
     def step(self, only: SessionCache | None = None) -> bool:

@@ -9,7 +9,7 @@ import torch
 
 @dataclass(frozen=True)
 class TurnMetrics:
-    prompt_tokens: int                 # rows prefilled for this turn's input
+    prompt_tokens: int                 # this turn's input rows run now (I0), cached ones included
     generated_tokens: int
     ttft_s: float                      # turn submitted -> first token sampled
     tpot_s: float                      # mean time per output token after the first
@@ -20,6 +20,7 @@ class TurnMetrics:
     tpot_restoring_s: float | None = None   # mean time per token over steps that carried a deferred chunk
     barrier_wait_s: float = 0.0        # this turn waited for the previous turn's recovery to complete
     previous_recovery_s: float | None = None  # the previous turn's post-answer completion time
+    cached_prompt_tokens: int = 0      # of prompt_tokens, rows served from the prefix cache (not prefilled)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ class TurnRequest:
         self.previous_recovery_s = previous_recovery_s
         self._restoring_gaps: list[float] = []
         self.cursor = 0                    # input rows already run
+        self.cached_prompt_tokens = 0      # of them, served from the prefix cache (not run)
         self.generated: list[int] = []
         self.events: deque[TurnEvent] = deque()
         self.finished = False
@@ -105,6 +106,11 @@ class TurnRequest:
         """A decode step of this turn took `seconds`; a plain one would have taken `plain_step_s`."""
         self.decode_s += seconds
         self.plain_s += plain_step_s
+
+    def skip_cached(self, n: int) -> None:
+        """The first `n` input rows are in the session's cache already (the engine core found them in the
+        prefix cache at admission)."""
+        self.cursor = self.cached_prompt_tokens = n
 
     def fed(self, n: int, now: float) -> None:
         """`n` rows of this turn ran: input rows, or the one row of the last sampled token."""
@@ -160,6 +166,7 @@ class TurnRequest:
             deferred_tokens=self.deferred_tokens, deferred_pending=rec.pending if rec is not None else 0,
             tpot_restoring_s=sum(gaps) / len(gaps) if gaps else None,
             barrier_wait_s=self.barrier_wait_s, previous_recovery_s=self.previous_recovery_s,
+            cached_prompt_tokens=self.cached_prompt_tokens,
         )
 
     def _full_text(self) -> str:

@@ -41,6 +41,7 @@ class CacheView(Protocol):
     gdn_slot: int | None
     next_position: int
     recovery: Recovery | None
+    length: int                 # slots filled
 
     def claim(self, n: int) -> torch.Tensor: ...
 
@@ -89,8 +90,9 @@ class ScratchWork:
 
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
-                 cost: StepCostModel | None = None):
+                 cost: StepCostModel | None = None, align: tuple[int, int] | None = None):
         self.max_rows = max_rows_per_step
+        self.align = align     # (page, every): where prefill chunks end (`_aligned`); None: anywhere
         self.deferred_budget = deferred_budget
         self.recovery_chunk = recovery_chunk
         self.cost = cost or StepCostModel()
@@ -152,6 +154,8 @@ class Scheduler:
         for req in running:
             if not req.decoding and budget > 0:
                 n = min(req.input_remaining, budget)
+                if self.align is not None:
+                    n = _aligned(req.cache.length, n, self.align)
                 plan.segments.append(prefill_segment(req, n))
                 budget -= n
         for work in scratch:       # like a prefill: rows of nobody's answer, no objective of their own
@@ -224,6 +228,20 @@ class _Fit:
         n = max(n, 0)
         self.carried += n
         return n
+
+
+def _aligned(start: int, n: int, align: tuple[int, int]) -> int:
+    """`n` rows from slot `start`, cut at the first multiple of `every` they cross, else back to the last
+    page boundary before their last row (`align = (page, every)`): a hybrid model's prefix cache keeps GDN
+    checkpoints where a step ends on a page boundary, so a prompt leaves one every `every` slots and one
+    where a request with the same prompt can resume (a hit leaves at least the last row to run)."""
+    page, every = align
+    end = start + n
+    first = (start // every + 1) * every
+    if first < end:
+        return first - start
+    boundary = (end - 1) // page * page
+    return boundary - start if start < boundary else n
 
 
 def prefill_segment(req: TurnView, n: int) -> Segment:

@@ -14,6 +14,7 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PageTable
+from ..cache.prefix import Hit, PrefixChain
 from ..deferral.recovery import Recovery
 from ..deferral.visibility import deferred_visible
 
@@ -43,6 +44,8 @@ class SessionCache:
         self.last_recovery_s: float | None = None   # post-answer completion time of the last recovery
         self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: GEN of the recovering turn
         self._claimed = 0                 # slots claimed by the step being planned
+        self.chain = PrefixChain(kv.page_size)   # what its slots hold, for the prefix cache
+        self.published = 0                # full pages of the chain handed to the prefix cache
 
     @property
     def length(self) -> int:
@@ -71,10 +74,13 @@ class SessionCache:
 
     # ---------------------------------------------------------------- applying a step
     def fill(self, n: int, *, generated: bool = False, tokens: list[int] | None = None,
-             next_position: int | None = None) -> None:
+             next_position: int | None = None, keys: torch.Tensor | None = None) -> int:
         """The first `n` claimed slots now hold K/V; `generated` labels them GEN (invisible to this
         turn's deferred rows). `tokens`: the ids fed in them (a turn's input or answer rows; deferred rows
-        are not part of the token stream), `next_position`: the position id of the next token after them."""
+        are not part of the token stream), `next_position`: the position id of the next token after them,
+        `keys`: what the rows are, when each saw every slot before it (cache/prefix.py). Returns how many
+        pages of the prefix chain this completed."""
+        pages = self.chain.extend(self.table.length, keys if not generated else None)
         if tokens:
             self.tokens.extend(tokens)
         if next_position is not None:
@@ -87,6 +93,19 @@ class SessionCache:
             grown[: self._generated.shape[0]] = self._generated
             self._generated = grown
         self._generated[start:start + n] = generated
+        return pages
+
+    def adopt(self, hit: Hit, keys: torch.Tensor, tokens: list[int]) -> None:
+        """An empty cache starts on the prefix cache's `hit`: its pages, the rows `keys` describes (the
+        token ids `tokens`), the GDN state after them."""
+        self.table.adopt(hit.pages, len(keys))
+        self.chain.adopt(hit, keys)
+        self.published = len(hit.pages)
+        self.tokens.extend(tokens)
+        if self.gdn is not None:
+            conv, ssm = hit.state
+            self.gdn.conv[self.gdn_slot].copy_(conv)
+            self.gdn.ssm[self.gdn_slot].copy_(ssm)
 
     def generated_slots(self) -> torch.Tensor:
         """Slot ids of the GEN slots (the recovering turn's fed answer tokens)."""
@@ -122,6 +141,8 @@ class SessionCache:
             self.recovery = None
         self._generated[cp.length:] = False
         self.table.truncate(cp.length)
+        self.chain.truncate(cp.length)
+        self.published = min(self.published, len(self.chain.hashes))
         self.turns = cp.turns
         self.next_position = cp.next_position
         del self.tokens[cp.tokens:]
@@ -135,6 +156,8 @@ class SessionCache:
             self.recovery.release()
             self.recovery = None
         self.table.release()
+        self.chain = PrefixChain(self.table.pool.page_size)
+        self.published = 0
         if self.gdn is not None and self.gdn_slot is not None:
             self.gdn.release(self.gdn_slot)
             self.gdn_slot = None

@@ -14,6 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
+from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
 from .plan import CHUNKS, Kind, StepPlan, StepSessions
 from .runner import StepOutputs
@@ -34,11 +37,13 @@ class StepResult:
     ended: list[TurnRequest] = field(default_factory=list)                 # answer over (stop, length)
     failed: list[tuple[TurnRequest, Exception]] = field(default_factory=list)   # sampling failed
     recovered: list[tuple[SessionCache, Recovery]] = field(default_factory=list)   # D is all in
+    grown: list[SessionCache] = field(default_factory=list)    # completed full pages of their prefix chain
 
     def extend(self, other: StepResult) -> None:
         self.ended += other.ended
         self.failed += other.failed
         self.recovered += other.recovered
+        self.grown += other.grown
 
 
 def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None, now: float,
@@ -53,12 +58,16 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if seg.kind is Kind.PREFILL:
             rows = sessions.turn(seg.session).input
             end = seg.first + seg.rows
-            cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end],
-                       next_position=rows.next_position if end == len(rows) else None)
+            keys = rows.row_keys[seg.first:end] if rows.row_keys is not None else None
+            grown = cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end], keys=keys,
+                               next_position=rows.next_position if end == len(rows) else None)
         elif seg.kind is Kind.DECODE:
-            cache.fill(1, generated=seg.generated, tokens=[seg.token], next_position=seg.position + 1)
+            grown = cache.fill(1, generated=seg.generated, tokens=[seg.token], next_position=seg.position + 1,
+                               keys=text_row_key(seg.token, seg.position))
         else:
-            cache.fill(seg.rows)
+            grown = cache.fill(seg.rows)
+        if grown:
+            result.grown.append(cache)
     # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
     if gdn is not None:
         for w in out.writes:     # every layer's state of a slot in one copy
@@ -106,6 +115,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
     return result
+
+
+def text_row_key(token: int, position: int) -> torch.Tensor:
+    """The prefix cache's description of a text row (as `turn_input.row_keys` writes it)."""
+    key = torch.zeros(1, ROW_KEY_WIDTH, dtype=torch.long)
+    key[0, 0] = token
+    key[0, 1:4] = position
+    return key
 
 
 def chunk_carriers(plan: StepPlan) -> set[str]:

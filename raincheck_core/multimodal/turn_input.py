@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache.prefix import ROW_KEY_WIDTH
 from ..config import ModelConfig
 from ..errors import InvalidInputError
 from ..inputs import VisualInput
@@ -22,6 +23,7 @@ class TurnInput:
     layout: PromptLayout
     deepstack_index: torch.Tensor         # [V] row indices (within this input) of visual tokens
     deepstack: list[torch.Tensor]         # per level, [V, hidden]
+    row_keys: torch.Tensor | None = None  # [T, ROW_KEY_WIDTH] what each row is (the prefix cache's key)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -41,6 +43,7 @@ class TurnInput:
             layout=self.layout,
             deepstack_index=ds_index[present],
             deepstack=[level[present.to(level.device)] for level in self.deepstack],
+            row_keys=self.row_keys[rows] if self.row_keys is not None else None,
         )
 
 
@@ -80,7 +83,21 @@ def build_turn_input(
     deepstack_index = torch.cat(index_parts) if index_parts else torch.empty(0, dtype=torch.long)
     deepstack = [torch.cat(parts) for parts in level_parts] if index_parts else []
     return TurnInput(list(token_ids), embeds, layout.positions.to(device), layout.next_position, layout,
-                     deepstack_index, deepstack)
+                     deepstack_index, deepstack, row_keys(token_ids, layout, visuals))
+
+
+def row_keys(token_ids: list[int], layout: PromptLayout, visuals: list[VisualInput]) -> torch.Tensor:
+    """Per row: token id, its 3 position ids, and for a visual row the visual's digest (two int64) and the
+    row's index within the visual (cache/prefix.py)."""
+    keys = torch.zeros(len(token_ids), ROW_KEY_WIDTH, dtype=torch.long)
+    keys[:, 0] = torch.tensor(token_ids, dtype=torch.long)
+    keys[:, 1:4] = layout.positions.cpu().T.long()
+    for span in layout.spans:
+        rows = span.token_indices.cpu()
+        digest = torch.frombuffer(bytearray(visuals[span.index].digest()), dtype=torch.long)
+        keys[rows, 4:6] = digest
+        keys[rows, 6] = torch.arange(len(rows))
+    return keys
 
 
 def _required(token_id: int | None, visuals: list[VisualInput]) -> int:

@@ -8,6 +8,7 @@ sampled; their timestamps come from `fps` (see `video_timestamps`).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -22,6 +23,7 @@ from PIL import Image
 from ..errors import CheckpointError, InvalidInputError, UnsupportedModelError
 from ..inputs import VisualInput
 from ..pruning.vit_attention import install_attention_capture, merge_group_mean, record_attention_received
+from .encoder_cache import EncoderCache, pixels_key
 
 ImageLike = Image.Image | bytes | bytearray | str | Path
 
@@ -73,6 +75,7 @@ class VisionEncoder:
         self.device, self.dtype = first.device, first.dtype
         # now, before sessions share the tower across threads (vit_attention: Concurrency)
         install_attention_capture(model)
+        self.cache: EncoderCache | None = None     # outputs by input content (the engine sets it)
 
     @classmethod
     def from_checkpoint(
@@ -120,8 +123,12 @@ class VisionEncoder:
         """One `VisualInput` per image (all images run through the tower in one batch)."""
         if not images:
             return []
+        settings = f"image:{min_pixels}:{max_pixels}:{self.image_processor.to_json_string()}"
+        raws = [raw_key(img, settings) for img in images]
+        if self.cache is not None and (found := self.cache.find(raws, signals)) is not None:
+            return found
         pixels, grids = self.preprocess_images(images, min_pixels=min_pixels, max_pixels=max_pixels)
-        return self._encode(pixels, grids, "image", signals)
+        return self._remember(raws, self._encode_cached(pixels, grids, "image", signals))
 
     # -- videos -----------------------------------------------------------------------------------------
 
@@ -161,8 +168,21 @@ class VisionEncoder:
 
     def encode_video(self, frames: Sequence[ImageLike], *, max_pixels: int | None = None,
                      signals: bool = False) -> VisualInput:
+        settings = f"video:{max_pixels}:{self.video}:{self.image_processor.to_json_string()}"
+        keys = [raw_key(frame, settings) for frame in frames]
+        raws = [None if None in keys else b"".join(keys)]
+        if self.cache is not None and (found := self.cache.find(raws, signals)) is not None:
+            return found[0]
         pixels, grid = self.preprocess_video(frames, max_pixels=max_pixels)
-        return self._encode(pixels, grid, "video", signals)[0]
+        return self._remember(raws, self._encode_cached(pixels, grid, "video", signals))[0]
+
+    def _remember(self, raws: list[bytes | None], visuals: list[VisualInput]) -> list[VisualInput]:
+        """Name each visual's cache entry by its input's bytes too (a repeat skips decoding and preprocessing)."""
+        if self.cache is not None:
+            for raw, v in zip(raws, visuals, strict=True):
+                if raw is not None:
+                    self.cache.alias(raw, v.content_hash)
+        return visuals
 
     def video_timestamps(self, num_frames: int, fps: float | None = None) -> list[float]:
         """Seconds per temporal patch, as transformers' Qwen3VLProcessor writes them (`<{t:.1f} seconds>`).
@@ -176,6 +196,23 @@ class VisionEncoder:
         return [(secs[i] + secs[i + tp - 1]) / 2 for i in range(0, len(secs), tp)]
 
     # -- tower ------------------------------------------------------------------------------------------
+
+    def _encode_cached(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str, signals: bool
+                       ) -> list[VisualInput]:
+        """`_encode` for the visuals the encoder cache does not hold (in one batch); each output carries its
+        input's content hash (the prefix cache's key for its rows)."""
+        parts = torch.split(pixels, grids.prod(-1).tolist())
+        keys = [pixels_key(kind, g, p) for g, p in zip(grids, parts, strict=True)]
+        out = [self.cache.get(k, signals) if self.cache is not None else None for k in keys]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            fresh = self._encode(torch.cat([parts[i] for i in todo]), grids[todo], kind, signals)
+            for i, v in zip(todo, fresh, strict=True):
+                v.content_hash = keys[i]
+                out[i] = v
+                if self.cache is not None:
+                    self.cache.put(keys[i], v)
+        return out
 
     @torch.inference_mode()
     def _encode(self, pixels: torch.Tensor, grids: torch.Tensor, kind: str, signals: bool = False
@@ -197,6 +234,18 @@ class VisionEncoder:
                         attention_received={n: v[i] for n, v in per_item_scores.items()} if per_item_scores else None)
             for i in range(len(sizes))
         ]
+
+
+def raw_key(obj: ImageLike, settings: str) -> bytes | None:
+    """16 bytes naming an image given as bytes or a PIL image, under `settings` (the processor's and the
+    call's); None for a path (its file may change)."""
+    if isinstance(obj, (bytes, bytearray)):
+        data = bytes(obj)
+    elif isinstance(obj, Image.Image):
+        data = f"{obj.mode}:{obj.size}".encode() + obj.tobytes()
+    else:
+        return None
+    return hashlib.blake2b(settings.encode() + data, digest_size=16).digest()
 
 
 def load_image(obj: ImageLike, index: int = 0, *, what: str = "image",

@@ -45,6 +45,13 @@ DEFERRED_QUEUE_WAIT = Histogram("raincheck:deferred_queue_wait_seconds",
                                 "Time a residual waited for a free deferred worker.", buckets=_LATENCY)
 SESSIONS = Gauge("raincheck:sessions_active", "Open sessions on the worker.", ["worker"])
 KV_USAGE = Gauge("raincheck:kv_cache_usage_perc", "Fraction of the worker's KV pages in use.", ["worker"])
+PREFIX_HIT_TOKENS = Counter("raincheck:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache "
+                            "(shared KV pages) instead of prefilled.")
+PREFIX_PAGES = Gauge("raincheck:prefix_cache_pages", "KV pages the prefix cache holds (shared or cache-only).",
+                     ["worker"])
+ENCODER_HITS = Counter("raincheck:encoder_cache_hits", "Images and videos served from the encoder cache instead "
+                       "of the vision tower.")
+ENCODER_BYTES = Gauge("raincheck:encoder_cache_bytes", "Memory the encoder cache holds.", ["worker"])
 
 
 class TurnTimer:

@@ -188,12 +188,26 @@ class ModelSpec:
                                         "and answers); longer requests are refused with 400 / INVALID_ARGUMENT",
                                         shown="the model's max_position_embeddings", gt=0)
     engine: dict = Field(default_factory=dict)    # EngineConfig options (page_size, ...); gets num_pages
+    prefix_cache_pages: int | None = setting(None, "RAINCHECK_PREFIX_CACHE_PAGES", "KV pages the prefix cache "
+                                             "may hold, shared between sessions (0: no prefix cache)",
+                                             shown="half the pool", ge=0)
+    gdn_checkpoint_mib: float | None = setting(None, "RAINCHECK_GDN_CHECKPOINT_MIB", "memory for the prefix "
+                                               "cache's GDN state checkpoints (hybrid models)", shown="256", ge=0)
+    encoder_cache_mib: float | None = setting(None, "RAINCHECK_ENCODER_CACHE_MIB", "memory for the vision "
+                                              "tower's outputs by image content (0: off)", shown="256", ge=0)
 
     @model_validator(mode="after")
     def _engine_options(self) -> ModelSpec:
         for name in ("num_pages", "max_model_len"):
             if getattr(self, name) is not None:
                 self.engine = {**self.engine, name: getattr(self, name)}
+        if self.prefix_cache_pages is not None:
+            self.engine = {**self.engine, **({"prefix_cache_pages": self.prefix_cache_pages}
+                                             if self.prefix_cache_pages else {"prefix_cache": False})}
+        for name, option in (("gdn_checkpoint_mib", "gdn_checkpoint_bytes"), ("encoder_cache_mib",
+                                                                             "encoder_cache_bytes")):
+            if getattr(self, name) is not None:
+                self.engine = {**self.engine, option: int(getattr(self, name) * MiB)}
         return self
 
 

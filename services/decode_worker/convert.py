@@ -98,7 +98,7 @@ def metrics_event(turn_id: str, m: TurnMetrics) -> chat_pb2.ChatEvent:
         prompt_tokens=m.prompt_tokens, generated_tokens=m.generated_tokens, ttft_s=m.ttft_s, tpot_s=m.tpot_s,
         e2e_s=m.e2e_s, queue_s=m.queue_s, deferred_tokens=m.deferred_tokens, deferred_pending=m.deferred_pending,
         tpot_restoring_s=m.tpot_restoring_s, barrier_wait_s=m.barrier_wait_s,
-        previous_recovery_s=m.previous_recovery_s,
+        previous_recovery_s=m.previous_recovery_s, cached_prompt_tokens=m.cached_prompt_tokens,
     ))
 
 

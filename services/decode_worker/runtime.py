@@ -14,7 +14,7 @@ from raincheck_core.deferral.policy import DeferralConfig
 
 from .._gen import worker_pb2
 from ..common.logs import bind
-from ..common.metrics import DEFERRED_PENDING, KV_USAGE, SESSIONS
+from ..common.metrics import DEFERRED_PENDING, ENCODER_BYTES, ENCODER_HITS, KV_USAGE, PREFIX_PAGES, SESSIONS
 from ..common.settings import WorkerSettings
 from . import stateless
 from .admission import admit
@@ -54,6 +54,7 @@ class WorkerRuntime:
         self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [*offered, *(backends or [])]}
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
         self.draining = False
+        self.encoder_hits = 0        # the encoder cache's hits already counted in ENCODER_HITS
         self._turn_rpcs = 0                                  # Turn RPCs still streaming (recovery followed too)
 
     # ---------------------------------------------------------------- lifecycle
@@ -85,7 +86,7 @@ class WorkerRuntime:
             self.close(session_id)
         for backend in self.backends.values():
             backend.stop()
-        for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE):
+        for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE, PREFIX_PAGES, ENCODER_BYTES):
             gauge.remove(self.worker_id)
 
     # ---------------------------------------------------------------- sessions
@@ -202,5 +203,12 @@ class WorkerRuntime:
         DEFERRED_PENDING.labels(self.worker_id).set(sum(self.backends[ws.recovery_mode].pending(ws)
                                                         for ws in sessions))
         SESSIONS.labels(self.worker_id).set(len(sessions))
-        KV_USAGE.labels(self.worker_id).set(self.engine.pool_stats().usage)
+        pool = self.engine.pool_stats()
+        KV_USAGE.labels(self.worker_id).set(pool.usage)
+        PREFIX_PAGES.labels(self.worker_id).set(pool.cached_pages)
+        encoder = self.engine.encoder_cache_stats()
+        if encoder is not None:
+            ENCODER_HITS.inc(encoder.hits - self.encoder_hits)
+            self.encoder_hits = encoder.hits
+            ENCODER_BYTES.labels(self.worker_id).set(encoder.bytes)
 

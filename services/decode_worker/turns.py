@@ -14,7 +14,7 @@ from raincheck_core.engine import TurnStream
 
 from .._gen import worker_pb2
 from ..common.logs import bind
-from ..common.metrics import BARRIER_WAIT, TurnTimer
+from ..common.metrics import BARRIER_WAIT, PREFIX_HIT_TOKENS, TurnTimer
 from .convert import (
     error_event,
     final_event,
@@ -90,6 +90,7 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
             elif isinstance(event, TurnEnd):
                 timer.done()
                 BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
+                PREFIX_HIT_TOKENS.inc(event.metrics.cached_prompt_tokens)
                 if event.metrics.deferred_pending:   # not backend.pending: recovery may have finished already
                     backend.answer_done(ws)
                 ws.release(stream)

@@ -57,7 +57,8 @@ class TurnSpec:
 class Usage:
     prompt_tokens: int                     # the whole conversation's, as the model saw it
     completion_tokens: int
-    cached_tokens: int                     # of the prompt tokens, those the session already held
+    cached_tokens: int                     # of the prompt tokens, those the session already held or the
+                                           # worker's prefix cache served
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class Done:
     def details(self) -> dict:
         """Raincheck's view of the turn (the `raincheck` field of responses)."""
         m = self.metrics
-        return {"session_id": self.session_id, "match": self.match, "prefilled_tokens": m.prompt_tokens,
+        return {"session_id": self.session_id, "match": self.match,
+                "prefilled_tokens": m.prompt_tokens - m.cached_prompt_tokens,
                 "deferred_tokens": m.deferred_tokens, "deferred_pending": m.deferred_pending,
                 "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "barrier_wait_s": m.barrier_wait_s}
 
@@ -278,10 +280,11 @@ class Turn:
     def _done(self, final: chat_pb2.TurnFinal, metrics: chat_pb2.TurnMetrics, shown: str,
               matched: str | None) -> Done:
         rows = metrics.prompt_tokens + metrics.deferred_tokens    # this turn's input, deferred part included
+        hit = metrics.cached_prompt_tokens                        # of those, served from the prefix cache
         generated = len(final.token_ids)
-        usage = Usage(self.cached_tokens + rows, generated, self.cached_tokens)
+        usage = Usage(self.cached_tokens + rows, generated, self.cached_tokens + hit)
         PROMPT_TOKENS.labels("cached").inc(usage.cached_tokens)
-        PROMPT_TOKENS.labels("prefilled").inc(rows)
+        PROMPT_TOKENS.labels("prefilled").inc(rows - hit)
         if matched is None and final.finish_reason in ("stop", "length"):
             conv = self.spec.conversation
             # the last sampled token is fed by the next turn: the session holds all but it

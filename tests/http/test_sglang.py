@@ -79,7 +79,8 @@ def test_multi_turn_program_continues_one_session(stack, stream):
         text += answer + "<|im_end|>\n"            # what the program appends: the answer, the role's suffix
     assert [m["raincheck"]["match"] for m in metas] == ["new", "continued", "continued"]
     assert len({m["raincheck"]["session_id"] for m in metas}) == 1
-    assert metas[0]["cached_tokens"] == 0
+    # a new session: nothing, or whole pages the prefix cache holds of this program's earlier run
+    assert metas[0]["cached_tokens"] % 16 == 0 and metas[0]["cached_tokens"] < metas[0]["prompt_tokens"]
     for before, meta in itertools.pairwise(metas):
         assert meta["cached_tokens"] == before["prompt_tokens"] + before["completion_tokens"] - 1
         assert meta["raincheck"]["deferred_tokens"] == 0 and meta["raincheck"]["prefilled_tokens"] < 40

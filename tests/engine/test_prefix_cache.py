@@ -1,0 +1,170 @@
+"""The prefix cache gives the same logits as a fresh engine (fp32, <= 1e-5), for both families: text,
+image and video prefixes, under full, hard and raincheck histories, after eviction and copy on write; a
+request whose processing history differs finds no page of another's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
+from tests import tiny
+from tests.deferral.helpers import split
+from tests.engine.reference import image_tokens, random_visual, video_tokens
+
+FAMILIES = ["qwen3_vl", "qwen3_5"]
+TOL = 1e-5
+PAGE = 16
+POLICIES = {
+    "full": DeferralConfig("full"),
+    "hard": DeferralConfig("hard", selector="uniform"),
+    "raincheck": DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=0, chunk_size=7),
+}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoints):
+    """family -> (engine with the prefix cache, fresh engine without it)."""
+    return {f: (Engine.from_pretrained(folder), Engine.from_pretrained(folder, prefix_cache=False))
+            for f, (_, folder) in tiny_checkpoints.items()}
+
+
+def _prompt(engine: Engine, kind: str, seed: int) -> Prompt:
+    """20 text tokens (a system prompt), then the visual (if any), then a question."""
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randint(10, 60, (20,), generator=g).tolist()
+    mc = engine.model_config
+    if kind == "text":
+        return Prompt(text + torch.randint(10, 60, (30,), generator=g).tolist())
+    grid = (1, 8, 12) if kind == "image" else (4, 4, 8)
+    visual = random_visual(kind, grid, mc.hidden_size, mc.deepstack_levels, seed=seed)
+    tokens = image_tokens(grid) if kind == "image" else video_tokens(grid, [11, 12])
+    return Prompt(text + tokens + [7, 8, 9], [visual])
+
+
+def _turn(engine: Engine, prompt, cfg: DeferralConfig = POLICIES["full"], n: int = 4, session=None):
+    """(rows served from the prefix cache, logits of each generated token, the session)."""
+    session = session or engine.open_session(deferral=cfg)
+    stream = session.turn(prompt, SamplingParams(max_new_tokens=n, ignore_eos=True), deferral=cfg,
+                          return_logits=True)
+    logits = torch.stack([e.logits for e in stream.tokens()])
+    session.complete_recovery()
+    return stream.end.metrics.cached_prompt_tokens, logits, session
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["text", "image", "video"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_hit_matches_a_fresh_engine(engines, family, kind, policy):
+    warm, fresh = engines[family]
+    cfg = POLICIES[policy]
+    prompt = _prompt(warm, kind, seed=10 * list(POLICIES).index(policy) + ["text", "image", "video"].index(kind))
+    cached, _, first = _turn(warm, prompt, cfg)
+    first.close()      # its pages stay, held by the cache alone
+    assert cached == 0
+    cached, logits, second = _turn(warm, prompt, cfg)
+    _, ref, _ = _turn(fresh, prompt, cfg)
+    i0, _ = split(warm, prompt, cfg)
+    assert cached == (len(i0) - 1) // PAGE * PAGE
+    if kind != "text":
+        assert cached > 20         # visual rows came from the cache
+    assert _err(logits, ref) <= TOL
+    # the session goes on from the shared pages: a next turn is right too (unless the random model's last
+    # token is a visual placeholder, which a next turn cannot start with)
+    if set(second.cache.pending_ids) & {tiny.IMAGE_TOKEN, tiny.VIDEO_TOKEN, tiny.VISION_START, tiny.VISION_END}:
+        return
+    cont = [21, 22, 23]
+    _, nxt, _ = _turn(warm, cont, cfg, session=second)
+    ref_session = fresh.open_session(deferral=cfg)
+    _turn(fresh, prompt, cfg, session=ref_session)
+    _, nxt_ref, _ = _turn(fresh, cont, cfg, session=ref_session)
+    assert _err(nxt, nxt_ref) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("first,second", [("full", "raincheck"), ("raincheck", "other-selector"),
+                                          ("hard", "full")])
+def test_a_different_processing_history_gets_no_hit(engines, family, first, second):
+    warm, fresh = engines[family]
+    cfgs = dict(POLICIES, **{"other-selector": DeferralConfig("raincheck", tpot_slo=None, selector="random",
+                                                               guard=0, chunk_size=7)})
+    prompt = _prompt(warm, "image", seed=500 + len(first) + 7 * len(second))
+    _turn(warm, prompt, cfgs[first])[2].close()
+    cached, logits, _ = _turn(warm, prompt, cfgs[second])
+    # the text before the image only (on qwen3_5 not even that: no GDN checkpoint there)
+    assert cached == (PAGE if family == "qwen3_vl" else 0)
+    _, ref, _ = _turn(fresh, prompt, cfgs[second])
+    assert _err(logits, ref) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eviction_frees_cached_pages_first_and_hits_stay_right(tiny_checkpoints, engines, family):
+    _, folder = tiny_checkpoints[family]
+    _, fresh = engines[family]
+    engine = Engine.from_pretrained(folder, num_pages=6, prefix_cache_pages=6)
+    a, b = _prompt(engine, "image", seed=901), _prompt(engine, "image", seed=902)   # 49 rows + 4: 4 pages
+    _turn(engine, a)[2].close()
+    held = engine.pool_stats()
+    assert held.cached_pages == 3 and held.free_pages == 6        # pages only the cache holds count as free
+    keeper = _turn(engine, b)[2]          # 4 pages with 3 free: a's least recently used page goes
+    stats = engine.pool_stats()
+    assert stats.cached_pages == 2 + 3 and stats.free_pages == 2    # a's first two, b's three (b holds them)
+    keeper.close()
+    cached, logits, _ = _turn(engine, a)
+    _, ref, _ = _turn(fresh, a)
+    assert cached == (32 if family == "qwen3_vl" else 0)    # a's last full page was evicted (and with it
+    assert _err(logits, ref) <= TOL                         # the only GDN checkpoint of its prompt)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_caches_stay_within_their_budgets(tiny_checkpoints, family):
+    _, folder = tiny_checkpoints[family]
+    engine = Engine.from_pretrained(folder, prefix_cache_pages=2, gdn_checkpoint_bytes=1)
+    for seed in range(3):
+        _turn(engine, _prompt(engine, "text", seed=seed))[2].close()
+        assert engine.pool_stats().cached_pages <= 2
+    stats = engine.prefix_stats()
+    assert stats.checkpoints == 0 and stats.checkpoint_bytes == 0   # one checkpoint is more than a byte
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
+    warm, fresh = engines[family]
+    g = torch.Generator().manual_seed(77)
+    t1, t2, t2b = (torch.randint(10, 60, (n,), generator=g).tolist() for n in (20, 30, 30))
+    a = warm.open_session()
+    _turn(warm, t1, n=2, session=a)                  # 21 slots: page 1 partly filled
+    stream = a.turn(t2, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    next(iter(stream))                                # turn 2's rows are in: pages 1 and 2 full and cached
+    held = list(a.cache.tokens[:48])
+    shared_page = a.cache.table.pages[1]
+    a.abort()                                         # back to 21 slots, inside the shared page 1
+    assert a.cache.table.pages[1] != shared_page      # copied before anything overwrites it
+    _, mine, _ = _turn(warm, t2b, session=a)          # a's own different turn 2 (writes into its copy)
+    ref_a = fresh.open_session()
+    _turn(fresh, t1, n=2, session=ref_a)
+    _, mine_ref, _ = _turn(fresh, t2b, session=ref_a)
+    assert _err(mine, mine_ref) <= TOL
+    other = held + [30, 31, 32]                       # a new session on what a held before the abort
+    cached, logits, _ = _turn(warm, other)
+    _, ref, _ = _turn(fresh, other)
+    assert cached == 48
+    assert _err(logits, ref) <= TOL
+
+
+def test_a_hybrid_prefill_ends_steps_where_checkpoints_are_kept(engines):
+    warm, _ = engines["qwen3_5"]
+    rows: list[int] = []
+    remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
+    prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(5)).tolist()
+    _turn(warm, prompt, n=1)
+    remove()
+    # every 256 slots, then the last page boundary before the last row (599 -> 592), then the rest
+    assert rows == [256, 256, 80, 8]
+    assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
+    assert _turn(warm, prompt, n=1)[0] == 592                         # the same prompt: all but its tail
