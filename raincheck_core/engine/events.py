@@ -20,6 +20,8 @@ class TurnMetrics:
     tpot_restoring_s: float | None = None   # mean time per token over steps that carried a deferred chunk
     barrier_wait_s: float = 0.0        # this turn waited for the previous turn's recovery to complete
     previous_recovery_s: float | None = None  # the previous turn's post-answer completion time
+    previous_pending: int = 0          # earlier turns' deferred tokens still pending when this turn was
+                                       # admitted (a bounded barrier): restored during and after its answer
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,8 @@ class Segment:
     token: int | None = None              # a decode row's input token and position
     position: int = 0
     sample: bool = False                  # the turn samples its next token from the last row's logits
-    generated: bool = False               # a decode row of a turn with deferred rows pending: its slot is
-                                          # GEN (invisible to them)
-    tracked: bool = False                 # … and its token extends the turn's GDN join map
+    tracked: bool = False                 # a decode or input row while a GDN join is pending: its tokens
+                                          # extend the join's map (and complete its lead)
     serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
@@ -63,15 +62,15 @@ class Segment:
 
     @classmethod
     def prefill(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                gdn_slot: int | None, last: bool) -> Segment:
+                gdn_slot: int | None, last: bool, tracked: bool = False) -> Segment:
         """Input rows [first, first + rows) of the session's running turn; `last`: they end its input."""
-        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last)
+        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last, tracked=tracked)
 
     @classmethod
     def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,
-               gdn_slot: int | None, generated: bool, tracked: bool) -> Segment:
+               gdn_slot: int | None, tracked: bool) -> Segment:
         return cls(Kind.DECODE, session, 1, write, read, gdn_slot, token=token, position=position, sample=True,
-                   generated=generated, tracked=tracked)
+                   tracked=tracked)
 
     @classmethod
     def fused(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,

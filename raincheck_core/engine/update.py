@@ -56,7 +56,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end],
                        next_position=rows.next_position if end == len(rows) else None)
         elif seg.kind is Kind.DECODE:
-            cache.fill(1, generated=seg.generated, tokens=[seg.token], next_position=seg.position + 1)
+            cache.fill(1, tokens=[seg.token], next_position=seg.position + 1)
         else:
             cache.fill(seg.rows)
     # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
@@ -84,9 +84,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         req = sessions.turn(seg.session)
         was_prefilling = not req.decoding
         req.fed(seg.rows, now)
-        rec = cache.recovery
-        if was_prefilling and req.decoding and rec is not None and rec.join is not None:
-            rec.join.begin()      # I0 is in: the live state is the insertion boundary
+        own = cache.own_recovery(req.turn)
+        if was_prefilling and req.decoding and own is not None and own.join is not None:
+            # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
+            own.join.begin(cache.recovery.join if cache.recovery is not own else None)
     # 4. sample
     for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
         req = sessions.turn(seg.session)
@@ -115,10 +116,21 @@ def chunk_carriers(plan: StepPlan) -> set[str]:
 
 def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
     for seg, s_lead in out.joined:
-        sessions.cache(seg.session).recovery.join.set_joined(s_lead)
+        cache = sessions.cache(seg.session)
+        head = cache.recovery.join
+        later = cache.queued.join if cache.queued is not None else None
+        if later is not None and later.behind is not None:     # a later turn's join began behind this one
+            later.rebase(head, s_lead - head.s_lead)
+        head.set_joined(s_lead)
     for t in out.tracked:
-        join = sessions.cache(t.segment.session).recovery.join
-        if t.state is not None:     # a lead token (the runner kept the state after it)
-            join.record_lead(t.u, t.g, t.beta, t.state)
-        else:
-            join.fold(t.k, t.v, t.g, t.beta)
+        cache = sessions.cache(t.segment.session)
+        joins = [r.join for r in cache.recoveries() if r.join is not None and not r.done]
+        if t.segment.kind is Kind.PREFILL:     # a follow-up's input: only the previous turn's join has begun
+            joins = joins[:1]
+        for i, join in enumerate(joins):
+            if join.fed < join.lead:    # a lead token (the runner kept the state after it)
+                join.record_lead(t.u, t.g, t.beta, t.state)
+                if i and join.fed == join.lead:
+                    join.lead_done(joins[0])
+            else:
+                join.fold(t.k, t.v, t.g, t.beta)
