@@ -15,7 +15,9 @@ time, with ratios to `full`. Then, on one family:
 - a retention sweep (full run only) and the GDN state-join micro-benchmark;
 - think time: 3 turns (image, then two text questions) with t seconds between an answer's end and
   the next question while the engine steps in the background; per policy the TTFT of turn 1, its
-  mean TPOT, the barrier wait at turns 2-3 and the share of D restored before turn 1's answer ended.
+  mean TPOT, the barrier wait at turns 2-3 and the share of D restored before turn 1's answer ended;
+  at think time 0 also the follow-up's barrier wait and TTFT with and without a bounded barrier
+  (`barrier_timeout_s` 0 vs None, bench/bounded.py).
 
 Clocks: the engine times everything (its step costs for the objective, `TurnMetrics`) with
 `engine.clock`. `--clock cpu` (the default) sets it to the thread's CPU time: with one torch thread the
@@ -46,7 +48,7 @@ from tqdm import tqdm
 from raincheck_core import TurnMetrics
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
 
-from . import plots
+from . import bounded, plots
 from .common import (
     FAMILIES,
     Arm,
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_torch(args.threads)
     t0 = time.perf_counter()
     families = args.families.split(",")
-    results, objective, chunk, retention, gaps = {}, None, None, None, None
+    results, objective, chunk, retention, gaps, follow = {}, None, None, None, None, None
     with tempfile.TemporaryDirectory() as tmp:
         for family in dict.fromkeys([*families, args.sweep_family]):
             engine = build_engine(family, Path(tmp))
@@ -423,6 +425,8 @@ def main(argv: list[str] | None = None) -> None:
                 results[family] = policies(engine, prompt, args, family)
             if family == args.sweep_family and not args.no_think:
                 gaps = think_time(engine, prompt, args)
+                follow = bounded.follow_up(engine, prompt, args.gap_repeats, args.max_new, args.selector,
+                                           args.retention)
             del engine
     gdn = gdn_join_bench(args.gdn_lengths, 3 if args.quick else 7)
     main_family = args.sweep_family if args.sweep_family in results else families[0]
@@ -445,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
     if gaps:
         print(f"Think time ({args.sweep_family}, wall clock, background stepping, median of {args.gap_repeats}):"
               f"\n\n{think_table(gaps)}\n")
+    if follow:
+        print(f"Follow-up at think time 0, waiting vs bounded barrier:\n\n{bounded.table(follow)}\n")
     print(f"GDN state join micro-benchmark (fp32, best of batches):\n\n{gdn_table(gdn)}\n")
     print(goal_table(head))
     if args.img_dir:
@@ -454,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
         payload = {**head, "goals": GOALS, "wall_s": wall, "torch": torch.__version__,
                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                    "policies": results, "objective": objective, "chunk_sweep": chunk,
-                   "retention_sweep": retention, "think_time": [vars(r) for r in gaps or []], "gdn_join": gdn}
+                   "retention_sweep": retention, "think_time": [vars(r) for r in gaps or []], "gdn_join": gdn,
+                   "bounded_follow_up": follow}
         args.json.write_text(json.dumps(payload, indent=2))
 
 

@@ -2,8 +2,9 @@
 
 Accepted: `messages` with text and `image_url` parts; `stream` (+ `stream_options.include_usage`);
 `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n = 1`; Raincheck's
-knobs as extra fields (`policy`, `selector`, `retention`, `chunk_size`, `guard`, `tpot_slo`, `recovery_mode`, plus
-`top_k`, `ignore_eos`). Omitted sampling fields take the server's defaults (greedy), not OpenAI's.
+knobs as extra fields (`policy`, `selector`, `retention`, `chunk_size`, `guard`, `tpot_slo`,
+`barrier_timeout_s`, `recovery_mode`, plus `top_k`, `ignore_eos`). Omitted sampling fields take the server's
+defaults (greedy), not OpenAI's.
 Features a session cannot honour (tools, logprobs, penalties, structured output, n > 1) are refused with
 400 rather than ignored.
 """
@@ -78,6 +79,7 @@ class ChatCompletionRequest(BaseModel):
     chunk_size: int | None = None
     guard: int | None = None
     tpot_slo: float | None = None
+    barrier_timeout_s: float | None = None     # 0: never wait for the previous turn's deferred rows
     recovery_mode: str | None = None
 
 
@@ -109,7 +111,8 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
 
 def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
     """The request's deferral knobs (None when it sets none: the session's settings apply)."""
-    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo")}
+    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo",
+                                      "barrier_timeout_s")}
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return chat_pb2.DeferralSettings(**knobs) if knobs else None
 
