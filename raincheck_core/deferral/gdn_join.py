@@ -100,6 +100,16 @@ class GDNJoin:
         prefix.copy_(join_state(prefix, b.at_prefix, delta))
         self.s_lead.copy_(join_state(self.s_lead, b.at_lead if b.at_lead is not None else ahead.p_rest, delta))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this join holds: its maps, lead records, factor buffers and its prefix state slot."""
+        held = [self._p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta, self._g, self._beta]
+        held += [t for t in (self._k,) if t is not None]
+        if self.behind is not None:
+            held += [t for t in (self.behind.at_prefix, self.behind.at_lead) if t is not None]
+        slot = self.pool.conv[0].nbytes + self.pool.ssm[0].nbytes if self.prefix is not None else 0
+        return sum(t.nbytes for t in held) + slot
+
     def snapshot(self) -> JoinSnapshot:
         return JoinSnapshot(self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone(),
                             self.s_lead.clone(), (self.lead_u.clone(), self.lead_g.clone(), self.lead_beta.clone()),

@@ -51,7 +51,8 @@ class Segment:
     sample: bool = False                  # the turn samples its next token from the last row's logits
     tracked: bool = False                 # a decode or input row while a GDN join is pending: its tokens
                                           # extend the join's map (and complete its lead)
-    serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False)
+    serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False, or
+                                          # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
 
@@ -81,9 +82,11 @@ class Segment:
 
     @classmethod
     def post_answer(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                    prefix_slot: int | None, lead: int, live_slot: int | None) -> Segment:
-        """Deferred rows [first, first + rows) after the answer (a gap, the barrier)."""
-        return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot)
+                    prefix_slot: int | None, lead: int, live_slot: int | None, serial: bool = False) -> Segment:
+        """Deferred rows [first, first + rows) after the answer (a gap, the barrier, ahead of a follow-up's
+        input)."""
+        return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
+                   serial=serial)
 
     @classmethod
     def residual(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
@@ -131,8 +134,8 @@ class StepPlan:
         return sum(1 for s in self.segments if s.kind is kind)
 
     def passes(self) -> list[StepPlan]:
-        """Serial comparison mode (`DeferralConfig.fused=False`): deferred chunks of such turns run in a
-        pass of their own before the rest. Fused (the default): one pass."""
+        """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on
+        a GDN model: those chunks run in a pass of their own before the rest. Otherwise one pass."""
         serial = [s for s in self.segments if s.serial]
         if not serial:
             return [self]

@@ -14,9 +14,11 @@ cost model (engine/cost_model.py) predicts the tightest turn's saved slack can p
 what does not fit waits for a later step or the gap after the answer. A turn without an objective
 (`tpot_slo=None`) fuses its fixed `chunk_size` and bounds nothing.
 
-A previous turn's rows still pending when a follow-up was admitted past its bounded barrier (late rows,
-docs/mechanism.md §10) ride on the follow-up's decode steps once its input is in (`fused_rows`), and wait
-while it prefills; they are never a post-answer chunk beside their own session's decode row.
+A previous turn's rows still pending when a follow-up was admitted past its bounded barrier
+(docs/mechanism.md §10): up to one recovery chunk of them go ahead of the follow-up's input in its first
+step, where the row budget leaves room (`ahead_rows`), and the input sees them; the rest are late rows,
+which ride on the follow-up's decode steps once its input is in (`fused_rows`) and wait while it
+prefills; they are never a post-answer chunk beside their own session's decode row.
 """
 
 from __future__ import annotations
@@ -155,6 +157,10 @@ class Scheduler:
             deferred_budget -= c
         for req in running:
             if not req.decoding and budget > 0:
+                ahead = ahead_rows(req, min(self.recovery_chunk, budget - req.input_remaining))
+                if ahead:
+                    plan.segments.append(deferred_segment(req.cache, ahead, Kind.RECOVERY, ahead=True))
+                    budget -= ahead
                 n = min(req.input_remaining, budget)
                 plan.segments.append(prefill_segment(req, n))
                 budget -= n
@@ -246,6 +252,16 @@ def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:
     return fit.rows(limit) if req.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
 
 
+def ahead_rows(req: TurnView, limit: int) -> int:
+    """Rows of a previous turn's pending recovery that go ahead of `req`'s input in its first step (at
+    most `limit`): the bounded barrier's one chunk, restored before the input as at a barrier, in the same
+    step instead of steps of their own (docs/mechanism.md §10)."""
+    rec = req.cache.recovery
+    if req.cursor or rec is None or rec.turn >= req.turn or rec.done or rec.handed_off:
+        return 0
+    return max(0, min(rec.pending, limit))
+
+
 def prefill_segment(req: TurnView, n: int) -> Segment:
     cache = req.cache
     write = cache.claim(n)
@@ -269,9 +285,10 @@ def decode_segment(req: TurnView) -> Segment:
                           cache.gdn_slot, tracked=tracked)
 
 
-def deferred_segment(cache: CacheView, n: int, kind: Kind) -> Segment:
-    """`n` deferred rows of the cache's recovery from its cursor: they read every non-GEN slot, run on
-    the prefix GDN state, and (GDN models) carry the turn's conv lead for the join."""
+def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) -> Segment:
+    """`n` deferred rows of the cache's recovery from its cursor: they read what their labels allow, run
+    on the prefix GDN state, and (GDN models) carry the turn's conv lead for the join. `ahead`: they go
+    ahead of the session's follow-up input in this step."""
     rec = cache.recovery
     write = cache.claim(n, rec.turn)
     read = cache.readable(n, deferred_of=rec.turn)
@@ -279,4 +296,7 @@ def deferred_segment(cache: CacheView, n: int, kind: Kind) -> Segment:
     prefix, lead, live = (join.prefix, join.lead_rows, join.live) if join is not None else (None, 0, None)
     if kind is Kind.DEFERRED:
         return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, serial=not rec.cfg.fused)
-    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live)
+    # ahead of its session's input in the same step: a GDN join must correct the live state before the
+    # input runs from it, so the chunk takes a pass of its own (attention needs none: K/V go in first)
+    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live,
+                               serial=ahead and join is not None)

@@ -62,6 +62,11 @@ class SessionCache:
         """The index of the latest admitted turn (the one whose rows a running turn writes)."""
         return self.turns - 1
 
+    @property
+    def metadata_nbytes(self) -> int:
+        """Bytes of scheduling metadata: the slot labels and the pending recoveries' lists of written slots."""
+        return self._turn_of.nbytes + self._generated.nbytes + sum(t.nbytes for r in self.recoveries() for t in r.slots)
+
     def recoveries(self) -> list[Recovery]:
         """The pending recoveries, oldest first."""
         return [r for r in (self.recovery, self.queued) if r is not None]

@@ -43,6 +43,8 @@ class RowLog:
 
     def record(self, engine: Engine, plan: StepPlan) -> None:
         for seg in plan.segments:
+            if seg.kind is Kind.RESIDUAL:      # a scratch session's rows (a hand-off), not the dialogue's
+                continue
             cache = engine.core.cache(seg.session)
             if seg.kind is Kind.DECODE:
                 self.rows.append(Row(seg.token, None, torch.full((3,), seg.position), [], cache.latest_turn,

@@ -2,7 +2,9 @@
 turn's deferred rows still pending, and they are restored during and after it with cross-turn
 visibility. Against tests/deferral/cross_turn.py's reference (transformers with visibility masks for
 attention layers, token-wise re-application of the recorded suffix for GDN layers), both families:
-every logit of the follow-up and, after recovery, every K/V row and the GDN live state."""
+every logit of the follow-up and, after recovery, every K/V row and the GDN live state. One recovery
+chunk of 5 rows goes ahead of the follow-up's input where the step has room (not when its input is split
+over steps); the rest are late rows."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.plan import Kind
 from tests.deferral.cross_turn import RowLog, reference
 from tests.deferral.helpers import image_prompt, rel_err
 from tests.engine.reference import image_tokens
@@ -20,6 +23,7 @@ TOL = 1e-4
 FIRST = DeferralConfig("post_answer", selector="uniform", chunk_size=7)        # all of D left after the answer
 FOLLOW = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, barrier_timeout_s=0)
 OWN_GRID = (1, 8, 8)          # the follow-up's own image: 16 visual tokens, 5 kept, 11 deferred
+AHEAD = 5                     # rows of the previous turn's D ahead of the follow-up's input (recovery_chunk)
 
 
 def _two_attention_layers(tmp_path_factory):
@@ -75,7 +79,9 @@ def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool):
     follow-up's stream end and logits, and the session after everything is restored."""
     log = RowLog()
     remove = engine.core.on_plan(lambda plan: log.record(engine, plan))
-    rows_before = engine.core.scheduler.max_rows
+    scheduler = engine.core.scheduler
+    rows_before, chunk_before = scheduler.max_rows, scheduler.recovery_chunk
+    scheduler.recovery_chunk = AHEAD
     session = engine.open_session(deferral=FIRST)
     try:
         first = session.turn(image_prompt(engine, seed=30), SamplingParams(max_new_tokens=answer, ignore_eos=True))
@@ -89,7 +95,7 @@ def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool):
         end = stream.result()
         session.complete_recovery()
     finally:
-        engine.core.scheduler.max_rows = rows_before
+        scheduler.max_rows, scheduler.recovery_chunk = rows_before, chunk_before
         remove()
     return log, end, torch.stack([e.logits for e in events]), session
 
@@ -142,24 +148,27 @@ def test_a_failed_follow_up_leaves_the_previous_rows_pending_as_they_were(engine
     hf, engine = engines[family]
     log = RowLog()
     remove_log = engine.core.on_plan(lambda plan: log.record(engine, plan))
+    scheduler = engine.core.scheduler
+    chunk_before, scheduler.recovery_chunk = scheduler.recovery_chunk, AHEAD
     session = engine.open_session(deferral=FIRST)
     try:
         session.turn(image_prompt(engine, seed=30), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
         rows, length = len(log.rows), session.cached_tokens
-        planned = []
+        late = []
 
-        def fail_third(plan) -> None:
-            planned.append(plan)
-            if len(planned) == 3:
+        def fail_after_a_late_chunk(plan) -> None:
+            if late:
                 raise RuntimeError("injected")
+            if any(s.kind is Kind.DEFERRED for s in plan.segments):
+                late.append(plan)
 
-        remove_fault = engine.core.on_plan(fail_third)
+        remove_fault = engine.core.on_plan(fail_after_a_late_chunk)
         stream = session.turn(_follow_up(engine, False), SamplingParams(max_new_tokens=8, ignore_eos=True),
                               deferral=FOLLOW)
         with pytest.raises(StepFailedError):
             stream.result()
         remove_fault()
-        assert any(s.kind.value == "deferred" for s in planned[1].segments)    # a late chunk had run
+        assert late                                                   # a late chunk had run
         assert session.pending_deferred == 16 and session.cached_tokens == length
         del log.rows[rows:]
         stream = session.turn(_follow_up(engine, False), SamplingParams(max_new_tokens=8, ignore_eos=True),
@@ -168,6 +177,7 @@ def test_a_failed_follow_up_leaves_the_previous_rows_pending_as_they_were(engine
         assert stream.result().metrics.previous_pending == 16
         session.complete_recovery()
     finally:
+        scheduler.recovery_chunk = chunk_before
         remove_log()
     _check_against_reference(hf, engine, log, logits, session)
     session.close()
@@ -182,4 +192,40 @@ def test_no_timeout_waits_as_before(engines):
     assert session.pending_deferred == 0
     end = stream.result()
     assert end.metrics.barrier_wait_s > 0 and end.metrics.previous_pending == 0
+    session.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_residual_held_for_a_deferred_worker_joins_across_the_boundary(engines, family):
+    """Disaggregated mode: the previous turn's residual is out on another engine when the follow-up comes;
+    nothing goes ahead of the input, the result is refused while the input prefills and joins once it is
+    in, as late rows would (the reference takes its rows at that point)."""
+    from tests.deferral.cross_turn import Row
+
+    hf, engine = engines[family]
+    log = RowLog()
+    remove = engine.core.on_plan(lambda plan: log.record(engine, plan))
+    session = engine.open_session(deferral=FIRST)
+    try:
+        session.turn(image_prompt(engine, seed=30), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
+        ticket = engine.hold_residual(session)
+        payload = engine.export_residual(session, ticket)
+        result = engine.prefill_residual(payload)      # what a deferred worker runs, on a scratch session
+        rec = session.cache.recovery
+        stream = iter(session.turn(_follow_up(engine, False), SamplingParams(max_new_tokens=8, ignore_eos=True),
+                                   deferral=FOLLOW, return_logits=True))
+        assert engine.apply_residual(session, ticket, result) is None      # the input is not in yet
+        events = [next(stream)]
+        assert engine.apply_residual(session, ticket, result) is not None
+        rows = rec.rows
+        for r in range(rec.total):
+            at = (rows.deepstack_index == r).nonzero().flatten()
+            log.rows.append(Row(None, rows.embeds[r].clone(), rows.positions[:, r].clone(),
+                                [level[at[0]].clone() for level in rows.deepstack] if len(at) else [], 0, False,
+                                True, join=r == rec.total - 1))
+        events += [e for e in stream if hasattr(e, "logits")]
+        assert session.pending_deferred == 0
+    finally:
+        remove()
+    _check_against_reference(hf, engine, log, torch.stack([e.logits for e in events]), session)
     session.close()
