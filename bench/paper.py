@@ -5,7 +5,7 @@
 Sections, each a key of `--json` (the markdown printed names the same keys):
 - `table4`: first-turn TTFT, mean TPOT and E2E of full / hard / raincheck (bench.latency's policy comparison:
   one 1,024-token image, random `bench` checkpoints of both families, CPU clock, best of the repeats);
-- `table5`: per family and input (that image; a 4-patch video of 2,048 visual tokens, many deferred rows),
+- `table5`: per family and input (that image; an 8-patch video of 2,048 visual tokens, many deferred rows),
   raincheck turns with answers of several lengths: TPOT during restoration, the share of turns with deferred
   rows unfinished when the answer ended, and the post-response completion time (mean and P95 over all turns,
   0 for those restored before the end);
@@ -48,7 +48,7 @@ CHUNKS = (7, 15, 31, 63)
 SUFFIXES = (64, 256, 1024, 4096)
 
 
-def video_prompt(engine: Engine, patches: int = 4, side: int = 16, seed: int = 1) -> Prompt:
+def video_prompt(engine: Engine, patches: int = 8, side: int = 16, seed: int = 1) -> Prompt:
     """A video of `patches` temporal patches of side×side merged tokens, each after a timestamp token."""
     cfg = engine.model_config
     n = patches * side * side
@@ -107,8 +107,9 @@ def table7(engine: Engine, args: argparse.Namespace) -> dict:
             try:
                 session.turn(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True)).result()
                 rec = session.cache.recovery
-                features = join = 0
+                features = join = pending = 0
                 if rec is not None:
+                    pending = rec.pending
                     rows = rec.rows
                     features = rows.embeds.nbytes + rows.positions.nbytes + sum(d.nbytes for d in rows.deepstack)
                     join = rec.join.nbytes if rec.join is not None else 0
@@ -117,7 +118,7 @@ def table7(engine: Engine, args: argparse.Namespace) -> dict:
                 out[f"{name}/{policy}"] = {"kv_after_recovery": session.cache.length * kv_slot,
                                            "deferred_features": features, "gdn_join": join,
                                            "scheduling_metadata": metadata, "step_inputs": largest[0],
-                                           "pending_at_answer_end": rec.pending if rec is not None else 0}
+                                           "pending_at_answer_end": pending}
             finally:
                 session.close()
                 remove()
