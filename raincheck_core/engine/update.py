@@ -124,9 +124,9 @@ def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
         head.set_joined(s_lead)
     for t in out.tracked:
         cache = sessions.cache(t.segment.session)
-        joins = [r.join for r in cache.recoveries() if r.join is not None and not r.done]
-        if t.segment.kind is Kind.PREFILL:     # a follow-up's input: only the previous turn's join has begun
-            joins = joins[:1]
+        # a follow-up's input extends only earlier turns' joins (its own begins after it)
+        joins = [r.join for r in cache.recoveries() if r.join is not None and not r.done
+                 and (t.segment.kind is not Kind.PREFILL or r.turn < cache.latest_turn)]
         for i, join in enumerate(joins):
             if join.fed < join.lead:    # a lead token (the runner kept the state after it)
                 join.record_lead(t.u, t.g, t.beta, t.state)

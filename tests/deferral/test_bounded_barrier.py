@@ -74,14 +74,14 @@ def _follow_up(engine: Engine, own_image: bool) -> Prompt:
     return Prompt([11, 12, *image_tokens(OWN_GRID), 13], [visual])
 
 
-def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool):
+def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool, ahead: int = AHEAD):
     """Turn 1 leaves all 16 deferred rows pending; the follow-up does not wait. Returns the row log, the
     follow-up's stream end and logits, and the session after everything is restored."""
     log = RowLog()
     remove = engine.core.on_plan(lambda plan: log.record(engine, plan))
     scheduler = engine.core.scheduler
     rows_before, chunk_before = scheduler.max_rows, scheduler.recovery_chunk
-    scheduler.recovery_chunk = AHEAD
+    scheduler.recovery_chunk = ahead
     session = engine.open_session(deferral=FIRST)
     try:
         first = session.turn(image_prompt(engine, seed=30), SamplingParams(max_new_tokens=answer, ignore_eos=True))
@@ -100,16 +100,17 @@ def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool):
     return log, end, torch.stack([e.logits for e in events]), session
 
 
-CASES = [(1, False, False), (1, False, True), (6, False, False), (6, True, False), (1, True, True), (6, True, True)]
+CASES = [(1, False, False, AHEAD), (1, False, True, AHEAD), (6, False, False, AHEAD), (6, True, False, AHEAD),
+         (1, True, True, AHEAD), (6, True, True, AHEAD), (1, True, False, 16)]
 IDS = ["1tok-answer", "1tok-answer-split-input", "6tok-answer", "6tok-own-image", "1tok-own-image-split",
-       "6tok-own-image-split"]
+       "6tok-own-image-split", "1tok-own-image-all-ahead"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize(("answer", "own_image", "split"), CASES, ids=IDS)
-def test_bounded_follow_up_equals_the_cross_turn_reference(engines, family, answer, own_image, split):
+@pytest.mark.parametrize(("answer", "own_image", "split", "ahead"), CASES, ids=IDS)
+def test_bounded_follow_up_equals_the_cross_turn_reference(engines, family, answer, own_image, split, ahead):
     hf, engine = engines[family]
-    log, end, logits, session = _dialogue(engine, answer, own_image, split)
+    log, end, logits, session = _dialogue(engine, answer, own_image, split, ahead)
     assert end.metrics.barrier_wait_s == 0.0 and end.metrics.previous_pending == 16
     assert session.pending_deferred == 0
     ref = reference(hf, log.rows)
