@@ -60,7 +60,8 @@ def test_a_subset_of_the_paper_selectors(tmp_path):
     out = quality.run(args)
     rep = out["families"]["single"]
     assert set(rep["per_selector"]) == {"hiprune"} and rep["selector"] == "hiprune"
-    assert set(rep["arms"]) == {"full", "hard/hiprune", "raincheck/hiprune", "control/fresh", "control/kept"}
+    assert set(rep["arms"]) == {"full", "hard/hiprune", "raincheck/hiprune", "bounded/hiprune", "control/fresh",
+                                "control/kept"}
     assert out["selector_options"]["hiprune"]["object_layer"] == "last"
     assert rep["paper_selectors_recovered_fraction"] == rep["per_selector"]["hiprune"]["recovered_fraction"]
 
