@@ -17,7 +17,9 @@ time, with ratios to `full`. Then, on one family:
   distinct experts a plain decode step and a fused step route to;
 - think time: 3 turns (image, then two text questions) with t seconds between an answer's end and
   the next question while the engine steps in the background; per policy the TTFT of turn 1, its
-  mean TPOT, the barrier wait at turns 2-3 and the share of D restored before turn 1's answer ended.
+  mean TPOT, the barrier wait at turns 2-3 and the share of D restored before turn 1's answer ended;
+  at think time 0 also the follow-up's barrier wait and TTFT with and without a bounded barrier
+  (`barrier_timeout_s` 0 vs None, bench/bounded.py).
 
 Clocks: the engine times everything (its step costs for the objective, `TurnMetrics`) with
 `engine.clock`. `--clock cpu` (the default) sets it to the thread's CPU time: with one torch thread the
@@ -48,7 +50,7 @@ from tqdm import tqdm
 from raincheck_core import TurnMetrics
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
 
-from . import moe, plots
+from . import bounded, moe, plots
 from .common import (
     FAMILIES,
     Arm,
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_torch(args.threads)
     t0 = time.perf_counter()
     families = args.families.split(",")
-    results, objective, chunk, retention, gaps = {}, None, None, None, None
+    results, objective, chunk, retention, gaps, follow = {}, None, None, None, None, None
     with tempfile.TemporaryDirectory() as tmp:
         for family in dict.fromkeys([*families, args.sweep_family]):
             engine = build_engine(family, Path(tmp))
@@ -426,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
                 results[family] = policies(engine, prompt, args, family)
             if family == args.sweep_family and not args.no_think:
                 gaps = think_time(engine, prompt, args)
+                follow = bounded.follow_up(engine, prompt, args.gap_repeats, args.max_new, args.selector,
+                                           args.retention)
             del engine
         moe_res = None if args.no_moe else moe.latency_section(
             args, Path(tmp), [Arm(a, _cfg(args, a)) for a in moe.MOE_ARMS], CLOCKS[args.clock])
@@ -450,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     if gaps:
         print(f"Think time ({args.sweep_family}, wall clock, background stepping, median of {args.gap_repeats}):"
               f"\n\n{think_table(gaps)}\n")
+    if follow:
+        print(f"Follow-up at think time 0, waiting vs bounded barrier:\n\n{bounded.table(follow)}\n")
     print(f"GDN state join micro-benchmark (fp32, best of batches):\n\n{gdn_table(gdn)}\n")
     if moe_res:
         print(moe.latency_table(moe_res) + "\n")
@@ -462,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                    "policies": results, "objective": objective, "chunk_sweep": chunk,
                    "retention_sweep": retention, "think_time": [vars(r) for r in gaps or []], "gdn_join": gdn,
-                   "moe": moe_res}
+                   "moe": moe_res, "bounded_follow_up": follow}
         args.json.write_text(json.dumps(payload, indent=2))
 
 

@@ -56,12 +56,13 @@ class Arm:
     retention: float = DEFAULT[1]
     chunk: int = DEFAULT[2]
     control: str | None = None           # "fresh" / "kept": bench/quality_control.py layouts
+    barrier_timeout_s: float | None = None   # the bounded arm: 0, follow-ups never wait (think time 0)
 
     def config(self, options: dict[str, dict]) -> DeferralConfig:
         """The arm's deferral config, with the model's calibrated `options` for its selector."""
         return DeferralConfig(self.policy if self.control is None else "hard", selector=self.selector,
                               selector_options=options.get(self.selector, {}), retention=self.retention,
-                              chunk_size=self.chunk, guard=16)
+                              chunk_size=self.chunk, guard=16, barrier_timeout_s=self.barrier_timeout_s)
 
 
 def arms(quick: bool, family: str = "single", paper: tuple[str, ...] = PAPER_SELECTORS) -> list[Arm]:
@@ -73,6 +74,8 @@ def arms(quick: bool, family: str = "single", paper: tuple[str, ...] = PAPER_SEL
         out += [Arm(f"{p}/{sel}", p, sel) for p in (("hard", "raincheck") if quick else POLICIES)]
     if quick and DEFAULT[0] in paper:
         out.append(Arm(f"post_answer/{DEFAULT[0]}", "post_answer"))
+    main = DEFAULT[0] if DEFAULT[0] in paper else paper[0]
+    out.append(Arm(f"bounded/{main}", "raincheck", main, barrier_timeout_s=0.0))
     if sweeps:
         for r in RETENTIONS[1:]:
             out += [Arm(f"{p}/{SWEEP_SELECTOR}@{r}", p, SWEEP_SELECTOR, r) for p in POLICIES]
@@ -91,12 +94,18 @@ def max_new(engine: Engine, dialogue: Dialogue) -> list[int]:
     return [len(engine.formatter.encode(q.answer)) + 8 for q in dialogue.questions]
 
 
-def run_engine_arm(engine: Engine, cfg: DeferralConfig, dialogue: Dialogue, messages: list[Message]) -> list[str]:
+def run_engine_arm(engine: Engine, cfg: DeferralConfig, dialogue: Dialogue, messages: list[Message],
+                   waits: list[float] | None = None) -> list[str]:
+    """The dialogue's answers, each question sent as the previous answer ends (think time 0); `waits`
+    receives each turn's barrier wait."""
     session = engine.open_session(deferral=cfg)
     answers = []
     try:
         for message, limit in zip(messages, max_new(engine, dialogue), strict=True):
-            answers.append(session.turn(message, SamplingParams(max_new_tokens=limit)).text())
+            end = session.turn(message, SamplingParams(max_new_tokens=limit)).result()
+            answers.append(end.text)
+            if waits is not None:
+                waits.append(end.metrics.barrier_wait_s)
     finally:
         session.close()
     return answers
@@ -185,7 +194,7 @@ def run_family(engine: Engine, family: str, args: argparse.Namespace) -> dict:
     dialogues = held_out(family, args.dialogues)
     messages = [[d.message(t) for t in range(len(d.questions))] for d in dialogues]
     options = args.selector_options
-    results, timing = {}, {}
+    results, timing, waits = {}, {}, {}
     for arm in arms(args.quick, family, args.selectors):
         cfg = arm.config(options)
         n = args.control_dialogues if arm.control else len(dialogues)
@@ -197,17 +206,32 @@ def run_family(engine: Engine, family: str, args: argparse.Namespace) -> dict:
                 answers.append(quality_control.run_dialogue(engine, d, m, cfg, arm.control == "fresh",
                                                             max_new(engine, d)))
             else:
-                answers.append(run_engine_arm(engine, cfg, d, m))
+                answers.append(run_engine_arm(engine, cfg, d, m, waits.setdefault(arm.name, [])))
         results[arm.name] = score(dialogues[:n], answers)
         timing[arm.name] = time.perf_counter() - t0
         tqdm.write(f"{family:6s} {arm.name:28s} {summarise(results[arm.name])['all']:.3f}  ({timing[arm.name]:.0f} s)")
     t0 = time.perf_counter()
     overlap = quality_overlap.measure(engine, messages[:args.control_dialogues], PAPER_SELECTORS, DEFAULT[1], options)
     timing["overlap"] = time.perf_counter() - t0
-    return family_report(family, results, timing, overlap, args)
+    return family_report(family, results, timing, overlap, args, waits)
 
 
-def family_report(family: str, results: dict, timing: dict, overlap: dict, args: argparse.Namespace) -> dict:
+def bounded_report(results: dict, waits: dict[str, list[float]], summary: dict) -> dict | None:
+    """The bounded arm beside the waiting raincheck arm of its selector: later-answer accuracy, recovered
+    fraction, and the barrier waits of its follow-ups (0 when none waited)."""
+    name = next((n for n in results if n.startswith("bounded/")), None)
+    if name is None:
+        return None
+    sel = name.split("/")[1]
+    full, hard = later_answers(results["full"]), later_answers(results[f"hard/{sel}"])
+    return {"selector": sel, "acc": summary[name]["later"], "raincheck_acc": summary[f"raincheck/{sel}"]["later"],
+            "recovered_fraction": recovered(full, hard, later_answers(results[name])),
+            "raincheck_recovered_fraction": recovered(full, hard, later_answers(results[f"raincheck/{sel}"])),
+            "barrier_wait_s_max": max(waits[name]), "raincheck_barrier_wait_s_max": max(waits[f"raincheck/{sel}"])}
+
+
+def family_report(family: str, results: dict, timing: dict, overlap: dict, args: argparse.Namespace,
+                  waits: dict[str, list[float]] | None = None) -> dict:
     summary = {name: {**summarise(scored), "later_ci95": accuracy_ci(scored),
                       "T2+_ci95": accuracy_ci(scored, lambda s: s["turn"] >= 2)} for name, scored in results.items()}
     full = later_answers(results["full"])
@@ -240,6 +264,7 @@ def family_report(family: str, results: dict, timing: dict, overlap: dict, args:
         "control": {"fresh_acc": summary["control/fresh"]["later"], "kept_acc": summary["control/kept"]["later"],
                     "full_acc_same_dialogues": float(ctrl_full[:, 0].sum() / ctrl_full[:, 1].sum())},
         "overlap": overlap, "per_selector": selectors, "arms": summary, "seconds": timing,
+        "bounded": bounded_report(results, waits or {}, summary),
     }
 
 

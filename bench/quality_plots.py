@@ -82,6 +82,12 @@ def family_markdown(rep: dict) -> str:
     paper = rep.get("paper_selectors", ["mmtok", "hiprune", "divprune", "visionzip"])
     which = "the four paper selectors" if len(paper) == 4 else ", ".join(paper)
     lines.append(f"| **mean of {which}** | | | | | **{mean}** | {_pct(lo)} – {_pct(hi)} |")
+    b = rep.get("bounded")
+    if b:
+        lines += ["", f"Bounded barrier (`barrier_timeout_s=0`, think time 0, {b['selector']}): {later} "
+                  f"{_pct(b['acc'])} vs {_pct(b['raincheck_acc'])} waiting; recovered {_pct(b['recovered_fraction'])} "
+                  f"vs {_pct(b['raincheck_recovered_fraction'])}; longest barrier wait "
+                  f"{1e3 * b['barrier_wait_s_max']:.1f} ms vs {1e3 * b['raincheck_barrier_wait_s_max']:.1f} ms."]
     c = rep["control"]
     lines += ["", f"Negative control ({later}, first {rep['control_dialogues']} dialogues, default selector at 0.3): "
               f"full {_pct(c['full_acc_same_dialogues'])}, deferred tokens moved after the question with their "

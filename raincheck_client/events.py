@@ -30,6 +30,7 @@ class Metrics:
     tpot_restoring_s: float | None
     barrier_wait_s: float             # waited for the previous turn's recovery
     previous_recovery_s: float | None
+    previous_pending: int = 0         # earlier turns' deferred tokens pending when this turn started
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def from_proto(event: chat_pb2.ChatEvent) -> Event:
         m = event.metrics
         return Metrics(m.prompt_tokens, m.generated_tokens, m.ttft_s, m.tpot_s, m.e2e_s, m.queue_s,
                        m.deferred_tokens, m.deferred_pending, _optional(m, "tpot_restoring_s"),
-                       m.barrier_wait_s, _optional(m, "previous_recovery_s"))
+                       m.barrier_wait_s, _optional(m, "previous_recovery_s"), m.previous_pending)
     if kind == "final":
         f = event.final
         return Final(event.turn_id, f.finish_reason, list(f.token_ids), f.text)

@@ -30,20 +30,22 @@ SESSION_STATUS_RECOVERING: SessionStatus
 SESSION_STATUS_DETACHED: SessionStatus
 
 class DeferralSettings(_message.Message):
-    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo")
+    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     GUARD_FIELD_NUMBER: _ClassVar[int]
     TPOT_SLO_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     policy: str
     selector: str
     retention: float
     chunk_size: int
     guard: int
     tpot_slo: float
-    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ...) -> None: ...
+    barrier_timeout_s: float
+    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ..., barrier_timeout_s: _Optional[float] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("model", "deferral", "recovery_mode")
@@ -177,7 +179,7 @@ class TokenDelta(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class TurnMetrics(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens")
+    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens", "previous_pending")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +192,7 @@ class TurnMetrics(_message.Message):
     BARRIER_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_PENDING_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     ttft_s: float
@@ -202,7 +205,8 @@ class TurnMetrics(_message.Message):
     barrier_wait_s: float
     previous_recovery_s: float
     cached_prompt_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    previous_pending: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ..., previous_pending: _Optional[int] = ...) -> None: ...
 
 class RecoveryProgress(_message.Message):
     __slots__ = ("pending_tokens", "complete", "elapsed_s")

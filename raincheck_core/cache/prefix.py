@@ -14,7 +14,7 @@ there on is shared. A page's hash is `H(previous page's hash, its rows' descript
 
 Gated DeltaNet layers have no pages: their state after a prefix is kept as a checkpoint (conv history
 and recurrent state, fp32) at the page boundaries where a step ended, within a byte budget, and a hit on
-a hybrid model reaches only as far as the last shared page that has one (docs/mechanism.md §10).
+a hybrid model reaches only as far as the last shared page that has one (docs/mechanism.md §11).
 """
 
 from __future__ import annotations

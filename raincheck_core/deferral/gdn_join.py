@@ -15,14 +15,37 @@ S_lead)` (P on the left). This class only holds the state and records what the e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..cache.gdn_state import GDNStatePool
-from ..ops.gdn_state_map import extend_map_, identity_map
+from ..ops.gdn_state_map import extend_map_, identity_map, join_state
 
 # generated tokens whose factors wait to be folded into P_rest: the buffer is a quarter of P_rest's size
 # when Dk = 128 (Qwen3.5), and 32 tokens per fold already make the per-token cost small
 BUFFER = 32
+
+
+@dataclass
+class Behind:
+    """A join that began while an earlier turn's join was still pending (docs/mechanism.md §10.3): that
+    join's map P when this one began (its prefix state absorbed the earlier rows through it) and when
+    this one's lead was complete (likewise its `S_lead`; None until then)."""
+
+    at_prefix: torch.Tensor
+    at_lead: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class JoinSnapshot:
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    s_lead: torch.Tensor
+    lead: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    p_rest: torch.Tensor
+    fed: int
+    audited: int
 
 
 class GDNJoin:
@@ -48,16 +71,66 @@ class GDNJoin:
         # (k, v, g, beta) of every token folded into P_rest, per layer, for audits and tests
         self.factors: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(layers)] \
             if keep_factors else None
+        self.behind: Behind | None = None
 
     @property
     def lead_rows(self) -> int:
         """Lead tokens recorded so far: the rows a chunk's boundary repair re-runs."""
         return min(self.fed, self.lead)
 
-    def begin(self) -> None:
-        """The turn's I0 is prefilled: the live state is the insertion boundary (input-end insertion)."""
+    def begin(self, ahead: GDNJoin | None = None) -> None:
+        """The turn's I0 is prefilled: the live state is the insertion boundary (input-end insertion).
+        `ahead`: an earlier turn's join still pending, whose later chunks will move this boundary too."""
         self.pool.copy(self.live, self.prefix)
         self.s_lead.copy_(self.pool.ssm[self.live])
+        self.behind = Behind(ahead.p_rest.clone()) if ahead is not None else None
+
+    def lead_done(self, ahead: GDNJoin) -> None:
+        """This join's lead just completed while `ahead` is pending: fix the map `S_lead` moves by."""
+        if self.behind is not None and self.behind.at_lead is None:
+            self.behind.at_lead = ahead.p_rest.clone()
+
+    def rebase(self, ahead: GDNJoin, delta: torch.Tensor) -> None:
+        """`ahead`'s chunk just joined, moving the state at its lead by `delta [layers, H, Dk, Dv]`: the
+        prefix state and `S_lead` here absorbed `ahead`'s recorded suffix up to them, so they move by that
+        suffix's map times `delta`, as the live state did (while the lead is incomplete `S_lead` is the live
+        state, so the map is `ahead`'s whole current one)."""
+        b = self.behind
+        prefix = self.pool.ssm[self.prefix]
+        prefix.copy_(join_state(prefix, b.at_prefix, delta))
+        self.s_lead.copy_(join_state(self.s_lead, b.at_lead if b.at_lead is not None else ahead.p_rest, delta))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this join holds: its maps, lead records, factor buffers and its prefix state slot."""
+        held = [self._p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta, self._g, self._beta]
+        held += [t for t in (self._k,) if t is not None]
+        if self.behind is not None:
+            held += [t for t in (self.behind.at_prefix, self.behind.at_lead) if t is not None]
+        slot = self.pool.conv[0].nbytes + self.pool.ssm[0].nbytes if self.prefix is not None else 0
+        return sum(t.nbytes for t in held) + slot
+
+    def snapshot(self) -> JoinSnapshot:
+        return JoinSnapshot(self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone(),
+                            self.s_lead.clone(), (self.lead_u.clone(), self.lead_g.clone(), self.lead_beta.clone()),
+                            self.p_rest.clone(), self.fed,
+                            len(self.factors[0]) if self.factors is not None else 0)
+
+    def restore(self, snap: JoinSnapshot) -> None:
+        """Back to `snap` (its prefix slot taken again if it was released meanwhile)."""
+        if self.prefix is None:
+            self.prefix = self.pool.allocate()
+        self.pool.conv[self.prefix].copy_(snap.conv)
+        self.pool.ssm[self.prefix].copy_(snap.ssm)
+        self.s_lead.copy_(snap.s_lead)
+        for mine, saved in zip((self.lead_u, self.lead_g, self.lead_beta), snap.lead, strict=True):
+            mine.copy_(saved)
+        self._buffered = 0
+        self._p_rest.copy_(snap.p_rest)
+        self.fed = snap.fed
+        if self.factors is not None:
+            for layer in self.factors:
+                del layer[snap.audited:]
 
     def record_lead(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor) -> None:
         """Generated token number `fed` (< lead) ran: its per-layer pre-conv input `u [layers, conv dim]`,

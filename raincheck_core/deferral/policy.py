@@ -22,7 +22,12 @@ class DeferralConfig:
     scheduler then picks per step whether to fuse and how many rows (a chunk bucket), from its measured
     step costs, and leaves what does not fit to post-answer recovery (docs/mechanism.md §7). None: no
     objective, every step past the guard fuses `chunk_size` rows (the paper's setting). A turn's
-    objective also limits what other sessions fuse into the steps it shares."""
+    objective also limits what other sessions fuse into the steps it shares.
+
+    `barrier_timeout_s`: how long this turn waits at the completion barrier for the previous turn's
+    deferred rows. None: until they are all in (the paper's policy). After that long (0: at once) the turn
+    is admitted with the rest still pending, and they are restored during and after its answer with the
+    cross-turn visibility of docs/mechanism.md §10."""
 
     policy: str = "full"
     selector: str = "divprune"
@@ -32,6 +37,7 @@ class DeferralConfig:
     guard: int = 16
     fused: bool = True        # False: the chunk and the decode row run as two passes (for comparison)
     tpot_slo: float | None = 1.10
+    barrier_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         from ..pruning import SELECTORS, keep_count
@@ -48,6 +54,10 @@ class DeferralConfig:
         if self.tpot_slo is not None and not (math.isfinite(self.tpot_slo) and self.tpot_slo >= 1.0):
             raise InvalidInputError(f"tpot_slo must be >= 1 (a ratio of the plain decode step) or None for "
                                     f"a fixed chunk size, got {self.tpot_slo}")
+        if self.barrier_timeout_s is not None and not (math.isfinite(self.barrier_timeout_s)
+                                                       and self.barrier_timeout_s >= 0):
+            raise InvalidInputError(f"barrier_timeout_s must be >= 0 seconds, or None to wait for the previous "
+                                    f"turn's recovery, got {self.barrier_timeout_s}")
 
     @property
     def needs_vision_signals(self) -> bool:

@@ -8,11 +8,12 @@ the answer in larger prefill-only chunks, until none is left; the session's next
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from .gdn_join import GDNJoin
+from .gdn_join import GDNJoin, JoinSnapshot
 from .policy import DeferralConfig
 
 if TYPE_CHECKING:
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 
 
 _serials = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class RecoverySnapshot:
+    """A recovery as it was when a later turn was admitted without waiting for it: a failed follow-up
+    puts it back so (its rows are never dropped by someone else's failure)."""
+
+    recovery: Recovery
+    cursor: int
+    chunks: int
+    failures: int
+    join: JoinSnapshot | None
 
 
 class Recovery:
@@ -102,6 +115,17 @@ class Recovery:
         if self.t_done is None:
             return None
         return max(0.0, self.t_done - (self.t_answer_end or self.t_done))
+
+    def snapshot(self) -> RecoverySnapshot:
+        return RecoverySnapshot(self, self.cursor, len(self.slots), self.failures,
+                                self.join.snapshot() if self.join is not None else None)
+
+    def restore(self, snap: RecoverySnapshot) -> None:
+        """Back to `snap` (rows restored since are undone with the slots they were written to)."""
+        self.cursor, self.failures, self.t_done = snap.cursor, snap.failures, None
+        del self.slots[snap.chunks:]
+        if self.join is not None:
+            self.join.restore(snap.join)
 
     def release(self) -> None:
         if self.join is not None:

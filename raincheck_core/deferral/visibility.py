@@ -1,12 +1,13 @@
-"""Which cache slots a row may attend to (docs/mechanism.md §4).
+"""Which cache slots a deferred row may attend to (docs/mechanism.md §4, §10).
 
-A session's slots carry one label that matters: whether a slot holds a token the *current* turn
-generated while its deferred input is still being recovered (GEN). Deferred rows never see GEN:
-recovered input must not depend on the model's own output. Everything else — earlier turns, this
-turn's I0, deferred chunks already processed — is visible to them; their own chunk causally.
-Decode rows see everything.
+Every slot carries two labels, set when it is claimed: the session turn whose processing wrote it, and
+whether it holds a token that turn generated (GEN). A deferred row of turn `t` sees a slot written by an
+earlier turn, or by turn `t` itself and not GEN (its I0, its earlier chunks): never its own answer, and
+never anything of a later turn (the previous answer's tail fed with the follow-up, the follow-up's input
+and answer), which only exists when the follow-up did not wait for `t`'s rows (a bounded barrier). Its
+own chunk it sees causally. Decode and input rows see everything.
 
-The engine applies the rule by giving deferred rows a read list without the GEN slots
+The engine applies the rule by giving deferred rows a read list of the visible slots
 (`SessionCache.readable`); `deferred_mask` is the same rule as a dense mask, for reference attention.
 """
 
@@ -15,15 +16,20 @@ from __future__ import annotations
 import torch
 
 
-def deferred_visible(generated: torch.Tensor) -> torch.Tensor:
-    """Positions (within the session's slots) of the past slots deferred rows may read."""
-    return (~generated).nonzero().flatten()
+def visible_to(turns: torch.Tensor, generated: torch.Tensor, turn: int) -> torch.Tensor:
+    """Per slot (labels `turns`, `generated`): may a deferred row of turn `turn` read it."""
+    return (turns < turn) | ((turns == turn) & ~generated)
 
 
-def deferred_mask(generated: torch.Tensor, n: int) -> torch.Tensor:
-    """`[n, past + n]` visibility of `n` deferred rows appended after `past = len(generated)` slots,
-    where `generated[j]` marks slot j as GEN."""
-    past = generated.shape[0]
-    visible_past = (~generated)[None, :].expand(n, past)
-    own = torch.ones(n, n, dtype=torch.bool, device=generated.device).tril()
+def deferred_visible(turns: torch.Tensor, generated: torch.Tensor, turn: int) -> torch.Tensor:
+    """Positions (within the session's slots) of the past slots deferred rows of `turn` may read."""
+    return visible_to(turns, generated, turn).nonzero().flatten()
+
+
+def deferred_mask(turns: torch.Tensor, generated: torch.Tensor, turn: int, n: int) -> torch.Tensor:
+    """`[n, past + n]` visibility of `n` deferred rows of `turn` appended after `past = len(turns)` labelled
+    slots."""
+    past = turns.shape[0]
+    visible_past = visible_to(turns, generated, turn)[None, :].expand(n, past)
+    own = torch.ones(n, n, dtype=torch.bool, device=turns.device).tril()
     return torch.cat([visible_past, own], dim=1)

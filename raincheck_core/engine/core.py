@@ -239,7 +239,7 @@ class EngineCore:
         `max_new_tokens` generated can never be served: past the context length, or more slots than the
         session's page budget or the whole KV pool holds. What waiting can cure is left to admission."""
         # the previous turn's deferred rows not restored yet will be in the cache before this turn runs
-        held = cache.length + (cache.recovery.pending if cache.recovery is not None else 0)
+        held = cache.length + sum(r.pending for r in cache.recoveries())
         asked = prompt + deferred + max_new_tokens
         total = held + asked
         detail = f"the conversation holds {held}, this turn's prompt is {prompt + deferred} and max_new_tokens " \
@@ -269,11 +269,17 @@ class EngineCore:
                 if self.gdn is not None:
                     join = GDNJoin(self.gdn, cache.gdn_slot, self.model_config.linear_conv_kernel,
                                    keep_factors=self.audit_gdn_join)
-                cache.recovery = Recovery(deferred, cfg, join, turn=cache.turns)
+                rec = Recovery(deferred, cfg, join, turn=cache.turns)
+                # behind a previous turn's rows still pending (a bounded barrier): restored after them
+                if cache.recovery is None:
+                    cache.recovery = rec
+                else:
+                    cache.queued = rec
         except Exception:
             cache.restore(checkpoint)
             raise
         request.checkpoint = checkpoint
+        request.turn = cache.turns
         cache.pending_ids = []
         cache.turns += 1
         self.turns[cache.session] = request
@@ -298,9 +304,10 @@ class EngineCore:
         cache = request.cache
         self._stop_running(request)
         cache.pending_ids = request.tail()
-        rec = cache.recovery
+        rec = cache.own_recovery(request.turn)
         if rec is not None and not rec.done:
             rec.mark_answer_done(self.clock())
+        if cache.recovery is not None and cache.recovery.answer_done:
             self.scheduler.add_recovering(cache)
 
     def cancel_turn(self, request: TurnRequest) -> None:
@@ -316,8 +323,7 @@ class EngineCore:
         cache = request.cache
         self._stop_running(request)
         if request.checkpoint is not None:
-            self.scheduler.remove_recovering(cache)
-            cache.restore(request.checkpoint)
+            self._restore(cache, request.checkpoint)
         log.warning("turn %d failed and was undone: %s", request.id, error)
         request.fail(error)
 
@@ -329,9 +335,16 @@ class EngineCore:
     def undo_ended_turn(self, request: TurnRequest, checkpoint: Checkpoint, error: Exception) -> None:
         """`request` ended but nobody read its end: put its session back as before it (its recovery, if
         any, is dropped) and mark it undone."""
-        self.scheduler.remove_recovering(request.cache)
-        request.cache.restore(checkpoint)
+        self._restore(request.cache, checkpoint)
         request.error = error
+
+    def _restore(self, cache: SessionCache, checkpoint: Checkpoint) -> None:
+        """Undo a turn: the cache back to `checkpoint`; a previous turn's recovery pending then is pending
+        again (docs/mechanism.md §10.4), and goes on in the gaps."""
+        self.scheduler.remove_recovering(cache)
+        cache.restore(checkpoint)
+        if cache.recovery is not None:
+            self.scheduler.add_recovering(cache)
 
     def step_failed(self, cache: SessionCache, error: Exception) -> None:
         """A step holding only `cache`'s rows failed: its running turn fails, or its recovery's chunk is
@@ -364,6 +377,19 @@ class EngineCore:
             hook(cache, rec)
         cache.end_recovery()
         self.scheduler.remove_recovering(cache)
+        if cache.recovery is not None and cache.recovery.answer_done:   # a queued one is next
+            self.scheduler.add_recovering(cache)
+
+    def may_go_late(self, cache: SessionCache, input_rows: int) -> bool:
+        """Whether a follow-up with `input_rows` input rows may be admitted with `cache`'s recovery still
+        pending (a bounded barrier, docs/mechanism.md §10): at most two turns' rows pending at once (the
+        previous turn's, the follow-up's own), the previous answer is over, and for GDN models the rows
+        fed after its insertion boundary, with the follow-up's input, cover the conv lead (so the join's
+        lead is complete before its next chunk, and later boundaries lie past it)."""
+        rec = cache.recovery
+        if rec is None or cache.queued is not None or not rec.answer_done:
+            return False
+        return rec.join is None or rec.join.fed + input_rows >= rec.join.lead
 
     def barrier_step(self, cache: SessionCache) -> None:
         """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if

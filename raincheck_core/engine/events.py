@@ -21,6 +21,8 @@ class TurnMetrics:
     barrier_wait_s: float = 0.0        # this turn waited for the previous turn's recovery to complete
     previous_recovery_s: float | None = None  # the previous turn's post-answer completion time
     cached_prompt_tokens: int = 0      # of prompt_tokens, rows served from the prefix cache (not prefilled)
+    previous_pending: int = 0          # earlier turns' deferred tokens still pending when this turn was
+                                       # admitted (a bounded barrier): restored during and after its answer
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,10 @@ class Segment:
     token: int | None = None              # a decode row's input token and position
     position: int = 0
     sample: bool = False                  # the turn samples its next token from the last row's logits
-    generated: bool = False               # a decode row of a turn with deferred rows pending: its slot is
-                                          # GEN (invisible to them)
-    tracked: bool = False                 # … and its token extends the turn's GDN join map
-    serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False)
+    tracked: bool = False                 # a decode or input row while a GDN join is pending: its tokens
+                                          # extend the join's map (and complete its lead)
+    serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False, or
+                                          # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
 
@@ -63,15 +63,15 @@ class Segment:
 
     @classmethod
     def prefill(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                gdn_slot: int | None, last: bool) -> Segment:
+                gdn_slot: int | None, last: bool, tracked: bool = False) -> Segment:
         """Input rows [first, first + rows) of the session's running turn; `last`: they end its input."""
-        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last)
+        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last, tracked=tracked)
 
     @classmethod
     def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,
-               gdn_slot: int | None, generated: bool, tracked: bool) -> Segment:
+               gdn_slot: int | None, tracked: bool) -> Segment:
         return cls(Kind.DECODE, session, 1, write, read, gdn_slot, token=token, position=position, sample=True,
-                   generated=generated, tracked=tracked)
+                   tracked=tracked)
 
     @classmethod
     def fused(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
@@ -82,9 +82,11 @@ class Segment:
 
     @classmethod
     def post_answer(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                    prefix_slot: int | None, lead: int, live_slot: int | None) -> Segment:
-        """Deferred rows [first, first + rows) after the answer (a gap, the barrier)."""
-        return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot)
+                    prefix_slot: int | None, lead: int, live_slot: int | None, serial: bool = False) -> Segment:
+        """Deferred rows [first, first + rows) after the answer (a gap, the barrier, ahead of a follow-up's
+        input)."""
+        return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
+                   serial=serial)
 
     @classmethod
     def residual(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
@@ -132,8 +134,8 @@ class StepPlan:
         return sum(1 for s in self.segments if s.kind is kind)
 
     def passes(self) -> list[StepPlan]:
-        """Serial comparison mode (`DeferralConfig.fused=False`): deferred chunks of such turns run in a
-        pass of their own before the rest. Fused (the default): one pass."""
+        """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on
+        a GDN model: those chunks run in a pass of their own before the rest. Otherwise one pass."""
         serial = [s for s in self.segments if s.serial]
         if not serial:
             return [self]

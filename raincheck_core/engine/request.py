@@ -46,8 +46,10 @@ class TurnRequest:
         deferred_tokens: int = 0, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
         checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
         clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None,
+        previous_pending: int = 0,
     ):
         self.id = next(_ids)
+        self.turn = cache.turns           # the session's turn index (set again at admission)
         self.cache = cache
         self.input = turn_input
         self.params = params
@@ -60,6 +62,7 @@ class TurnRequest:
         self.checkpoint = checkpoint      # the cache at admission: a failed turn is undone to it
         self.barrier_wait_s = barrier_wait_s
         self.previous_recovery_s = previous_recovery_s
+        self.previous_pending = previous_pending    # earlier turns' deferred rows still pending at admission
         self._restoring_gaps: list[float] = []
         self.cursor = 0                    # input rows already run
         self.cached_prompt_tokens = 0      # of them, served from the prefix cache (not run)
@@ -157,7 +160,7 @@ class TurnRequest:
         end = self.t_last or self.clock()
         first = self.t_first or end
         n = len(self.generated)
-        rec = self.cache.recovery
+        rec = self.cache.own_recovery(self.turn)
         gaps = self._restoring_gaps
         return TurnMetrics(
             prompt_tokens=len(self.input), generated_tokens=n, ttft_s=first - self.t_submit,
@@ -167,6 +170,7 @@ class TurnRequest:
             tpot_restoring_s=sum(gaps) / len(gaps) if gaps else None,
             barrier_wait_s=self.barrier_wait_s, previous_recovery_s=self.previous_recovery_s,
             cached_prompt_tokens=self.cached_prompt_tokens,
+            previous_pending=self.previous_pending,
         )
 
     def _full_text(self) -> str:

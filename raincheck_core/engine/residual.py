@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
@@ -114,11 +115,11 @@ def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualRe
         raise RecoveryStateError(f"the result covers deferred rows {result.first}..{result.first + result.rows}; "
                                  f"the recovery has {rec.cursor}..{rec.total} left")
     req = core.turn(cache.session)
-    if req is not None and not rec.past_guard(req.answer_fed):
-        return None
+    if req is not None and not (req.decoding if req.turn > rec.turn else rec.past_guard(req.answer_fed)):
+        return None     # late rows join once the follow-up's input is in (docs/mechanism.md §10)
     offset, r = rec.cursor - result.first, rec.pending
     start = cache.length
-    slots = cache.claim(r)
+    slots = cache.claim(r, rec.turn)
     core.kv.k[:, slots] = result.k[:, offset:].to(device=core.device, dtype=core.kv.k.dtype)
     core.kv.v[:, slots] = result.v[:, offset:].to(device=core.device, dtype=core.kv.v.dtype)
     cache.fill(r)
@@ -128,16 +129,18 @@ def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualRe
         gdn.ssm[rec.join.prefix] = result.ssm.to(gdn.ssm.device)
         gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
         with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
-            _join(core, rec)
+            _join(core, rec, cache.queued.join if cache.queued is not None else None)
     rec.advance(r, core.clock())
     core.finish_recovery(cache)
     return Joined(offset, torch.arange(start, start + r))
 
 
-def _join(core: EngineCore, rec: Recovery) -> None:
+def _join(core: EngineCore, rec: Recovery, later: GDNJoin | None) -> None:
     """The lead repair and join for a prefix state set from outside a step (layer by layer; the step
-    does the same inside its forward)."""
+    does the same inside its forward); `later`, a later turn's join begun behind this one, is rebased."""
     join, pool = rec.join, core.gdn
+    if later is not None and later.behind is not None:
+        before = join.s_lead.clone()
     n = join.lead_rows
     for layer in core.model.gdn_layers():
         i = layer.gdn_index
@@ -148,3 +151,5 @@ def _join(core: EngineCore, rec: Recovery) -> None:
         join.s_lead[i] = state
         if join.fed < join.lead:     # the live conv window still reaches back across the boundary
             pool.conv[join.live, i] = conv
+    if later is not None and later.behind is not None:
+        later.rebase(join, join.s_lead - before)

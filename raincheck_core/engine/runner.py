@@ -20,6 +20,7 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
 from ..deferral.gdn_join import GDNJoin
+from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import OpSet, select
@@ -68,6 +69,7 @@ class StepInputs:
     joins: list[Segment]
     single: list[Segment]
     keep: list[Segment]
+    inputs: list[Segment] = field(default_factory=list)    # multi-row input rows a pending join tracks
 
 
 class ModelRunner:
@@ -119,18 +121,18 @@ class ModelRunner:
         if self.model.config.num_attention_layers:
             attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
                                              torch.cat([s.write_slots for s in plan.segments]), self.device)
-        gdn, multi, joins, single, keep = self._gdn(plan, starts, sessions, ops)
+        gdn, multi, joins, single, keep, tracked_inputs = self._gdn(plan, starts, sessions, ops)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
-        return StepInputs(plan, sessions, batch, multi, joins, single, keep)
+        return StepInputs(plan, sessions, batch, multi, joins, single, keep, tracked_inputs)
 
     def _gdn(self, plan: StepPlan, starts: list[int], sessions: StepSessions, ops: OpSet):
         if self.gdn is None:
-            return None, [], [], [], []
+            return None, [], [], [], [], []
         dev = self.device
         single = [i for i, s in enumerate(plan.segments) if s.rows == 1 and not s.joins]
         multi = [i for i, s in enumerate(plan.segments) if not (s.rows == 1 and not s.joins)]
@@ -186,8 +188,11 @@ class ModelRunner:
                                      seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
+        inputs = [i for i in multi if segs[i].tracked]     # input rows after a previous turn's pending join
+        if inputs:
+            step.input_rows = torch.cat([torch.arange(starts[i], starts[i] + segs[i].rows) for i in inputs]).to(dev)
         step.op = ops.gdn.prepare(step, self.key_heads)
-        return step, [segs[i] for i in multi], joins, single_segs, keep
+        return step, [segs[i] for i in multi], joins, single_segs, keep, [segs[i] for i in inputs]
 
     def _ops(self) -> OpSet:
         """The step's op set, chosen once per step for the model's device and dtypes."""
@@ -241,6 +246,26 @@ class ModelRunner:
             out.writes.append(StateWrite(step.single.layout.slots, so.tails, so.finals))
             if inputs.keep:
                 out.tracked = self._tracked(inputs, res.factors, so.finals)
+        if inputs.inputs:
+            with torch.inference_mode():
+                out.tracked += self._tracked_inputs(inputs)
+
+    def _tracked_inputs(self, inputs: StepInputs) -> list[Tracked]:
+        """The tracked multi-row input rows, one `Tracked` per row (deferral/suffix.py): recomputed from the
+        live state before the step, which the update has not replaced yet."""
+        factors, out, at = inputs.batch.gdn.out.input_factors, [], 0
+        layers = self.model.gdn_layers()
+        for seg in inputs.inputs:
+            head = _join_of(inputs.sessions, seg)
+            lead = min(seg.rows, max(0, head.lead - head.fed))
+            part = slice(at, at + seg.rows)
+            f = input_factors(layers, [x[0][part] for x in factors], [x[1][part] for x in factors],
+                              [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
+                              lead)
+            at += seg.rows
+            out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None)
+                    for j in range(seg.rows)]
+        return out
 
     def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: torch.Tensor
                  ) -> list[Tracked]:
@@ -249,8 +274,8 @@ class ModelRunner:
         stays per key head: the join widens it to value heads once per fold, not per token."""
         keep, segs = inputs.batch.gdn.single.keep, inputs.keep
         every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
-        joins = [_join_of(inputs.sessions, seg) for seg in segs]
-        lead = [j for j, jn in enumerate(joins) if jn.fed < jn.lead]
+        joins = [_joins_of(inputs.sessions, seg) for seg in segs]
+        lead = [j for j, jns in enumerate(joins) if any(jn.fed < jn.lead for jn in jns)]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
             if not needed:
@@ -258,7 +283,7 @@ class ModelRunner:
             t = torch.stack([f[part] for f in factors], dim=1)                     # [N, layers, ...]
             return t if every else t[keep]
 
-        audit = any(jn.factors is not None for jn in joins)
+        audit = any(jn.factors is not None for jns in joins for jn in jns)
         u, g, beta = stacked(0, bool(lead)), stacked(3), stacked(4)
         x = inputs.batch.gdn.out.x
         if x is None:       # the torch path: the layers handed over k (per key head) and v
@@ -283,6 +308,11 @@ class ModelRunner:
 def _join_of(sessions: StepSessions, seg: Segment) -> GDNJoin:
     """The GDN join of the recovery `seg`'s session is running (a joining chunk, a tracked decode row)."""
     return sessions.cache(seg.session).recovery.join
+
+
+def _joins_of(sessions: StepSessions, seg: Segment) -> list[GDNJoin]:
+    """Every pending GDN join of `seg`'s session, oldest first (a tracked decode row extends them all)."""
+    return [r.join for r in sessions.cache(seg.session).recoveries() if r.join is not None and not r.done]
 
 
 def _in_lead(join: GDNJoin) -> bool:

@@ -13,6 +13,12 @@ slower for every turn in it. With objectives, such a step carries only as many d
 cost model (engine/cost_model.py) predicts the tightest turn's saved slack can pay for, in chunk buckets;
 what does not fit waits for a later step or the gap after the answer. A turn without an objective
 (`tpot_slo=None`) fuses its fixed `chunk_size` and bounds nothing.
+
+A previous turn's rows still pending when a follow-up was admitted past its bounded barrier
+(docs/mechanism.md §10): up to one recovery chunk of them go ahead of the follow-up's input in its first
+step, where the row budget leaves room (`ahead_rows`), and the input sees them; the rest are late rows,
+which ride on the follow-up's decode steps once its input is in (`fused_rows`) and wait while it
+prefills; they are never a post-answer chunk beside their own session's decode row.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ class CacheView(Protocol):
     recovery: Recovery | None
     length: int                 # slots filled
 
-    def claim(self, n: int) -> torch.Tensor: ...
+    def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor: ...
 
-    def readable(self, n: int, *, hide_generated: bool = False) -> torch.Tensor: ...
+    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor: ...
+
+    def recoveries(self) -> list[Recovery]: ...
 
 
 class TurnView(Protocol):
@@ -53,6 +61,7 @@ class TurnView(Protocol):
 
     cache: CacheView
     cursor: int
+    turn: int                 # the session's turn index
     tpot_slo: float | None
 
     @property
@@ -142,10 +151,7 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
-            rec, c = req.cache.recovery, 0
-            if rec is not None and rec.fuses_now(req.answer_fed):
-                limit = min(rec.pending, deferred_budget, budget - 1)
-                c = fit.rows(limit) if rec.cfg.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
+            c = fused_rows(req, fit, min(deferred_budget, budget - 1))
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(decode_segment(req))
@@ -153,9 +159,13 @@ class Scheduler:
             deferred_budget -= c
         for req in running:
             if not req.decoding and budget > 0:
+                ahead = ahead_rows(req, min(self.recovery_chunk, budget - req.input_remaining))
+                if ahead:
+                    plan.segments.append(deferred_segment(req.cache, ahead, Kind.RECOVERY, ahead=True))
+                    budget -= ahead
                 n = min(req.input_remaining, budget)
                 if self.align is not None:
-                    n = _aligned(req.cache.length, n, self.align)
+                    n = _aligned(req.cache.length + ahead, n, self.align)
                 plan.segments.append(prefill_segment(req, n))
                 budget -= n
         for work in scratch:       # like a prefill: rows of nobody's answer, no objective of their own
@@ -169,7 +179,7 @@ class Scheduler:
         for cache in recovering:
             if gap <= 0:
                 break
-            if (only is not None and cache is not only) or cache.recovery.handed_off:
+            if (only is not None and cache is not only) or cache.recovery.handed_off or self.running_turn(cache):
                 continue
             n = min(cache.recovery.pending, self.recovery_chunk, gap)
             if decoding and only is None:
@@ -244,11 +254,39 @@ def _aligned(start: int, n: int, align: tuple[int, int]) -> int:
     return boundary - start if start < boundary else n
 
 
+def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:
+    """Deferred rows of `req`'s session that ride on its decode step (at most `limit`): its own turn's
+    once past the guard (docs/mechanism.md §7), or a previous turn's late rows from its first decode step
+    on (§10), by the decoding turn's objective."""
+    rec = req.cache.recovery
+    if rec is None:
+        return 0
+    if rec.turn == req.turn:
+        if not rec.fuses_now(req.answer_fed):
+            return 0
+    elif rec.done or rec.handed_off:
+        return 0
+    limit = min(rec.pending, limit)
+    return fit.rows(limit) if req.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
+
+
+def ahead_rows(req: TurnView, limit: int) -> int:
+    """Rows of a previous turn's pending recovery that go ahead of `req`'s input in its first step (at
+    most `limit`): the bounded barrier's one chunk, restored before the input as at a barrier, in the same
+    step instead of steps of their own (docs/mechanism.md §10)."""
+    rec = req.cache.recovery
+    if req.cursor or rec is None or rec.turn >= req.turn or rec.done or rec.handed_off:
+        return 0
+    return max(0, min(rec.pending, limit))
+
+
 def prefill_segment(req: TurnView, n: int) -> Segment:
     cache = req.cache
     write = cache.claim(n)
+    rec = cache.recovery     # a previous turn's join still pending: these rows extend its recorded suffix
+    tracked = rec is not None and rec.turn < req.turn and rec.join is not None
     return Segment.prefill(cache.session, req.cursor, n, write, cache.readable(n), cache.gdn_slot,
-                           last=n == req.input_remaining)
+                           last=n == req.input_remaining, tracked=tracked)
 
 
 def scratch_segment(work: ScratchWork, n: int) -> Segment:
@@ -259,21 +297,24 @@ def scratch_segment(work: ScratchWork, n: int) -> Segment:
 
 def decode_segment(req: TurnView) -> Segment:
     cache = req.cache
-    rec = cache.recovery
-    recovering = rec is not None and not rec.done
-    write = cache.claim(1)
+    tracked = any(not r.done and r.join is not None for r in cache.recoveries())
+    write = cache.claim(1, generated=True)
     return Segment.decode(cache.session, req.last_token, cache.next_position, write, cache.readable(1),
-                          cache.gdn_slot, generated=recovering, tracked=recovering and rec.join is not None)
+                          cache.gdn_slot, tracked=tracked)
 
 
-def deferred_segment(cache: CacheView, n: int, kind: Kind) -> Segment:
-    """`n` deferred rows of the cache's recovery from its cursor: they read every non-GEN slot, run on
-    the prefix GDN state, and (GDN models) carry the turn's conv lead for the join."""
+def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) -> Segment:
+    """`n` deferred rows of the cache's recovery from its cursor: they read what their labels allow, run
+    on the prefix GDN state, and (GDN models) carry the turn's conv lead for the join. `ahead`: they go
+    ahead of the session's follow-up input in this step."""
     rec = cache.recovery
-    write = cache.claim(n)
-    read = cache.readable(n, hide_generated=True)
+    write = cache.claim(n, rec.turn)
+    read = cache.readable(n, deferred_of=rec.turn)
     join = rec.join
     prefix, lead, live = (join.prefix, join.lead_rows, join.live) if join is not None else (None, 0, None)
     if kind is Kind.DEFERRED:
         return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, serial=not rec.cfg.fused)
-    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live)
+    # ahead of its session's input in the same step: a GDN join must correct the live state before the
+    # input runs from it, so the chunk takes a pass of its own (attention needs none: K/V go in first)
+    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live,
+                               serial=ahead and join is not None)

@@ -83,7 +83,8 @@ class Session:
 
         `deferral` overrides the session's policy for this turn. If the previous turn's deferred
         input is still being recovered, this waits for it first (the completion barrier; the wait is
-        reported as `barrier_wait_s`)."""
+        reported as `barrier_wait_s`), at most `barrier_timeout_s` when the turn's config sets one: then the
+        rest is restored during and after this turn (docs/mechanism.md §10)."""
         params = sampling or SamplingParams()
         engine = self.engine
         _check_token_ids(params, engine.model_config.vocab_size)
@@ -101,14 +102,16 @@ class Session:
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
             engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens)
-            waited = self._barrier()
+            waited = self._barrier(cfg.barrier_timeout_s, len(parts.keep_rows))
+            late = sum(r.pending for r in cache.recoveries())
             turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
             decode = engine.formatter.decode if engine.formatter is not None else None
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
                                   deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraint)
+                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraint,
+                                  previous_pending=late)
             # every page the turn can need is reserved now (D included), so neither the answer nor the
             # recovery can fail halfway for lack of memory
             engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
@@ -129,14 +132,22 @@ class Session:
         """A turn of this session is running (its answer is still streaming)."""
         return self._current is not None and not self._current.finished
 
-    def _barrier(self) -> float:
-        """Complete the previous turn's recovery; returns the time waited."""
-        if self.cache.recovery is None:
+    def _barrier(self, timeout_s: float | None = None, input_rows: int = 0) -> float:
+        """Complete the previous turn's recovery, or with `timeout_s`, wait at most that long and until a
+        follow-up of `input_rows` input rows may be admitted beside it (`EngineCore.may_go_late`); returns
+        the time waited."""
+        cache = self.cache
+        if cache.recovery is None:
             return 0.0
-        clock = self.engine.core.clock
+        core = self.engine.core
+        clock = core.clock
         t0 = clock()
-        self.engine.stepper.complete_recovery(self.cache)
-        return clock() - t0
+        done = None
+        if timeout_s is not None:
+            def done() -> bool:
+                return clock() - t0 >= timeout_s and core.may_go_late(cache, input_rows)
+        steps = self.engine.stepper.complete_recovery(cache, done)
+        return clock() - t0 if steps else 0.0     # not waiting at all is exactly 0
 
     def complete_recovery(self) -> float:
         """Prefill whatever deferred input is left now (normally done in idle gaps or at the next
@@ -146,9 +157,9 @@ class Session:
 
     @property
     def pending_deferred(self) -> int:
-        """Deferred tokens of the latest turn not yet prefilled."""
-        rec = self.cache.recovery
-        return rec.pending if rec is not None else 0
+        """Deferred tokens not yet prefilled (the latest turn's, and an earlier turn's a bounded barrier
+        left pending)."""
+        return sum(r.pending for r in self.cache.recoveries())
 
     def status(self) -> SessionStatus:
         with self.engine.lock:
@@ -156,7 +167,7 @@ class Session:
             live = rec is not None and not rec.done
             return SessionStatus(
                 turns=self.turns, cached_tokens=self.cached_tokens, busy=self.busy, closed=self.closed,
-                pending_deferred=rec.pending if rec is not None else 0,
+                pending_deferred=sum(r.pending for r in self.cache.recoveries()),
                 recovering=live and rec.answer_done, handed_off=live and rec.handed_off,
                 recovery_ticket=rec.turn if live else None, last_recovery_s=self.cache.last_recovery_s,
             )

@@ -3,7 +3,12 @@
 Slots are claimed when a step is planned (`claim`) and filled when the step's results are applied
 (`fill`, which also records the tokens fed and where positions stand): a step that fails never changed
 the cache. A turn keeps a `Checkpoint` of the cache from its admission, so a turn that fails can be
-undone whole (`restore`). The cache owns its turn's recovery (`recovery`): nothing else holds it.
+undone whole (`restore`). The cache owns its recoveries: `recovery`, the one being restored, and,
+after a follow-up that did not wait for it (a bounded barrier, docs/mechanism.md §10), `queued`, the
+follow-up's own, restored once the first is complete. Nothing else holds them.
+
+Every slot is labelled when claimed with the turn that wrote it and whether it is a generated token:
+what a deferred row may read follows from these labels (deferral/visibility.py).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PageTable
 from ..cache.prefix import Hit, PrefixChain
-from ..deferral.recovery import Recovery
+from ..deferral.recovery import Recovery, RecoverySnapshot
 from ..deferral.visibility import deferred_visible
 
 
@@ -28,6 +33,7 @@ class Checkpoint:
     pending_ids: list[int]
     conv: torch.Tensor | None
     ssm: torch.Tensor | None
+    late: RecoverySnapshot | None = None     # a previous turn's recovery still pending at admission
 
 
 class SessionCache:
@@ -40,9 +46,11 @@ class SessionCache:
         self.next_position = 0            # position id of the next token (text or generated)
         self.pending_ids: list[int] = []  # sampled by the last turn but never fed (its stop token)
         self.tokens: list[int] = []       # every token fed so far, in processing order
-        self.recovery: Recovery | None = None   # the latest turn's deferred input, while any is left
+        self.recovery: Recovery | None = None   # deferred input being restored, while any is left
+        self.queued: Recovery | None = None     # the next turn's, while `recovery` is a previous turn's
         self.last_recovery_s: float | None = None   # post-answer completion time of the last recovery
-        self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: GEN of the recovering turn
+        self._turn_of = torch.zeros(0, dtype=torch.int32)      # per slot: the turn that wrote it
+        self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: a token that turn generated
         self._claimed = 0                 # slots claimed by the step being planned
         self.chain = PrefixChain(kv.page_size)   # what its slots hold, for the prefix cache
         self.published = 0                # full pages of the chain handed to the prefix cache
@@ -52,47 +60,67 @@ class SessionCache:
         """Slots filled (what the cache holds)."""
         return self.table.length
 
+    @property
+    def latest_turn(self) -> int:
+        """The index of the latest admitted turn (the one whose rows a running turn writes)."""
+        return self.turns - 1
+
+    @property
+    def metadata_nbytes(self) -> int:
+        """Bytes of scheduling metadata: the slot labels and the pending recoveries' lists of written slots."""
+        return self._turn_of.nbytes + self._generated.nbytes + sum(t.nbytes for r in self.recoveries() for t in r.slots)
+
+    def recoveries(self) -> list[Recovery]:
+        """The pending recoveries, oldest first."""
+        return [r for r in (self.recovery, self.queued) if r is not None]
+
+    def own_recovery(self, turn: int) -> Recovery | None:
+        """Turn `turn`'s own recovery, if it is pending."""
+        return next((r for r in self.recoveries() if r.turn == turn), None)
+
     # ---------------------------------------------------------------- planning a step
-    def claim(self, n: int) -> torch.Tensor:
-        """The next `n` slots after those already claimed for this step."""
+    def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor:
+        """The next `n` slots after those already claimed for this step, labelled as written by `turn`
+        (default: the latest turn) and, with `generated`, as its generated tokens."""
+        start = self.table.length + self._claimed
         slots = self.table.ahead(self._claimed, n)
         self._claimed += n
+        if self._turn_of.shape[0] < start + n:
+            size = max(2 * self._turn_of.shape[0], start + n, 64)
+            self._turn_of = _grown(self._turn_of, size)
+            self._generated = _grown(self._generated, size)
+        self._turn_of[start:start + n] = self.latest_turn if turn is None else turn
+        self._generated[start:start + n] = generated
         return slots
 
-    def readable(self, n: int, *, hide_generated: bool = False) -> torch.Tensor:
+    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor:
         """Slots the `n` rows claimed last may read, their own last: every slot before them (filled, or
-        claimed earlier in this step), or only the non-GEN ones (deferred rows)."""
-        filled = self.table.length
-        ids = self.table.reserved_slots(0, filled + self._claimed)
-        if not hide_generated or not filled:
+        claimed earlier in this step), or, for deferred rows of turn `deferred_of`, those its labels let
+        them read (deferral/visibility.py)."""
+        end = self.table.length + self._claimed
+        ids = self.table.reserved_slots(0, end)
+        if deferred_of is None:
             return ids
-        # slots claimed earlier in this step before these rows are earlier chunks: visible
-        return torch.cat([ids[deferred_visible(self._generated[:filled])], ids[filled:]])
+        return ids[deferred_visible(self._turn_of[:end], self._generated[:end], deferred_of)]
 
     def cancel_claims(self) -> None:
         self._claimed = 0
 
     # ---------------------------------------------------------------- applying a step
-    def fill(self, n: int, *, generated: bool = False, tokens: list[int] | None = None,
-             next_position: int | None = None, keys: torch.Tensor | None = None) -> int:
-        """The first `n` claimed slots now hold K/V; `generated` labels them GEN (invisible to this
-        turn's deferred rows). `tokens`: the ids fed in them (a turn's input or answer rows; deferred rows
-        are not part of the token stream), `next_position`: the position id of the next token after them,
-        `keys`: what the rows are, when each saw every slot before it (cache/prefix.py). Returns how many
-        pages of the prefix chain this completed."""
-        pages = self.chain.extend(self.table.length, keys if not generated else None)
+    def fill(self, n: int, *, tokens: list[int] | None = None, next_position: int | None = None,
+             keys: torch.Tensor | None = None) -> int:
+        """The first `n` claimed slots now hold K/V. `tokens`: the ids fed in them (a turn's input or
+        answer rows; deferred rows are not part of the token stream), `next_position`: the position id of
+        the next token after them, `keys`: what the rows are, when each saw every slot before it and every
+        later row will see them (cache/prefix.py; None ends the prefix chain). Returns how many pages of
+        the prefix chain this completed."""
+        pages = self.chain.extend(self.table.length, keys)
         if tokens:
             self.tokens.extend(tokens)
         if next_position is not None:
             self.next_position = next_position
-        start = self.table.length
         self.table.advance(n)
         self._claimed = max(0, self._claimed - n)
-        if self._generated.shape[0] < start + n:
-            grown = torch.zeros(max(2 * self._generated.shape[0], start + n, 64), dtype=torch.bool)
-            grown[: self._generated.shape[0]] = self._generated
-            self._generated = grown
-        self._generated[start:start + n] = generated
         return pages
 
     def adopt(self, hit: Hit, keys: torch.Tensor, tokens: list[int]) -> None:
@@ -108,38 +136,50 @@ class SessionCache:
             self.gdn.ssm[self.gdn_slot].copy_(ssm)
 
     def generated_slots(self) -> torch.Tensor:
-        """Slot ids of the GEN slots (the recovering turn's fed answer tokens)."""
-        pos = self._generated[: self.length].nonzero().flatten()
-        return self.table.slots(0, self.length)[pos] if len(pos) else torch.empty(0, dtype=torch.long)
+        """Slot ids of the filled slots the pending recovery's rows may not read (none without one)."""
+        if self.recovery is None:
+            return torch.empty(0, dtype=torch.long)
+        n = self.length
+        hidden = ~torch.isin(torch.arange(n), deferred_visible(self._turn_of[:n], self._generated[:n],
+                                                                self.recovery.turn))
+        return self.table.slots(0, n)[hidden]
 
     def visible_slots(self) -> torch.Tensor:
-        """Slot ids of every non-GEN slot, in order: what deferred rows may read."""
-        return self.table.slots(0, self.length)[deferred_visible(self._generated[: self.length])]
+        """Slot ids of the filled slots the pending recovery's rows may read, in order."""
+        n = self.length
+        return self.table.slots(0, n)[deferred_visible(self._turn_of[:n], self._generated[:n], self.recovery.turn)]
 
     def end_recovery(self) -> None:
-        """The recovery is complete (or given up): its prefix state is released and, from now on, every
-        slot is plain context."""
+        """The recovery is complete (or given up): its prefix state is released; the queued recovery of
+        a later turn, if any, is restored next."""
         rec = self.recovery
         rec.release()
-        self._generated.zero_()
         self.last_recovery_s = rec.completion_s
-        self.recovery = None
+        self.recovery, self.queued = self.queued, None
+        if self.recovery is not None and self.recovery.join is not None:
+            self.recovery.join.behind = None      # nothing ahead of it any more to rebase it
 
     # ---------------------------------------------------------------- undoing a turn
     def checkpoint(self) -> Checkpoint:
         conv = ssm = None
         if self.gdn is not None:
             conv, ssm = self.gdn.conv[self.gdn_slot].clone(), self.gdn.ssm[self.gdn_slot].clone()
+        late = self.recovery.snapshot() if self.recovery is not None else None
         return Checkpoint(self.turns, self.length, self.next_position, len(self.tokens), list(self.pending_ids),
-                          conv, ssm)
+                          conv, ssm, late)
 
     def restore(self, cp: Checkpoint) -> None:
-        """Back to `cp`: later slots and pages released, the recurrent state as it was, no recovery."""
+        """Back to `cp`: later slots and pages released, the recurrent state as it was; a previous turn's
+        recovery pending at `cp` is pending again as it was then (rows it restored since are undone), any
+        other is dropped."""
         self._claimed = 0
-        if self.recovery is not None:
-            self.recovery.release()
-            self.recovery = None
-        self._generated[cp.length:] = False
+        kept = cp.late.recovery if cp.late is not None else None
+        for rec in self.recoveries():
+            if rec is not kept:
+                rec.release()
+        self.recovery, self.queued = kept, None
+        if cp.late is not None:
+            kept.restore(cp.late)
         self.table.truncate(cp.length)
         self.chain.truncate(cp.length)
         self.published = min(self.published, len(self.chain.hashes))
@@ -152,12 +192,18 @@ class SessionCache:
             self.gdn.ssm[self.gdn_slot].copy_(cp.ssm)
 
     def release(self) -> None:
-        if self.recovery is not None:
-            self.recovery.release()
-            self.recovery = None
+        for rec in self.recoveries():
+            rec.release()
+        self.recovery = self.queued = None
         self.table.release()
         self.chain = PrefixChain(self.table.pool.page_size)
         self.published = 0
         if self.gdn is not None and self.gdn_slot is not None:
             self.gdn.release(self.gdn_slot)
             self.gdn_slot = None
+
+
+def _grown(labels: torch.Tensor, size: int) -> torch.Tensor:
+    out = torch.zeros(size, dtype=labels.dtype)
+    out[: labels.shape[0]] = labels
+    return out

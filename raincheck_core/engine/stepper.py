@@ -49,14 +49,18 @@ class Stepper:
             with self._drivers_lock:
                 self._drivers -= 1
 
-    def complete_recovery(self, cache: SessionCache) -> None:
-        """Run `cache`'s deferred rows to the end (the completion barrier)."""
+    def complete_recovery(self, cache: SessionCache, enough: Callable[[], bool] | None = None) -> int:
+        """Run `cache`'s deferred rows to the end (the completion barrier), or until `enough()` holds
+        (a bounded barrier; checked before each step). Returns the steps it ran."""
+        steps = 0
         while cache.recovery is not None:
             with self.lock:
-                if cache.recovery is None:
+                if cache.recovery is None or (enough is not None and enough()):
                     break
                 with self.lock.for_step():
                     self.core.barrier_step(cache)
+                steps += 1
+        return steps
 
     def start_background(self, after_step: Callable[[], None] | None = None, idle_wait_s: float = 0.02) -> None:
         """Step in a daemon thread whenever there is work nobody is waiting for; `after_step` runs after

@@ -52,7 +52,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     whose deferred rows the whole step carried (default: those in this pass; a serial step runs its
     chunks in a pass of their own), whose next token's gap counts as a restoring one."""
     result = StepResult()
-    # 1. the claimed slots now hold K/V; a recovering turn's generated tokens are GEN
+    # 1. the claimed slots now hold K/V (labelled when claimed)
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
         if seg.kind is Kind.PREFILL:
@@ -62,8 +62,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             grown = cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end], keys=keys,
                                next_position=rows.next_position if end == len(rows) else None)
         elif seg.kind is Kind.DECODE:
-            grown = cache.fill(1, generated=seg.generated, tokens=[seg.token], next_position=seg.position + 1,
-                               keys=text_row_key(seg.token, seg.position))
+            # a token generated while deferred rows are pending ends the prefix chain: the rows restored
+            # after it do not see it, so no request processes these slots in this order
+            key = text_row_key(seg.token, seg.position) if cache.recovery is None else None
+            grown = cache.fill(1, tokens=[seg.token], next_position=seg.position + 1, keys=key)
         else:
             grown = cache.fill(seg.rows)
         if grown:
@@ -93,9 +95,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         req = sessions.turn(seg.session)
         was_prefilling = not req.decoding
         req.fed(seg.rows, now)
-        rec = cache.recovery
-        if was_prefilling and req.decoding and rec is not None and rec.join is not None:
-            rec.join.begin()      # I0 is in: the live state is the insertion boundary
+        own = cache.own_recovery(req.turn)
+        if was_prefilling and req.decoding and own is not None and own.join is not None:
+            # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
+            own.join.begin(cache.recovery.join if cache.recovery is not own else None)
     # 4. sample
     for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
         req = sessions.turn(seg.session)
@@ -132,10 +135,21 @@ def chunk_carriers(plan: StepPlan) -> set[str]:
 
 def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
     for seg, s_lead in out.joined:
-        sessions.cache(seg.session).recovery.join.set_joined(s_lead)
+        cache = sessions.cache(seg.session)
+        head = cache.recovery.join
+        later = cache.queued.join if cache.queued is not None else None
+        if later is not None and later.behind is not None:     # a later turn's join began behind this one
+            later.rebase(head, s_lead - head.s_lead)
+        head.set_joined(s_lead)
     for t in out.tracked:
-        join = sessions.cache(t.segment.session).recovery.join
-        if t.state is not None:     # a lead token (the runner kept the state after it)
-            join.record_lead(t.u, t.g, t.beta, t.state)
-        else:
-            join.fold(t.k, t.v, t.g, t.beta)
+        cache = sessions.cache(t.segment.session)
+        # a follow-up's input extends only earlier turns' joins (its own begins after it)
+        joins = [r.join for r in cache.recoveries() if r.join is not None and not r.done
+                 and (t.segment.kind is not Kind.PREFILL or r.turn < cache.latest_turn)]
+        for i, join in enumerate(joins):
+            if join.fed < join.lead:    # a lead token (the runner kept the state after it)
+                join.record_lead(t.u, t.g, t.beta, t.state)
+                if i and join.fed == join.lead:
+                    join.lead_done(joins[0])
+            else:
+                join.fold(t.k, t.v, t.g, t.beta)

@@ -72,6 +72,8 @@ class GDNOutputs:
     x: torch.Tensor | None = None           # [layers, R, C] step rows' [q | k | v] (native, tracked rows)
     # per layer: u, k, v, g, beta of the one-row sequences
     factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    # per layer: u, g, beta of the step rows in `GDNStep.input_rows` (input rows extending a join's map)
+    input_factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
 
 
 class GDNLayerOp(Protocol):
@@ -88,6 +90,13 @@ class GDNStep:
     single: GDNSingle | None = None
     out: GDNOutputs = field(default_factory=GDNOutputs)
     op: GDNLayerOp | None = None    # prepared by the step's op set (ops/backend.py `GDNOps.prepare`)
+    input_rows: Tensor | None = None    # step rows of multi-row input whose factors a pending join needs
+
+    def after_layer(self, u: Tensor, g: Tensor, beta: Tensor) -> None:
+        """Keep what the runner reads of a layer besides the states: the tracked input rows' u, g, beta."""
+        if self.input_rows is not None:
+            rows = self.input_rows
+            self.out.input_factors.append((u[rows], g[rows], beta[rows]))
 
     def keep_factors(self, u: Tensor, g: Tensor, beta: Tensor, k: Tensor | None, v: Tensor | None) -> None:
         """A layer's u, g, beta of every one-row sequence, with k and v where the op does not leave them in
@@ -130,6 +139,7 @@ class FusedGDN:
         self.kernel(layer, u, g, beta, conv_weight, out, step.out.x[layer] if self.factors else None)
         if self.factors:            # k and v of the tracked rows stay in `step.out.x` for the runner
             step.keep_factors(u, g, beta, None, None)
+        step.after_layer(u, g, beta)
 
 
 class GroupedGDN:
@@ -159,3 +169,4 @@ class GroupedGDN:
             step.out.single.store(i, state, None, new_hist, None, None)
             if kv is not None:
                 step.keep_factors(u, g, beta, *kv)
+        step.after_layer(u, g, beta)

@@ -87,6 +87,7 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 OptionalPort = Annotated[Port | None, BeforeValidator(_off)]
 Checkpoint = Annotated[str | None, AfterValidator(_checkpoint)]
 TpotSlo = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_tpot_slo)]
+BarrierTimeout = Annotated[Annotated[float, Field(ge=0, allow_inf_nan=False)] | None, BeforeValidator(_off)]
 RecoveryModes = Annotated[tuple[RecoveryMode, ...], Field(min_length=1),
                           AfterValidator(lambda modes: tuple(dict.fromkeys(modes)))]
 
@@ -276,6 +277,10 @@ class WorkerSettings(ModelSpec):
                                      "ask for one", flag="--policy")
     tpot_slo: TpotSlo = setting(1.10, "RAINCHECK_TPOT_SLO", "allowed mean TPOT of answers, as a ratio of a plain "
                                 "decode step, for sessions that do not ask (0: none, fixed deferred chunks)")
+    barrier_timeout_s: BarrierTimeout = setting(None, "RAINCHECK_BARRIER_TIMEOUT_S", "seconds a turn waits for "
+                                                "the previous turn's deferred rows before it runs beside them, for "
+                                                "sessions that do not ask (0: never wait; off: wait for all)",
+                                                shown="off")
     max_new_tokens: int = setting(256, "RAINCHECK_MAX_NEW_TOKENS", "answer length limit of requests that do not "
                                   "say", gt=0)
     heartbeat_s: float = Field(2.0, gt=0)

@@ -76,12 +76,15 @@ def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralC
     kw |= {name: getattr(s, name) for name in ("retention", "chunk_size", "guard") if s.HasField(name)}
     if s.HasField("tpot_slo"):
         kw["tpot_slo"] = s.tpot_slo or None   # 0: no objective
+    if s.HasField("barrier_timeout_s"):     # < 0: no bound (wait for the previous turn's rows)
+        kw["barrier_timeout_s"] = s.barrier_timeout_s if s.barrier_timeout_s >= 0 else None
     return dataclasses.replace(base, **kw) if kw else base
 
 
 def from_deferral(cfg: DeferralConfig) -> chat_pb2.DeferralSettings:
     return chat_pb2.DeferralSettings(policy=cfg.policy, selector=cfg.selector, retention=cfg.retention,
-                                     chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0)
+                                     chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0,
+                                     barrier_timeout_s=-1.0 if cfg.barrier_timeout_s is None else cfg.barrier_timeout_s)
 
 
 def to_mode(mode: int) -> str:
@@ -99,6 +102,7 @@ def metrics_event(turn_id: str, m: TurnMetrics) -> chat_pb2.ChatEvent:
         e2e_s=m.e2e_s, queue_s=m.queue_s, deferred_tokens=m.deferred_tokens, deferred_pending=m.deferred_pending,
         tpot_restoring_s=m.tpot_restoring_s, barrier_wait_s=m.barrier_wait_s,
         previous_recovery_s=m.previous_recovery_s, cached_prompt_tokens=m.cached_prompt_tokens,
+        previous_pending=m.previous_pending,
     ))
 
 

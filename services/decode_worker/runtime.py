@@ -46,7 +46,8 @@ class WorkerRuntime:
         self.engine = engine
         self.settings = settings
         self.worker_id = worker_id
-        self.default_deferral = DeferralConfig(policy=settings.default_policy, tpot_slo=settings.tpot_slo or None)
+        self.default_deferral = DeferralConfig(policy=settings.default_policy, tpot_slo=settings.tpot_slo or None,
+                                               barrier_timeout_s=settings.barrier_timeout_s)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
         self.colocated = ColocatedRecovery(engine.wake)

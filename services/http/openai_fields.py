@@ -98,12 +98,14 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "chunk_size": (int | None, None, "deferral: deferred rows fused per decode step"),
     "guard": (int | None, None, "deferral: decode tokens before the first deferred chunk"),
     "tpot_slo": (float | None, None, "deferral: allowed mean TPOT as a ratio of a plain step"),
+    "barrier_timeout_s": (float | None, None, "deferral: longest wait for the previous turn's deferred rows "
+                          "(0: never; negative: all)"),
     "recovery_mode": (str | None, None, "a new session's recovery mode"),
     "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
 }
 
 # extras that only a chat with images or a session can use: a completion (text, no session) refuses them
-CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "recovery_mode",
+CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s", "recovery_mode",
              "continue_final_message")
 
 RaincheckExtras: type[BaseModel] = create_model(

@@ -64,6 +64,7 @@ class GenerateRequest(BaseModel):
     chunk_size: int | None = None
     guard: int | None = None
     tpot_slo: float | None = None
+    barrier_timeout_s: float | None = None
     recovery_mode: str | None = None
 
 

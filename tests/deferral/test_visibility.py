@@ -1,4 +1,5 @@
-"""Deferred rows never attend to the current turn's generated tokens (docs/mechanism.md §4)."""
+"""Deferred rows never attend to their turn's generated tokens, nor to a later turn's rows
+(docs/mechanism.md §4, §10)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,24 @@ from tests.deferral.helpers import image_prompt
 
 
 def test_mask_hides_gen_and_is_causal_inside_the_chunk():
+    turns = torch.tensor([0, 1, 1, 1, 1], dtype=torch.int32)
     generated = torch.tensor([False, False, True, False, True])
-    mask = deferred_mask(generated, 3)
+    mask = deferred_mask(turns, generated, 1, 3)
     assert mask.shape == (3, 8)
     assert not mask[:, 2].any() and not mask[:, 4].any()        # GEN slots: never
     assert mask[:, [0, 1, 3]].all()                             # context and earlier chunks: always
     assert torch.equal(mask[:, 5:], torch.ones(3, 3, dtype=torch.bool).tril())
+
+
+def test_late_rows_see_their_turn_and_earlier_never_a_later_turn():
+    # turn 0 (I0, GEN), turn 1's input (the previous answer's tail and the follow-up), its GEN
+    turns = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.int32)
+    generated = torch.tensor([False, False, True, False, False, True])
+    late = deferred_mask(turns, generated, 0, 1)[0, :6]
+    assert late.tolist() == [True, True, False, False, False, False]
+    # the follow-up's own deferred rows see all of turn 0, answer included, and its own input
+    own = deferred_mask(turns, generated, 1, 1)[0, :6]
+    assert own.tolist() == [True, True, True, True, True, False]
 
 
 def _deferred_kv_with_gen_corrupted(folder, corrupt: bool):

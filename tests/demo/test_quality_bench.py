@@ -38,6 +38,7 @@ def test_quick_report_has_the_documented_keys(tmp_path):
                                        for b in quality.PAPER_SELECTORS[i + 1:]}
         assert all(0.0 <= v["mean"] <= v["max"] <= 1.0 for v in rep["overlap"].values())
         assert rep["arms"]["full"]["later"] == 1.0          # v2 answers these dialogues
+        assert rep["bounded"]["barrier_wait_s_max"] == 0.0      # the bounded arm's follow-ups never waited
     assert {p.name for p in tmp_path.glob("*.png")} == {"quality_per_turn.png", "quality_recovered.png"}
 
 
@@ -59,7 +60,8 @@ def test_a_subset_of_the_paper_selectors(tmp_path):
     out = quality.run(args)
     rep = out["families"]["single"]
     assert set(rep["per_selector"]) == {"hiprune"} and rep["selector"] == "hiprune"
-    assert set(rep["arms"]) == {"full", "hard/hiprune", "raincheck/hiprune", "control/fresh", "control/kept"}
+    assert set(rep["arms"]) == {"full", "hard/hiprune", "raincheck/hiprune", "bounded/hiprune", "control/fresh",
+                                "control/kept"}
     assert out["selector_options"]["hiprune"]["object_layer"] == "last"
     assert rep["paper_selectors_recovered_fraction"] == rep["per_selector"]["hiprune"]["recovered_fraction"]
 

@@ -47,19 +47,24 @@ class Cache:
     recovery: Recovery | None = None
     claimed: int = 0
     reads: list[tuple[int, bool]] = field(default_factory=list)
+    labels: list[tuple[int, int | None, bool]] = field(default_factory=list)    # per claim: n, turn, GEN
 
     @property
     def next_position(self) -> int:
         return self.length
 
-    def claim(self, n: int) -> torch.Tensor:
+    def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor:
         start = self.length + self.claimed
         self.claimed += n
+        self.labels.append((n, turn, generated))
         return torch.arange(start, start + n)
 
-    def readable(self, n: int, *, hide_generated: bool = False) -> torch.Tensor:
-        self.reads.append((n, hide_generated))
+    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor:
+        self.reads.append((n, deferred_of is not None))
         return torch.arange(self.length + self.claimed)
+
+    def recoveries(self) -> list[Recovery]:
+        return [self.recovery] if self.recovery is not None else []
 
 
 @dataclass(eq=False)
@@ -68,6 +73,7 @@ class Turn:
     input_rows: int = 10
     cursor: int = 0
     generated: int = 0                   # tokens sampled so far
+    turn: int = 0
     tpot_slo: float | None = None
     decode_s: float = 0.0
     plain_s: float = 0.0
@@ -121,7 +127,8 @@ def test_decode_rows_first_then_prefill_oldest_first_within_the_row_budget():
     assert first.sample and not rest.sample          # only the chunk that ends a turn's input samples
     assert torch.equal(rest.write_slots, torch.arange(0, 3)) and rest.first == 0
     decode = plan.segments[0]
-    assert decode.token == 110 and decode.position == 20 and not decode.generated and not decode.tracked
+    assert decode.token == 110 and decode.position == 20 and not decode.tracked
+    assert dec.cache.labels == [(1, None, True)]            # the decode row's slot is labelled GEN
 
 
 def test_the_guard_holds_fused_chunks_back_and_a_fixed_chunk_follows_it():
@@ -135,8 +142,9 @@ def test_the_guard_holds_fused_chunks_back_and_a_fixed_chunk_follows_it():
     chunk = plan.segments[1]
     assert chunk.gdn_slot == 7 and chunk.live_slot == 3 and chunk.lead == 2 and chunk.joins
     assert late.cache.reads == [(7, True), (1, False)]      # the chunk reads without GEN slots, its row with
-    assert plan.segments[2].generated and plan.segments[2].tracked
-    assert plan.segments[0].generated and not plan.segments[0].tracked    # no GDN join: GEN, nothing to track
+    assert late.cache.labels == [(7, 0, False), (1, None, True)]   # chunk rows of turn 0, then a GEN row
+    assert plan.segments[2].tracked
+    assert not plan.segments[0].tracked    # no GDN join: nothing to track
 
 
 def test_the_deferred_budget_is_shared_in_order_and_the_last_chunk_is_short():

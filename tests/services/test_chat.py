@@ -34,6 +34,7 @@ def test_two_turn_image_chat(embedded, checkpoint):
     session = client.create_session(**POLICY, tpot_slo=0)    # 0: fixed chunks, as in the reference
     assert (session.info.policy, session.info.chunk_size, session.info.tpot_slo, session.info.recovery_mode) == \
         ("raincheck", 7, None, "colocated")
+    assert session.info.barrier_timeout_s is None          # the server's default: wait at the barrier
 
     text, images = TURNS[0]
     turn = session.send(text, images=images, max_new_tokens=12, ignore_eos=True, follow_recovery=True)
@@ -53,9 +54,11 @@ def test_two_turn_image_chat(embedded, checkpoint):
     assert status.worker_id == worker.worker_id and status.cached_tokens > 0
 
     text, images = TURNS[1]
-    second = session.send(text, max_new_tokens=12, ignore_eos=True)
+    # a bounded barrier for this turn only (nothing is pending after follow_recovery: the same answer)
+    second = session.send(text, max_new_tokens=12, ignore_eos=True, policy={"barrier_timeout_s": 0.0})
     answer = second.text()
     assert second.metrics.previous_recovery_s is not None and second.metrics.deferred_tokens == 0
+    assert second.metrics.barrier_wait_s == 0 and second.metrics.previous_pending == 0
     assert answer == second.final.text
     assert [turn.final.token_ids, second.final.token_ids] == _reference(checkpoint)
     assert session.status().turns == 2
