@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +163,14 @@ def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the op backends a step may run (ops/backend.py `select`): auto (CUDA: FlexAttention with fla's GDN kernels
+# where triton imports, and decode steps graph-captured; elsewhere native), or one set by name
+BACKENDS = ("auto", "native", "torch", "flex", "fla")
+
+
+def default_backend() -> str:
+    """`EngineConfig.backend` when none is given: the RAINCHECK_BACKEND environment variable, else auto."""
+    return os.environ.get("RAINCHECK_BACKEND") or "auto"
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,7 @@ class EngineConfig:
     recovery_chunk: int = 256        # rows per prefill-only recovery chunk after an answer
     num_threads: int | None = None   # torch intra-op threads; None leaves torch's default
     max_model_len: int | None = None  # tokens a session may hold; None: the model's max_position_embeddings
+    backend: str = field(default_factory=default_backend)   # one of BACKENDS
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -187,6 +197,8 @@ class EngineConfig:
                      "deferred_budget", "recovery_chunk"):
             if getattr(self, name) <= 0:
                 raise InvalidInputError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise InvalidInputError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidInputError(f"max_model_len must be positive, got {self.max_model_len}")
 

@@ -71,13 +71,15 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int):
+    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int, backend: str = "native"):
         self.model = model
+        self.backend = backend      # EngineConfig.backend: which op set `select` returns
         self.kv = kv
         self.gdn = gdn
         self.kernel = kernel
         self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
+        self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
 
     def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs:
         return self.forward(self.prepare(plan, sessions))
@@ -193,7 +195,7 @@ class ModelRunner:
         """The step's op set, chosen once per step for the model's device and dtypes."""
         gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
         kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
-        return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn)
+        return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn, self.backend)
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:

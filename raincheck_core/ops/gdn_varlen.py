@@ -21,6 +21,7 @@ State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -210,6 +211,7 @@ def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int,
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
                           conv_weight: Tensor, conv_pool: Tensor, ssm_pool: Tensor, layout: VarlenLayout,
                           key_heads: int, key_dim: int, out: Tensor, maps: tuple[Tensor, Tensor] | None = None,
+                          rule: Callable[..., tuple[Tensor, Tensor, Tensor | None]] = chunk_gated_delta_rule_varlen,
                           ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]:
     """A Gated DeltaNet layer's token mixing of packed sequences: the short convolution, `split_qkv` and
     the delta rule, then the deferred joins. Packed row r is row `layout.seqs.source[r]` of the step's
@@ -222,7 +224,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     `join_seq[j]` (its chunk run from the prefix state with the lead appended: S_lead'): `live + P_j
     (S_lead' − S_lead_j)`, with `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`). Returns (final
     states, states at the splits or None, histories after each sequence, histories at the splits or
-    None, corrected live states or None); inputs are not modified.
+    None, corrected live states or None); inputs are not modified. `rule`: the delta rule over the packed
+    rows (another backend's, ops/fla_adapter.py, takes the same arguments).
 
     The torch ops with the chunked rule. The native kernel's version (ops/gdn_kernel.py, token by token,
     reading the rows and the pools' states where they lie) is 5-8x faster at 10-1,000 rows on one thread,
@@ -240,7 +243,7 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
         gm[appended], bm[appended] = extra[1][e].to(g.dtype), extra[2][e].to(beta.dtype)
     conv, tails, split_tails = causal_conv1d_varlen(um, conv_weight, history, layout)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm, state, layout)
+    o, finals, split_states = rule(q, k, v, gm, bm, state, layout)
     out[step_rows] = o[at].to(out.dtype)
     corrected = None
     if seqs.joins:
@@ -252,7 +255,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
 
 def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, conv_pool: Tensor,
                         ssm_pool: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor,
-                        seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False
+                        seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False,
+                        step: Callable[..., Tensor] = gated_delta_step,
                         ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """`gated_deltanet_varlen` for one-row sequences (decode rows): sequence s is step row
     `layout.seqs.source[s]` and starts from pool slot `layout.seqs.slot[s]`, or from row
@@ -260,7 +264,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     Dv]`) where the layout names one (a live state a join corrected in this step). Writes the rows'
     outputs to `out`; returns (the histories and states after each row, and with `factors` the rows' k
     per key head `[N, key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is
-    modified.
+    modified. `step`: the one-token delta rule (another backend's takes the same arguments).
 
     One batched recurrent step."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
@@ -272,7 +276,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
     conv, new_hist = conv_step(us, conv_weight, hist)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o = gated_delta_step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
+    o = step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
     if rows is None:
         out.copy_(o)
     else:
