@@ -189,6 +189,7 @@ class EngineConfig:
     num_threads: int | None = None   # torch intra-op threads; None leaves torch's default
     max_model_len: int | None = None  # tokens a session may hold; None: the model's max_position_embeddings
     backend: str = field(default_factory=default_backend)   # one of BACKENDS
+    cuda_graphs: bool = True         # on CUDA with a non-native backend: decode steps bucketed and graph-captured
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -41,6 +41,7 @@ class FlexLayout:
     keys: Tensor             # [Kp] the step's readable slot ids, padded with slot 0 (masked out)
     rows: int                # R, before padding
     padded_rows: int         # the row bucket
+    visible: Tensor          # [rows bucket, keys bucket] True: the row sees the key (what the mask reads)
     block_mask: BlockMask
 
 
@@ -70,7 +71,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     block_mask = create_block_mask(mask_mod, None, None, rp, kp, device=str(device))
     padded_keys = torch.zeros(kp, dtype=torch.long)
     padded_keys[:len(keys)] = keys
-    return FlexLayout(write_slots.to(device), padded_keys.to(device), rows, rp, block_mask)
+    return FlexLayout(write_slots.to(device), padded_keys.to(device), rows, rp, visible, block_mask)
 
 
 def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
