@@ -1,0 +1,71 @@
+"""The fla adapter (ops/fla_adapter.py) against fla-core's naive torch references (no Triton needed) and
+against this project's own ops on the same inputs: packed rows to fla's varlen layout, states `[N, H, K,
+V]`, log-space gates, q pre-scaled (fla's `scale` = 1), splits run as two passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core.errors import InvalidInputError
+from raincheck_core.ops import backend, fla_adapter
+from raincheck_core.ops.gdn_varlen import varlen_layout
+from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
+from tests.ops.fla_naive import naive_kernels
+
+H, DK, DV = 2, 8, 4
+
+
+def _inputs(rows: int, n: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(rows, H, DK, generator=gen), dim=-1) * DK**-0.5
+    k = torch.nn.functional.normalize(torch.randn(rows, H, DK, generator=gen), dim=-1)
+    v = torch.randn(rows, H, DV, generator=gen)
+    g, beta = -torch.rand(rows, H, generator=gen), torch.rand(rows, H, generator=gen)
+    return q, k, v, g, beta, torch.randn(n, H, DK, DV, generator=gen) / 4
+
+
+@pytest.fixture(scope="module")
+def kernels() -> fla_adapter.FlaKernels:
+    return naive_kernels()
+
+
+def test_chunk_rule_matches_the_torch_rule_with_splits(kernels):
+    lengths, splits = [20, 5, 37, 9], [None, 3, 30, None]       # splits: a chunk and its appended lead
+    layout = varlen_layout(lengths, 4, splits)
+    q, k, v, g, beta, state = _inputs(sum(lengths), len(lengths), 0)
+    want = chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
+    before = state.clone()
+    got = fla_adapter.chunk_rule(kernels)(q, k, v, g, beta, state, layout)
+    assert torch.equal(state, before)                           # inputs are not modified
+    for w, x in zip(want, got, strict=True):
+        assert x.shape == w.shape and float((x - w).abs().max()) <= 1e-5
+
+
+def test_step_rule_matches_the_torch_step(kernels):
+    q, k, v, g, beta, state = _inputs(5, 5, 1)
+    want_state, got_state = state.clone(), state.clone()
+    want = gated_delta_step(q, k, v, g, beta, want_state)
+    got = fla_adapter.step_rule(kernels)(q, k, v, g, beta, got_state)
+    assert float((got - want).abs().max()) <= 1e-5
+    assert float((got_state - want_state).abs().max()) <= 1e-5
+
+
+def test_signs_spaces_and_layouts():
+    """g is log space in both (a step with beta = 0 only decays: by e^g, FlashInfer's linear decay); the
+    v-first layout SGLang and vLLM keep is the transpose, its own inverse; varlen is batch 1."""
+    q, k, v, g, beta, state = _inputs(3, 3, 2)
+    decayed = state.clone()
+    gated_delta_step(q, k, v, g, torch.zeros_like(beta), decayed)
+    assert torch.allclose(decayed, fla_adapter.linear_decay(g)[..., None, None] * state)
+    vf = fla_adapter.state_v_first(state)
+    assert vf.shape == (3, H, DV, DK) and torch.equal(fla_adapter.state_v_first(vf), state)
+    assert fla_adapter.to_fla(q).shape == (1, 3, H, DK) and torch.equal(fla_adapter.from_fla(fla_adapter.to_fla(q)), q)
+    assert fla_adapter.cu_seqlens(torch.tensor([2, 5, 1]), "cpu").tolist() == [0, 2, 7, 8]
+
+
+def test_fla_backend_without_triton_names_the_extra(monkeypatch):
+    monkeypatch.setattr(fla_adapter, "available", lambda: False)
+    with pytest.raises(InvalidInputError, match=r"requirements/accel\.txt"):
+        backend.select("cpu", torch.float32, torch.float32, (torch.float32, torch.float32), "fla")
+    assert backend.accelerated_backend() == "flex"
