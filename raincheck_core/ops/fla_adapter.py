@@ -10,7 +10,8 @@ and `initial_state` in sequence order, `g` in log space too (FlashInfer's GDN ke
 
 fla's kernels return final states only. A sequence with a split (a deferred chunk and its appended conv
 lead, ops/gdn_varlen.py) runs as two: its first `split` rows with every other sequence, then the rest
-from the state after the split, so the join reads both states exactly as from the torch path.
+from the state after the split, so the join reads both states exactly as from the torch path
+(`VarlenLayout.runs`).
 
 `FlaKernels` is the pair of fla functions the rules call: the Triton kernels on a GPU (`triton_kernels`),
 or any functions of the same signatures (the tests pass fla's naive torch references, which need no
@@ -30,6 +31,7 @@ from ..errors import InvalidInputError
 from .gdn_varlen import VarlenLayout
 
 Kernel = Callable[..., tuple[Tensor, Tensor]]
+RECURRENT_MAX_ROWS = 64      # sequences up to this long (decode rows, fused chunks) take the recurrent kernel
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,6 @@ def from_fla(x: Tensor) -> Tensor:
     return x[0]
 
 
-def cu_seqlens(lengths: Tensor, device: torch.device | str) -> Tensor:
-    """Sequence lengths `[N]` -> fla's `cu_seqlens` `[N + 1]` (int64: 0, ends...)."""
-    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(device=device, dtype=torch.long)
-
-
 def state_v_first(state: Tensor) -> Tensor:
     """This project's (and fla's default) `[N, H, Dk, Dv]` <-> SGLang/vLLM's `[N, H, Dv, Dk]`: its own inverse."""
     return state.transpose(-1, -2)
@@ -81,26 +78,24 @@ def linear_decay(g: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- the rules, as the GDN ops call them
 def chunk_rule(kernels: FlaKernels) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
-    """`chunk_gated_delta_rule_varlen` (ops/gdn_varlen_torch.py) on fla's chunk kernel."""
+    """`chunk_gated_delta_rule_varlen` (ops/gdn_varlen_torch.py) on fla's kernels: the chunk kernel where
+    some sequence is longer than `RECURRENT_MAX_ROWS`, else the recurrent one (a decode step's fused
+    chunks: it launches one program per sequence and, unlike the chunk kernel, reads nothing back to the
+    host, so a decode step's graph can hold it). The runs come from the layout (`VarlenLayout.runs`),
+    built once per step: nothing here moves data between host and device."""
 
     def rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, layout: VarlenLayout
              ) -> tuple[Tensor, Tensor, Tensor | None]:
-        lens, splits = layout.seqs.seq_len, layout.seqs.split_row
-        starts = torch.cat([lens.new_zeros(1), lens.cumsum(0)[:-1]])
-        first = torch.where(splits >= 0, splits, lens)             # rows of each sequence's first run
-        o = v.new_empty(v.shape[0], v.shape[1], v.shape[2], dtype=torch.float32)
-        finals = _run(kernels.chunk, (q, k, v, g, beta), state, _rows(starts, first), first, o)
-        split_ids = (splits >= 0).nonzero().flatten()
-        if not len(split_ids):
+        runs = layout.runs
+        kernel = kernels.recurrent if layout.seqs.longest <= RECURRENT_MAX_ROWS else kernels.chunk
+        qkvgb = (q, k, v, g, beta)
+        o = v.new_empty(v.shape, dtype=torch.float32)
+        finals = _run(kernel, qkvgb, state, runs.first_rows, runs.first_cu, o)
+        if runs.split_seqs is None:
             return o, finals, None
-        split_states = finals[split_ids.to(finals.device)].clone()
-        rest = (lens - first)[split_ids]
-        more = (rest > 0).nonzero().flatten()
-        if len(more):
-            ids = split_ids[more]
-            at = ids.to(finals.device)
-            finals[at] = _run(kernels.chunk, (q, k, v, g, beta), finals[at],
-                              _rows(starts[ids] + first[ids], rest[more]), rest[more], o)
+        split_states = finals[runs.split_seqs].clone()
+        if len(runs.rest_seqs):
+            finals[runs.rest_seqs] = _run(kernel, qkvgb, finals[runs.rest_seqs], runs.rest_rows, runs.rest_cu, o)
         return o, finals, split_states
 
     return rule
@@ -120,19 +115,12 @@ def step_rule(kernels: FlaKernels) -> Callable[..., Tensor]:
     return rule
 
 
-def _rows(starts: Tensor, lengths: Tensor) -> Tensor:
-    """The packed rows of runs starting at `starts` of `lengths` rows, run after run."""
-    return torch.repeat_interleave(starts - torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]]), lengths) \
-        + torch.arange(int(lengths.sum()))
-
-
-def _run(kernel: Kernel, qkvgb: tuple[Tensor, ...], initial: Tensor, rows: Tensor, lengths: Tensor, o: Tensor
+def _run(kernel: Kernel, qkvgb: tuple[Tensor, ...], initial: Tensor, rows: Tensor, cu: Tensor, o: Tensor
          ) -> Tensor:
-    """One varlen call over the runs at `rows` (of `lengths`) from `initial` states; writes their outputs
-    into `o` at those rows and returns the final states `[N, H, Dk, Dv]` fp32."""
-    at = rows.to(o.device)
-    q, k, v, g, beta = (to_fla(t[at].float()) for t in qkvgb)
+    """One varlen call over the runs at packed `rows` (`cu`: fla's cu_seqlens) from `initial` states;
+    writes their outputs into `o` at those rows and returns the final states `[N, H, Dk, Dv]` fp32."""
+    q, k, v, g, beta = (to_fla(t[rows].float()) for t in qkvgb)
     out, finals = kernel(q=q, k=k, v=v, g=g, beta=beta, scale=1.0, initial_state=initial.float().contiguous(),
-                         output_final_state=True, cu_seqlens=cu_seqlens(lengths, o.device))
-    o[at] = from_fla(out).float()
+                         output_final_state=True, cu_seqlens=cu)
+    o[rows] = from_fla(out).float()
     return finals.float()

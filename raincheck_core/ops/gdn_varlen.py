@@ -58,6 +58,20 @@ class ConvLayout:
 
 
 @dataclass
+class SplitRuns:
+    """The sequences as runs for varlen kernels that know no splits (fla's): a first pass of each
+    sequence's rows up to its split (all of them where it has none), then a second pass of what split
+    sequences have after their split, from the states the first pass ends with."""
+
+    first_rows: Tensor              # [R1] packed rows of the first pass, sequence after sequence
+    first_cu: Tensor                # [N + 1] its cumulative lengths (fla's `cu_seqlens`)
+    split_seqs: Tensor | None       # [J] the sequences with a split, in split order (None: none)
+    rest_seqs: Tensor               # [M] those with rows after their split
+    rest_rows: Tensor               # [R2]
+    rest_cu: Tensor                 # [M + 1]
+
+
+@dataclass
 class VarlenLayout:
     """Where the rows of N packed sequences go; built once per step, shared by every GDN layer. What
     only the torch path reads (the conv layout, the chunked rule's blocks, the gathers) is laid out on
@@ -92,6 +106,20 @@ class VarlenLayout:
     def blocks(self) -> BlockLayout:
         splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
         return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+
+    @cached_property
+    def runs(self) -> SplitRuns:
+        """The sequences as runs without splits, on the layout's device (built once per step)."""
+        lens, splits = self.seqs.seq_len, self.seqs.split_row
+        starts = self.seqs.seq_start
+        first = torch.where(splits >= 0, splits, lens)
+        split_seqs = (splits >= 0).nonzero().flatten()
+        rest = (lens - first)[split_seqs]
+        more = split_seqs[rest > 0]
+        rest, dev = rest[rest > 0], self.device
+        return SplitRuns(_run_rows(starts, first).to(dev), cumulative(first).to(dev),
+                         split_seqs.to(dev) if len(split_seqs) else None, more.to(dev),
+                         _run_rows(starts[more] + first[more], rest).to(dev), cumulative(rest).to(dev))
 
     @cached_property
     def slots(self) -> Tensor:
@@ -133,6 +161,16 @@ class VarlenLayout:
         at = (source >= 0).nonzero().flatten()
         appended = (source < 0).nonzero().flatten()
         return at, source[at], appended, -1 - source[appended]
+
+
+def _run_rows(starts: Tensor, lengths: Tensor) -> Tensor:
+    """The packed rows of runs starting at `starts` of `lengths` rows, run after run."""
+    return torch.repeat_interleave(starts - cumulative(lengths)[:-1], lengths) + torch.arange(int(lengths.sum()))
+
+
+def cumulative(lengths: Tensor) -> Tensor:
+    """`[0, l0, l0 + l1, ...]` (int64): sequence lengths as fla's `cu_seqlens`."""
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).long()
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,

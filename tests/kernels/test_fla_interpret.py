@@ -1,7 +1,8 @@
 """fla's Triton kernels through the adapter, against this project's torch ops: `make test-kernels`
 (installs requirements/accel.txt beside the venv and sets TRITON_INTERPRET=1, so the kernels run on the
 CPU). Skipped where triton is not importable (`make test`). Only the recurrent kernel runs under the
-interpreter: fla's chunk kernel needs an active GPU driver there; the device script checks it on a GPU
+interpreter (decode rows, and a decode step's fused chunks with their splits): fla's chunk kernel needs
+an active GPU driver there; the device script checks it on a GPU
 (bench/gpu). Small heads and fp32: the interpreter is slow and has no bf16 dot."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from raincheck_core.ops import fla_adapter
-from raincheck_core.ops.gdn_varlen_torch import gated_delta_step
+from raincheck_core.ops.gdn_varlen import cumulative, varlen_layout
+from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
 
 pytestmark = pytest.mark.skipif(not fla_adapter.available() or os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="fla's Triton kernels on the CPU: make test-kernels")
@@ -47,7 +49,7 @@ def test_recurrent_kernel_varlen_with_initial_states_matches_torch():
     kernel = fla_adapter.triton_kernels().recurrent
     o, finals = kernel(q=fla_adapter.to_fla(q), k=fla_adapter.to_fla(k), v=fla_adapter.to_fla(v),
                        g=fla_adapter.to_fla(g), beta=fla_adapter.to_fla(beta), scale=1.0, initial_state=state.clone(),
-                       output_final_state=True, cu_seqlens=fla_adapter.cu_seqlens(torch.tensor(lengths), "cpu"))
+                       output_final_state=True, cu_seqlens=cumulative(torch.tensor(lengths)))
     row = 0
     for s, n in enumerate(lengths):
         st = state[s:s + 1].clone()
@@ -56,3 +58,16 @@ def test_recurrent_kernel_varlen_with_initial_states_matches_torch():
             assert float((fla_adapter.from_fla(o)[t] - want[0]).abs().max()) <= 1e-5
         assert float((finals[s] - st[0]).abs().max()) <= 1e-5
         row += n
+
+
+def test_a_decode_steps_chunks_with_splits_match_the_torch_rule():
+    """Fused chunks (each at most 64 rows: the recurrent kernel) with splits, through the adapter's rule:
+    outputs, final states and the states at the splits as the torch rule gives them."""
+    lengths, splits = [9, 4, 12], [6, None, 12]
+    layout = varlen_layout(lengths, 4, splits)
+    q, k, v, g, beta, _ = _inputs(sum(lengths), 3)
+    state = _inputs(len(lengths), 4)[5]
+    want = chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
+    got = fla_adapter.chunk_rule(fla_adapter.triton_kernels())(q, k, v, g, beta, state, layout)
+    for w, x in zip(want, got, strict=True):
+        assert float((x - w).abs().max()) <= 1e-5

@@ -30,8 +30,10 @@ def kernels() -> fla_adapter.FlaKernels:
     return naive_kernels()
 
 
-def test_chunk_rule_matches_the_torch_rule_with_splits(kernels):
-    lengths, splits = [20, 5, 37, 9], [None, 3, 30, None]       # splits: a chunk and its appended lead
+@pytest.mark.parametrize(("lengths", "splits"), [([20, 5, 37, 9], [None, 3, 30, None]),     # recurrent kernel
+                                                 ([80, 6, 9], [71, None, 9])])                # chunk kernel
+def test_chunk_rule_matches_the_torch_rule_with_splits(kernels, lengths, splits):
+    """Splits: a chunk and its appended lead (the last one without rows after its split)."""
     layout = varlen_layout(lengths, 4, splits)
     q, k, v, g, beta, state = _inputs(sum(lengths), len(lengths), 0)
     want = chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout)
@@ -61,7 +63,9 @@ def test_signs_spaces_and_layouts():
     vf = fla_adapter.state_v_first(state)
     assert vf.shape == (3, H, DV, DK) and torch.equal(fla_adapter.state_v_first(vf), state)
     assert fla_adapter.to_fla(q).shape == (1, 3, H, DK) and torch.equal(fla_adapter.from_fla(fla_adapter.to_fla(q)), q)
-    assert fla_adapter.cu_seqlens(torch.tensor([2, 5, 1]), "cpu").tolist() == [0, 2, 7, 8]
+    runs = varlen_layout([2, 5, 1], 4, [None, 3, None]).runs      # the split sequence: 3 rows, then 2 more
+    assert runs.first_cu.tolist() == [0, 2, 5, 6] and runs.first_rows.tolist() == [0, 1, 2, 3, 4, 7]
+    assert runs.rest_cu.tolist() == [0, 2] and runs.rest_rows.tolist() == [5, 6]
 
 
 def test_fla_backend_without_triton_names_the_extra(monkeypatch):
