@@ -15,6 +15,7 @@ import torch
 from raincheck_core.ops import fla_adapter
 from raincheck_core.ops.gdn_varlen import cumulative, varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
+from tests.ops.fla_naive import rule_inputs
 
 pytestmark = pytest.mark.skipif(not fla_adapter.available() or os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="fla's Triton kernels on the CPU: make test-kernels")
@@ -22,12 +23,8 @@ H, DK, DV = 2, 16, 16
 
 
 def _inputs(n: int, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(n, H, DK, generator=gen), dim=-1) * DK**-0.5
-    k = torch.nn.functional.normalize(torch.randn(n, H, DK, generator=gen), dim=-1)
-    v = torch.randn(n, H, DV, generator=gen)
-    g, beta = -torch.rand(n, H, generator=gen), torch.rand(n, H, generator=gen)
-    return q, k, v, g, beta, torch.randn(n, H, DK, DV, generator=gen) / 4
+    """n rows and n states."""
+    return rule_inputs(n, n, seed, H, DK, DV)
 
 
 @pytest.mark.parametrize("rows", [1, 4])

@@ -1,4 +1,5 @@
-"""fla-core's own torch references (`fla/ops/gated_delta_rule/naive.py`), loaded from its file so that
+"""Inputs of the gated delta rule as this project's ops take them, and fla-core's own torch references
+(`fla/ops/gated_delta_rule/naive.py`), loaded from its file so that
 nothing of fla that needs Triton is imported, and wrapped as the varlen `FlaKernels` the adapter calls
 (fla's naive functions take a batch of equal-length sequences: varlen runs each sequence as a batch of
 one)."""
@@ -49,3 +50,14 @@ def naive_kernels() -> FlaKernels:
 
     return FlaKernels(varlen(naive.naive_chunk_gated_delta_rule, True),
                       varlen(naive.naive_recurrent_gated_delta_rule, False))
+
+
+def rule_inputs(rows: int, states: int, seed: int, heads: int, dk: int, dv: int) -> tuple[Tensor, ...]:
+    """q, k (L2-normalised, q scaled by Dk^-0.5), v `[rows, heads, D]`, g <= 0, beta `[rows, heads]`, and
+    `states` states `[states, heads, Dk, Dv]`, seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(rows, heads, dk, generator=gen), dim=-1) * dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(rows, heads, dk, generator=gen), dim=-1)
+    v = torch.randn(rows, heads, dv, generator=gen)
+    g, beta = -torch.rand(rows, heads, generator=gen), torch.rand(rows, heads, generator=gen)
+    return q, k, v, g, beta, torch.randn(states, heads, dk, dv, generator=gen) / 4

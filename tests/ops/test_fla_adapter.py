@@ -11,18 +11,13 @@ from raincheck_core.errors import InvalidInputError
 from raincheck_core.ops import backend, fla_adapter
 from raincheck_core.ops.gdn_varlen import varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
-from tests.ops.fla_naive import naive_kernels
+from tests.ops.fla_naive import naive_kernels, rule_inputs
 
 H, DK, DV = 2, 8, 4
 
 
-def _inputs(rows: int, n: int, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.nn.functional.normalize(torch.randn(rows, H, DK, generator=gen), dim=-1) * DK**-0.5
-    k = torch.nn.functional.normalize(torch.randn(rows, H, DK, generator=gen), dim=-1)
-    v = torch.randn(rows, H, DV, generator=gen)
-    g, beta = -torch.rand(rows, H, generator=gen), torch.rand(rows, H, generator=gen)
-    return q, k, v, g, beta, torch.randn(n, H, DK, DV, generator=gen) / 4
+def _inputs(rows: int, states: int, seed: int) -> tuple[torch.Tensor, ...]:
+    return rule_inputs(rows, states, seed, H, DK, DV)
 
 
 @pytest.fixture(scope="module")
