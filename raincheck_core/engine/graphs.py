@@ -168,7 +168,11 @@ class StepGraphs:
         if not self.capture:
             return Captured(inputs, None)
         with torch.inference_mode():
-            self.runner.model(inputs.batch)       # warm-up: compiled kernels, lazy buffers, outside the capture
+            side = torch.cuda.Stream()            # warm-up (compiled kernels, library workspaces) off the
+            side.wait_stream(torch.cuda.current_stream())     # capturing stream, as CUDA graphs require
+            with torch.cuda.stream(side):
+                self.runner.model(inputs.batch)
+            torch.cuda.current_stream().wait_stream(side)
             _reset(inputs)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
