@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict:
             row = result["shapes"].setdefault(shape.name, {})[f"{v}_visual"] = {}
             for graphs in (True, False):
                 row["graphs_on" if graphs else "graphs_off"] = timing.policies(
-                    shape, device, dtype, v, text, answer, graphs, timed_backend, guard)
+                    shape, device, dtype, v, text, answer, graphs, timed_backend, guard, warm_up=not tiny)
             row["transformers"] = timing.transformers_timing(shape, device, dtype, v, text, answer)
             row["floor"] = fl = timing.floor(shape, device, dtype, tiny)
             plain, fused = row["graphs_on"]["full"]["tpot"], row["graphs_on"]["raincheck"]["tpot_restoring"]

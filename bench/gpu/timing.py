@@ -47,9 +47,10 @@ def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
 
 
 def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int, graphs: bool,
-             backend: str, guard: int = 16) -> dict:
+             backend: str, guard: int = 16, warm_up: bool = True) -> dict:
     """{policy: ttft, tpot, tpot_restoring, e2e, completion (s), and ratios to full} on one engine
-    (`guard`: the raincheck policies', 16 unless a short dry run needs chunks within its answer)."""
+    (`guard`: the raincheck policies', 16 unless a short dry run needs chunks within its answer;
+    `warm_up`: one untimed turn per policy first, which compiles kernels and captures graphs)."""
     engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=graphs)
     if graphs and torch.device(device).type == "cpu":
         engine.core.runner.use_graphs(capture=False)     # the same padded path, run eagerly
@@ -57,7 +58,8 @@ def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answ
     out = {}
     for name, cfg in POLICIES.items():
         cfg = dataclasses.replace(cfg, guard=min(cfg.guard, guard))
-        run_turn(engine, prompt, cfg, min(answer, cfg.guard + 4))           # warm-up: compiles, captures
+        if warm_up:
+            run_turn(engine, prompt, cfg, min(answer, cfg.guard + 4))
         t = run_turn(engine, prompt, cfg, answer)
         out[name] = dict(ttft=t.ttft_s, tpot=t.tpot_s, tpot_restoring=t.tpot_restoring_s, e2e=t.e2e_s,
                          completion=t.completion_s, deferred=t.deferred_tokens, pending=t.deferred_pending,
