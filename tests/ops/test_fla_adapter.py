@@ -68,3 +68,27 @@ def test_fla_backend_without_triton_names_the_extra(monkeypatch):
     with pytest.raises(InvalidInputError, match=r"requirements/accel\.txt"):
         backend.select("cpu", torch.float32, torch.float32, (torch.float32, torch.float32), "fla")
     assert backend.accelerated_backend() == "flex"
+
+
+def test_an_engine_on_the_fla_backend_gives_the_native_turn(tiny_checkpoints, kernels, monkeypatch):
+    """The whole `fla` backend (FlexAttention, fla's GDN through the adapter; here on fla's naive
+    references) through a fused raincheck turn of the hybrid family: chunks joined mid-answer, tracked
+    decode rows, recovery after the answer. Same tokens and logits as the native kernels."""
+    from raincheck_core import Engine, SamplingParams
+    from raincheck_core.deferral.policy import DeferralConfig
+    from tests.deferral.helpers import image_prompt
+
+    monkeypatch.setattr(fla_adapter, "triton_kernels", lambda: kernels)
+    folder = tiny_checkpoints["qwen3_5"][1]
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=1, chunk_size=7)
+
+    def turn(backend: str) -> torch.Tensor:
+        engine = Engine.from_pretrained(folder, backend=backend)
+        session = engine.open_session(deferral=cfg)
+        events = session.turn(image_prompt(engine, seed=3), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                              return_logits=True).tokens()
+        session.complete_recovery()
+        return torch.stack([e.logits for e in events])
+
+    want, got = turn("native"), turn("fla")
+    assert torch.equal(want.argmax(-1), got.argmax(-1)) and float((want - got).abs().max()) <= 1e-5
