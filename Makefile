@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_INPUTS := scripts/setup.sh pyproject.toml setup.py raincheck_client/pyproject.toml $(wildcard requirements/*.txt)
 
-.PHONY: setup demo test lint bench protos wheels clean
+.PHONY: setup demo test test-kernels lint bench protos wheels clean
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,11 @@ test: setup          ## the whole suite (what CI runs)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
+KERNELS ?= .kernels
+test-kernels: setup  ## fla's Triton kernels on the CPU (TRITON_INTERPRET=1): the accel extra goes into $(KERNELS)
+	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt --target $(KERNELS) -r requirements/accel.txt
+	TRITON_INTERPRET=1 PYTHONPATH=$(abspath $(KERNELS)) $(PY) -m pytest -q tests/kernels
+
 lint: setup
 	$(PY) -m ruff check .
 
@@ -31,4 +36,4 @@ wheels: setup        ## dist/: raincheck-client (the SDK: grpcio + protobuf) and
 	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist ./raincheck_client .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build dist raincheck_client/build
+	rm -rf $(VENV) $(KERNELS) .pytest_cache .ruff_cache build dist raincheck_client/build

@@ -8,7 +8,8 @@ table cannot say).
   `bench/` and `tests/` are tools of the repository and are not installed, nor are the checkpoints in
   `models/` (raincheck_core/models/shipped.py: where an installed server finds them).
 - Dependencies: requirements/runtime.txt (one source for the metadata and for scripts/setup.sh), plus the
-  client SDK of the same version (raincheck_client/pyproject.toml, a distribution of its own).
+  client SDK of the same version (raincheck_client/pyproject.toml, a distribution of its own); the extra
+  `accel` (requirements/accel.txt): fla's GDN kernels and Triton, for a GPU (`--backend fla`).
 """
 
 import tomllib
@@ -18,8 +19,14 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
 version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-requirements = [line.strip() for line in (ROOT / "requirements" / "runtime.txt").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+
+
+def read_requirements(name: str) -> list[str]:
+    return [line.strip() for line in (ROOT / "requirements" / name).read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+requirements = read_requirements("runtime.txt")
 
 setup(
     packages=[*find_packages(include=["raincheck_core", "raincheck_core.*", "raincheck_demo", "raincheck_demo.*"]),
@@ -27,4 +34,5 @@ setup(
     package_dir={"raincheck_serve": "services"},
     package_data={"raincheck_serve._gen": ["*.pyi"], "raincheck_core.ops": ["csrc/*.c", "csrc/*.h"]},
     install_requires=[*requirements, f"raincheck-client=={version}"],
+    extras_require={"accel": read_requirements("accel.txt")},
 )

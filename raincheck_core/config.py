@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,14 @@ def _moe_layers(text) -> tuple[int, ...]:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the op backends a step may run (ops/backend.py `select`): auto (CUDA: FlexAttention with fla's GDN kernels
+# where triton imports, and decode steps graph-captured; elsewhere native), or one set by name
+BACKENDS = ("auto", "native", "torch", "flex", "fla")
+
+
+def default_backend() -> str:
+    """`EngineConfig.backend` when none is given: the RAINCHECK_BACKEND environment variable, else auto."""
+    return os.environ.get("RAINCHECK_BACKEND") or "auto"
 
 
 @dataclass(frozen=True)
@@ -214,6 +223,8 @@ class EngineConfig:
     gdn_checkpoint_bytes: int = 256 << 20
     gdn_checkpoint_every: int = 256        # slots between GDN checkpoints of a long prompt (rounded to pages)
     encoder_cache_bytes: int = 256 << 20   # vision tower outputs by image content (0: off)
+    backend: str = field(default_factory=default_backend)   # one of BACKENDS
+    cuda_graphs: bool = True         # on CUDA with a non-native backend: decode steps bucketed and graph-captured
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -227,6 +238,8 @@ class EngineConfig:
         for name in ("gdn_checkpoint_bytes", "encoder_cache_bytes"):
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise InvalidInputError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidInputError(f"max_model_len must be positive, got {self.max_model_len}")
 

@@ -12,6 +12,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 import pytest
 import torch
 
+from raincheck_core.config import default_backend
 from tests import tiny
 
 torch.set_num_threads(2)
@@ -26,3 +27,11 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, tuple[object, object]]:
         folder = tiny.save_model(model, tmp_path_factory.mktemp(family))
         out[family] = (model, folder)
     return out
+
+
+@pytest.fixture(scope="module", params=list(dict.fromkeys([default_backend(), "flex"])))
+def engine_backend(request) -> str:
+    """The op backend an identity test's engine runs: the default (RAINCHECK_BACKEND, else auto: native on
+    the CPU) and FlexAttention. Module-scoped, so a module builds its engines once per backend; the
+    compiled FlexAttention kernels are shared by the whole process (ops/flex_attention.py)."""
+    return request.param

@@ -91,7 +91,9 @@ class EngineCore:
             align = (config.page_size, max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size)
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=align)
-        self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel)
+        self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
+        if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla"):
+            self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
         self.clock: Callable[[], float] = time.perf_counter
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)

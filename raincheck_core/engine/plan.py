@@ -30,6 +30,7 @@ class Kind(StrEnum):
     DEFERRED = "deferred"      # deferred rows fused into their turn's decode step (raincheck)
     RECOVERY = "recovery"      # deferred rows after the answer (idle gaps, the barrier)
     RESIDUAL = "residual"      # rows prefilled outside a turn (a hand-off on a deferred worker, a scratch forward)
+    PADDING = "padding"        # rows that only fill a bucketed step to its bucket (engine/padding.py)
 
 
 CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)    # rows that are not a running turn's input or answer
@@ -93,6 +94,15 @@ class Segment:
                  gdn_slot: int | None) -> Segment:
         """Rows [first, first + rows) of a scratch session's rows (no turn, no join)."""
         return cls(Kind.RESIDUAL, session, rows, write, read, gdn_slot, first=first)
+
+
+    @classmethod
+    def padding(cls, rows: int, slot: torch.Tensor, gdn_slot: int | None) -> Segment:
+        """Rows of no session that fill a step to its bucket: they write and read one scratch KV `slot` no
+        session reads, start from (and their state is written to) a scratch GDN slot, sample nothing, and
+        the update never sees them (engine/padding.py)."""
+        slots = slot.reshape(1).expand(rows)
+        return cls(Kind.PADDING, "", rows, slots, slots, gdn_slot)
 
 
 class StepSessions(Protocol):

@@ -13,6 +13,7 @@ update fills those slots)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from ..models import DecoderLM
 from ..ops.backend import OpSet, select
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..ops.gdn_varlen import varlen_layout
+from .graphs import StepGraphs
 from .plan import Kind, Segment, StepPlan, StepSessions
 
 
@@ -59,6 +61,16 @@ class StepOutputs:
     joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
     tracked: list[Tracked] = field(default_factory=list)
 
+    def detached(self) -> StepOutputs:
+        """A copy owning its tensors (outputs read from a graph's buffers, which the next replay rewrites)."""
+        def own(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.clone()
+        return StepOutputs(
+            self.logits.clone(), [StateWrite(w.slots.clone(), own(w.conv), own(w.ssm)) for w in self.writes],
+            [(seg, s.clone()) for seg, s in self.joined],
+            [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
+             for t in self.tracked])
+
 
 @dataclass
 class StepInputs:
@@ -73,15 +85,25 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int):
+    def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int, backend: str = "native"):
         self.model = model
+        self.backend = backend      # EngineConfig.backend: which op set `select` returns
         self.kv = kv
         self.gdn = gdn
         self.kernel = kernel
         self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
+        self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
+        self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
+
+    def use_graphs(self, capture: bool) -> None:
+        """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
+        them eagerly over the same static buffers (the CPU tests). Holds a scratch KV page and GDN slot."""
+        self.graphs = StepGraphs(self, capture)
 
     def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs:
+        if self.graphs is not None and (out := self.graphs.run(plan, sessions)) is not None:
+            return out
         return self.forward(self.prepare(plan, sessions))
 
     # ---------------------------------------------------------------- tensors from the plan
@@ -98,6 +120,9 @@ class ModelRunner:
                 decode_tokens.append(seg.token)
                 embeds.append(None)
                 positions.append(torch.full((3, 1), seg.position, dtype=torch.long))
+            elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)
+                embeds.append(self.model.embed_tokens.weight.new_zeros(seg.rows, self.model.config.hidden_size))
+                positions.append(torch.zeros((3, seg.rows), dtype=torch.long))
             else:
                 src, first, n = sessions.rows(seg), seg.first, seg.rows
                 embeds.append(src.embeds[first:first + n])
@@ -198,15 +223,18 @@ class ModelRunner:
         """The step's op set, chosen once per step for the model's device and dtypes."""
         gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
         kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
-        return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn)
+        return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn, self.backend)
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:
-        batch = inputs.batch
         with torch.inference_mode():
-            logits = self.model(batch)
+            logits = self.model(inputs.batch)
+        return self.collect(inputs, logits)
+
+    def collect(self, inputs: StepInputs, logits: torch.Tensor) -> StepOutputs:
+        """The step's outputs from its forward's logits and the GDN buffers it wrote."""
         out = StepOutputs(logits)
-        if batch.gdn is not None:
+        if inputs.batch.gdn is not None:
             self._collect(inputs, out)
         return out
 

@@ -14,6 +14,7 @@ what they are handed and never ask which backend it is.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,8 +22,9 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from . import gdn_kernel, gdn_varlen, native
+from . import fla_adapter, gdn_kernel, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
+from .flex_attention import flex_layout, flex_varlen_attention
 from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 
@@ -82,18 +84,43 @@ NATIVE_ATTENTION = AttentionOps("native", partial(attention_layout, native=True)
 TORCH_ATTENTION = AttentionOps("torch", partial(attention_layout, native=False), varlen_attention)
 NATIVE_GDN = GDNOps("native", gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows, prepare_native)
 TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows, prepare_torch)
+FLEX_ATTENTION = AttentionOps("flex", flex_layout, flex_varlen_attention)
 
 
 def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype | None,
-           gdn_dtypes: tuple[torch.dtype, ...] | None) -> OpSet:
+           gdn_dtypes: tuple[torch.dtype, ...] | None, backend: str = "native") -> OpSet:
     """The op set of a step on `device` with activations of `dtype`, a KV cache of `kv_dtype` and GDN
     state pools of `gdn_dtypes` (None: the model has no such layers, and their kernel is not built for
     it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch;
     MoE experts through torch's grouped GEMM where it has one (ops/moe.py).
-    Asked once per step, so `RAINCHECK_NATIVE=0` (ops/native.py) holds from the next step on."""
+    Asked once per step, so `RAINCHECK_NATIVE=0` (ops/native.py) holds from the next step on.
+    `backend` (`EngineConfig.backend`, one of `config.BACKENDS`) other than native replaces ops by name:
+    torch (both torch), flex (FlexAttention, torch GDN), fla (FlexAttention, fla's GDN kernels), auto (on
+    CUDA: fla where triton imports, else flex; elsewhere native)."""
     attention = NATIVE_ATTENTION if kv_dtype is not None and native.paged_attention_available(device, kv_dtype) \
         else TORCH_ATTENTION
     gdn = NATIVE_GDN if gdn_dtypes is not None and all(d == torch.float32 for d in gdn_dtypes) \
         and native.gated_deltanet_available(device, dtype) else TORCH_GDN
     moe = grouped_mm_experts if grouped_mm_available(device) else grouped_experts
-    return OpSet(attention, gdn, moe)
+    ops = OpSet(attention, gdn, moe)
+    if backend == "auto":
+        backend = accelerated_backend() if torch.device(device).type == "cuda" else "native"
+    if backend == "torch":
+        return dataclasses.replace(ops, attention=TORCH_ATTENTION, gdn=TORCH_GDN)
+    if backend in ("flex", "fla"):
+        return dataclasses.replace(ops, attention=FLEX_ATTENTION, gdn=fla_gdn() if backend == "fla" else TORCH_GDN)
+    return ops
+
+
+def accelerated_backend() -> str:
+    """What `auto` runs on CUDA: fla's kernels where triton imports, else FlexAttention with torch GDN."""
+    return "fla" if fla_adapter.available() else "flex"
+
+
+def fla_gdn(kernels: fla_adapter.FlaKernels | None = None) -> GDNOps:
+    """GDN on fla's kernels (`kernels`, default its Triton ones; an error naming the extra where triton is
+    not there) through ops/fla_adapter.py; the short convolution, state map and join stay torch."""
+    kernels = kernels or fla_adapter.triton_kernels()
+    varlen = partial(gdn_varlen.gated_deltanet_varlen, rule=fla_adapter.chunk_rule(kernels))
+    rows = partial(gdn_varlen.gated_deltanet_rows, step=fla_adapter.step_rule(kernels))
+    return GDNOps("fla", varlen, rows, lambda step, key_heads: GroupedGDN(step, key_heads, varlen, rows))

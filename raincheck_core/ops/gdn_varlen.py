@@ -21,6 +21,7 @@ State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -54,6 +55,20 @@ class ConvLayout:
     row_at: Tensor                  # [R] extended-buffer row of each packed row
     tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
     split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
+
+
+@dataclass
+class SplitRuns:
+    """The sequences as runs for varlen kernels that know no splits (fla's): a first pass of each
+    sequence's rows up to its split (all of them where it has none), then a second pass of what split
+    sequences have after their split, from the states the first pass ends with."""
+
+    first_rows: Tensor              # [R1] packed rows of the first pass, sequence after sequence
+    first_cu: Tensor                # [N + 1] its cumulative lengths (fla's `cu_seqlens`)
+    split_seqs: Tensor | None       # [J] the sequences with a split, in split order (None: none)
+    rest_seqs: Tensor               # [M] those with rows after their split
+    rest_rows: Tensor               # [R2]
+    rest_cu: Tensor                 # [M + 1]
 
 
 @dataclass
@@ -91,6 +106,20 @@ class VarlenLayout:
     def blocks(self) -> BlockLayout:
         splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
         return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+
+    @cached_property
+    def runs(self) -> SplitRuns:
+        """The sequences as runs without splits, on the layout's device (built once per step)."""
+        lens, splits = self.seqs.seq_len, self.seqs.split_row
+        starts = self.seqs.seq_start
+        first = torch.where(splits >= 0, splits, lens)
+        split_seqs = (splits >= 0).nonzero().flatten()
+        rest = (lens - first)[split_seqs]
+        more = split_seqs[rest > 0]
+        rest, dev = rest[rest > 0], self.device
+        return SplitRuns(_run_rows(starts, first).to(dev), cumulative(first).to(dev),
+                         split_seqs.to(dev) if len(split_seqs) else None, more.to(dev),
+                         _run_rows(starts[more] + first[more], rest).to(dev), cumulative(rest).to(dev))
 
     @cached_property
     def slots(self) -> Tensor:
@@ -132,6 +161,16 @@ class VarlenLayout:
         at = (source >= 0).nonzero().flatten()
         appended = (source < 0).nonzero().flatten()
         return at, source[at], appended, -1 - source[appended]
+
+
+def _run_rows(starts: Tensor, lengths: Tensor) -> Tensor:
+    """The packed rows of runs starting at `starts` of `lengths` rows, run after run."""
+    return torch.repeat_interleave(starts - cumulative(lengths)[:-1], lengths) + torch.arange(int(lengths.sum()))
+
+
+def cumulative(lengths: Tensor) -> Tensor:
+    """`[0, l0, l0 + l1, ...]` (int64): sequence lengths as fla's `cu_seqlens`."""
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).long()
 
 
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
@@ -210,6 +249,7 @@ def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int,
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
                           conv_weight: Tensor, conv_pool: Tensor, ssm_pool: Tensor, layout: VarlenLayout,
                           key_heads: int, key_dim: int, out: Tensor, maps: tuple[Tensor, Tensor] | None = None,
+                          rule: Callable[..., tuple[Tensor, Tensor, Tensor | None]] = chunk_gated_delta_rule_varlen,
                           ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]:
     """A Gated DeltaNet layer's token mixing of packed sequences: the short convolution, `split_qkv` and
     the delta rule, then the deferred joins. Packed row r is row `layout.seqs.source[r]` of the step's
@@ -222,7 +262,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     `join_seq[j]` (its chunk run from the prefix state with the lead appended: S_lead'): `live + P_j
     (S_lead' − S_lead_j)`, with `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`). Returns (final
     states, states at the splits or None, histories after each sequence, histories at the splits or
-    None, corrected live states or None); inputs are not modified.
+    None, corrected live states or None); inputs are not modified. `rule`: the delta rule over the packed
+    rows (another backend's, ops/fla_adapter.py, takes the same arguments).
 
     The torch ops with the chunked rule. The native kernel's version (ops/gdn_kernel.py, token by token,
     reading the rows and the pools' states where they lie) is 5-8x faster at 10-1,000 rows on one thread,
@@ -240,7 +281,7 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
         gm[appended], bm[appended] = extra[1][e].to(g.dtype), extra[2][e].to(beta.dtype)
     conv, tails, split_tails = causal_conv1d_varlen(um, conv_weight, history, layout)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o, finals, split_states = chunk_gated_delta_rule_varlen(q, k, v, gm, bm, state, layout)
+    o, finals, split_states = rule(q, k, v, gm, bm, state, layout)
     out[step_rows] = o[at].to(out.dtype)
     corrected = None
     if seqs.joins:
@@ -252,7 +293,8 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
 
 def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, conv_pool: Tensor,
                         ssm_pool: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor,
-                        seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False
+                        seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False,
+                        step: Callable[..., Tensor] = gated_delta_step,
                         ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """`gated_deltanet_varlen` for one-row sequences (decode rows): sequence s is step row
     `layout.seqs.source[s]` and starts from pool slot `layout.seqs.slot[s]`, or from row
@@ -260,7 +302,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     Dv]`) where the layout names one (a live state a join corrected in this step). Writes the rows'
     outputs to `out`; returns (the histories and states after each row, and with `factors` the rows' k
     per key head `[N, key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is
-    modified.
+    modified. `step`: the one-token delta rule (another backend's takes the same arguments).
 
     One batched recurrent step."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
@@ -272,7 +314,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
     conv, new_hist = conv_step(us, conv_weight, hist)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o = gated_delta_step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
+    o = step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
     if rows is None:
         out.copy_(o)
     else:

@@ -22,11 +22,12 @@ from .grpc_util import is_loopback
 MiB = 1024 * 1024
 RECOVERY_MODES = ("colocated", "disaggregated")
 RecoveryMode = Literal["colocated", "disaggregated"]
-# The engine's choices (raincheck_core.deferral.policy.POLICIES, raincheck_core.config.DTYPES), spelled
+# The engine's choices (raincheck_core.deferral.policy.POLICIES, raincheck_core.config.DTYPES, BACKENDS), spelled
 # out here because settings are read by processes that never import torch; tests/services/test_cli.py
 # checks that they agree.
 Policy = Literal["full", "hard", "raincheck", "post_answer"]
 DType = Literal["float32", "bfloat16", "float16"]
+Backend = Literal["auto", "native", "torch", "flex", "fla"]      # raincheck_core.config.BACKENDS
 RandomSize = Literal["tiny", "bench"]
 LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                      BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
@@ -196,10 +197,13 @@ class ModelSpec:
                                                "cache's GDN state checkpoints (hybrid models)", shown="256", ge=0)
     encoder_cache_mib: float | None = setting(None, "RAINCHECK_ENCODER_CACHE_MIB", "memory for the vision "
                                               "tower's outputs by image content (0: off)", shown="256", ge=0)
+    backend: Backend | None = setting(None, "RAINCHECK_BACKEND", "op backend: auto (cuda: FlexAttention + fla's "
+                                      "GDN kernels, graph-captured decode; cpu: native kernels), native, torch, "
+                                      "flex, fla", shown="auto")
 
     @model_validator(mode="after")
     def _engine_options(self) -> ModelSpec:
-        for name in ("num_pages", "max_model_len"):
+        for name in ("num_pages", "max_model_len", "backend"):
             if getattr(self, name) is not None:
                 self.engine = {**self.engine, name: getattr(self, name)}
         if self.prefix_cache_pages is not None:

@@ -43,11 +43,10 @@ def _joined_vs_reapplied(engine: Engine, monkeypatch, setting=FUSED) -> float:
     return worst
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
-def engine(tiny_checkpoints, request):
+def _slow_decay_engine(folder, backend: str | None = None) -> Engine:
     """Slow decays (as trained models have on many heads): with transformers' random init the state
     forgets within a token or two, P_rest ≈ 0, and no join — right or wrong — would matter."""
-    engine = Engine.from_pretrained(tiny_checkpoints[request.param][1])
+    engine = Engine.from_pretrained(folder, **({"backend": backend} if backend else {}))
     with torch.no_grad():
         for layer in engine.model.layers:
             if hasattr(layer, "linear_attn"):
@@ -55,9 +54,19 @@ def engine(tiny_checkpoints, request):
     return engine
 
 
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def engine(tiny_checkpoints, request):
+    return _slow_decay_engine(tiny_checkpoints[request.param][1])
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def backend_engine(tiny_checkpoints, engine_backend, request):
+    return _slow_decay_engine(tiny_checkpoints[request.param][1], engine_backend)
+
+
 @pytest.mark.parametrize("setting", [FUSED, AFTER_LONG_ANSWER], ids=["fused", "after-long-answer"])
-def test_join_equals_token_by_token_reapplication(engine, monkeypatch, setting):
-    assert _joined_vs_reapplied(engine, monkeypatch, setting) <= 1e-5
+def test_join_equals_token_by_token_reapplication(backend_engine, monkeypatch, setting):
+    assert _joined_vs_reapplied(backend_engine, monkeypatch, setting) <= 1e-5
 
 
 def test_transposed_join_fails_the_same_check(engine, monkeypatch):

@@ -14,8 +14,9 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_checkpoints):
-    return {f: (hf, Engine.from_pretrained(folder)) for f, (hf, folder) in tiny_checkpoints.items()}
+def engines(tiny_checkpoints, engine_backend):
+    return {f: (hf, Engine.from_pretrained(folder, backend=engine_backend))
+            for f, (hf, folder) in tiny_checkpoints.items()}
 
 
 def _run(engine: Engine, prompt, cfg: DeferralConfig, n: int):

@@ -75,10 +75,10 @@ def _together(engine: Engine, scripts) -> tuple[list[list[torch.Tensor]], list[t
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
-def test_eight_sessions_in_one_step_each_equal_alone(tiny_checkpoints, family):
+def test_eight_sessions_in_one_step_each_equal_alone(tiny_checkpoints, family, engine_backend):
     folder = tiny_checkpoints[family][1]
     # a deferred budget that never binds: each session's chunk schedule is the same alone and together
-    engine = Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=4096)
+    engine = Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=4096, backend=engine_backend)
     scripts = _scripts(engine)
     alone = [_alone(engine, script) for script in scripts]
     together, steps = _together(engine, scripts)

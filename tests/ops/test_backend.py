@@ -87,3 +87,25 @@ def test_a_steps_gdn_op_gives_the_same_by_every_backend(monkeypatch):
     for got in (fused, mixed):
         for name, t in expected.items():
             assert not t.isnan().any() and float((got[name] - t).abs().max()) <= 1e-5, name
+
+
+def test_the_fla_gdn_op_gives_the_same_as_the_torch_op():
+    """fla's GDN backend (ops/fla_adapter.py) on fla's naive references, through a step's joins, splits,
+    seeds and tracked rows: the same outputs, states and factors as the torch op."""
+    from tests.ops.fla_naive import naive_kernels
+
+    _, expected = _run(backend.TORCH_GDN)
+    kind, got = _run(backend.fla_gdn(naive_kernels()))
+    assert kind is GroupedGDN
+    for name, t in expected.items():
+        assert not t.isnan().any() and float((got[name] - t).abs().max()) <= 1e-5, name
+
+
+def test_select_by_backend_name():
+    def names(backend_name: str, device: str = "cpu") -> tuple[str, str]:
+        ops = backend.select(device, F32, F32, (F32, F32), backend_name)
+        return ops.attention.name, ops.gdn.name
+    assert names("torch") == ("torch", "torch")
+    assert names("flex") == ("flex", "torch")
+    assert names("auto") == names("native")                          # the CPU: today's kernels
+    assert names("auto", "cuda") in (("flex", "fla"), ("flex", "torch"))

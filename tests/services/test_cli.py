@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from raincheck_client import Client, Token, Unavailable
-from raincheck_core.config import DTYPES
+from raincheck_core.config import BACKENDS, DTYPES
 from raincheck_core.deferral.policy import POLICIES
 from services import chat_cli, cli
-from services.common.settings import ChatSettings, DType, Policy
+from services.common.settings import Backend, ChatSettings, DType, Policy
 from tests.multimodal.mm_helpers import png
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +114,7 @@ def test_the_choices_agree_with_the_engine():
     """The settings spell the engine's choices out (no torch in the frontend); they must stay the same."""
     assert typing.get_args(Policy) == POLICIES
     assert set(typing.get_args(DType)) == set(DTYPES)
+    assert typing.get_args(Backend) == BACKENDS
 
 
 # ------------------------------------------------------------------------------------ bad values
@@ -128,6 +129,7 @@ BAD = [
     (["serve", "--model", "/nonexistent"], {}, "no checkpoint at /nonexistent: it is not a folder"),
     (["demo", "--model", "/nonexistent"], {}, "no checkpoint at /nonexistent"),
     (["serve", "--dtype", "fp8"], {}, "--dtype 'fp8': Input should be 'float32', 'bfloat16' or 'float16'"),
+    (["serve", "--backend", "cudnn"], {}, "--backend 'cudnn': Input should be 'auto', 'native', 'torch', 'flex' or"),
     (["serve", "--max-image-bytes", "0"], {}, "--max-image-bytes '0': Input should be greater than 0"),
     # checked before the model loads: no CUDA here (or not 100 devices), and no such device type
     (["serve", "--device", "cuda:99"], {}, "--device 'cuda:99': "),

@@ -1,0 +1,91 @@
+"""Exactness on the device against transformers: tiny random checkpoints of both families, one image as
+precomputed embeddings, each backend, fp32 and bf16."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from raincheck_core import Engine, SamplingParams
+from raincheck_core.deferral.partition import partition_turn
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.models.random_init import build_model
+from raincheck_core.multimodal.turn_input import TurnInput, build_turn_input
+
+from .models import image_prompt
+
+FULL = DeferralConfig("full")
+RAINCHECK = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=0, chunk_size=31)
+ANSWER = 4
+
+
+def _inputs(engine: Engine, prompt) -> tuple[TurnInput, TurnInput, TurnInput]:
+    """(the turn's rows, I0, D) exactly as the engine builds them."""
+    cfg = engine.model_config
+    full = build_turn_input(engine.model, cfg, prompt.token_ids, prompt.visuals, 0)
+    parts = partition_turn(full, prompt.visuals, RAINCHECK, cfg.spatial_merge_size)
+    return full, full.subset(parts.keep_rows), full.subset(parts.deferred_rows)
+
+
+def _tokens(engine: Engine, ids: list[int], start: int) -> TurnInput:
+    """Generated tokens' rows at consecutive positions from `start`."""
+    return build_turn_input(engine.model, engine.model_config, ids, [], start)
+
+
+def _hf_logits(hf, *inputs: TurnInput) -> torch.Tensor:
+    """transformers' decoder over the rows of `inputs` one after another; logits `[T, vocab]` fp32."""
+    embeds = torch.cat([i.embeds for i in inputs])
+    positions = torch.cat([i.positions.to(embeds.device) for i in inputs], dim=1)
+    rows, feats, offset = [], [], 0
+    for i in inputs:
+        if i.deepstack:
+            rows.append(i.deepstack_index.to(embeds.device) + offset)
+            feats.append(i.deepstack)
+        offset += len(i)
+    kwargs = {}
+    if rows:
+        ds_rows = torch.cat(rows)
+        mask = torch.zeros(embeds.shape[0], dtype=torch.bool, device=embeds.device)
+        mask[ds_rows] = True
+        order = torch.argsort(ds_rows)
+        kwargs = dict(visual_pos_masks=mask[None],
+                      deepstack_visual_embeds=[torch.cat(level)[order] for level in zip(*feats, strict=True)])
+    with torch.no_grad():
+        out = hf.model.language_model(inputs_embeds=embeds[None], position_ids=positions[:, None], **kwargs)
+        return hf.lm_head(out.last_hidden_state)[0].float()
+
+
+def _turn(engine: Engine, prompt, cfg: DeferralConfig) -> tuple[list[int], torch.Tensor]:
+    session = engine.open_session(deferral=cfg)
+    events = session.turn(prompt, SamplingParams(max_new_tokens=ANSWER, ignore_eos=True), return_logits=True).tokens()
+    session.close()
+    return [e.token_id for e in events], torch.stack([e.logits for e in events])
+
+
+def exactness(device: str, backends: list[str], dtypes: list[str]) -> dict:
+    """{family: {dtype: {backend: {full, raincheck}}}}: the largest |logit - transformers'| of each turn."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ("qwen3_vl", "qwen3_5"):
+            hf = build_model(family, "tiny")
+            folder = Path(tmp) / family
+            hf.save_pretrained(folder)
+            for dtype in dtypes:
+                ref = hf.to(device=device, dtype=getattr(torch, dtype))
+                for backend in backends:
+                    engine = Engine.from_pretrained(folder, device=device, dtype=dtype, backend=backend)
+                    prompt = image_prompt(engine, 16, 8)
+                    full, i0, d = _inputs(engine, prompt)
+                    ids, logits = _turn(engine, prompt, FULL)
+                    want = _hf_logits(ref, full, _tokens(engine, ids[:-1], full.next_position))[len(full) - 1:]
+                    rc_ids, rc = _turn(engine, prompt, RAINCHECK)
+                    first = _hf_logits(ref, i0)[-1]
+                    second = _hf_logits(ref, i0, d, _tokens(engine, rc_ids[:1], i0.next_position))[-1]
+                    out.setdefault(family, {}).setdefault(dtype, {})[backend] = {
+                        "full": float((logits.to(want.device) - want).abs().max()),
+                        "raincheck": max(float((rc[0].to(first.device) - first).abs().max()),
+                                         float((rc[1].to(second.device) - second).abs().max())),
+                    }
+    return out

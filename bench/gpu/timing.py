@@ -1,0 +1,147 @@
+"""Latency on the device: policies with decode graphs on and off, transformers' prefill and decode at the
+same shape, the decode step over its physical floor, the GDN map update and join, a profile of a fused
+step."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.models import build_decoder
+from raincheck_core.ops.gdn import l2norm
+from raincheck_core.ops.gdn_state_map import extend_map_, identity_map, join_state
+
+from ..common import run_turn
+from .models import Shape, image_prompt, random_engine, transformers_model
+
+POLICIES = {
+    "full": DeferralConfig("full"),
+    "hard": DeferralConfig("hard"),
+    "raincheck": DeferralConfig("raincheck", tpot_slo=None, chunk_size=31, guard=16),
+    "raincheck_objective": DeferralConfig("raincheck", chunk_size=31, guard=16),     # the default TPOT objective
+    "post_answer": DeferralConfig("post_answer"),
+}
+GDN_LAYER = (32, 128)          # Qwen3.5-9B GDN layer: value heads, Dk = Dv
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
+    """Best of `repeats` calls (seconds), after one untimed call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int, graphs: bool,
+             backend: str, guard: int = 16, warm_up: bool = True) -> dict:
+    """{policy: ttft, tpot, tpot_restoring, e2e, completion (s), and ratios to full} on one engine
+    (`guard`: the raincheck policies', 16 unless a short dry run needs chunks within its answer;
+    `warm_up`: one untimed turn per policy first, which compiles kernels and captures graphs)."""
+    engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=graphs)
+    if graphs and torch.device(device).type == "cpu":
+        engine.core.runner.use_graphs(capture=False)     # the same padded path, run eagerly
+    prompt = image_prompt(engine, visual, text)
+    out = {}
+    for name, cfg in POLICIES.items():
+        cfg = dataclasses.replace(cfg, guard=min(cfg.guard, guard))
+        if warm_up:
+            run_turn(engine, prompt, cfg, min(answer, cfg.guard + 4))
+        t = run_turn(engine, prompt, cfg, answer)
+        out[name] = dict(ttft=t.ttft_s, tpot=t.tpot_s, tpot_restoring=t.tpot_restoring_s, e2e=t.e2e_s,
+                         completion=t.completion_s, deferred=t.deferred_tokens, pending=t.deferred_pending,
+                         restoring_steps=t.restoring_steps)
+    full = out["full"]
+    for row in out.values():
+        for key in ("ttft", "tpot", "e2e"):
+            row[key + "_ratio"] = row[key] / full[key] if full[key] else None
+    graphs_obj = engine.core.runner.graphs
+    out["captured"] = 0 if graphs_obj is None else len(graphs_obj.graphs)
+    del engine
+    return out
+
+
+def transformers_timing(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int) -> dict:
+    """transformers' own prefill of the same rows (inputs_embeds) and greedy decode with its cache."""
+    model = transformers_model(shape, device, getattr(torch, dtype))
+    cfg = shape.model_config
+    rows = visual + text + 2
+    embeds = torch.randn(1, rows, cfg.hidden_size, device=device, dtype=getattr(torch, dtype))
+    lm = model.model.language_model
+
+    def prefill():
+        return lm(inputs_embeds=embeds, use_cache=True)
+
+    with torch.no_grad():
+        ttft = timed(prefill, device, 2)
+        cache = prefill().past_key_values
+        token = torch.zeros(1, 1, dtype=torch.long, device=device)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(answer):
+            out = lm(input_ids=token, past_key_values=cache, use_cache=True)
+            token = model.lm_head(out.last_hidden_state[:, -1:]).argmax(-1)
+        sync(device)
+    del model
+    return dict(ttft=ttft, tpot=(time.perf_counter() - t0) / answer)
+
+
+def floor(shape: Shape, device: str, dtype: str, tiny: bool) -> dict:
+    """The decode step's physical floor: the weight bytes a step reads (every layer, the LM head) over the
+    device-to-device copy bandwidth measured here (bytes read + written per second)."""
+    cfg = shape.model_config
+    item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    with torch.device("meta"):
+        decoder = build_decoder(cfg)
+    weights = sum(p.numel() for n, p in decoder.named_parameters() if not n.startswith("embed_tokens"))
+    if cfg.tie_word_embeddings:
+        weights += cfg.vocab_size * cfg.hidden_size
+    n = (1 << 20) if tiny else (1 << 28)
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), device, 5)
+    bandwidth = 2 * 4 * n / seconds
+    return dict(weight_bytes=weights * item, copy_bandwidth=bandwidth, floor_s=weights * item / bandwidth)
+
+
+def gdn_update_and_join(device: str, tiny: bool) -> dict:
+    """At the Qwen3.5-9B GDN layer shape: the online map update of one generated token (us) and the join
+    `S + P·ΔS` (us), fp32 as the engine keeps them."""
+    heads, d = (4, 16) if tiny else GDN_LAYER
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = l2norm(torch.randn(1, heads, d, generator=g)).to(device)
+    gate, beta = -torch.rand(1, heads, generator=g).to(device), torch.rand(1, heads, generator=g).to(device)
+    p = identity_map(heads, d, device)
+    live, delta = (torch.randn(heads, d, d, generator=g).to(device) for _ in range(2))
+    repeats = 3 if tiny else 50
+    return dict(heads=heads, dk=d, update_us_per_token=1e6 * timed(lambda: extend_map_(p, k, gate, beta), device,
+                                                                    repeats),
+                join_us=1e6 * timed(lambda: join_state(live, p, delta), device, repeats))
+
+
+def profile_fused_step(shape: Shape, device: str, dtype: str, visual: int, text: int, backend: str) -> str:
+    """The top kernels of a raincheck turn whose decode steps carry c = 31 chunks (guard 0), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = random_engine(shape, device, dtype, backend=backend)
+    prompt = image_prompt(engine, visual, text)
+    cfg = dataclasses.replace(POLICIES["raincheck"], guard=0)
+    run_turn(engine, prompt, cfg, 3)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run_turn(engine, prompt, cfg, 3)
+    sort = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=15)

@@ -1,0 +1,194 @@
+"""Graph-captured decode steps: a decode step padded to its bucket (engine/padding.py) replays a CUDA graph
+captured from the first step of the same shape, instead of launching every layer's kernels from Python.
+
+A prepared step (`StepInputs.batch`: the packed rows, the attention layout, the GDN layouts) is a tree of
+tensors and plain values. Two steps whose trees have the same *skeleton* (every plain value, every
+tensor's shape and dtype) run the same kernels on the same shapes: only tensor contents differ. So the
+first step of a skeleton becomes the graph's static buffers (views of session tensors cloned, so that
+nothing of a session is a graph buffer) and is captured; a later step of that skeleton copies each of
+its tensors into the static tensor at the same place in the tree and replays. The logits and new states
+are read from the static step's output buffers and cloned, so a later replay never changes what an
+update applied.
+
+Capture is on for CUDA devices with ops that do not take the native CPU kernels (they read the step's
+bounds, plain values, as their read limits). On the CPU the same path runs with `capture=False`: the
+static step's forward runs eagerly where a replay would be, which is how the tests check the padding,
+the skeleton and the copying (tests/engine/test_graphs.py). Prefill, post-answer chunks and any step
+that is not a bucketed decode step run eagerly as planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
+
+from .padding import Bucket, Scratch, bucket_of, pad
+from .plan import StepPlan, StepSessions
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner, StepInputs, StepOutputs
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPHS = 64        # captured skeletons kept; later new ones run eagerly
+# what the forward writes, not what it reads (outputs, the model's per-step cos/sin, the prepared op)
+OUTPUT_FIELDS = frozenset({"out", "op", "cos", "sin"})
+# the native kernel's read bounds (ops/gdn_kernel.py PackedSequences): values, not shapes; never used here
+BOUND_FIELDS = frozenset({"step_rows_needed", "slots_needed", "seed_hists_needed", "seed_states_needed"})
+BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                      "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
+    """(container, key, value) of every tensor and plain value the forward reads in a prepared step:
+    dataclass fields (and computed cached properties, which are computed here first), list and tuple
+    items, a BlockMask's tensors. Objects of other classes (the pools, the model, op functions) are
+    shared by every step and not entered."""
+    if isinstance(tree, BlockMask):
+        for name in BLOCK_MASK_TENSORS:
+            yield tree, name, getattr(tree, name)
+        yield tree, "seq_lengths", tree.seq_lengths
+        return
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        names = [f.name for f in dataclasses.fields(tree)]
+        names += [n for n, v in vars(type(tree)).items() if isinstance(v, cached_property)]
+        for name in names:
+            if name in OUTPUT_FIELDS or name in BOUND_FIELDS:
+                continue
+            yield from _entries(tree, name, getattr(tree, name))
+    elif isinstance(tree, (list, tuple)):
+        for i, item in enumerate(tree):
+            yield from _entries(tree, i, item)
+
+
+def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]:
+    if isinstance(value, Tensor) or value is None or isinstance(value, (int, float, bool, str, slice, torch.device)):
+        yield owner, key, value
+    elif dataclasses.is_dataclass(value) or isinstance(value, (list, tuple, BlockMask)):
+        yield owner, key, type(value).__name__
+        yield from leaves(value)
+    else:
+        yield owner, key, type(value).__name__
+
+
+def skeleton(tree: Any) -> tuple:
+    """What must be equal for two prepared steps to run as one graph: every plain value, and every tensor's
+    shape, dtype and device."""
+    return tuple((type(owner).__name__, key, _plain(v)) for owner, key, v in leaves(tree))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Tensor):
+        return tuple(v.shape), v.dtype, v.device
+    return (v.start, v.stop, v.step) if isinstance(v, slice) else v
+
+
+def make_static(tree: Any) -> None:
+    """Give `tree` tensors of its own where its fields and lists hold views (a lone join's P_rest is a
+    view of the session's): a graph's static buffers are written by every later step of its skeleton.
+    Tuples hold only what a layout derived from its own tensors, and are left as they are."""
+    for owner, key, v in list(leaves(tree)):
+        if isinstance(v, Tensor) and v._base is not None and not isinstance(owner, tuple):
+            _set(owner, key, v.clone())
+
+
+def copy_into(static: Any, new: Any) -> None:
+    """Each tensor of `new` into the tensor at the same place in `static` (same skeleton)."""
+    for (_, _, s), (_, _, n) in zip(leaves(static), leaves(new), strict=True):
+        if isinstance(s, Tensor) and s is not n:
+            s.copy_(n)
+
+
+def _set(owner: Any, key: Any, value: Tensor) -> None:
+    if isinstance(owner, list):
+        owner[key] = value
+    elif isinstance(owner, BlockMask) or not isinstance(vars(type(owner)).get(key), cached_property):
+        setattr(owner, key, value)
+    else:
+        vars(owner)[key] = value
+
+
+@dataclasses.dataclass
+class Captured:
+    inputs: StepInputs                    # the static step
+    graph: torch.cuda.CUDAGraph | None    # None: replayed eagerly (capture off)
+    logits: Tensor | None = None          # the graph's output buffer
+
+
+class StepGraphs:
+    """The runner's bucketed decode steps: padded, then replayed from a captured graph (`capture`) or, with
+    capture off, run eagerly over the same static buffers."""
+
+    def __init__(self, runner: ModelRunner, capture: bool):
+        self.runner = runner
+        self.capture = capture
+        self.scratch = Scratch.reserve(runner.kv, runner.gdn)
+        self.graphs: dict[tuple[Bucket, tuple], Captured | None] = {}    # None: could not be captured
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.replays = 0
+
+    def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs | None:
+        """The step's outputs, or None when it is not a bucketed decode step (the runner runs it as planned)."""
+        bucket = bucket_of(plan)
+        if bucket is None:
+            return None
+        inputs = self.runner.prepare(pad(plan, bucket, self.scratch), sessions)
+        ops = inputs.batch.ops
+        if ops.attention.name != "flex" or ops.gdn.name == "native":
+            return self.runner.forward(inputs)
+        key = (bucket, skeleton(inputs.batch))
+        if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
+            return self.runner.forward(inputs)
+        static = self.graphs.get(key)
+        if key not in self.graphs:
+            try:
+                static = self.graphs[key] = self._capture(inputs)
+            except RuntimeError as e:     # an op of this skeleton cannot be captured: it stays eager
+                log.warning("decode step of bucket %s not captured (%s); it runs eagerly", bucket, e)
+                self.graphs[key] = None
+                return self.runner.forward(self.runner.prepare(pad(plan, bucket, self.scratch), sessions))
+        elif static is None:
+            return self.runner.forward(inputs)
+        else:
+            copy_into(static.inputs.batch, inputs.batch)
+        logits = self._replay(static)
+        self.replays += 1
+        replayed = dataclasses.replace(inputs, batch=static.inputs.batch)
+        return self.runner.collect(replayed, logits.clone()).detached()
+
+    def _capture(self, inputs: StepInputs) -> Captured:
+        make_static(inputs.batch)
+        if not self.capture:
+            return Captured(inputs, None)
+        with torch.inference_mode():
+            side = torch.cuda.Stream()            # warm-up (compiled kernels, library workspaces) off the
+            side.wait_stream(torch.cuda.current_stream())     # capturing stream, as CUDA graphs require
+            with torch.cuda.stream(side):
+                self.runner.model(inputs.batch)
+            torch.cuda.current_stream().wait_stream(side)
+            _reset(inputs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.runner.model(inputs.batch)
+        return Captured(inputs, graph, logits)
+
+    def _replay(self, static: Captured) -> Tensor:
+        if static.graph is None:
+            _reset(static.inputs)
+            with torch.inference_mode():
+                return self.runner.model(static.inputs.batch)
+        static.graph.replay()
+        return static.logits
+
+
+def _reset(inputs: StepInputs) -> None:
+    """What a forward appends to (the GDN factors, per layer) starts empty."""
+    if inputs.batch.gdn is not None:
+        inputs.batch.gdn.out.factors.clear()

@@ -1,0 +1,90 @@
+"""Bucketed decode steps: a decode step padded to a fixed shape, so that one captured graph
+(engine/graphs.py) serves every step of that shape.
+
+A bucket is (decoding sessions, fused deferred rows per session): the decode rows are padded to a power
+of two and each session's chunk to one of `CHUNK_BUCKETS` rows. Padding rows are segments of no session
+(`Segment.padding`): they write and read one scratch KV slot that no session reads, start from a scratch
+GDN state and write theirs back to it, and sample nothing; the runner runs the padded plan and the
+update applies what it returns to the plan as scheduled, so no session sees a padding row. Only decode
+steps are bucketed (decode rows and at most one fused chunk per decoding session); prefill of any
+length, post-answer chunks and serial passes run as planned.
+
+The padding is the same code on every device: the CPU tests run a padded step eagerly and compare it
+with the unpadded one (tests/engine/test_padding.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.gdn_state import GDNStatePool
+from ..cache.kv_pool import KVPool
+from .plan import Kind, Segment, StepPlan
+
+CHUNK_BUCKETS = (0, 7, 15, 31, 63)     # fused deferred rows per session of a captured step
+
+
+@dataclass(frozen=True)
+class Bucket:
+    decode: int      # decode rows: decoding sessions, padded to a power of two
+    chunk: int       # fused deferred rows per session: one of CHUNK_BUCKETS
+
+    @property
+    def rows(self) -> int:
+        return self.decode * (1 + self.chunk)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Where padding rows go: a KV slot (of a page the runner holds) and a GDN slot, or None."""
+
+    kv_slot: torch.Tensor       # [1]
+    gdn_slot: int | None
+
+    @classmethod
+    def reserve(cls, kv: KVPool, gdn: GDNStatePool | None) -> Scratch:
+        """Takes one KV page and one GDN slot out of the pools for as long as the runner lives."""
+        page = kv.allocate(1)[0]
+        return cls(torch.tensor([page * kv.page_size]), gdn.allocate() if gdn is not None else None)
+
+
+def decode_bucket(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def chunk_bucket(rows: int) -> int | None:
+    """The smallest chunk bucket holding `rows`, or None when none does."""
+    return next((c for c in CHUNK_BUCKETS if c >= rows), None)
+
+
+def bucket_of(plan: StepPlan) -> Bucket | None:
+    """The bucket of a decode step (decode rows and fused chunks, at most one per decoding session, of at
+    most the largest chunk bucket); None for any other step (it runs as planned)."""
+    segments = plan.segments
+    if not segments or any(s.kind not in (Kind.DECODE, Kind.DEFERRED) for s in segments):
+        return None
+    decoding = [s.session for s in segments if s.kind is Kind.DECODE]
+    chunks = Counter(s.session for s in segments if s.kind is Kind.DEFERRED)
+    if not decoding or any(n > 1 for n in chunks.values()) or not set(chunks) <= set(decoding):
+        return None
+    chunk = chunk_bucket(max((s.rows for s in segments if s.kind is Kind.DEFERRED), default=0))
+    return None if chunk is None else Bucket(decode_bucket(len(decoding)), chunk)
+
+
+def pad(plan: StepPlan, bucket: Bucket, scratch: Scratch) -> StepPlan:
+    """`plan` (of `bucket`) with padding segments after its own: each decoding session's chunk filled to
+    `bucket.chunk` rows, then decode rows (each with a chunk of `bucket.chunk` rows) up to
+    `bucket.decode`. The result has exactly `bucket.rows` rows."""
+    chunk_rows = {s.session: s.rows for s in plan.segments if s.kind is Kind.DEFERRED}
+    decoding = [s.session for s in plan.segments if s.kind is Kind.DECODE]
+
+    def fill(rows: int) -> list[Segment]:
+        return [Segment.padding(rows, scratch.kv_slot, scratch.gdn_slot)] if rows else []
+
+    extra = [seg for sid in decoding for seg in fill(bucket.chunk - chunk_rows.get(sid, 0))]
+    for _ in range(bucket.decode - len(decoding)):
+        extra += fill(1) + fill(bucket.chunk)
+    return StepPlan([*plan.segments, *extra])

@@ -1,0 +1,109 @@
+"""Bucketed decode steps (engine/padding.py) and the graph path (engine/graphs.py) on the CPU: a decode
+step padded to its bucket (decode rows to a power of two, each session's fused chunk to 0/7/15/31/63
+rows) and run over the static buffers of the first step of its skeleton — eagerly, where CUDA replays a
+captured graph — gives the logits the unpadded step gives, for both families and every chunk bucket."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core import Engine, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.graphs import copy_into, skeleton
+from raincheck_core.engine.padding import CHUNK_BUCKETS, Bucket, Scratch, bucket_of, pad
+from raincheck_core.engine.plan import Kind, Segment, StepPlan
+from tests.deferral.helpers import image_prompt
+
+GRID = (1, 16, 24)      # 96 visual tokens: at r = 0.3, 67 deferred rows, enough for a chunk of 63
+
+
+def _engine(folder, graphs: bool) -> Engine:
+    engine = Engine.from_pretrained(folder, backend="flex", deferred_budget=4096)
+    if graphs:
+        engine.core.runner.use_graphs(capture=False)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoints):
+    return {f: (_engine(folder, False), _engine(folder, True)) for f, (_, folder) in tiny_checkpoints.items()}
+
+
+def _turns(engine: Engine, chunk: int) -> tuple[list[torch.Tensor], list[Bucket | None]]:
+    """Three sessions at once (a decode bucket of 4: one padding decode row), one deferring with chunks
+    of `chunk` rows (0: no deferral); each session's logits, and the bucket of every step."""
+    buckets: list[Bucket | None] = []
+    remove = engine.on_plan(lambda plan: buckets.append(bucket_of(plan)))
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=1, chunk_size=chunk) if chunk \
+        else DeferralConfig("full")
+    sessions = [engine.open_session() for _ in range(3)]
+    streams = [s.turn(image_prompt(engine, seed=10 + i, grid=GRID), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                      deferral=cfg if i == 0 else DeferralConfig("full"), return_logits=True)
+               for i, s in enumerate(sessions)]
+    while not all(st.request.finished for st in streams):
+        engine.step()
+    remove()
+    logits = [torch.stack([e.logits for e in st.tokens()]) for st in streams]
+    for s in sessions:
+        s.close()
+    return logits, buckets
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("chunk", CHUNK_BUCKETS)
+def test_padded_decode_steps_equal_unpadded(engines, family, chunk):
+    plain, padded = engines[family]
+    graphs = padded.core.runner.graphs
+    replays = graphs.replays
+    want, _ = _turns(plain, chunk)
+    got, buckets = _turns(padded, chunk)
+    assert Bucket(4, chunk) in buckets                   # a step of this chunk bucket ran padded
+    assert graphs.replays - replays >= 4
+    for x, y in zip(want, got, strict=True):
+        assert torch.equal(x.argmax(-1), y.argmax(-1))
+        assert float((x - y).abs().max()) <= 1e-5
+
+
+def test_replays_reuse_static_buffers(engines):
+    """Decode steps of one shape share one static step: far fewer skeletons than replays (a full-attention
+    model's decode steps differ only in tensor contents once their keys fit one bucket)."""
+    graphs = engines["qwen3_vl"][1].core.runner.graphs
+    assert len(graphs.graphs) < graphs.replays
+
+
+def _segment(kind: Kind, session: str, rows: int) -> Segment:
+    slots = torch.arange(rows)
+    return Segment(kind, session, rows, slots, slots, None)
+
+
+def test_buckets_and_padding():
+    decode, chunk = _segment(Kind.DECODE, "a", 1), _segment(Kind.DEFERRED, "a", 9)
+    plan = StepPlan([decode, chunk, _segment(Kind.DECODE, "b", 1), _segment(Kind.DECODE, "c", 1)])
+    bucket = bucket_of(plan)
+    assert bucket == Bucket(4, 15)
+    scratch = _scratch()
+    padded = pad(plan, bucket, scratch)
+    assert padded.rows == bucket.rows == 64
+    assert padded.segments[:4] == plan.segments
+    fill = [s.rows for s in padded.segments[4:]]
+    assert fill == [6, 15, 15, 1, 15]                    # a's chunk to 15, b's and c's, a fourth decode row
+    assert all(s.kind is Kind.PADDING and not s.sample for s in padded.segments[4:])
+    assert all(bool((s.write_slots == scratch.kv_slot).all()) for s in padded.segments[4:])
+    assert bucket_of(StepPlan([_segment(Kind.PREFILL, "a", 5)])) is None          # prefill stays eager
+    assert bucket_of(StepPlan([decode, _segment(Kind.DEFERRED, "a", 64)])) is None   # past the largest chunk
+    assert bucket_of(StepPlan([decode, chunk, _segment(Kind.DEFERRED, "a", 3)])) is None
+
+
+def _scratch() -> Scratch:
+    return Scratch(torch.tensor([99]), None)
+
+
+def test_skeleton_and_copy():
+    """Same shapes and plain values: one skeleton, and copying moves every tensor's contents."""
+    a = StepPlan([_segment(Kind.DECODE, "a", 1)])
+    b = StepPlan([Segment(Kind.DECODE, "a", 1, torch.tensor([7]), torch.tensor([7]), None)])
+    assert skeleton(a.segments[0]) == skeleton(b.segments[0])
+    assert skeleton(a.segments[0]) != skeleton(_segment(Kind.DECODE, "a", 2))
+    copy_into(a.segments[0], b.segments[0])
+    assert int(a.segments[0].write_slots) == 7
