@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,6 +62,7 @@ class SamplingParams:
     logprobs: bool = False            # report each chosen token's log probability
     top_logprobs: int = 0             # and the k most likely tokens' (needs logprobs)
     grammar: str | None = None        # llguidance grammar text the answer must follow (grammar.py)
+    n: int = 1                        # answers to the prompt, sharing its prefill (docs/mechanism.md §11)
 
     def __post_init__(self) -> None:
         temperature = _number("temperature", self.temperature)
@@ -77,6 +78,8 @@ class SamplingParams:
             _integer("seed", self.seed)
         if _integer("max_new_tokens", self.max_new_tokens) < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if _integer("n", self.n) < 1:
+            raise InvalidInputError(f"n must be >= 1, got {self.n}")
         for token in self.stop_token_ids:
             if _integer("a stop token id", token) < 0:
                 raise InvalidInputError(f"stop token ids must be >= 0, got {token}")
@@ -109,6 +112,11 @@ class SamplingParams:
             if self.ignore_eos or self.min_tokens:
                 raise InvalidInputError("a grammar decides where the answer ends: ignore_eos and min_tokens "
                                         "cannot be set with it")
+
+    def branch(self, i: int) -> SamplingParams:
+        """The parameters of answer `i` of an `n > 1` turn: one answer, with seed + i when a seed is set (so
+        that seeded answers differ from each other and each is reproducible)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + i)
 
     @property
     def greedy(self) -> bool:

@@ -8,6 +8,7 @@ undone whole (`restore`). The cache owns its turn's recovery (`recovery`): nothi
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,20 @@ class SessionCache:
             conv, ssm = hit.state
             self.gdn.conv[self.gdn_slot].copy_(conv)
             self.gdn.ssm[self.gdn_slot].copy_(ssm)
+
+    def fork(self, parent: SessionCache) -> None:
+        """This new cache (its pages for an answer reserved) becomes a branch of `parent` after its prompt: the
+        prompt's pages shared, the GDN state copied, the same token stream and positions. The parent has
+        no recovery (an `n > 1` turn defers nothing: docs/mechanism.md §11)."""
+        self.table.fork(parent.table)
+        self.chain = copy.deepcopy(parent.chain)
+        self.published = parent.published
+        self.tokens = list(parent.tokens)
+        self.next_position = parent.next_position
+        self.turns = parent.turns
+        if self.gdn is not None:
+            self.gdn.conv[self.gdn_slot].copy_(self.gdn.conv[parent.gdn_slot])
+            self.gdn.ssm[self.gdn_slot].copy_(self.gdn.ssm[parent.gdn_slot])
 
     def generated_slots(self) -> torch.Tensor:
         """Slot ids of the GEN slots (the recovering turn's fed answer tokens)."""
