@@ -30,6 +30,7 @@ MIN_TEMPERATURE = 1e-5   # below it, sampling is greedy in all but name; 0 asks 
 MIN_TOP_P = 1e-6         # below it top_p keeps only the most likely token (any vocabulary up to 1M)
 MAX_TOP_LOGPROBS = 20    # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0   # OpenAI's limit (either sign)
+MAX_N = 128              # OpenAI's limit of answers per request
 
 
 def _number(name: str, value: object) -> float:
@@ -78,8 +79,8 @@ class SamplingParams:
             _integer("seed", self.seed)
         if _integer("max_new_tokens", self.max_new_tokens) < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if _integer("n", self.n) < 1:
-            raise InvalidInputError(f"n must be >= 1, got {self.n}")
+        if not 1 <= _integer("n", self.n) <= MAX_N:
+            raise InvalidInputError(f"n must be in [1, {MAX_N}], got {self.n}")
         for token in self.stop_token_ids:
             if _integer("a stop token id", token) < 0:
                 raise InvalidInputError(f"stop token ids must be >= 0, got {token}")

@@ -121,6 +121,7 @@ def test_an_image_prompt_defers_nothing_with_n(engines, family):
     one, one_logits, _ = _single(ref, prompt, SamplingParams(max_new_tokens=4, ignore_eos=True),
                                  DeferralConfig("full"))
     for i in (0, 1):
+        assert ends[i].token_ids == one.token_ids
         assert float((_logits(events, i) - one_logits).abs().max()) <= TOL
     session.close()
 
