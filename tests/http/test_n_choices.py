@@ -88,7 +88,7 @@ def test_any_choice_can_be_continued(stack):
 
 
 def test_n_too_large_for_the_pool_is_400(stack):
-    with pytest.raises(openai.BadRequestError, match="n=128 answers of up to 2000 tokens .* need .* KV pages"):
+    with pytest.raises(openai.BadRequestError, match=r"n=128 answers of up to 2000 tokens .* need .* KV pages"):
         ask(stack, n=128, max_tokens=2000)
 
 
