@@ -169,8 +169,6 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         if tools.uses_tools(body):
-            if body.n not in (None, 1):
-                raise HttpError.invalid("n > 1 is not supported with tools", param="n")
             return await tool_chat.respond(body, HttpCall(request.headers.get("authorization")), backend.servicer,
                                            blocking, EventStream)
         turn = await start(request, lambda: openai_api.to_spec(body, images))

@@ -94,7 +94,7 @@ def test_n_too_large_for_the_pool_is_400(stack):
 
 def test_n_is_refused_where_it_cannot_work(stack):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    with pytest.raises(openai.BadRequestError, match="n > 1 is not supported with tools"):
+    with pytest.raises(openai.BadRequestError, match="n > 1 cannot be combined with tools"):
         ask(stack, n=2, tools=tools)
     with pytest.raises(openai.BadRequestError, match="n is not supported"):
         stack.openai().completions.create(model=MODEL, prompt="hi", n=2, max_tokens=2)
