@@ -282,7 +282,8 @@ class EngineCore:
         context = cache.length + len(request.input)
         try:
             for i in range(1, request.params.n):
-                sid = f"{cache.session}#{i}"
+                # named by turn too: an earlier turn's answers may still be decoding
+                sid = f"{cache.session}#{cache.turns}.{i}"
                 child = branch(i, self.open_cache(sid, cache.table.max_pages))
                 request.branches.append(child)
                 child.cache.table.reserve(context % self.kv.page_size + request.params.max_new_tokens)

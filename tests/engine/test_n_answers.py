@@ -52,7 +52,7 @@ def test_greedy_answers_share_the_prompt_and_equal_one_answer(engines, family):
         events.append(next(stream))
     kv = engine.kv
     parent = session.cache.table.pages
-    branches = [engine.core.caches[f"{session.id}#{i}"].table.pages for i in (1, 2)]
+    branches = [engine.core.caches[f"{session.id}#0.{i}"].table.pages for i in (1, 2)]
     full = len(PROMPT) // kv.page_size
     for pages in branches:
         assert pages[:full] == parent[:full]                    # the prompt's full pages, shared
