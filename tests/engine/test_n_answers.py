@@ -44,6 +44,8 @@ def test_greedy_answers_share_the_prompt_and_equal_one_answer(engines, family):
     engine, ref = engines[family]
     params = SamplingParams(max_new_tokens=6, ignore_eos=True, n=3)
     free = engine.pool_stats().free_pages
+    rows: list[int] = []
+    remove = engine.on_step(lambda stats: rows.append(stats.decode_rows))
     session = engine.open_session()
     stream = session.turn(PROMPT, params, return_logits=True)
     events = []
@@ -61,6 +63,8 @@ def test_greedy_answers_share_the_prompt_and_equal_one_answer(engines, family):
     assert all(kv.refs[p] >= 3 for p in parent[:full])
     assert all(kv.refs[p] == 1 for pages in branches for p in pages[full:])
     events += list(stream)
+    remove()
+    assert rows.count(3) == 5          # the three answers decode in the same steps (tokens 2..6)
     ends = stream.results()
     one, one_logits, _ = _single(ref, PROMPT, SamplingParams(max_new_tokens=6, ignore_eos=True))
     for i, end in enumerate(ends):
