@@ -343,8 +343,8 @@ class EngineCore:
                 self.end_turn(req)
 
     def fail_turn(self, request: TurnRequest, error: Exception) -> None:
-        """`request` fails alone (with the answers it forks, or that are still running); its session is
-        undone to the turn's admission (as if it never ran)."""
+        """`request` fails, and with it its other answers still running (n > 1; an other answer fails
+        alone); its session is undone to the turn's admission (as if it never ran)."""
         for child in request.branches:
             self.fail_turn(child, error)
         if request.finished:
