@@ -98,16 +98,18 @@ class AsyncSession:
 class AsyncTurn:
     def __init__(self, call):
         self._call = call
-        self.final: Final | None = None
+        self.final: Final | None = None           # answer 0's (the one the session continues)
         self.metrics: Metrics | None = None
+        self.finals: dict[int, Final] = {}        # every answer's, by choice (Sampling(n=...))
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         try:
             async for message in self._call:
                 event = from_proto(message)
                 if isinstance(event, Final):
-                    self.final = event
-                elif isinstance(event, Metrics):
+                    self.finals[event.choice] = event
+                    self.final = self.finals.get(0)
+                elif isinstance(event, Metrics) and not event.choice:
                     self.metrics = event
                 yield event
         except grpc.RpcError as e:

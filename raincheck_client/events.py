@@ -1,4 +1,5 @@
-"""What a turn streams, as plain dataclasses: `Token`s, `RecoveryProgress`, one `Metrics`, one `Final`."""
+"""What a turn streams, as plain dataclasses: `Token`s, `RecoveryProgress`, one `Metrics` and one `Final`
+(per answer, with `Sampling(n=...)`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Token:
     index: int           # position among the turn's generated tokens
     logprob: float | None = None      # with Sampling(logprobs=True)
     top_logprobs: tuple[tuple[int, str, float], ...] = ()   # (token id, token, logprob), most likely first
+    choice: int = 0                   # which answer (Sampling(n=...))
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Metrics:
     barrier_wait_s: float             # waited for the previous turn's recovery
     previous_recovery_s: float | None
     previous_pending: int = 0         # earlier turns' deferred tokens pending when this turn started
+    choice: int = 0                   # which answer; answer 0's metrics and final come last
+    cached_prompt_tokens: int = 0     # of prompt_tokens, served from the worker's prefix cache
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Final:
     finish_reason: str                # stop | length | cancelled
     token_ids: list[int]
     text: str
+    choice: int = 0                   # which answer; answer 0's (the one the session continues) comes last
 
 
 Event = Token | Metrics | RecoveryProgress | Final
@@ -61,7 +66,7 @@ def from_proto(event: chat_pb2.ChatEvent) -> Event:
     if kind == "token":
         t = event.token
         return Token(t.token_id, t.text, t.index, _optional(t, "logprob"),
-                     tuple((a.token_id, a.token, a.logprob) for a in t.top_logprobs))
+                     tuple((a.token_id, a.token, a.logprob) for a in t.top_logprobs), t.choice)
     if kind == "recovery":
         r = event.recovery
         return RecoveryProgress(r.pending_tokens, r.complete, r.elapsed_s)
@@ -69,10 +74,11 @@ def from_proto(event: chat_pb2.ChatEvent) -> Event:
         m = event.metrics
         return Metrics(m.prompt_tokens, m.generated_tokens, m.ttft_s, m.tpot_s, m.e2e_s, m.queue_s,
                        m.deferred_tokens, m.deferred_pending, _optional(m, "tpot_restoring_s"),
-                       m.barrier_wait_s, _optional(m, "previous_recovery_s"), m.previous_pending)
+                       m.barrier_wait_s, _optional(m, "previous_recovery_s"), m.previous_pending, m.choice,
+                       m.cached_prompt_tokens)
     if kind == "final":
         f = event.final
-        return Final(event.turn_id, f.finish_reason, list(f.token_ids), f.text)
+        return Final(event.turn_id, f.finish_reason, list(f.token_ids), f.text, f.choice)
     if kind == "error":
         raise error_for(event.error.code, event.error.message)
     raise ValueError(f"unknown chat event {kind!r}")

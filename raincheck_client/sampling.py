@@ -20,10 +20,11 @@ class Sampling:
     logprobs: bool = False                    # each Token carries its logprob
     top_logprobs: int = 0                     # and the k most likely tokens' (0-20)
     grammar: str = ""                         # llguidance grammar text the answer must follow ("": none)
+    n: int | None = None                      # answers sharing the prompt's prefill (events carry `choice`)
 
     def apply(self, options: chat_pb2.SamplingOptions) -> chat_pb2.SamplingOptions:
         """`options` with these fields set."""
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"):
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "n"):
             if getattr(self, name) is not None:
                 setattr(options, name, getattr(self, name))
         options.stop_token_ids.extend(self.stop_token_ids)

@@ -108,16 +108,18 @@ class Turn:
 
     def __init__(self, call):
         self._call = call
-        self.final: Final | None = None
+        self.final: Final | None = None           # answer 0's (the one the session continues)
         self.metrics: Metrics | None = None
+        self.finals: dict[int, Final] = {}        # every answer's, by choice (Sampling(n=...))
 
     def __iter__(self) -> Iterator[Event]:
         try:
             for message in self._call:
                 event = from_proto(message)
                 if isinstance(event, Final):
-                    self.final = event
-                elif isinstance(event, Metrics):
+                    self.finals[event.choice] = event
+                    self.final = self.finals.get(0)
+                elif isinstance(event, Metrics) and not event.choice:
                     self.metrics = event
                 yield event
         except grpc.RpcError as e:

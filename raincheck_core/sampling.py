@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +30,7 @@ MIN_TEMPERATURE = 1e-5   # below it, sampling is greedy in all but name; 0 asks 
 MIN_TOP_P = 1e-6         # below it top_p keeps only the most likely token (any vocabulary up to 1M)
 MAX_TOP_LOGPROBS = 20    # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0   # OpenAI's limit (either sign)
+MAX_N = 128              # OpenAI's limit of answers per request
 
 
 def _number(name: str, value: object) -> float:
@@ -62,6 +63,7 @@ class SamplingParams:
     logprobs: bool = False            # report each chosen token's log probability
     top_logprobs: int = 0             # and the k most likely tokens' (needs logprobs)
     grammar: str | None = None        # llguidance grammar text the answer must follow (grammar.py)
+    n: int = 1                        # answers to the prompt, sharing its prefill (docs/mechanism.md §12)
 
     def __post_init__(self) -> None:
         temperature = _number("temperature", self.temperature)
@@ -77,6 +79,8 @@ class SamplingParams:
             _integer("seed", self.seed)
         if _integer("max_new_tokens", self.max_new_tokens) < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 1 <= _integer("n", self.n) <= MAX_N:
+            raise InvalidInputError(f"n must be in [1, {MAX_N}], got {self.n}")
         for token in self.stop_token_ids:
             if _integer("a stop token id", token) < 0:
                 raise InvalidInputError(f"stop token ids must be >= 0, got {token}")
@@ -109,6 +113,11 @@ class SamplingParams:
             if self.ignore_eos or self.min_tokens:
                 raise InvalidInputError("a grammar decides where the answer ends: ignore_eos and min_tokens "
                                         "cannot be set with it")
+
+    def branch(self, i: int) -> SamplingParams:
+        """The parameters of answer `i` of an `n > 1` turn: one answer, with seed + i when a seed is set (so
+        that seeded answers differ from each other and each is reproducible)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + i)
 
     @property
     def greedy(self) -> bool:

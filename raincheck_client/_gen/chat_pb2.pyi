@@ -96,7 +96,7 @@ class UserMessage(_message.Message):
     def __init__(self, text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ...) -> None: ...
 
 class SamplingOptions(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "logprobs", "top_logprobs", "grammar")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "logprobs", "top_logprobs", "grammar", "n")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class SamplingOptions(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -136,7 +137,8 @@ class SamplingOptions(_message.Message):
     logprobs: bool
     top_logprobs: int
     grammar: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., grammar: _Optional[str] = ...) -> None: ...
+    n: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., grammar: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "token")
@@ -163,23 +165,25 @@ class ChatRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., message: _Optional[_Union[UserMessage, _Mapping]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., deferral: _Optional[_Union[DeferralSettings, _Mapping]] = ..., follow_recovery: _Optional[bool] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
-    __slots__ = ("token_id", "text", "index", "logprob", "top_logprobs", "token")
+    __slots__ = ("token_id", "text", "index", "logprob", "top_logprobs", "token", "choice")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
     index: int
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     token: str
-    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., token: _Optional[str] = ...) -> None: ...
+    choice: int
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., token: _Optional[str] = ..., choice: _Optional[int] = ...) -> None: ...
 
 class TurnMetrics(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens", "previous_pending")
+    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens", "previous_pending", "choice")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +197,7 @@ class TurnMetrics(_message.Message):
     PREVIOUS_RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     ttft_s: float
@@ -206,7 +211,8 @@ class TurnMetrics(_message.Message):
     previous_recovery_s: float
     cached_prompt_tokens: int
     previous_pending: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ..., previous_pending: _Optional[int] = ...) -> None: ...
+    choice: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ..., previous_pending: _Optional[int] = ..., choice: _Optional[int] = ...) -> None: ...
 
 class RecoveryProgress(_message.Message):
     __slots__ = ("pending_tokens", "complete", "elapsed_s")
@@ -219,14 +225,16 @@ class RecoveryProgress(_message.Message):
     def __init__(self, pending_tokens: _Optional[int] = ..., complete: _Optional[bool] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class TurnFinal(_message.Message):
-    __slots__ = ("finish_reason", "token_ids", "text")
+    __slots__ = ("finish_reason", "token_ids", "text", "choice")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
-    def __init__(self, finish_reason: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+    choice: int
+    def __init__(self, finish_reason: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., choice: _Optional[int] = ...) -> None: ...
 
 class ErrorEvent(_message.Message):
     __slots__ = ("code", "message")

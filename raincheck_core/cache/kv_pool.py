@@ -141,6 +141,23 @@ class PageTable:
         self.length = length
         self._index()
 
+    def fork(self, parent: PageTable) -> None:
+        """This empty table, holding only pages it reserved, becomes a copy of `parent`: its full pages shared
+        read-only, a partly filled last page copied into the first reserved one (both will write into it),
+        the rest of the reserved pages after them."""
+        ps = self.pool.page_size
+        full, rows = divmod(parent.length, ps)
+        own = self.pages
+        if self.length or (rows and not own) or full + len(own) > self.max_pages:
+            raise InvalidInputError(f"cannot fork {parent.length} slots onto {len(own)} reserved pages")
+        shared = parent.pages[:full]
+        self.pool.share(shared)
+        if rows:
+            self.pool.copy_page(parent.pages[full], own[0], rows)
+        self.pages = shared + own
+        self.length = parent.length
+        self._index()
+
     def truncate(self, length: int) -> None:
         """Forget every slot from `length` on and return the pages no longer needed to the pool. A partly
         kept last page that someone else holds too is copied (copy on write: later slots overwrite it)."""

@@ -26,7 +26,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import RequestTooLargeError, StepFailedError
+from ..errors import RequestTooLargeError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
@@ -170,6 +170,8 @@ class EngineCore:
         the gaps, complete recoveries are finished."""
         for cache in result.grown:          # first: a failed turn's pages hold valid K/V all the same
             self._publish(cache)
+        for req, logits in result.forked:   # before the parent's end: a branch copies its cache as it stands
+            self.fork(req, logits)
         for req, error in result.failed:
             self.fail_turn(req, error)
         for req in result.ended:
@@ -236,10 +238,11 @@ class EngineCore:
         """Tokens a session may hold: `EngineConfig.max_model_len`, else the checkpoint's context length."""
         return self.config.max_model_len or self.model_config.max_position_embeddings
 
-    def check_fits(self, cache: SessionCache, prompt: int, deferred: int, max_new_tokens: int) -> None:
+    def check_fits(self, cache: SessionCache, prompt: int, deferred: int, max_new_tokens: int, n: int = 1) -> None:
         """RequestTooLargeError when a turn of `prompt` rows run now, `deferred` later and up to
-        `max_new_tokens` generated can never be served: past the context length, or more slots than the
-        session's page budget or the whole KV pool holds. What waiting can cure is left to admission."""
+        `max_new_tokens` generated (for each of `n` answers) can never be served: past the context length,
+        or more slots than the session's page budget or the whole KV pool holds. What waiting can cure is
+        left to admission."""
         # the previous turn's deferred rows not restored yet will be in the cache before this turn runs
         held = cache.length + sum(r.pending for r in cache.recoveries())
         asked = prompt + deferred + max_new_tokens
@@ -256,14 +259,36 @@ class EngineCore:
             if total > pages * page:
                 raise RequestTooLargeError(f"{what} holds at most {pages * page} tokens; {detail}", pages * page,
                                            total)
+        if n > 1:
+            # every other answer shares the prompt's full pages and holds the rest (partial page and answer)
+            needed = -(-total // page) + (n - 1) * self._branch_pages(held + prompt + deferred, max_new_tokens)
+            if needed > self.kv.num_pages:
+                raise RequestTooLargeError(
+                    f"n={n} answers of up to {max_new_tokens} tokens after a {held + prompt + deferred}-token "
+                    f"context need {needed} KV pages of {page} tokens; this worker's KV pool holds "
+                    f"{self.kv.num_pages} pages", self.kv.num_pages * page, needed * page)
 
-    def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int) -> None:
+    def _branch_pages(self, context: int, max_new_tokens: int) -> int:
+        """Pages an answer forked after `context` slots holds of its own."""
+        return -(-(context % self.kv.page_size + max_new_tokens) // self.kv.page_size)
+
+    def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int,
+              branch: Callable[[int, SessionCache], TurnRequest] | None = None) -> None:
         """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
-        the cache's recovery, and the scheduler runs it from the next step. On an error (no pages, no GDN
-        slot) the cache is as before and nothing was admitted."""
+        the cache's recovery, and the scheduler runs it from the next step. With `n > 1` answers (and no
+        deferred rows), `branch(i, cache)` makes answer i's request on a new cache, whose pages for the
+        answer are reserved now; they fork from this one when its prompt is in (`fork`). On an error (no
+        pages, no GDN slot) the cache is as before and nothing was admitted."""
         cache = request.cache
         checkpoint = cache.checkpoint()
+        context = cache.length + len(request.input)
         try:
+            for i in range(1, request.params.n):
+                # named by turn too: an earlier turn's answers may still be decoding
+                sid = f"{cache.session}#{cache.turns}.{i}"
+                child = branch(i, self.open_cache(sid, cache.table.max_pages))
+                request.branches.append(child)
+                child.cache.table.reserve(context % self.kv.page_size + request.params.max_new_tokens)
             reserve -= self._reuse_prefix(request)
             cache.table.reserve(reserve)
             if deferred is not None:
@@ -279,6 +304,9 @@ class EngineCore:
                     cache.queued = rec
         except Exception:
             cache.restore(checkpoint)
+            for child in request.branches:
+                self.forget(child.cache.session)
+            request.branches = []
             raise
         request.checkpoint = checkpoint
         request.turn = cache.turns
@@ -305,6 +333,9 @@ class EngineCore:
         """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
         cache = request.cache
         self._stop_running(request)
+        if request.choice:       # an answer the session does not continue: its pages go back now
+            self.forget(cache.session)
+            return
         cache.pending_ids = request.tail()
         rec = cache.own_recovery(request.turn)
         if rec is not None and not rec.done:
@@ -313,21 +344,52 @@ class EngineCore:
             self.scheduler.add_recovering(cache)
 
     def cancel_turn(self, request: TurnRequest) -> None:
-        """Stop `request` after the current step; it ends with finish_reason "cancelled"."""
-        if not request.finished:
-            request.finish("cancelled")
-            self.end_turn(request)
+        """Stop `request` (and its other answers) after the current step; it ends with finish_reason
+        "cancelled"."""
+        for req in (request, *request.branches):
+            if not req.finished:
+                req.finish("cancelled")
+                self.end_turn(req)
 
     def fail_turn(self, request: TurnRequest, error: Exception) -> None:
-        """`request` fails alone; its session is undone to the turn's admission (as if it never ran)."""
+        """`request` fails, and with it its other answers still running (n > 1; an other answer fails
+        alone); its session is undone to the turn's admission (as if it never ran)."""
+        for child in request.branches:
+            self.fail_turn(child, error)
         if request.finished:
             return
         cache = request.cache
         self._stop_running(request)
+        if request.choice:
+            self.forget(cache.session)
+            request.fail(error)
+            return
         if request.checkpoint is not None:
             self._restore(cache, request.checkpoint)
         log.warning("turn %d failed and was undone: %s", request.id, error)
         request.fail(error)
+
+    def fork(self, parent: TurnRequest, logits: torch.Tensor) -> None:
+        """`parent`'s prompt is in and its first token drawn from `logits`: each other answer's cache forks
+        from its cache (the prompt's pages shared, the GDN state copied), draws its own first token from
+        the same logits and decodes from the next step, in the same steps as the others."""
+        now = self.clock()
+        for child in parent.branches:
+            if child.finished:     # cancelled before the prompt was in
+                continue
+            child.cache.fork(parent.cache)
+            child.forked(parent)
+            try:
+                token = child.sampler(logits)
+            except Exception as e:   # this answer's sampling only
+                self.fail_turn(child, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}"))
+                continue
+            child.accept(token, logits, now, restoring=False)
+            if child.finished:
+                self.end_turn(child)
+            else:
+                self.turns[child.cache.session] = child
+                self.scheduler.add(child)
 
     def _stop_running(self, request: TurnRequest) -> None:
         self.scheduler.remove(request)
@@ -336,7 +398,9 @@ class EngineCore:
 
     def undo_ended_turn(self, request: TurnRequest, checkpoint: Checkpoint, error: Exception) -> None:
         """`request` ended but nobody read its end: put its session back as before it (its recovery, if
-        any, is dropped) and mark it undone."""
+        any, is dropped) and mark it undone; its other answers still running fail."""
+        for child in request.branches:
+            self.fail_turn(child, error)
         self._restore(request.cache, checkpoint)
         request.error = error
 

@@ -33,6 +33,7 @@ class TokenEvent:
     logits: torch.Tensor | None = field(default=None, repr=False)   # [vocab] fp32 with return_logits
     logprob: float | None = None       # with SamplingParams.logprobs: log softmax of the model's logits
     top_logprobs: tuple[tuple[int, float], ...] = ()   # (token id, logprob), most likely first
+    choice: int = 0                    # which answer of an `n > 1` turn (SamplingParams.n)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TurnEnd:
     token_ids: list[int]
     text: str
     metrics: TurnMetrics
+    choice: int = 0                    # which answer of an `n > 1` turn
 
 
 TurnEvent = TokenEvent | TurnEnd

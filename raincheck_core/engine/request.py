@@ -47,6 +47,7 @@ class TurnRequest:
         checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
         clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None,
         previous_pending: int = 0,
+        choice: int = 0,
     ):
         self.id = next(_ids)
         self.turn = cache.turns           # the session's turn index (set again at admission)
@@ -78,6 +79,8 @@ class TurnRequest:
         self.decode_s = 0.0
         self.plain_s = 0.0
         self.clock = clock
+        self.choice = choice               # which answer of an `n > 1` turn (0: the session's own)
+        self.branches: list[TurnRequest] = []   # answers 1..n-1: forked from this one after the prompt
         self.t_submit = clock()
         self.t_start: float | None = None
         self.t_first: float | None = None
@@ -115,6 +118,13 @@ class TurnRequest:
         prefix cache at admission)."""
         self.cursor = self.cached_prompt_tokens = n
 
+    def forked(self, parent: TurnRequest) -> None:
+        """This branch starts where `parent` stands after the prompt (its cache was forked from the
+        parent's): every input row is in, and it shares the parent's times so far."""
+        self.cursor = len(self.input)
+        self.cached_prompt_tokens = parent.cached_prompt_tokens
+        self.t_submit, self.t_start = parent.t_submit, parent.t_start
+
     def fed(self, n: int, now: float) -> None:
         """`n` rows of this turn ran: input rows, or the one row of the last sampled token."""
         if self.t_start is None:
@@ -133,7 +143,7 @@ class TurnRequest:
         text = self._text_delta()
         self.events.append(TokenEvent(token, text, len(self.generated) - 1,
                                       logits.clone() if self.return_logits else None,
-                                      self.sampler.logprob, self.sampler.top_logprobs))
+                                      self.sampler.logprob, self.sampler.top_logprobs, self.choice))
         if token in self.stop_ids and not self.params.ignore_eos:
             self.finish("stop")
         elif len(self.generated) >= self.params.max_new_tokens:
@@ -146,7 +156,7 @@ class TurnRequest:
         self.finished = True
         self.finish_reason = reason
         self.checkpoint = None
-        self.events.append(TurnEnd(reason, list(self.generated), self._full_text(), self.metrics()))
+        self.events.append(TurnEnd(reason, list(self.generated), self._full_text(), self.metrics(), self.choice))
 
     def tail(self) -> list[int]:
         """What the session's transcript holds of this ended answer that its cache has not fed."""

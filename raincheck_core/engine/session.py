@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -84,16 +85,22 @@ class Session:
         `deferral` overrides the session's policy for this turn. If the previous turn's deferred
         input is still being recovered, this waits for it first (the completion barrier; the wait is
         reported as `barrier_wait_s`), at most `barrier_timeout_s` when the turn's config sets one: then the
-        rest is restored during and after this turn (docs/mechanism.md §10)."""
+        rest is restored during and after this turn (docs/mechanism.md §10).
+
+        With `sampling.n > 1` the stream yields the events of n answers (`choice` 0..n-1) that share the
+        prompt's prefill; the session continues answer 0, the others' pages go back as each ends. Such a
+        turn defers nothing: its deferred rows are prefilled with the prompt (docs/mechanism.md §12)."""
         params = sampling or SamplingParams()
         engine = self.engine
         _check_token_ids(params, engine.model_config.vocab_size)
         cfg = engine.deferral_for(deferral or self.deferral)
+        if params.n > 1 and cfg.defers:
+            cfg = dataclasses.replace(cfg, policy="full")
         self._check_idle()
         # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
         # stepping meanwhile. Only one turn of this session can get past the re-check below.
         prompt, chat_level = self._prompt(message, cfg)
-        constraint = self._constraint(params, chat_level)
+        constraints = [self._constraint(params, chat_level) for _ in range(params.n)]
         with engine.lock:
             self._check_idle()
             cache = self.cache
@@ -101,8 +108,10 @@ class Session:
             full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position)
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
-            engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens)
-            waited = self._barrier(cfg.barrier_timeout_s, len(parts.keep_rows))
+            engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens, params.n)
+            # n answers fork the cache after the prompt: a recovery still pending then would need a
+            # join per answer, so such a turn waits for it whatever the bound
+            waited = self._barrier(cfg.barrier_timeout_s if params.n == 1 else None, len(parts.keep_rows))
             late = sum(r.pending for r in cache.recoveries())
             turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
@@ -110,12 +119,18 @@ class Session:
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
                                   deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraint,
+                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraints[0],
                                   previous_pending=late)
-            # every page the turn can need is reserved now (D included), so neither the answer nor the
-            # recovery can fail halfway for lack of memory
+
+            def branch(i: int, branch_cache: SessionCache) -> TurnRequest:
+                return TurnRequest(branch_cache, turn_input, params.branch(i), stops, decode, return_logits,
+                                   turn_end, tpot_slo=cfg.tpot_slo, clock=engine.core.clock,
+                                   constraint=constraints[i], choice=i)
+
+            # every page the turn can need is reserved now (D and the other answers' included), so neither
+            # an answer nor the recovery can fail halfway for lack of memory
             engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
-                              reserve=len(parts.keep_rows) + deferred + params.max_new_tokens)
+                              reserve=len(parts.keep_rows) + deferred + params.max_new_tokens, branch=branch)
             self._current = request
             self._undo = request.checkpoint
             engine.stepper.wake()
@@ -256,41 +271,53 @@ def _check_token_ids(params: SamplingParams, vocab_size: int) -> None:
 
 
 class TurnStream:
-    """Iterator over one turn's events; `text()` runs it to the end and returns the answer."""
+    """Iterator over one turn's events (of every answer, with `n > 1`, in the order they come); `text()`
+    runs it to the end and returns answer 0's text, `results()` every answer's end."""
 
     def __init__(self, session: Session, request: TurnRequest):
         self.session = session
         self.request = request
-        self.end: TurnEnd | None = None
+        self.requests = [request, *request.branches]
+        self.end: TurnEnd | None = None          # answer 0's
+        self.ends: list[TurnEnd | None] = [None] * len(self.requests)
 
     def __iter__(self) -> Iterator[TurnEvent]:
         return self
 
     def __next__(self) -> TurnEvent:
-        req = self.request
-        if self.end is not None:
+        if all(e is not None for e in self.ends):
             raise StopIteration
-        self.session.engine.stepper.drive(req)
-        if req.events:
-            event = req.events.popleft()
-            if isinstance(event, TurnEnd):
+        self.session.engine.stepper.drive(*self.requests)
+        for req in self.requests:
+            if req.events:
+                return self._hand_out(req, req.events.popleft())
+        for req in self.requests:
+            if req.error is not None:
+                raise req.error
+        raise StopIteration
+
+    def _hand_out(self, req: TurnRequest, event: TurnEvent) -> TurnEvent:
+        if isinstance(event, TurnEnd):
+            self.ends[req.choice] = event
+            if req is self.request:
                 self.end = event
                 with self.session.engine.lock:
                     self.session._end_read(req)
-            return event
-        if req.error is not None:
-            raise req.error
-        raise StopIteration
+        return event
 
     def tokens(self) -> list[TokenEvent]:
         return [e for e in self if isinstance(e, TokenEvent)]
 
-    def result(self) -> TurnEnd:
+    def results(self) -> list[TurnEnd]:
+        """Every answer's end, by choice."""
         for _ in self:
             pass
-        if self.end is None:
+        if any(e is None for e in self.ends):
             raise RuntimeError("the turn ended without a result")
-        return self.end
+        return list(self.ends)
+
+    def result(self) -> TurnEnd:
+        return self.results()[0]
 
     def text(self) -> str:
         return self.result().text

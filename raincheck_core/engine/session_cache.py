@@ -13,6 +13,7 @@ what a deferred row may read follows from these labels (deferral/visibility.py).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +135,21 @@ class SessionCache:
             conv, ssm = hit.state
             self.gdn.conv[self.gdn_slot].copy_(conv)
             self.gdn.ssm[self.gdn_slot].copy_(ssm)
+
+    def fork(self, parent: SessionCache) -> None:
+        """This new cache (its pages for an answer reserved) becomes a branch of `parent` after its prompt: the
+        prompt's pages shared, the GDN state copied, the same token stream and positions. The parent has
+        no recovery (an `n > 1` turn defers nothing: docs/mechanism.md §12)."""
+        self.table.fork(parent.table)
+        self.chain = copy.deepcopy(parent.chain)
+        self.published = parent.published
+        self.tokens = list(parent.tokens)
+        self.next_position = parent.next_position
+        self.turns = parent.turns
+        self._turn_of, self._generated = parent._turn_of.clone(), parent._generated.clone()
+        if self.gdn is not None:
+            self.gdn.conv[self.gdn_slot].copy_(self.gdn.conv[parent.gdn_slot])
+            self.gdn.ssm[self.gdn_slot].copy_(self.gdn.ssm[parent.gdn_slot])
 
     def generated_slots(self) -> torch.Tensor:
         """Slot ids of the filled slots the pending recovery's rows may not read (none without one)."""

@@ -34,16 +34,16 @@ class Stepper:
         with self.lock.for_step():
             return self.core.step(only)
 
-    def drive(self, request: TurnRequest) -> None:
-        """Step until `request` has an event to hand out or has ended. A consumer waits for the lock like
+    def drive(self, *requests: TurnRequest) -> None:
+        """Step until one of `requests` has an event to hand out or all have ended. A consumer waits for the lock like
         any caller (not behind the background stepper, which would otherwise keep it through a whole
         post-answer recovery once the consumer's event was already there)."""
         with self._drivers_lock:
             self._drivers += 1
         try:
-            while not request.events and not request.finished:
+            while _waiting(requests):
                 with self.lock:
-                    if not request.events and not request.finished:
+                    if _waiting(requests):
                         self.step()
         finally:
             with self._drivers_lock:
@@ -99,3 +99,7 @@ class Stepper:
             self._wake.set()
             thread.join(timeout=10)
             self._background = None
+
+
+def _waiting(requests: tuple[TurnRequest, ...]) -> bool:
+    return not any(r.events for r in requests) and not all(r.finished for r in requests)

@@ -4,8 +4,9 @@ In order: fill the claimed slots (and the tokens they hold), write the new GDN s
 join's bookkeeping (the new `S_lead`, the lead of a turn's first generated tokens, `P_rest` extended by
 each later one), move cursors, then sample each turn's next token. What ends here is only reported: the
 turns whose answer is over, the turns whose sampling failed (one turn's failure is its own), the
-recoveries that are complete. The engine core settles them (engine/core.py): it alone ends, fails and
-undoes turns and finishes recoveries.
+recoveries that are complete, the `n > 1` turns whose prompt is in (their other answers fork now). The
+engine core settles them (engine/core.py): it alone ends, fails and undoes turns, forks answers and
+finishes recoveries.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class StepResult:
     failed: list[tuple[TurnRequest, Exception]] = field(default_factory=list)   # sampling failed
     recovered: list[tuple[SessionCache, Recovery]] = field(default_factory=list)   # D is all in
     grown: list[SessionCache] = field(default_factory=list)    # completed full pages of their prefix chain
+    forked: list[tuple[TurnRequest, torch.Tensor]] = field(default_factory=list)   # n > 1: prompt in, logits
 
     def extend(self, other: StepResult) -> None:
         self.ended += other.ended
         self.failed += other.failed
         self.recovered += other.recovered
         self.grown += other.grown
+        self.forked += other.forked
 
 
 def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None, now: float,
@@ -110,6 +113,8 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             result.failed.append((req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")))
             continue
         req.accept(token, logits, now, restoring=seg.session in restoring)
+        if req.branches and len(req.generated) == 1:    # the other answers start from the same logits
+            result.forked.append((req, logits))
         if req.finished:
             result.ended.append(req)
     # 5. recoveries that are complete

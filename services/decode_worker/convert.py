@@ -47,7 +47,7 @@ def to_message(m: chat_pb2.UserMessage) -> Message:
 
 
 _OPTIONAL = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "presence_penalty", "frequency_penalty",
-             "repetition_penalty", "min_p", "min_tokens")
+             "repetition_penalty", "min_p", "min_tokens", "n")
 
 
 def to_sampling(o: chat_pb2.SamplingOptions, default_max_new_tokens: int) -> SamplingParams:
@@ -60,7 +60,7 @@ def to_sampling(o: chat_pb2.SamplingOptions, default_max_new_tokens: int) -> Sam
 
 def token_delta(event: TokenEvent, decode: Callable[[list[int]], str] | None) -> chat_pb2.TokenDelta:
     """A TokenEvent as sent; with logprobs, the tokens decoded alone (`decode`: the checkpoint's)."""
-    delta = chat_pb2.TokenDelta(token_id=event.token_id, text=event.text, index=event.index)
+    delta = chat_pb2.TokenDelta(token_id=event.token_id, text=event.text, index=event.index, choice=event.choice)
     if event.logprob is None:
         return delta
     piece = decode or (lambda ids: "")
@@ -96,8 +96,9 @@ def to_mode(mode: int) -> str:
     return MODE_NAMES[mode]
 
 
-def metrics_event(turn_id: str, m: TurnMetrics) -> chat_pb2.ChatEvent:
+def metrics_event(turn_id: str, m: TurnMetrics, choice: int = 0) -> chat_pb2.ChatEvent:
     return chat_pb2.ChatEvent(turn_id=turn_id, metrics=chat_pb2.TurnMetrics(
+        choice=choice,
         prompt_tokens=m.prompt_tokens, generated_tokens=m.generated_tokens, ttft_s=m.ttft_s, tpot_s=m.tpot_s,
         e2e_s=m.e2e_s, queue_s=m.queue_s, deferred_tokens=m.deferred_tokens, deferred_pending=m.deferred_pending,
         tpot_restoring_s=m.tpot_restoring_s, barrier_wait_s=m.barrier_wait_s,
@@ -108,7 +109,7 @@ def metrics_event(turn_id: str, m: TurnMetrics) -> chat_pb2.ChatEvent:
 
 def final_event(turn_id: str, end: TurnEnd) -> chat_pb2.ChatEvent:
     return chat_pb2.ChatEvent(turn_id=turn_id, final=chat_pb2.TurnFinal(
-        finish_reason=end.finish_reason, token_ids=end.token_ids, text=end.text))
+        finish_reason=end.finish_reason, token_ids=end.token_ids, text=end.text, choice=end.choice))
 
 
 def progress_event(turn_id: str, pending: int, elapsed_s: float = 0.0) -> chat_pb2.ChatEvent:

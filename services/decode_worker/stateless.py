@@ -25,6 +25,8 @@ def complete(runtime: WorkerRuntime, request: chat_pb2.CompleteRequest) -> Itera
     engine = runtime.engine
     ids = prompt_ids(engine, request)
     o = request.sampling
+    if o.HasField("n") and o.n != 1:
+        raise InvalidInputError("Complete runs one answer per prompt: n must be 1 (send n > 1 through Chat)")
     answer = not (o.HasField("max_new_tokens") and o.max_new_tokens == 0)
     sampling = to_sampling(o, runtime.settings.max_new_tokens) if answer else None
     limit = engine.core.max_model_len

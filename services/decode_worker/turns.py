@@ -71,13 +71,15 @@ def rebuild_deferral(history: list[worker_pb2.HistoryTurn], cfg: DeferralConfig)
 def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequest, backend: RecoveryBackend,
              alive: Callable[[], bool]) -> Iterator[chat_pb2.ChatEvent]:
     """The turn's events: tokens (with progress when fused chunks shrink the deferred remainder), then
-    metrics and the final event; then, with `follow_recovery`, progress until the remainder is done."""
+    metrics and the final event; then, with `follow_recovery`, progress until the remainder is done. With
+    `n > 1` answers, each answer's events carry its choice, and answer 0's metrics and final come last."""
     turn_id = request.turn_id
     tlog = bind(log, session_id=ws.id, turn_id=turn_id)
     timer = TurnTimer("decode_worker")
     pending = None
     formatter = stream.session.engine.formatter
     decode = formatter.decode if formatter is not None else None
+    last: list[chat_pb2.ChatEvent] = []     # answer 0's end: after every other answer's
     try:
         for event in stream:
             if isinstance(event, TokenEvent):
@@ -87,6 +89,9 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
                 if now != pending and (pending is not None or now):
                     pending = now
                     yield progress_event(turn_id, now)
+            elif isinstance(event, TurnEnd) and event.choice:
+                yield metrics_event(turn_id, event.metrics, event.choice)
+                yield final_event(turn_id, event)
             elif isinstance(event, TurnEnd):
                 timer.done()
                 BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
@@ -97,8 +102,8 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
                 m = event.metrics
                 tlog.info("turn done: %s, %d tokens, ttft %.3fs, e2e %.3fs, %d deferred pending",
                           event.finish_reason, m.generated_tokens, m.ttft_s, m.e2e_s, m.deferred_pending)
-                yield metrics_event(turn_id, event.metrics)
-                yield final_event(turn_id, event)
+                last = [metrics_event(turn_id, event.metrics), final_event(turn_id, event)]
+        yield from last
     except Exception as e:   # the engine failed the turn after it began: report it in the stream
         tlog.exception("turn failed")
         yield error_event(turn_id, e)

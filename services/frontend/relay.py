@@ -62,7 +62,7 @@ def _relay(sessions: Sessions, session_id: str, message: chat_pb2.UserMessage, f
             kind = event.WhichOneof("event")
             if kind == "token":
                 timer.token()
-            elif kind == "final":
+            elif kind == "final" and not event.final.choice:   # the answer the session continues
                 timer.done()
                 sessions.log_turn(session_id, message, event.final)
             yield event

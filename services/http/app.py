@@ -140,11 +140,10 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             call.end()
             raise
 
-    async def finish(turn: Turn) -> Done:
-        """Run a turn to its end (non-streaming responses)."""
-        def run() -> Done:
-            *_, done = turn.run()
-            return done
+    async def finish(turn: Turn) -> list[Done]:
+        """Run a turn to its end (non-streaming responses): each answer's Done, by choice."""
+        def run() -> list[Done]:
+            return sorted((e for e in turn.run() if isinstance(e, Done)), key=lambda d: d.choice)
         try:
             return await blocking(run)
         finally:
@@ -177,17 +176,22 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         if not body.stream:
             return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
         created, usage_chunk = int(time.time()), body.stream_options is not None and body.stream_options.include_usage
+        dones: list[Done] = []
 
         def chunks(event: Delta | Done) -> list[dict]:
             if isinstance(event, Delta):
-                return [openai_api.chunk_body(cid, model, created, {"content": event.text}, logprobs=event.logprobs)]
+                return [openai_api.chunk_body(cid, model, created, {"content": event.text}, logprobs=event.logprobs,
+                                              choice=event.choice)]
+            dones.append(event)
             out = [openai_api.chunk_body(cid, model, created, {}, event.finish_reason, event.unsent_logprobs,
-                                         raincheck=event.details())]
-            if usage_chunk:
-                out.append(openai_api.chunk_body(cid, model, created, None, usage=openai_api.usage_body(event)))
+                                         choice=event.choice, raincheck=event.details())]
+            if usage_chunk and not event.choice:     # answer 0's Done is the last
+                usage = openai_api.usage_body(sorted(dones, key=lambda d: d.choice))
+                out.append(openai_api.chunk_body(cid, model, created, None, usage=usage))
             return out
 
-        opening = (openai_api.chunk_body(cid, model, created, {"role": "assistant", "content": ""}),)
+        opening = tuple(openai_api.chunk_body(cid, model, created, {"role": "assistant", "content": ""}, choice=i)
+                        for i in range(body.n or 1))
         return EventStream(sse(turn, chunks, opening))
 
     @app.get("/v1/models")
@@ -215,7 +219,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         model = await sglang_model(body.model)
         turn = await start(request, lambda: sglang_api.to_spec(body, model, images, settings.sglang_max_new_tokens))
         if not body.stream:
-            return sglang_api.generate_body(await finish(turn), body.rid)
+            return sglang_api.generate_body((await finish(turn))[0], body.rid)
         rid, text = body.rid or turn.session_id, []
 
         def chunks(event: Delta | Done) -> list[dict]:

@@ -65,6 +65,7 @@ class Usage:
 class Delta:
     text: str
     logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # the tokens since the last delta (with logprobs asked)
+    choice: int = 0                        # which answer (n > 1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Done:
     metrics: chat_pb2.TurnMetrics = field(repr=False)
     logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # every shown token's (with logprobs asked)
     unsent_logprobs: tuple[chat_pb2.TokenDelta, ...] = ()   # of those, the ones no Delta carried
+    choice: int = 0                        # which answer (n > 1); answer 0's Done comes last
 
     def details(self) -> dict:
         """Raincheck's view of the turn (the `raincheck` field of responses)."""
@@ -226,6 +228,22 @@ class ChatBackend:
         return []
 
 
+@dataclass
+class _Answer:
+    """One answer of a turn as it streams: its stop strings, the text shown, the tokens with logprobs."""
+
+    stops: StopMatcher
+    shown: list[str] = field(default_factory=list)
+    scored: list[chat_pb2.TokenDelta] = field(default_factory=list)
+    sent: int = 0                          # of `scored`, those a Delta carried
+
+    def delta(self, text: str, choice: int) -> Delta:
+        self.shown.append(text)
+        out = Delta(text, tuple(self.scored[self.sent:]), choice)
+        self.sent = len(self.scored)
+        return out
+
+
 class Turn:
     """A started turn: `run()` yields the answer's text deltas, then `Done` (blocking; call from a thread).
     `close()` ends the call, cancelling the worker's turn if it still runs; call it in every case."""
@@ -243,38 +261,39 @@ class Turn:
         SESSION_MATCHES.labels(match).inc()
 
     def run(self) -> Iterator[Delta | Done]:
-        """Errors after the start (the worker failed mid-turn) raise ServiceError."""
-        stops = StopMatcher(self.spec.stop, keep=self.spec.keep_stop)
-        shown: list[str] = []
-        scored: list[chat_pb2.TokenDelta] = []     # the tokens with logprobs, in order
-        sent = 0
-        metrics = None
+        """Each answer's deltas (n > 1: interleaved, by choice) and its Done; answer 0's Done comes last.
+        Errors after the start (the worker failed mid-turn) raise ServiceError."""
+        n = self.spec.sampling.n if self.spec.sampling.HasField("n") else 1
+        answers = [_Answer(StopMatcher(self.spec.stop, keep=self.spec.keep_stop)) for _ in range(max(n, 1))]
+        metrics: dict[int, chat_pb2.TurnMetrics] = {}
         for event in self._events:
             kind = event.WhichOneof("event")
-            if kind == "token" and stops.matched is None:
+            if kind == "token" and (a := answers[event.token.choice]).stops.matched is None:
                 if event.token.HasField("logprob"):
-                    scored.append(event.token)
-                text = stops.feed(event.token.text)
-                if stops.matched is not None:   # the rest of the answer is not wanted: stop the turn now
+                    a.scored.append(event.token)
+                text = a.stops.feed(event.token.text)
+                # once every answer matched a stop string, the rest is not wanted: stop the turn now
+                if all(b.stops.matched is not None for b in answers):
                     self.backend.servicer.CancelTurn(chat_pb2.CancelTurnRequest(session_id=self.session_id),
                                                      self.call)
                 if text:
-                    shown.append(text)
-                    yield Delta(text, tuple(scored[sent:]))
-                    sent = len(scored)
+                    yield a.delta(text, event.token.choice)
             elif kind == "metrics":
-                metrics = event.metrics
+                metrics[event.metrics.choice] = event.metrics
             elif kind == "error":
                 code = getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL)
                 raise ServiceError(code, event.error.message)
             elif kind == "final":
-                if stops.matched is None and (tail := stops.flush()):
-                    shown.append(tail)
-                    yield Delta(tail, tuple(scored[sent:]))
-                    sent = len(scored)
-                done = self._done(event.final, metrics or chat_pb2.TurnMetrics(), "".join(shown), stops.matched)
-                yield dataclasses.replace(done, logprobs=tuple(scored), unsent_logprobs=tuple(scored[sent:]))
-                return
+                choice = event.final.choice
+                a = answers[choice]
+                if a.stops.matched is None and (tail := a.stops.flush()):
+                    yield a.delta(tail, choice)
+                done = self._done(event.final, metrics.get(choice) or chat_pb2.TurnMetrics(), "".join(a.shown),
+                                  a.stops.matched)
+                yield dataclasses.replace(done, logprobs=tuple(a.scored), unsent_logprobs=tuple(a.scored[a.sent:]),
+                                          choice=choice)
+                if not choice:
+                    return
         raise ServiceError(grpc.StatusCode.INTERNAL, "the turn's stream ended without its final event")
 
     def _done(self, final: chat_pb2.TurnFinal, metrics: chat_pb2.TurnMetrics, shown: str,
@@ -283,9 +302,12 @@ class Turn:
         hit = metrics.cached_prompt_tokens                        # of those, served from the prefix cache
         generated = len(final.token_ids)
         usage = Usage(self.cached_tokens + rows, generated, self.cached_tokens + hit)
-        PROMPT_TOKENS.labels("cached").inc(usage.cached_tokens)
-        PROMPT_TOKENS.labels("prefilled").inc(rows - hit)
-        if matched is None and final.finish_reason in ("stop", "length"):
+        if not final.choice:     # the prompt is counted once
+            PROMPT_TOKENS.labels("cached").inc(usage.cached_tokens)
+            PROMPT_TOKENS.labels("prefilled").inc(rows - hit)
+        # the session continues answer 0: only its history becomes a tip (another answer's continuation
+        # forks a session, which re-prefills the history, its pages found in the prefix cache)
+        if matched is None and final.finish_reason in ("stop", "length") and not final.choice:
             conv = self.spec.conversation
             # the last sampled token is fed by the next turn: the session holds all but it
             context = usage.prompt_tokens + max(generated - 1, 0)

@@ -101,6 +101,8 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     sampling = sampling_options(r, max_tokens, bool(r.logprobs), r.top_logprobs or 0)
     sampling.grammar = grammar_of(r.response_format) or ""
+    if r.n is not None:
+        sampling.n = r.n
     stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
     return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop)
 
@@ -140,24 +142,26 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage_body(done: Done) -> dict:
-    u = done.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
+def usage_body(dones: Sequence[Done]) -> dict:
+    """The usage of a turn's answers (by choice): the prompt counted once, every answer's tokens."""
+    u = dones[0].usage
+    completion = sum(d.usage.completion_tokens for d in dones)
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": u.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def completion_body(cid: str, model: str, done: Done, logprobs: bool = False) -> dict:
+def completion_body(cid: str, model: str, dones: Sequence[Done], logprobs: bool = False) -> dict:
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                         "finish_reason": done.finish_reason,
-                         "logprobs": chat_logprobs(done.logprobs) if logprobs else None}],
-            "usage": usage_body(done), "raincheck": done.details()}
+            "choices": [{"index": d.choice, "message": {"role": "assistant", "content": d.text},
+                         "finish_reason": d.finish_reason,
+                         "logprobs": chat_logprobs(d.logprobs) if logprobs else None} for d in dones],
+            "usage": usage_body(dones), "raincheck": dones[0].details()}
 
 
 def chunk_body(cid: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None,
-               logprobs: Sequence[chat_pb2.TokenDelta] = (), **extra: Any) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+               logprobs: Sequence[chat_pb2.TokenDelta] = (), choice: int = 0, **extra: Any) -> dict:
+    choices = [] if delta is None else [{"index": choice, "delta": delta, "finish_reason": finish_reason,
                                           "logprobs": chat_logprobs(logprobs) if logprobs else None}]
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": choices, **extra}

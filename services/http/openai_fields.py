@@ -40,7 +40,6 @@ _SHARED = {
     "top_p": Field(HONOURED, "nucleus sampling"),
     "seed": Field(HONOURED, "reproducible sampling"),
     "stop": Field(HONOURED, "stop strings, cut from the answer"),
-    "n": _refused("one answer per request: n > 1 needs a session fork (shared prompt pages)", 1),
     "presence_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
     "frequency_penalty": Field(HONOURED, "per request, in the batched sampler's row"),
     "logit_bias": Field(HONOURED, "token id -> bias in [-100, 100]"),
@@ -50,6 +49,7 @@ _SHARED = {
 CHAT: dict[str, Field] = {
     **_SHARED,
     "messages": Field(HONOURED, "system, user (text, image_url), assistant (with tool_calls), tool"),
+    "n": Field(HONOURED, "n answers sharing the prompt's prefill (the session continues choice 0); not with tools"),
     "max_completion_tokens": Field(HONOURED, "as max_tokens (wins over it)"),
     "logprobs": Field(HONOURED, "log softmax of the model's logits for each chosen token"),
     "top_logprobs": Field(HONOURED, "0-20 alternatives per token (needs logprobs)"),
@@ -80,6 +80,7 @@ COMPLETIONS: dict[str, Field] = {
     "prompt": Field(HONOURED, "a string, token ids, or a list of either (one choice each)"),
     "echo": Field(HONOURED, "the prompt in front of the answer (with its logprobs when asked)"),
     "logprobs": Field(HONOURED, "0-20: each token's logprob and that many alternatives"),
+    "n": _refused("one answer per prompt: send n answers through chat completions", 1),
     "best_of": _refused("one answer per request", 1),
     "suffix": _refused("no fill-in-the-middle", ""),
 }

@@ -52,6 +52,9 @@ def tool_chat(r: Any) -> ToolChat:
         if getattr(r, name) not in (None, False, {"type": "text"}):
             raise HttpError.invalid(f"{name} cannot be combined with tools, tool messages or continue_final_message (a "
                                     "stateless text chat)", param=name)
+    if r.n not in (None, 1):
+        raise HttpError.invalid("n > 1 cannot be combined with tools, tool messages or continue_final_message (a "
+                                "stateless chat runs one answer)", param="n")
     tools = [_tool(t, i) for i, t in enumerate(r.tools or [])]
     choice = r.tool_choice if r.tool_choice is not None else "auto" if tools else "none"
     names = [t["function"]["name"] for t in tools]

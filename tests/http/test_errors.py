@@ -62,7 +62,7 @@ def test_bad_image_is_400(stack, url, message):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(n=2), "n is not supported"),
+    (dict(n=129), "n must be in [1, 128]"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
     (dict(frequency_penalty=2.5), r"frequency_penalty must be in [-2, 2]"),
     (dict(logprobs=True, top_logprobs=21), "top_logprobs must be in [0, 20]"),

@@ -20,7 +20,7 @@ from .helpers import MODEL, user
 CHAT_KEYS = sorted(chat_params.CompletionCreateParamsStreaming.__required_keys__
                    | chat_params.CompletionCreateParamsStreaming.__optional_keys__)
 # a value asking for something, per refused field (others: True)
-ASKING = {"n": 2, "service_tier": "flex",
+ASKING = {"service_tier": "flex",
           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
           "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
           "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
@@ -32,7 +32,7 @@ SETTING = {"max_tokens": 4, "max_completion_tokens": 4, "temperature": 0.5, "top
            "prompt_cache_key": "c1", "stream_options": {"include_usage": True},
            "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}},
            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "none",
-           "parallel_tool_calls": False}
+           "parallel_tool_calls": False, "n": 2}
 # the demo model's template renders no tools: offering it some is refused as such (tests/http/test_tools.py
 # shows these fields honoured on a checkpoint whose template renders them)
 NO_TOOLS_HERE = {"tools", "parallel_tool_calls"}

@@ -49,7 +49,8 @@ def test_scoring_alone_and_bad_prompts(stub):
         text="a red square", echo=True, prompt_logprobs=0, sampling=chat_pb2.SamplingOptions(max_new_tokens=0))))
     assert events[0].prompt.text == "a red square" and events[-1].final.token_ids == []
     for bad, message in [(dict(), "exactly one"), (dict(text="x", token_ids=[1]), "exactly one"),
-                         (dict(token_ids=[10**7]), "token ids must be in")]:
+                         (dict(token_ids=[10**7]), "token ids must be in"),
+                         (dict(text="x", sampling=chat_pb2.SamplingOptions(n=2)), "n must be 1")]:
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Complete(chat_pb2.CompleteRequest(**bad)))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details()

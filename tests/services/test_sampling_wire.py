@@ -33,3 +33,23 @@ def test_logprobs_and_rules_through_the_sdk(embedded, checkpoint):
     with pytest.raises(InvalidArgument, match="min_p must be in"):
         biased.send("again", sampling=Sampling(min_p=2.0)).text()
     biased.close()
+
+
+def test_n_answers_through_the_sdk(embedded, checkpoint):
+    """Sampling(n=3): every answer's tokens carry its choice (answer i = a one-answer turn with seed + i),
+    each answer has its final, answer 0's comes last and the session continues it."""
+    cluster, frontend, _ = embedded
+    session = cluster.client(frontend).create_session()
+    turn = session.send("what is this ?", max_new_tokens=4, ignore_eos=True, temperature=1.0, seed=5,
+                        sampling=Sampling(n=3, logprobs=True))
+    events = list(turn)
+    assert sorted(turn.finals) == [0, 1, 2] and events[-1] is turn.final and turn.final.choice == 0
+    engine = Engine.from_pretrained(checkpoint)
+    for i in range(3):
+        tokens = [e for e in events if isinstance(e, Token) and e.choice == i]
+        assert all(t.logprob is not None for t in tokens)
+        want = engine.open_session().turn(Message("what is this ?"), SamplingParams(
+            max_new_tokens=4, ignore_eos=True, temperature=1.0, seed=5 + i)).result().token_ids
+        assert [t.token_id for t in tokens] == turn.finals[i].token_ids == want
+    assert session.send("again", max_new_tokens=2, ignore_eos=True).text() is not None
+    session.close()

@@ -47,6 +47,8 @@ def test_top_k_and_top_p_restrict_support():
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(max_new_tokens=8.0), "max_new_tokens must be an integer"),
     (dict(stop_token_ids=(3, -1)), "stop token ids must be >= 0"),
+    (dict(n=0), r"n must be in \[1, 128\], got 0"),
+    (dict(n=129), r"n must be in \[1, 128\], got 129"),
 ])
 def test_unworkable_parameters_are_refused(kwargs, message):
     with pytest.raises(InvalidInputError, match=message):
