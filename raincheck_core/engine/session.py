@@ -94,7 +94,8 @@ class Session:
             self._check_idle()
             cache = self.cache
             ids = cache.pending_ids + prompt.token_ids
-            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position)
+            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position,
+                                    text_prefix=len(cache.pending_ids))
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
             engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens)
