@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 from raincheck_core.engine.warmup import warm_up
 
 from .._gen import worker_pb2, worker_pb2_grpc
+from ..common import native_heap
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.metrics import RECOVERY_UP
 from ..common.settings import WorkerSettings
@@ -89,6 +90,7 @@ class DecodeWorkerServer:
         while not self._stopping.wait(self.settings.heartbeat_s):
             self.register()
             self.runtime.reap_idle()
+            native_heap.trim()
 
     def start(self) -> DecodeWorkerServer:
         """Serve: health NOT_SERVING (the port answers) until a warm-up turn has run through the loaded
