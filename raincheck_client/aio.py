@@ -35,9 +35,10 @@ class AsyncClient:
     async def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                              retention: float | None = None, chunk_size: int | None = None,
                              guard: int | None = None, tpot_slo: float | None = None,
-                             recovery: str | None = None) -> AsyncSession:
+                             recovery: str | None = None, deterministic: bool | None = None) -> AsyncSession:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
-                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo)
+                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
+                                        deterministic=deterministic)
         return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request)))
 
     async def session(self, session_id: str) -> AsyncSession:

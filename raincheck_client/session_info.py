@@ -24,6 +24,7 @@ class SessionInfo:
     chunk_size: int | None
     guard: int | None
     tpot_slo: float | None            # None: no objective (fixed chunks)
+    deterministic: bool               # same answer for the same request (docs/services.md)
     recovery_mode: str                # colocated | disaggregated
     status: str                       # idle | streaming | recovering | detached
     turns: int
@@ -40,6 +41,7 @@ class SessionInfo:
             d.chunk_size if d.HasField("chunk_size") else None,
             d.guard if d.HasField("guard") else None,
             d.tpot_slo or None,
+            d.deterministic,
             mode_name(info.recovery_mode),
             chat_pb2.SessionStatus.Name(info.status).removeprefix("SESSION_STATUS_").lower(),
             info.turns, info.pending_deferred_tokens, info.cached_tokens, info.worker_id,

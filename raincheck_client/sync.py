@@ -34,11 +34,13 @@ class Client:
     def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                        retention: float | None = None, chunk_size: int | None = None,
                        guard: int | None = None, tpot_slo: float | None = None,
-                       recovery: str | None = None) -> Session:
+                       recovery: str | None = None, deterministic: bool | None = None) -> Session:
         """A new session; unset settings take the server's defaults. `recovery`: colocated | disaggregated.
-        `tpot_slo`: the allowed mean TPOT as a ratio of a plain decode step (0: none, fixed chunks)."""
+        `tpot_slo`: the allowed mean TPOT as a ratio of a plain decode step (0: none, fixed chunks).
+        `deterministic`: the same answer for the same request, whatever else the server runs."""
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
-                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo)
+                                        chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
+                                        deterministic=deterministic)
         return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request)))
 
     def session(self, session_id: str) -> Session:

@@ -24,59 +24,59 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17raincheck/v1/chat.proto\x12\x0craincheck.v1\"\xc4\x01\n\x10\x44\x65\x66\x65rralSettings\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x10\n\x08selector\x18\x02 \x01(\t\x12\x16\n\tretention\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nchunk_size\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05guard\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x08tpot_slo\x18\x06 \x01(\x01H\x03\x88\x01\x01\x42\x0c\n\n_retentionB\r\n\x0b_chunk_sizeB\x08\n\x06_guardB\x0b\n\t_tpot_slo\"\x8a\x01\n\x14\x43reateSessionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x02 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x03 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\"\x9c\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x03 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x04 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12+\n\x06status\x18\x05 \x01(\x0e\x32\x1b.raincheck.v1.SessionStatus\x12\r\n\x05turns\x18\x06 \x01(\x05\x12\x1f\n\x17pending_deferred_tokens\x18\x07 \x01(\x03\x12\x15\n\rcached_tokens\x18\x08 \x01(\x03\x12\x11\n\tworker_id\x18\t \x01(\t\"\x17\n\x05Video\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"P\n\x0bUserMessage\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06images\x18\x02 \x03(\x0c\x12#\n\x06videos\x18\x03 \x03(\x0b\x32\x13.raincheck.v1.Video\"\xd7\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x11\n\x0f_max_new_tokens\"\xc9\x01\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x07message\x18\x02 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.raincheck.v1.SamplingOptions\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x04 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x17\n\x0f\x66ollow_recovery\x18\x05 \x01(\x08\";\n\nTokenDelta\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xb7\x02\n\x0bTurnMetrics\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x04 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x05 \x01(\x01\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x64\x65\x66\x65rred_tokens\x18\x07 \x01(\x05\x12\x18\n\x10\x64\x65\x66\x65rred_pending\x18\x08 \x01(\x05\x12\x1d\n\x10tpot_restoring_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x62\x61rrier_wait_s\x18\n \x01(\x01\x12 \n\x13previous_recovery_s\x18\x0b \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_tpot_restoring_sB\x16\n\x14_previous_recovery_s\"O\n\x10RecoveryProgress\x12\x16\n\x0epending_tokens\x18\x01 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x11\n\telapsed_s\x18\x03 \x01(\x01\"C\n\tTurnFinal\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x87\x02\n\tChatEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12)\n\x05token\x18\x02 \x01(\x0b\x32\x18.raincheck.v1.TokenDeltaH\x00\x12,\n\x07metrics\x18\x03 \x01(\x0b\x32\x19.raincheck.v1.TurnMetricsH\x00\x12\x32\n\x08recovery\x18\x04 \x01(\x0b\x32\x1e.raincheck.v1.RecoveryProgressH\x00\x12(\n\x05\x66inal\x18\x05 \x01(\x0b\x32\x17.raincheck.v1.TurnFinalH\x00\x12)\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x18.raincheck.v1.ErrorEventH\x00\x42\x07\n\x05\x65vent\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\'\n\x11\x43\x61ncelTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"^\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x32\n\x0erecovery_modes\x18\x03 \x03(\x0e\x32\x1a.raincheck.v1.RecoveryMode\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.raincheck.v1.ModelInfo*k\n\x0cRecoveryMode\x12\x1d\n\x19RECOVERY_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RECOVERY_MODE_COLOCATED\x10\x01\x12\x1f\n\x1bRECOVERY_MODE_DISAGGREGATED\x10\x02*\xa2\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13SESSION_STATUS_IDLE\x10\x01\x12\x1c\n\x18SESSION_STATUS_STREAMING\x10\x02\x12\x1d\n\x19SESSION_STATUS_RECOVERING\x10\x03\x12\x1b\n\x17SESSION_STATUS_DETACHED\x10\x04\x32\xde\x03\n\x0b\x43hatService\x12N\n\rCreateSession\x12\".raincheck.v1.CreateSessionRequest\x1a\x19.raincheck.v1.SessionInfo\x12<\n\x04\x43hat\x12\x19.raincheck.v1.ChatRequest\x1a\x17.raincheck.v1.ChatEvent0\x01\x12H\n\nGetSession\x12\x1f.raincheck.v1.GetSessionRequest\x1a\x19.raincheck.v1.SessionInfo\x12U\n\x0c\x43loseSession\x12!.raincheck.v1.CloseSessionRequest\x1a\".raincheck.v1.CloseSessionResponse\x12O\n\nCancelTurn\x12\x1f.raincheck.v1.CancelTurnRequest\x1a .raincheck.v1.CancelTurnResponse\x12O\n\nListModels\x12\x1f.raincheck.v1.ListModelsRequest\x1a .raincheck.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17raincheck/v1/chat.proto\x12\x0craincheck.v1\"\xf2\x01\n\x10\x44\x65\x66\x65rralSettings\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x10\n\x08selector\x18\x02 \x01(\t\x12\x16\n\tretention\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nchunk_size\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05guard\x18\x05 \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x08tpot_slo\x18\x06 \x01(\x01H\x03\x88\x01\x01\x12\x1a\n\rdeterministic\x18x \x01(\x08H\x04\x88\x01\x01\x42\x0c\n\n_retentionB\r\n\x0b_chunk_sizeB\x08\n\x06_guardB\x0b\n\t_tpot_sloB\x10\n\x0e_deterministic\"\x8a\x01\n\x14\x43reateSessionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x02 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x03 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\"\x9c\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x03 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x31\n\rrecovery_mode\x18\x04 \x01(\x0e\x32\x1a.raincheck.v1.RecoveryMode\x12+\n\x06status\x18\x05 \x01(\x0e\x32\x1b.raincheck.v1.SessionStatus\x12\r\n\x05turns\x18\x06 \x01(\x05\x12\x1f\n\x17pending_deferred_tokens\x18\x07 \x01(\x03\x12\x15\n\rcached_tokens\x18\x08 \x01(\x03\x12\x11\n\tworker_id\x18\t \x01(\t\"\x17\n\x05Video\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"P\n\x0bUserMessage\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06images\x18\x02 \x03(\x0c\x12#\n\x06videos\x18\x03 \x03(\x0b\x32\x13.raincheck.v1.Video\"\xd7\x01\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x11\n\x0f_max_new_tokens\"\xc9\x01\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x07message\x18\x02 \x01(\x0b\x32\x19.raincheck.v1.UserMessage\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.raincheck.v1.SamplingOptions\x12\x30\n\x08\x64\x65\x66\x65rral\x18\x04 \x01(\x0b\x32\x1e.raincheck.v1.DeferralSettings\x12\x17\n\x0f\x66ollow_recovery\x18\x05 \x01(\x08\";\n\nTokenDelta\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xb7\x02\n\x0bTurnMetrics\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x04 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x05 \x01(\x01\x12\x0f\n\x07queue_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x64\x65\x66\x65rred_tokens\x18\x07 \x01(\x05\x12\x18\n\x10\x64\x65\x66\x65rred_pending\x18\x08 \x01(\x05\x12\x1d\n\x10tpot_restoring_s\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x62\x61rrier_wait_s\x18\n \x01(\x01\x12 \n\x13previous_recovery_s\x18\x0b \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_tpot_restoring_sB\x16\n\x14_previous_recovery_s\"O\n\x10RecoveryProgress\x12\x16\n\x0epending_tokens\x18\x01 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x02 \x01(\x08\x12\x11\n\telapsed_s\x18\x03 \x01(\x01\"C\n\tTurnFinal\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x87\x02\n\tChatEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12)\n\x05token\x18\x02 \x01(\x0b\x32\x18.raincheck.v1.TokenDeltaH\x00\x12,\n\x07metrics\x18\x03 \x01(\x0b\x32\x19.raincheck.v1.TurnMetricsH\x00\x12\x32\n\x08recovery\x18\x04 \x01(\x0b\x32\x1e.raincheck.v1.RecoveryProgressH\x00\x12(\n\x05\x66inal\x18\x05 \x01(\x0b\x32\x17.raincheck.v1.TurnFinalH\x00\x12)\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x18.raincheck.v1.ErrorEventH\x00\x42\x07\n\x05\x65vent\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\'\n\x11\x43\x61ncelTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"^\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x32\n\x0erecovery_modes\x18\x03 \x03(\x0e\x32\x1a.raincheck.v1.RecoveryMode\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.raincheck.v1.ModelInfo*k\n\x0cRecoveryMode\x12\x1d\n\x19RECOVERY_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RECOVERY_MODE_COLOCATED\x10\x01\x12\x1f\n\x1bRECOVERY_MODE_DISAGGREGATED\x10\x02*\xa2\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13SESSION_STATUS_IDLE\x10\x01\x12\x1c\n\x18SESSION_STATUS_STREAMING\x10\x02\x12\x1d\n\x19SESSION_STATUS_RECOVERING\x10\x03\x12\x1b\n\x17SESSION_STATUS_DETACHED\x10\x04\x32\xde\x03\n\x0b\x43hatService\x12N\n\rCreateSession\x12\".raincheck.v1.CreateSessionRequest\x1a\x19.raincheck.v1.SessionInfo\x12<\n\x04\x43hat\x12\x19.raincheck.v1.ChatRequest\x1a\x17.raincheck.v1.ChatEvent0\x01\x12H\n\nGetSession\x12\x1f.raincheck.v1.GetSessionRequest\x1a\x19.raincheck.v1.SessionInfo\x12U\n\x0c\x43loseSession\x12!.raincheck.v1.CloseSessionRequest\x1a\".raincheck.v1.CloseSessionResponse\x12O\n\nCancelTurn\x12\x1f.raincheck.v1.CancelTurnRequest\x1a .raincheck.v1.CancelTurnResponse\x12O\n\nListModels\x12\x1f.raincheck.v1.ListModelsRequest\x1a .raincheck.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, __name__, _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RECOVERYMODE']._serialized_start=2403
-  _globals['_RECOVERYMODE']._serialized_end=2510
-  _globals['_SESSIONSTATUS']._serialized_start=2513
-  _globals['_SESSIONSTATUS']._serialized_end=2675
+  _globals['_RECOVERYMODE']._serialized_start=2449
+  _globals['_RECOVERYMODE']._serialized_end=2556
+  _globals['_SESSIONSTATUS']._serialized_start=2559
+  _globals['_SESSIONSTATUS']._serialized_end=2721
   _globals['_DEFERRALSETTINGS']._serialized_start=42
-  _globals['_DEFERRALSETTINGS']._serialized_end=238
-  _globals['_CREATESESSIONREQUEST']._serialized_start=241
-  _globals['_CREATESESSIONREQUEST']._serialized_end=379
-  _globals['_SESSIONINFO']._serialized_start=382
-  _globals['_SESSIONINFO']._serialized_end=666
-  _globals['_VIDEO']._serialized_start=668
-  _globals['_VIDEO']._serialized_end=691
-  _globals['_USERMESSAGE']._serialized_start=693
-  _globals['_USERMESSAGE']._serialized_end=773
-  _globals['_SAMPLINGOPTIONS']._serialized_start=776
-  _globals['_SAMPLINGOPTIONS']._serialized_end=991
-  _globals['_CHATREQUEST']._serialized_start=994
-  _globals['_CHATREQUEST']._serialized_end=1195
-  _globals['_TOKENDELTA']._serialized_start=1197
-  _globals['_TOKENDELTA']._serialized_end=1256
-  _globals['_TURNMETRICS']._serialized_start=1259
-  _globals['_TURNMETRICS']._serialized_end=1570
-  _globals['_RECOVERYPROGRESS']._serialized_start=1572
-  _globals['_RECOVERYPROGRESS']._serialized_end=1651
-  _globals['_TURNFINAL']._serialized_start=1653
-  _globals['_TURNFINAL']._serialized_end=1720
-  _globals['_ERROREVENT']._serialized_start=1722
-  _globals['_ERROREVENT']._serialized_end=1765
-  _globals['_CHATEVENT']._serialized_start=1768
-  _globals['_CHATEVENT']._serialized_end=2031
-  _globals['_GETSESSIONREQUEST']._serialized_start=2033
-  _globals['_GETSESSIONREQUEST']._serialized_end=2072
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=2074
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=2115
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2117
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2139
-  _globals['_CANCELTURNREQUEST']._serialized_start=2141
-  _globals['_CANCELTURNREQUEST']._serialized_end=2180
-  _globals['_CANCELTURNRESPONSE']._serialized_start=2182
-  _globals['_CANCELTURNRESPONSE']._serialized_end=2221
-  _globals['_LISTMODELSREQUEST']._serialized_start=2223
-  _globals['_LISTMODELSREQUEST']._serialized_end=2242
-  _globals['_MODELINFO']._serialized_start=2244
-  _globals['_MODELINFO']._serialized_end=2338
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2340
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2401
-  _globals['_CHATSERVICE']._serialized_start=2678
-  _globals['_CHATSERVICE']._serialized_end=3156
+  _globals['_DEFERRALSETTINGS']._serialized_end=284
+  _globals['_CREATESESSIONREQUEST']._serialized_start=287
+  _globals['_CREATESESSIONREQUEST']._serialized_end=425
+  _globals['_SESSIONINFO']._serialized_start=428
+  _globals['_SESSIONINFO']._serialized_end=712
+  _globals['_VIDEO']._serialized_start=714
+  _globals['_VIDEO']._serialized_end=737
+  _globals['_USERMESSAGE']._serialized_start=739
+  _globals['_USERMESSAGE']._serialized_end=819
+  _globals['_SAMPLINGOPTIONS']._serialized_start=822
+  _globals['_SAMPLINGOPTIONS']._serialized_end=1037
+  _globals['_CHATREQUEST']._serialized_start=1040
+  _globals['_CHATREQUEST']._serialized_end=1241
+  _globals['_TOKENDELTA']._serialized_start=1243
+  _globals['_TOKENDELTA']._serialized_end=1302
+  _globals['_TURNMETRICS']._serialized_start=1305
+  _globals['_TURNMETRICS']._serialized_end=1616
+  _globals['_RECOVERYPROGRESS']._serialized_start=1618
+  _globals['_RECOVERYPROGRESS']._serialized_end=1697
+  _globals['_TURNFINAL']._serialized_start=1699
+  _globals['_TURNFINAL']._serialized_end=1766
+  _globals['_ERROREVENT']._serialized_start=1768
+  _globals['_ERROREVENT']._serialized_end=1811
+  _globals['_CHATEVENT']._serialized_start=1814
+  _globals['_CHATEVENT']._serialized_end=2077
+  _globals['_GETSESSIONREQUEST']._serialized_start=2079
+  _globals['_GETSESSIONREQUEST']._serialized_end=2118
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=2120
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=2161
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2163
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2185
+  _globals['_CANCELTURNREQUEST']._serialized_start=2187
+  _globals['_CANCELTURNREQUEST']._serialized_end=2226
+  _globals['_CANCELTURNRESPONSE']._serialized_start=2228
+  _globals['_CANCELTURNRESPONSE']._serialized_end=2267
+  _globals['_LISTMODELSREQUEST']._serialized_start=2269
+  _globals['_LISTMODELSREQUEST']._serialized_end=2288
+  _globals['_MODELINFO']._serialized_start=2290
+  _globals['_MODELINFO']._serialized_end=2384
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2386
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2447
+  _globals['_CHATSERVICE']._serialized_start=2724
+  _globals['_CHATSERVICE']._serialized_end=3202
 # @@protoc_insertion_point(module_scope)

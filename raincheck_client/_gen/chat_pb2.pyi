@@ -30,20 +30,22 @@ SESSION_STATUS_RECOVERING: SessionStatus
 SESSION_STATUS_DETACHED: SessionStatus
 
 class DeferralSettings(_message.Message):
-    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo")
+    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "deterministic")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     GUARD_FIELD_NUMBER: _ClassVar[int]
     TPOT_SLO_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     policy: str
     selector: str
     retention: float
     chunk_size: int
     guard: int
     tpot_slo: float
-    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ...) -> None: ...
+    deterministic: bool
+    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ..., deterministic: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("model", "deferral", "recovery_mode")

@@ -22,7 +22,12 @@ class DeferralConfig:
     scheduler then picks per step whether to fuse and how many rows (a chunk bucket), from its measured
     step costs, and leaves what does not fit to post-answer recovery (docs/mechanism.md §7). None: no
     objective, every step past the guard fuses `chunk_size` rows (the paper's setting). A turn's
-    objective also limits what other sessions fuse into the steps it shares."""
+    objective also limits what other sessions fuse into the steps it shares.
+
+    `deterministic`: the session's answers depend only on its own inputs: its steps never share a step
+    with another session's rows (the scheduler takes turns between such sessions and everyone else), and
+    its deferred chunks follow `chunk_size` instead of the objective (which reads measured step times).
+    It costs that session's TPOT under load (docs/services.md, "Deterministic mode")."""
 
     policy: str = "full"
     selector: str = "divprune"
@@ -32,6 +37,7 @@ class DeferralConfig:
     guard: int = 16
     fused: bool = True        # False: the chunk and the decode row run as two passes (for comparison)
     tpot_slo: float | None = 1.10
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         from ..pruning import SELECTORS, keep_count
@@ -48,6 +54,11 @@ class DeferralConfig:
         if self.tpot_slo is not None and not (math.isfinite(self.tpot_slo) and self.tpot_slo >= 1.0):
             raise InvalidInputError(f"tpot_slo must be >= 1 (a ratio of the plain decode step) or None for "
                                     f"a fixed chunk size, got {self.tpot_slo}")
+
+    @property
+    def objective(self) -> float | None:
+        """The TPOT objective the scheduler applies: none for a deterministic session (fixed chunks)."""
+        return None if self.deterministic else self.tpot_slo
 
     @property
     def needs_vision_signals(self) -> bool:

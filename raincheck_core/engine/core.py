@@ -247,6 +247,7 @@ class EngineCore:
             cache.restore(checkpoint)
             raise
         request.checkpoint = checkpoint
+        cache.deterministic = cfg.deterministic
         cache.pending_ids = []
         cache.turns += 1
         self.turns[cache.session] = request

@@ -41,6 +41,7 @@ class CacheView(Protocol):
     gdn_slot: int | None
     next_position: int
     recovery: Recovery | None
+    deterministic: bool
 
     def claim(self, n: int) -> torch.Tensor: ...
 
@@ -97,6 +98,7 @@ class Scheduler:
         self.running: list[TurnView] = []
         self.recovering: list[CacheView] = []    # answer done, deferred rows left
         self.scratch: list[ScratchWork] = []     # scratch rows to prefill (beside the turns' input rows)
+        self._rotation = 0                       # whose step is next among the isolated groups
 
     def add(self, request: TurnView) -> None:
         self.running.append(request)
@@ -129,10 +131,15 @@ class Scheduler:
 
     def schedule(self, only: CacheView | None = None, solo: CacheView | None = None) -> StepPlan:
         """This step's plan. `only` restricts post-answer recovery to one session (a barrier wait);
-        `solo` restricts the whole step to one session (re-running a failed step session by session)."""
-        running = [r for r in self.running if solo is None or r.cache is solo]
-        recovering = [c for c in self.recovering if solo is None or c is solo]
-        scratch = [w for w in self.scratch if solo is None or w.cache is solo]
+        `solo` restricts the whole step to one session (re-running a failed step session by session).
+        A deterministic session's rows never share a step: steps take turns between each such session and
+        the shared group of all others (`_isolated`)."""
+        if solo is None:
+            solo = self._isolated(only)
+        shared = solo is None
+        running = [r for r in self.running if (not r.cache.deterministic if shared else r.cache is solo)]
+        recovering = [c for c in self.recovering if (not c.deterministic if shared else c is solo)]
+        scratch = [w for w in self.scratch if shared or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
         plan = StepPlan()
         decoding = [r for r in running if r.decoding][:budget]
@@ -143,7 +150,7 @@ class Scheduler:
             rec, c = req.cache.recovery, 0
             if rec is not None and rec.fuses_now(req.answer_fed):
                 limit = min(rec.pending, deferred_budget, budget - 1)
-                c = fit.rows(limit) if rec.cfg.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
+                c = fit.rows(limit) if rec.cfg.objective is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(decode_segment(req))
@@ -175,6 +182,21 @@ class Scheduler:
             plan.segments.append(deferred_segment(cache, n, Kind.RECOVERY))
             gap -= n
         return plan
+
+    def _isolated(self, only: CacheView | None) -> CacheView | None:
+        """The deterministic session whose step this is, or None for the shared group's step. A barrier
+        wait (`only`) steps its own group; otherwise the groups with work take turns."""
+        if only is not None:
+            return only if only.deterministic else None
+        alone = [r.cache for r in self.running if r.cache.deterministic]
+        alone += [c for c in self.recovering if c.deterministic and c not in alone and not c.recovery.handed_off]
+        if not alone:
+            return None
+        others = any(not r.cache.deterministic for r in self.running) or self.scratch or any(
+            not c.deterministic and not c.recovery.handed_off for c in self.recovering)
+        groups: list[CacheView | None] = [None, *alone] if others else alone
+        self._rotation = (self._rotation + 1) % len(groups)
+        return groups[self._rotation]
 
     def account(self, plan: StepPlan, seconds: float, turn: Callable[[str], TurnView | None]) -> None:
         """The step `plan` took `seconds`: teach the cost model (steps of decode rows only, without other

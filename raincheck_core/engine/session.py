@@ -106,7 +106,7 @@ class Session:
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
                                   deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock)
+                                  tpot_slo=cfg.objective, clock=engine.core.clock)
             # every page the turn can need is reserved now (D included), so neither the answer nor the
             # recovery can fail halfway for lack of memory
             engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,

@@ -41,6 +41,7 @@ class SessionCache:
         self.tokens: list[int] = []       # every token fed so far, in processing order
         self.recovery: Recovery | None = None   # the latest turn's deferred input, while any is left
         self.last_recovery_s: float | None = None   # post-answer completion time of the last recovery
+        self.deterministic = False        # the latest turn's steps run apart from other sessions' rows
         self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: GEN of the recovering turn
         self._claimed = 0                 # slots claimed by the step being planned
 

@@ -264,6 +264,9 @@ class WorkerSettings(ModelSpec):
                                 "decode step, for sessions that do not ask (0: none, fixed deferred chunks)")
     max_new_tokens: int = setting(256, "RAINCHECK_MAX_NEW_TOKENS", "answer length limit of requests that do not "
                                   "say", gt=0)
+    deterministic: bool = setting(False, "RAINCHECK_DETERMINISTIC", "deterministic mode for sessions that do not "
+                                  "ask: the same answer for the same request whatever else runs (costs TPOT "
+                                  "under load)")
     heartbeat_s: float = Field(2.0, gt=0)
     registration_ttl_s: float = Field(10.0, gt=0)
     session_idle_s: float = setting(600.0, "RAINCHECK_SESSION_IDLE_S", "seconds without a turn after which a "

@@ -57,12 +57,15 @@ def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralC
     kw |= {name: getattr(s, name) for name in ("retention", "chunk_size", "guard") if s.HasField(name)}
     if s.HasField("tpot_slo"):
         kw["tpot_slo"] = s.tpot_slo or None   # 0: no objective
+    if s.HasField("deterministic"):
+        kw["deterministic"] = s.deterministic
     return dataclasses.replace(base, **kw) if kw else base
 
 
 def from_deferral(cfg: DeferralConfig) -> chat_pb2.DeferralSettings:
     return chat_pb2.DeferralSettings(policy=cfg.policy, selector=cfg.selector, retention=cfg.retention,
-                                     chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0)
+                                     chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0,
+                                     deterministic=cfg.deterministic)
 
 
 def to_mode(mode: int) -> str:

@@ -45,7 +45,8 @@ class WorkerRuntime:
         self.engine = engine
         self.settings = settings
         self.worker_id = worker_id
-        self.default_deferral = DeferralConfig(policy=settings.default_policy, tpot_slo=settings.tpot_slo or None)
+        self.default_deferral = DeferralConfig(policy=settings.default_policy, tpot_slo=settings.tpot_slo or None,
+                                               deterministic=settings.deterministic)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
         self.colocated = ColocatedRecovery(engine.wake)

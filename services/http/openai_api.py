@@ -78,6 +78,7 @@ class ChatCompletionRequest(BaseModel):
     chunk_size: int | None = None
     guard: int | None = None
     tpot_slo: float | None = None
+    deterministic: bool | None = None
     recovery_mode: str | None = None
 
 
@@ -109,7 +110,8 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
 
 def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
     """The request's deferral knobs (None when it sets none: the session's settings apply)."""
-    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo")}
+    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo",
+                                       "deterministic")}
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return chat_pb2.DeferralSettings(**knobs) if knobs else None
 

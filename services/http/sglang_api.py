@@ -57,6 +57,7 @@ class GenerateRequest(BaseModel):
     chunk_size: int | None = None
     guard: int | None = None
     tpot_slo: float | None = None
+    deterministic: bool | None = None
     recovery_mode: str | None = None
 
 
