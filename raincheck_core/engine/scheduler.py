@@ -210,10 +210,22 @@ class Scheduler:
             tracked = any(s.tracked for s in decode)
             self.cost.observe(len(decode), deferred, seconds, tracked)
         plain = self.cost.plain_s(len(decode))
+        charged = seconds if plain is None else self._expected(plan, len(decode), seconds)
         for seg in decode:
             req = turn(seg.session)
             if req is not None:
-                req.charge(seconds, seconds if plain is None else plain)
+                req.charge(charged, seconds if plain is None else plain)
+
+    def _expected(self, plan: StepPlan, batch: int, seconds: float) -> float:
+        """What a step is charged to its turns' objectives: for a step of decode rows and deferred rows
+        only, what the cost model expects of it (its rolling medians), so that one slow or fast step (a
+        page fault, a noisy neighbour) does not move the next decisions and the same request on an idle
+        server gets the same chunks; a step with other turns' prefill, as measured (the load it saw)."""
+        if plan.count(Kind.PREFILL):
+            return seconds
+        tracked = any(s.tracked for s in plan.segments if s.kind is Kind.DECODE)
+        expected = self.cost.expected_s(batch, plan.rows_of(Kind.DEFERRED, Kind.RECOVERY), tracked)
+        return seconds if expected is None else expected
 
 
 class _Fit:
