@@ -80,6 +80,14 @@ class StepCostModel:
         predict = self.predictor(batch) if deferred_rows else None
         return base + (predict(deferred_rows) if predict is not None else 0.0)
 
+    def batches_measured(self) -> set[int]:
+        """Batch sizes with a measured plain decode step."""
+        return {b for b, obs in self._plain.items() if obs}
+
+    def buckets_measured(self) -> int:
+        """Chunk buckets with at least one measured step."""
+        return sum(1 for obs in self._extra.values() if obs)
+
     def chunk_cost(self) -> ChunkCost | None:
         """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""
         points = [(statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))

@@ -97,8 +97,9 @@ class DecodeWorkerServer:
         model; then SERVING and registered, so frontends route to it only from then on."""
         self.runtime.start()     # first: a local Ray forks its processes before gRPC's threads run
         self.server.start()
-        report = warm_up(self.runtime.engine)
-        log.info("warm-up: %d steps in %.2fs", report.steps, report.seconds, extra={"worker_id": self.worker_id})
+        report = warm_up(self.runtime.engine, calibrate=self.settings.calibrate)
+        log.info("warm-up: %d steps in %.2fs, %d chunk buckets measured", report.steps, report.seconds,
+                 report.chunk_buckets, extra={"worker_id": self.worker_id})
         self.health.set_ready(True)
         self.register()
         self._heartbeat.start()

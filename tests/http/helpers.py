@@ -34,7 +34,7 @@ class Stack:
         self.store = store
         self.worker = DecodeWorkerServer(WorkerSettings(
             model=str(folder), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2},
-            heartbeat_s=0.5, registration_ttl_s=5.0, threads=16,
+            heartbeat_s=0.5, registration_ttl_s=5.0, threads=16, calibrate=False,
             tpot_slo=tpot_slo), store).start()  # 0, fixed chunks: answers comparable across paths (no timing)
         self.frontend_settings = FrontendSettings(port=0, metrics_port=None, threads=16,
                                                   **{"api_keys": KEYS, **frontend})
