@@ -10,7 +10,7 @@ import uuid
 
 from grpc_health.v1 import health_pb2
 
-from raincheck_core.engine.warmup import warm_up
+from raincheck_core.warmup import warm_up
 
 from .._gen import worker_pb2, worker_pb2_grpc
 from ..common import native_heap

@@ -1,10 +1,10 @@
-"""Warm-up and calibration (raincheck_core/engine/warmup.py): what a worker runs before it reports ready."""
+"""Warm-up and calibration (raincheck_core/warmup.py): what a worker runs before it reports ready."""
 
 from __future__ import annotations
 
 from raincheck_core import Engine
 from raincheck_core.deferral.policy import CHUNK_SIZES
-from raincheck_core.engine.warmup import BATCH_SIZES, warm_up
+from raincheck_core.warmup import BATCH_SIZES, warm_up
 
 
 def test_calibration_measures_every_bucket_and_batch_size_and_leaves_the_engine_as_it_was(tiny_checkpoints):

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..deferral.policy import CHUNK_SIZES, DeferralConfig
-from ..inputs import Prompt, VisualInput
-from ..sampling import SamplingParams
-from .engine import Engine
+from .deferral.policy import CHUNK_SIZES, DeferralConfig
+from .engine.engine import Engine
+from .inputs import Prompt, VisualInput
+from .sampling import SamplingParams
 
 PROMPT_TOKENS = 16
 ANSWER_TOKENS = 4
