@@ -69,11 +69,13 @@ class Load:
 
     def __init__(self, client: Client, image: bytes):
         self.stop = threading.Event()
+        self.turns = 0
 
         def run() -> None:
             session = client.create_session(policy="raincheck", retention=0.3)
             while not self.stop.is_set():
                 session.send("what is this ?", images=[image], max_new_tokens=120, ignore_eos=True).text()
+                self.turns += 1
             session.close()
         self.thread = threading.Thread(target=run, daemon=True)
 

@@ -4,11 +4,11 @@ objective on (the default, whose chunk choices read measured step times)."""
 
 from __future__ import annotations
 
-import threading
 from contextlib import nullcontext
 
 import pytest
 
+from bench.determinism import Load
 from raincheck_client import Final
 from services.common.store import MemoryStore
 from tests.demo.helpers import FOLDER
@@ -40,31 +40,6 @@ def _sdk(stack, questions, image) -> tuple[list[list[int]], list[str]]:
     return [f.token_ids for f in finals], [f.text for f in finals]
 
 
-class Load:
-    """Another client streaming long image answers until stopped."""
-
-    def __init__(self, stack, image: bytes):
-        self.stop = threading.Event()
-        self.turns = 0
-        client = stack.sdk()
-
-        def run() -> None:
-            session = client.create_session(policy="raincheck", retention=0.3)
-            while not self.stop.is_set():
-                session.send("what is this ?", images=[image], max_new_tokens=120, ignore_eos=True).text()
-                self.turns += 1
-            session.close()
-        self.thread = threading.Thread(target=run, daemon=True)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join(timeout=120)
-
-
 def test_same_tokens_alone_and_under_load_through_sdk_and_http(objective_stack):
     stack = objective_stack
     d = dialogue(seed=16, turns=2)
@@ -73,7 +48,7 @@ def test_same_tokens_alone_and_under_load_through_sdk_and_http(objective_stack):
     ids, texts = set(), set()
     for loaded in (False, True):
         stack.settle()
-        with Load(stack, other) if loaded else nullcontext() as load:
+        with Load(stack.sdk(), other) if loaded else nullcontext() as load:
             for _ in range(REPEATS):
                 tokens, said = _sdk(stack, questions, image)
                 ids.add(str(tokens))
