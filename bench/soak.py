@@ -19,6 +19,7 @@ import argparse
 import io
 import json
 import random
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,8 +44,6 @@ def rss_mib() -> float:
     native_heap.trim()
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
-    import resource
-
     return pages * resource.getpagesize() / 2**20
 
 
@@ -65,7 +64,7 @@ def long_question(variant: int) -> str:
 
 
 def one_session(client: Client, index: int, long_every: int, max_new: int) -> int:
-    """Two image turns, then close; returns the tokens answered."""
+    """Two image turns, then close; returns the characters answered."""
     rng = random.Random(index)
     session = client.create_session(policy="raincheck", retention=0.3)
     try:
