@@ -38,10 +38,11 @@ def _image_bytes(source: ImageSource) -> bytes:
 
 def deferral(policy: str | None = None, selector: str | None = None, retention: float | None = None,
              chunk_size: int | None = None, guard: int | None = None,
-             tpot_slo: float | None = None, barrier_timeout_s: float | None = None) -> chat_pb2.DeferralSettings:
+             tpot_slo: float | None = None, barrier_timeout_s: float | None = None,
+             deterministic: bool | None = None) -> chat_pb2.DeferralSettings:
     return chat_pb2.DeferralSettings(policy=policy or "", selector=selector or "", retention=retention,
                                      chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
-                                     barrier_timeout_s=barrier_timeout_s)
+                                     barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
 
 
 def create_session(model: str, recovery: str | None, **policy) -> chat_pb2.CreateSessionRequest:

@@ -37,10 +37,10 @@ class AsyncClient:
                              retention: float | None = None, chunk_size: int | None = None,
                              guard: int | None = None, tpot_slo: float | None = None,
                              barrier_timeout_s: float | None = None,
-                             recovery: str | None = None) -> AsyncSession:
+                             recovery: str | None = None, deterministic: bool | None = None) -> AsyncSession:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
-                                        barrier_timeout_s=barrier_timeout_s)
+                                        barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
         return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request)))
 
     async def session(self, session_id: str) -> AsyncSession:

@@ -25,6 +25,7 @@ class SessionInfo:
     guard: int | None
     tpot_slo: float | None            # None: no objective (fixed chunks)
     barrier_timeout_s: float | None   # None: a turn waits for the previous turn's deferred rows
+    deterministic: bool               # same answer for the same request (docs/services.md)
     recovery_mode: str                # colocated | disaggregated
     status: str                       # idle | streaming | recovering | detached
     turns: int
@@ -42,6 +43,7 @@ class SessionInfo:
             d.guard if d.HasField("guard") else None,
             d.tpot_slo or None,
             d.barrier_timeout_s if d.HasField("barrier_timeout_s") and d.barrier_timeout_s >= 0 else None,
+            d.deterministic,
             mode_name(info.recovery_mode),
             chat_pb2.SessionStatus.Name(info.status).removeprefix("SESSION_STATUS_").lower(),
             info.turns, info.pending_deferred_tokens, info.cached_tokens, info.worker_id,

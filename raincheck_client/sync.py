@@ -36,14 +36,14 @@ class Client:
                        retention: float | None = None, chunk_size: int | None = None,
                        guard: int | None = None, tpot_slo: float | None = None,
                        barrier_timeout_s: float | None = None,
-                       recovery: str | None = None) -> Session:
+                       recovery: str | None = None, deterministic: bool | None = None) -> Session:
         """A new session; unset settings take the server's defaults. `recovery`: colocated | disaggregated.
         `tpot_slo`: the allowed mean TPOT as a ratio of a plain decode step (0: none, fixed chunks).
         `barrier_timeout_s`: how long a turn waits for the previous turn's deferred rows (0: never; < 0: until
-        they are all in)."""
+        they are all in). `deterministic`: the same answer for the same request, whatever else the server runs."""
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
-                                        barrier_timeout_s=barrier_timeout_s)
+                                        barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
         return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request)))
 
     def session(self, session_id: str) -> Session:

@@ -7,6 +7,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from .common import native_heap
 from .common.metrics import serve_metrics
 from .common.settings import DeferredSettings, FrontendSettings, ModelSpec, StoreSettings, WorkerSettings
 from .common.store import Store, make_store
@@ -47,6 +48,8 @@ def serve(front: FrontendSettings, worker: WorkerSettings, http: HttpSettings | 
     too. The frontend starts first: until the model has loaded it answers UNAVAILABLE, which
     `raincheck chat` shows as a progress line."""
     from .frontend.server import FrontendServer
+
+    native_heap.bound()
 
     store = _store(front.store)
     _metrics(front.metrics_port, front.metrics_host)
@@ -101,6 +104,8 @@ def run_http(front: FrontendSettings, http: HttpSettings) -> None:
 
 def run_decode_worker(settings: WorkerSettings) -> None:
     from .decode_worker.server import DecodeWorkerServer
+
+    native_heap.bound()
 
     store = _store(settings.store)
     if not settings.store.redis_url:

@@ -30,7 +30,7 @@ SESSION_STATUS_RECOVERING: SessionStatus
 SESSION_STATUS_DETACHED: SessionStatus
 
 class DeferralSettings(_message.Message):
-    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s")
+    __slots__ = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s", "deterministic")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class DeferralSettings(_message.Message):
     GUARD_FIELD_NUMBER: _ClassVar[int]
     TPOT_SLO_FIELD_NUMBER: _ClassVar[int]
     BARRIER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     policy: str
     selector: str
     retention: float
@@ -45,7 +46,8 @@ class DeferralSettings(_message.Message):
     guard: int
     tpot_slo: float
     barrier_timeout_s: float
-    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ..., barrier_timeout_s: _Optional[float] = ...) -> None: ...
+    deterministic: bool
+    def __init__(self, policy: _Optional[str] = ..., selector: _Optional[str] = ..., retention: _Optional[float] = ..., chunk_size: _Optional[int] = ..., guard: _Optional[int] = ..., tpot_slo: _Optional[float] = ..., barrier_timeout_s: _Optional[float] = ..., deterministic: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("model", "deferral", "recovery_mode")

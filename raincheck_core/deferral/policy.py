@@ -27,7 +27,12 @@ class DeferralConfig:
     `barrier_timeout_s`: how long this turn waits at the completion barrier for the previous turn's
     deferred rows. None: until they are all in (the paper's policy). After that long (0: at once) the turn
     is admitted with the rest still pending, and they are restored during and after its answer with the
-    cross-turn visibility of docs/mechanism.md §10."""
+    cross-turn visibility of docs/mechanism.md §10.
+
+    `deterministic`: the session's answers depend only on its own inputs: its steps never share a step
+    with another session's rows (the scheduler takes turns between such sessions and everyone else), and
+    its deferred chunks follow `chunk_size` instead of the objective (which reads measured step times).
+    It costs that session's TPOT under load (docs/services.md, "Deterministic mode")."""
 
     policy: str = "full"
     selector: str = "divprune"
@@ -38,6 +43,7 @@ class DeferralConfig:
     fused: bool = True        # False: the chunk and the decode row run as two passes (for comparison)
     tpot_slo: float | None = 1.10
     barrier_timeout_s: float | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         from ..pruning import SELECTORS, keep_count
@@ -58,6 +64,11 @@ class DeferralConfig:
                                                        and self.barrier_timeout_s >= 0):
             raise InvalidInputError(f"barrier_timeout_s must be >= 0 seconds, or None to wait for the previous "
                                     f"turn's recovery, got {self.barrier_timeout_s}")
+
+    @property
+    def objective(self) -> float | None:
+        """The TPOT objective the scheduler applies: none for a deterministic session (fixed chunks)."""
+        return None if self.deterministic else self.tpot_slo
 
     @property
     def needs_vision_signals(self) -> bool:

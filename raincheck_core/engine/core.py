@@ -310,6 +310,7 @@ class EngineCore:
             raise
         request.checkpoint = checkpoint
         request.turn = cache.turns
+        cache.deterministic = cfg.deterministic
         cache.pending_ids = []
         cache.turns += 1
         self.turns[cache.session] = request

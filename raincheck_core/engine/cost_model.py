@@ -71,6 +71,23 @@ class StepCostModel:
         nearest = min(table, key=lambda b: (abs(b - batch), b))
         return statistics.median(table[nearest])
 
+    def expected_s(self, batch: int, deferred_rows: int, tracked: bool) -> float | None:
+        """What a decode step of `batch` rows carrying `deferred_rows` is expected to take: the rolling
+        median of its kind (join-tracking steps apart from plain ones), plus the fitted chunk cost."""
+        base = statistics.median(self._tracked[batch]) if tracked and batch in self._tracked else self.plain_s(batch)
+        if base is None:
+            return None
+        predict = self.predictor(batch) if deferred_rows else None
+        return base + (predict(deferred_rows) if predict is not None else 0.0)
+
+    def batches_measured(self) -> set[int]:
+        """Batch sizes with a measured plain decode step."""
+        return {b for b, obs in self._plain.items() if obs}
+
+    def buckets_measured(self) -> int:
+        """Chunk buckets with at least one measured step."""
+        return sum(1 for obs in self._extra.values() if obs)
+
     def chunk_cost(self) -> ChunkCost | None:
         """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""
         points = [(statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))

@@ -48,6 +48,7 @@ class CacheView(Protocol):
     next_position: int
     recovery: Recovery | None
     length: int                 # slots filled
+    deterministic: bool
 
     def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor: ...
 
@@ -108,6 +109,7 @@ class Scheduler:
         self.running: list[TurnView] = []
         self.recovering: list[CacheView] = []    # answer done, deferred rows left
         self.scratch: list[ScratchWork] = []     # scratch rows to prefill (beside the turns' input rows)
+        self._rotation = 0                       # whose step is next among the isolated groups
 
     def add(self, request: TurnView) -> None:
         self.running.append(request)
@@ -140,10 +142,15 @@ class Scheduler:
 
     def schedule(self, only: CacheView | None = None, solo: CacheView | None = None) -> StepPlan:
         """This step's plan. `only` restricts post-answer recovery to one session (a barrier wait);
-        `solo` restricts the whole step to one session (re-running a failed step session by session)."""
-        running = [r for r in self.running if solo is None or r.cache is solo]
-        recovering = [c for c in self.recovering if solo is None or c is solo]
-        scratch = [w for w in self.scratch if solo is None or w.cache is solo]
+        `solo` restricts the whole step to one session (re-running a failed step session by session).
+        A deterministic session's rows never share a step: steps take turns between each such session and
+        the shared group of all others (`_isolated`)."""
+        if solo is None:
+            solo = self._isolated(only)
+        shared = solo is None
+        running = [r for r in self.running if (not r.cache.deterministic if shared else r.cache is solo)]
+        recovering = [c for c in self.recovering if (not c.deterministic if shared else c is solo)]
+        scratch = [w for w in self.scratch if shared or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
         plan = StepPlan()
         decoding = [r for r in running if r.decoding][:budget]
@@ -190,6 +197,21 @@ class Scheduler:
             gap -= n
         return plan
 
+    def _isolated(self, only: CacheView | None) -> CacheView | None:
+        """The deterministic session whose step this is, or None for the shared group's step. A barrier
+        wait (`only`) steps its own group; otherwise the groups with work take turns."""
+        if only is not None:
+            return only if only.deterministic else None
+        alone = [r.cache for r in self.running if r.cache.deterministic]
+        alone += [c for c in self.recovering if c.deterministic and c not in alone and not c.recovery.handed_off]
+        if not alone:
+            return None
+        others = any(not r.cache.deterministic for r in self.running) or self.scratch or any(
+            not c.deterministic and not c.recovery.handed_off for c in self.recovering)
+        groups: list[CacheView | None] = [None, *alone] if others else alone
+        self._rotation = (self._rotation + 1) % len(groups)
+        return groups[self._rotation]
+
     def account(self, plan: StepPlan, seconds: float, turn: Callable[[str], TurnView | None]) -> None:
         """The step `plan` took `seconds`: teach the cost model (steps of decode rows only, without other
         turns' prefill, are clean samples) and charge each decoding turn (`turn`: a session's running
@@ -202,10 +224,22 @@ class Scheduler:
             tracked = any(s.tracked for s in decode)
             self.cost.observe(len(decode), deferred, seconds, tracked)
         plain = self.cost.plain_s(len(decode))
+        charged = seconds if plain is None else self._expected(plan, len(decode), seconds)
         for seg in decode:
             req = turn(seg.session)
             if req is not None:
-                req.charge(seconds, seconds if plain is None else plain)
+                req.charge(charged, seconds if plain is None else plain)
+
+    def _expected(self, plan: StepPlan, batch: int, seconds: float) -> float:
+        """What a step is charged to its turns' objectives: for a step of decode rows and deferred rows
+        only, what the cost model expects of it (its rolling medians), so that one slow or fast step (a
+        page fault, a noisy neighbour) does not move the next decisions and the same request on an idle
+        server gets the same chunks; a step with other turns' prefill, as measured (the load it saw)."""
+        if plan.count(Kind.PREFILL):
+            return seconds
+        tracked = any(s.tracked for s in plan.segments if s.kind is Kind.DECODE)
+        expected = self.cost.expected_s(batch, plan.rows_of(Kind.DEFERRED, Kind.RECOVERY), tracked)
+        return seconds if expected is None else expected
 
 
 class _Fit:

@@ -105,7 +105,8 @@ class Session:
             self._check_idle()
             cache = self.cache
             ids = cache.pending_ids + prompt.token_ids
-            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position)
+            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position,
+                                    text_prefix=len(cache.pending_ids))
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
             engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens, params.n)
@@ -119,12 +120,12 @@ class Session:
             turn_end = engine.formatter.turn_end_id if chat_level else None
             request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
                                   deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.tpot_slo, clock=engine.core.clock, constraint=constraints[0],
+                                  tpot_slo=cfg.objective, clock=engine.core.clock, constraint=constraints[0],
                                   previous_pending=late)
 
             def branch(i: int, branch_cache: SessionCache) -> TurnRequest:
                 return TurnRequest(branch_cache, turn_input, params.branch(i), stops, decode, return_logits,
-                                   turn_end, tpot_slo=cfg.tpot_slo, clock=engine.core.clock,
+                                   turn_end, tpot_slo=cfg.objective, clock=engine.core.clock,
                                    constraint=constraints[i], choice=i)
 
             # every page the turn can need is reserved now (D and the other answers' included), so neither

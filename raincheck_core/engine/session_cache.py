@@ -52,6 +52,7 @@ class SessionCache:
         self.last_recovery_s: float | None = None   # post-answer completion time of the last recovery
         self._turn_of = torch.zeros(0, dtype=torch.int32)      # per slot: the turn that wrote it
         self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: a token that turn generated
+        self.deterministic = False        # the latest turn's steps run apart from other sessions' rows
         self._claimed = 0                 # slots claimed by the step being planned
         self.chain = PrefixChain(kv.page_size)   # what its slots hold, for the prefix cache
         self.published = 0                # full pages of the chain handed to the prefix cache
@@ -147,6 +148,7 @@ class SessionCache:
         self.next_position = parent.next_position
         self.turns = parent.turns
         self._turn_of, self._generated = parent._turn_of.clone(), parent._generated.clone()
+        self.deterministic = parent.deterministic
         if self.gdn is not None:
             self.gdn.conv[self.gdn_slot].copy_(self.gdn.conv[parent.gdn_slot])
             self.gdn.ssm[self.gdn_slot].copy_(self.gdn.ssm[parent.gdn_slot])

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger(__name__)
+ROW_BUCKET = 128
 _packing = {"available": os.environ.get("RAINCHECK_PACKED_LINEAR", "1") != "0"
             and torch.backends.mkldnn.is_available()}
 
@@ -53,8 +54,24 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
             _packing["available"] = False
             return F.linear(x, weight, bias)
         module.__dict__["_packed_weight"] = cached
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), cached[1], bias, "none", [], "")
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    padded = _row_bucket(n)
+    if padded != n:
+        rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(rows, cached[1], bias, "none", [], "")[:n]
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _row_bucket(n: int) -> int:
+    """oneDNN builds and keeps a primitive (about 0.7 MiB at the demo's sizes) for every row count it
+    multiplies: a server meeting every prompt length and batch size would keep growing. Row counts are
+    padded to a power of two up to ROW_BUCKET and to a multiple of it past that, so at most ~23 counts
+    occur below 2,048 rows. A row's result does not depend on the rows beside it (the oneDNN matmul is
+    row-invariant, tests/unit/test_packed_linear.py), so padding changes no output."""
+    if n <= ROW_BUCKET:
+        return 1 << (n - 1).bit_length()
+    return -(-n // ROW_BUCKET) * ROW_BUCKET
 
 
 class Linear(nn.Linear):

@@ -47,16 +47,23 @@ def compute_positions(
     video_token_id: int,
     merge: int,
     start: int = 0,
+    text_prefix: int = 0,
 ) -> PromptLayout:
-    """3-D positions of `token_ids`, whose image/video placeholder runs hold `visuals` in order."""
+    """3-D positions of `token_ids`, whose image/video placeholder runs hold `visuals` in order.
+
+    The first `text_prefix` tokens are text whatever their ids: tokens the model generated (a previous
+    answer's unfed tail) are never placeholders, even when one equals the image or video token id."""
     ids = torch.as_tensor(token_ids, dtype=torch.long).cpu()
     if ids.dim() != 1:
         raise InvalidInputError(f"token ids must be one sequence, got shape {tuple(ids.shape)}")
     if start < 0:
         raise InvalidInputError(f"start position must be >= 0, got {start}")
+    if not 0 <= text_prefix <= len(ids):
+        raise InvalidInputError(f"text_prefix must be in [0, {len(ids)}], got {text_prefix}")
     types = torch.zeros_like(ids)
     types[ids == image_token_id] = _IMAGE
     types[ids == video_token_id] = _VIDEO
+    types[:text_prefix] = _TEXT
     _check_counts(types, visuals, merge)
 
     pieces: list[torch.Tensor] = []

@@ -88,12 +88,38 @@ def make_server(max_workers: int, max_message_bytes: int) -> grpc.Server:
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
 
 
-def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
-    """Standard `grpc.health.v1.Health` (every service SERVING) and server reflection."""
-    servicer = health.HealthServicer()
+class ReadinessHealth(health.HealthServicer):
+    """`grpc.health.v1.Health` whose overall status ("" and the server's own services) is readiness: it
+    starts NOT_SERVING and follows `set_ready`; a `refresh` hook, when given, runs before each Check so
+    a probe never reads a stale answer (Watch streams get what `set_ready` last set)."""
+
+    def __init__(self, service_names: list[str], refresh: Callable[[], None] | None = None):
+        super().__init__()
+        self.names = ["", *service_names]
+        self.refresh = refresh
+        self.ready: bool | None = None
+        self.set_ready(False)
+
+    def set_ready(self, ready: bool) -> None:
+        if ready == self.ready:     # a Watch stream hears of changes only
+            return
+        self.ready = ready
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in self.names:
+            self.set(name, status)
+
+    def Check(self, request, context):
+        if self.refresh is not None:
+            self.refresh()
+        return super().Check(request, context)
+
+
+def add_health_and_reflection(server: grpc.Server, service_names: list[str],
+                              refresh: Callable[[], None] | None = None) -> ReadinessHealth:
+    """Standard `grpc.health.v1.Health` (NOT_SERVING until the owner calls `set_ready(True)`) and server
+    reflection."""
+    servicer = ReadinessHealth(service_names, refresh)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    for name in ["", *service_names]:
-        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     return servicer
 

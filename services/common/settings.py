@@ -287,6 +287,11 @@ class WorkerSettings(ModelSpec):
                                                 shown="off")
     max_new_tokens: int = setting(256, "RAINCHECK_MAX_NEW_TOKENS", "answer length limit of requests that do not "
                                   "say", gt=0)
+    deterministic: bool = setting(False, "RAINCHECK_DETERMINISTIC", "deterministic mode for sessions that do not "
+                                  "ask: the same answer for the same request whatever else runs (costs TPOT "
+                                  "under load)")
+    calibrate: bool = setting(True, "RAINCHECK_CALIBRATE", "before reporting ready, measure the step costs the TPOT "
+                              "objective needs (each chunk bucket at decode batch sizes 1, 2, 4)")
     heartbeat_s: float = Field(2.0, gt=0)
     registration_ttl_s: float = Field(10.0, gt=0)
     session_idle_s: float = setting(600.0, "RAINCHECK_SESSION_IDLE_S", "seconds without a turn after which a "

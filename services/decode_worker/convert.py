@@ -78,13 +78,16 @@ def to_deferral(s: chat_pb2.DeferralSettings, base: DeferralConfig) -> DeferralC
         kw["tpot_slo"] = s.tpot_slo or None   # 0: no objective
     if s.HasField("barrier_timeout_s"):     # < 0: no bound (wait for the previous turn's rows)
         kw["barrier_timeout_s"] = s.barrier_timeout_s if s.barrier_timeout_s >= 0 else None
+    if s.HasField("deterministic"):
+        kw["deterministic"] = s.deterministic
     return dataclasses.replace(base, **kw) if kw else base
 
 
 def from_deferral(cfg: DeferralConfig) -> chat_pb2.DeferralSettings:
     return chat_pb2.DeferralSettings(policy=cfg.policy, selector=cfg.selector, retention=cfg.retention,
                                      chunk_size=cfg.chunk_size, guard=cfg.guard, tpot_slo=cfg.tpot_slo or 0.0,
-                                     barrier_timeout_s=-1.0 if cfg.barrier_timeout_s is None else cfg.barrier_timeout_s)
+                                     barrier_timeout_s=-1.0 if cfg.barrier_timeout_s is None else cfg.barrier_timeout_s,
+                                     deterministic=cfg.deterministic)
 
 
 def to_mode(mode: int) -> str:

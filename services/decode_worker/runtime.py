@@ -47,7 +47,8 @@ class WorkerRuntime:
         self.settings = settings
         self.worker_id = worker_id
         self.default_deferral = DeferralConfig(policy=settings.default_policy, tpot_slo=settings.tpot_slo or None,
-                                               barrier_timeout_s=settings.barrier_timeout_s)
+                                               barrier_timeout_s=settings.barrier_timeout_s,
+                                               deterministic=settings.deterministic)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
         self.colocated = ColocatedRecovery(engine.wake)

@@ -10,7 +10,10 @@ import uuid
 
 from grpc_health.v1 import health_pb2
 
+from raincheck_core.warmup import warm_up
+
 from .._gen import worker_pb2, worker_pb2_grpc
+from ..common import native_heap
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.metrics import RECOVERY_UP
 from ..common.settings import WorkerSettings
@@ -87,10 +90,17 @@ class DecodeWorkerServer:
         while not self._stopping.wait(self.settings.heartbeat_s):
             self.register()
             self.runtime.reap_idle()
+            native_heap.trim()
 
     def start(self) -> DecodeWorkerServer:
+        """Serve: health NOT_SERVING (the port answers) until a warm-up turn has run through the loaded
+        model; then SERVING and registered, so frontends route to it only from then on."""
         self.runtime.start()     # first: a local Ray forks its processes before gRPC's threads run
         self.server.start()
+        report = warm_up(self.runtime.engine, calibrate=self.settings.calibrate)
+        log.info("warm-up: %d steps in %.2fs, %d chunk buckets measured", report.steps, report.seconds,
+                 report.chunk_buckets, extra={"worker_id": self.worker_id})
+        self.health.set_ready(True)
         self.register()
         self._heartbeat.start()
         log.info("decode worker %s serving %s at %s", self.worker_id, self.model, self.address,

@@ -13,6 +13,7 @@ from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.settings import FrontendSettings
 from ..common.store import Store
 from .auth import check_auth_settings
+from .readiness import Readiness
 from .router import Router
 from .servicer import ChatServicer
 
@@ -36,11 +37,13 @@ class FrontendServer:
         self.router = Router(store, settings.max_message_bytes)
         self.server = make_server(settings.threads, settings.max_message_bytes)
         chat_pb2_grpc.add_ChatServiceServicer_to_server(ChatServicer(settings, store, self.router), self.server)
-        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        self.readiness = Readiness(store)
+        self.health = add_health_and_reflection(self.server, [SERVICE_NAME], self.readiness.refresh)
         self.port = bind(self.server, settings.host, settings.port, _credentials(settings))
         self.address = f"{settings.host}:{self.port}"
 
     def start(self) -> FrontendServer:
+        self.readiness.start(self.health)
         self.server.start()
         log.info("frontend serving %s at %s (auth %s)", SERVICE_NAME, self.address,
                  "on" if self.settings.api_keys else "OFF", extra={"service": "frontend"})
@@ -48,5 +51,6 @@ class FrontendServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        self.readiness.stop()
         self.server.stop(grace_s).wait()
         self.router.close()

@@ -110,7 +110,7 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
 def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
     """The request's deferral knobs (None when it sets none: the session's settings apply)."""
     knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo",
-                                      "barrier_timeout_s")}
+                                      "barrier_timeout_s", "deterministic")}
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return chat_pb2.DeferralSettings(**knobs) if knobs else None
 

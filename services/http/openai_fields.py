@@ -101,13 +101,14 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "tpot_slo": (float | None, None, "deferral: allowed mean TPOT as a ratio of a plain step"),
     "barrier_timeout_s": (float | None, None, "deferral: longest wait for the previous turn's deferred rows "
                           "(0: never; negative: all)"),
+    "deterministic": (bool | None, None, "the same answer for the same request, whatever else the server runs"),
     "recovery_mode": (str | None, None, "a new session's recovery mode"),
     "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
 }
 
 # extras that only a chat with images or a session can use: a completion (text, no session) refuses them
-CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s", "recovery_mode",
-             "continue_final_message")
+CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s",
+             "deterministic", "recovery_mode", "continue_final_message")
 
 RaincheckExtras: type[BaseModel] = create_model(
     "RaincheckExtras", __config__=ConfigDict(extra="forbid"),

@@ -65,6 +65,7 @@ class GenerateRequest(BaseModel):
     guard: int | None = None
     tpot_slo: float | None = None
     barrier_timeout_s: float | None = None
+    deterministic: bool | None = None
     recovery_mode: str | None = None
 
 

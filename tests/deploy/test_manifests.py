@@ -362,9 +362,11 @@ def test_grpc_probes_and_graceful_drain(rendered: dict, name: str) -> None:
         assert c["command"] == ["raincheck"] and f"{port}" in c["args"]
         assert {p["name"]: p["containerPort"] for p in c["ports"]}["grpc"] == port
         assert c["readinessProbe"]["grpc"] == {"port": port}
-        assert c["startupProbe"]["grpc"] == {"port": port}
         # liveness must not follow gRPC health: a draining server is NOT_SERVING but must not be killed
         assert c["livenessProbe"]["tcpSocket"] == {"port": port}
+    # a frontend is NOT_SERVING until a worker has registered: its startup must not wait for that
+    assert container(docs, "Deployment", "raincheck-frontend")["startupProbe"]["tcpSocket"] == {"port": 50051}
+    assert container(docs, "StatefulSet", "raincheck-decode")["startupProbe"]["grpc"] == {"port": 50061}
     drain = float(config(docs)["RAINCHECK_DRAIN_TIMEOUT_S"])
     for kind, workload, _ in servers:
         pod = one(docs, kind, workload)["spec"]["template"]["spec"]

@@ -7,7 +7,7 @@ and what each segment may read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -45,6 +45,7 @@ class Cache:
     length: int = 0
     gdn_slot: int | None = None
     recovery: Recovery | None = None
+    deterministic: bool = False
     claimed: int = 0
     reads: list[tuple[int, bool]] = field(default_factory=list)
     labels: list[tuple[int, int | None, bool]] = field(default_factory=list)    # per claim: n, turn, GEN
@@ -249,3 +250,21 @@ def test_accounting_teaches_the_cost_model_and_charges_each_decoding_turn():
     sched.account(sched.schedule(), 0.020, turns.get)
     assert sched.cost.plain_s(2) == 0.020
     assert a.decode_s == b.decode_s == 0.020 and a.plain_s == 0.020
+
+
+def test_a_deterministic_session_never_shares_a_step_and_takes_turns_with_the_rest():
+    sched = Scheduler(64, 63, 64)
+    a, b = _decoding("a"), _decoding("b")
+    det = _decoding("det", deferred=40, cfg=replace(RAINCHECK, chunk_size=15, tpot_slo=1.1,
+                                                    deterministic=True))
+    det.cache.deterministic = True
+    for t in (a, det, b):
+        sched.add(t)
+    plans = [_kinds(sched.schedule()) for _ in range(4)]
+    groups = [{s for _, s, _ in plan} for plan in plans]
+    assert groups in ([{"det"}, {"a", "b"}] * 2, [{"a", "b"}, {"det"}] * 2)
+    alone = next(plan for plan in plans if plan[-1][1] == "det")
+    assert alone == [(Kind.DEFERRED, "det", 15), (Kind.DECODE, "det", 1)]   # its fixed chunk, no objective
+    # its barrier steps it alone; another session's barrier steps the shared group only
+    assert {s for _, s, _ in _kinds(sched.schedule(only=det.cache))} == {"det"}
+    assert {s for _, s, _ in _kinds(sched.schedule(only=a.cache))} == {"a", "b"}

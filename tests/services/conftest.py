@@ -94,7 +94,8 @@ class Cluster:
         engine = {"num_pages": NUM_PAGES, **overrides.pop("engine", {})}
         # tpot_slo 0: fixed deferred chunks, so a raincheck answer does not depend on measured step times
         # and tests can compare it across paths (the objective: tests/engine/test_tpot_objective.py)
-        overrides = {"tpot_slo": 0.0, **overrides}
+        # no calibration: the tests' workers start fast (tests/engine/test_warmup.py covers it)
+        overrides = {"tpot_slo": 0.0, "calibrate": False, **overrides}
         settings = WorkerSettings(model=str(self.checkpoint), model_name=MODEL, port=0, metrics_port=None,
                                   engine=engine, heartbeat_s=0.5, registration_ttl_s=5.0, threads=16, **overrides)
         return self._start(DecodeWorkerServer(settings, store))

@@ -1,0 +1,99 @@
+"""Warm-up and calibration: turns of the engine's own before it reports ready.
+
+The first forward pays for lazily built state (kernel libraries loaded, per-shape buffers, allocator
+pools), and the TPOT objective knows no step cost yet: a server that routed its first real turn there would
+serve it late and schedule its deferred rows on a prior. `warm_up` runs a text turn (a prefill step and
+decode steps) and, with `calibrate`, has the cost model measure what the objective needs: the plain decode
+step at each batch size it will meet, and a step carrying each chunk bucket at those batch sizes (turns
+with a synthetic image whose deferred rows are fused in fixed chunks of that bucket). Every session it opens
+is closed again, so the engine is as it was, plus what it measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .deferral.policy import CHUNK_SIZES, DeferralConfig
+from .engine.engine import Engine
+from .inputs import Prompt, VisualInput
+from .sampling import SamplingParams
+
+PROMPT_TOKENS = 16
+ANSWER_TOKENS = 4
+BATCH_SIZES = (1, 2, 4)        # decode batch sizes calibrated
+IMAGE_SIDE = 12                # merged tokens per side of the synthetic image: 144 visual tokens
+RETENTION = 0.3                # ~100 deferred rows: each bucket fuses at least one full chunk
+CHUNK_STEPS = 8                # answer tokens of a calibration turn: each of its steps fuses a chunk (guard 0)
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    seconds: float          # on the engine's clock
+    steps: int
+    chunk_buckets: int      # chunk buckets the cost model has measured
+
+
+def _text(engine: Engine, n: int) -> list[int]:
+    """`n` ordinary token ids: none of the model's visual placeholders or stop tokens."""
+    cfg = engine.model_config
+    reserved = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id,
+                *engine.stop_token_ids()}
+    ids = [t for t in range(1, cfg.vocab_size) if t not in reserved][:n]
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+def _image_prompt(engine: Engine) -> Prompt:
+    """Text, one synthetic image of IMAGE_SIDE x IMAGE_SIDE merged tokens (given as embeddings), text."""
+    cfg = engine.model_config
+    n, merge = IMAGE_SIDE * IMAGE_SIDE, cfg.spatial_merge_size
+    g = torch.Generator().manual_seed(0)
+    visual = VisualInput("image", torch.randn(n, cfg.hidden_size, generator=g),
+                         (1, merge * IMAGE_SIDE, merge * IMAGE_SIDE),
+                         [torch.randn(n, cfg.hidden_size, generator=g) for _ in range(cfg.deepstack_levels)])
+    text = _text(engine, PROMPT_TOKENS)
+    return Prompt([*text, cfg.vision_start_token_id, *[cfg.image_token_id] * n, cfg.vision_end_token_id, *text],
+                  [visual])
+
+
+def _run(engine: Engine, prompts: list[Prompt | list[int]], params: SamplingParams,
+         deferral: DeferralConfig | None = None) -> None:
+    """Run one turn per prompt side by side (one consumer drives the steps of all), then close them."""
+    sessions = [engine.open_session() for _ in prompts]
+    try:
+        streams = [s.turn(p, params, deferral=deferral) for s, p in zip(sessions, prompts, strict=True)]
+        for stream in streams:
+            for _ in stream:
+                pass
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def warm_up(engine: Engine, calibrate: bool = True) -> WarmupReport:
+    steps = []
+    remove = engine.on_step(steps.append)
+    t0 = engine.clock()
+    try:
+        _run(engine, [_text(engine, PROMPT_TOKENS)], SamplingParams(max_new_tokens=ANSWER_TOKENS, ignore_eos=True))
+        if calibrate:
+            _calibrate(engine)
+    finally:
+        remove()
+    cost = engine.scheduler.cost
+    return WarmupReport(engine.clock() - t0, len(steps), cost.buckets_measured())
+
+
+def _calibrate(engine: Engine) -> None:
+    cfg = engine.model_config
+    for batch in BATCH_SIZES:
+        _run(engine, [_text(engine, PROMPT_TOKENS)] * batch, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    if cfg.image_token_id is None or cfg.vision_start_token_id is None:
+        return                  # a text-only model defers nothing
+    for batch in BATCH_SIZES:
+        for bucket in CHUNK_SIZES:
+            fixed = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, chunk_size=bucket,
+                                   guard=0, tpot_slo=None)
+            _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=CHUNK_STEPS, ignore_eos=True),
+                 fixed)
