@@ -10,6 +10,11 @@ Two things are tracked, both from measured step durations (the engine's clock, w
   (7/15/31/63 rows); each group keeps a rolling median, and the line is fitted through the medians, so
   one slow step (a page fault, a noisy neighbour, a GC pause) moves nothing.
 
+Decisions read each estimate (a batch size's plain step, a bucket's extra cost) frozen, and it follows
+its rolling median only once they differ by more than `DRIFT` of it: timing noise then never changes a
+decision, so the same request on an idle server gets the same chunks (and the same answer), while a
+sustained change (load, a slower machine) still moves the estimates.
+
 Before any chunk step has been measured the model assumes a deliberately expensive prior (a chunk step
 costs one extra plain step plus a sixteenth of one per row): the first chunk runs only once the turn has
 saved that much slack, and its measurement replaces the prior.
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from ..deferral.policy import CHUNK_SIZES
 
 WINDOW = 31           # observations kept per batch size / chunk bucket (rolling medians)
+DRIFT = 0.10          # how far a rolling median moves from its frozen estimate before the estimate follows
 
 
 @dataclass(frozen=True)
@@ -42,39 +48,55 @@ def _bucket(rows: int) -> int:
 
 
 class StepCostModel:
-    def __init__(self, window: int = WINDOW):
+    def __init__(self, window: int = WINDOW, drift: float = DRIFT):
         self.window = window
+        self.drift = drift
         self._plain: dict[int, deque[float]] = {}
         self._tracked: dict[int, deque[float]] = {}                # steps that only track joins
         self._extra: dict[int, deque[tuple[int, float]]] = {}   # chunk bucket -> (rows, extra seconds)
+        # the frozen estimates decisions read (module docstring): plain and join-tracking steps by batch
+        # size, and (rows, extra seconds) by chunk bucket
+        self._plain_at: dict[int, float] = {}
+        self._tracked_at: dict[int, float] = {}
+        self._extra_at: dict[int, tuple[float, float]] = {}
 
     def observe(self, batch: int, deferred_rows: int, seconds: float, tracked: bool = False) -> None:
         """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`;
         `tracked`: some of its decode rows extend a GDN join's map."""
         if deferred_rows == 0:
-            (self._tracked if tracked else self._plain).setdefault(batch, deque(maxlen=self.window)).append(seconds)
+            windows, frozen = (self._tracked, self._tracked_at) if tracked else (self._plain, self._plain_at)
+            obs = windows.setdefault(batch, deque(maxlen=self.window))
+            obs.append(seconds)
+            live = statistics.median(obs)
+            if batch not in frozen or abs(live - frozen[batch]) > self.drift * frozen[batch]:
+                frozen[batch] = live
             return
         plain = self.plain_s(batch)
         if plain is not None:
-            self._extra.setdefault(_bucket(deferred_rows), deque(maxlen=self.window)).append(
-                (deferred_rows, seconds - plain))
+            bucket = _bucket(deferred_rows)
+            obs = self._extra.setdefault(bucket, deque(maxlen=self.window))
+            obs.append((deferred_rows, seconds - plain))
+            live = (statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))
+            old = self._extra_at.get(bucket)
+            # an extra cost is small beside the step it rides on: it moves when it moves by a share of that
+            if old is None or abs(live[1] - old[1]) > self.drift * max(abs(old[1]), plain):
+                self._extra_at[bucket] = live
 
     def plain_s(self, batch: int) -> float | None:
         """The plain decode step at this batch size: measured without deferral work, else with join
         tracking only; the nearest measured size's when this one is not."""
-        for table in (self._plain, self._tracked):
+        for table in (self._plain_at, self._tracked_at):
             if batch in table:
-                return statistics.median(table[batch])
-        table = self._plain or self._tracked
+                return table[batch]
+        table = self._plain_at or self._tracked_at
         if not table:
             return None
-        nearest = min(table, key=lambda b: (abs(b - batch), b))
-        return statistics.median(table[nearest])
+        return table[min(table, key=lambda b: (abs(b - batch), b))]
 
     def expected_s(self, batch: int, deferred_rows: int, tracked: bool) -> float | None:
-        """What a decode step of `batch` rows carrying `deferred_rows` is expected to take: the rolling
-        median of its kind (join-tracking steps apart from plain ones), plus the fitted chunk cost."""
-        base = statistics.median(self._tracked[batch]) if tracked and batch in self._tracked else self.plain_s(batch)
+        """What a decode step of `batch` rows carrying `deferred_rows` is expected to take: the estimate of
+        its kind (join-tracking steps apart from plain ones), plus the fitted chunk cost."""
+        base = self._tracked_at[batch] if tracked and batch in self._tracked_at else self.plain_s(batch)
         if base is None:
             return None
         predict = self.predictor(batch) if deferred_rows else None
@@ -82,16 +104,15 @@ class StepCostModel:
 
     def batches_measured(self) -> set[int]:
         """Batch sizes with a measured plain decode step."""
-        return {b for b, obs in self._plain.items() if obs}
+        return set(self._plain_at)
 
     def buckets_measured(self) -> int:
         """Chunk buckets with at least one measured step."""
-        return sum(1 for obs in self._extra.values() if obs)
+        return len(self._extra_at)
 
     def chunk_cost(self) -> ChunkCost | None:
         """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""
-        points = [(statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))
-                  for obs in self._extra.values() if obs]
+        points = list(self._extra_at.values())
         if not points:
             return None
         if len(points) == 1:   # one size measured: split it evenly between fixed and per-row cost

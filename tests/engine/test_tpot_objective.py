@@ -159,7 +159,7 @@ def test_every_schedule_restores_the_same_rows(engine, monkeypatch):
 
 def test_the_cost_model_ignores_outliers():
     rng = random.Random(0)
-    model = StepCostModel()
+    model = StepCostModel(drift=0.0)     # estimates follow every median: what is measured here is the median
     for i in range(200):
         noise = 1 + rng.uniform(-0.05, 0.05)
         spike = 40.0 if i % 17 == 0 else 1.0          # a GC pause, a noisy neighbour
@@ -171,6 +171,26 @@ def test_the_cost_model_ignores_outliers():
     cost = model.chunk_cost()
     assert cost.fixed_s == pytest.approx(0.006, rel=0.15)
     assert cost.per_row_s == pytest.approx(0.0004, rel=0.1)
+
+
+def test_estimates_hold_through_noise_and_follow_a_sustained_change():
+    """Decisions read frozen estimates: a rolling median that wanders within DRIFT changes no decision
+    (the same request on an idle server gets the same chunks); a lasting change moves them."""
+    rng = random.Random(1)
+    model = StepCostModel()
+    for _ in range(40):
+        model.observe(1, 0, 0.010 * (1 + rng.uniform(-0.05, 0.05)))
+        model.observe(1, 15, 0.016 * (1 + rng.uniform(-0.05, 0.05)))
+    plain, cost = model.plain_s(1), model.chunk_cost()
+    seen = set()
+    for _ in range(200):                       # more noise of the same kind: nothing a decision reads moves
+        model.observe(1, 0, 0.010 * (1 + rng.uniform(-0.05, 0.05)))
+        model.observe(1, 15, 0.016 * (1 + rng.uniform(-0.05, 0.05)))
+        seen.add((model.plain_s(1), model.chunk_cost()))
+    assert seen == {(plain, cost)}
+    for _ in range(40):                        # the machine got 50% slower for good
+        model.observe(1, 0, 0.015)
+    assert model.plain_s(1) == pytest.approx(0.015)
 
 
 def test_the_cost_model_knows_nothing_before_a_plain_step():

@@ -124,7 +124,7 @@ def test_docs_table_lists_every_field():
 @pytest.mark.parametrize("name", openai_fields.CHAT_ONLY)
 def test_a_chat_only_extra_is_400_on_completions(stack, name):
     value = {"policy": "full", "selector": "uniform", "recovery_mode": "colocated", "retention": 0.5,
-             "tpot_slo": 1.5}.get(name, True if name == "continue_final_message" else 7)
+             "tpot_slo": 1.5}.get(name, True if name in ("continue_final_message", "deterministic") else 7)
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, name: value}
     with pytest.raises(openai.BadRequestError) as e:
         stack.openai().post("/completions", body=body, cast_to=object)
