@@ -4,8 +4,9 @@ The first forward pays for lazily built state (kernel libraries loaded, per-shap
 pools), and the TPOT objective knows no step cost yet: a server that routed its first real turn there would
 serve it late and schedule its deferred rows on a prior. `warm_up` runs a text turn (a prefill step and
 decode steps) and, with `calibrate`, has the cost model measure what the objective needs: the plain decode
-step at each batch size it will meet, and a step carrying each chunk bucket at those batch sizes (turns
-with a synthetic image whose deferred rows are fused in fixed chunks of that bucket). Every session it opens
+step at each batch size it will meet, the step whose decode rows extend GDN joins (a turn with deferred rows
+pending, none fused yet), and a step carrying each chunk bucket at those batch sizes (turns with a
+synthetic image whose deferred rows are fused in fixed chunks of that bucket). Every session it opens
 is closed again, so the engine is as it was, plus what it measured.
 """
 
@@ -91,6 +92,11 @@ def _calibrate(engine: Engine) -> None:
         _run(engine, [_text(engine, PROMPT_TOKENS)] * batch, SamplingParams(max_new_tokens=8, ignore_eos=True))
     if cfg.image_token_id is None or cfg.vision_start_token_id is None:
         return                  # a text-only model defers nothing
+    for batch in BATCH_SIZES:   # decode steps that only extend GDN joins (a guard past the answer): the
+        held = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, guard=CHUNK_STEPS + 1,
+                              tpot_slo=None)      # objective's reference while a turn has rows pending
+        _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=CHUNK_STEPS, ignore_eos=True),
+             held)
     for batch in BATCH_SIZES:
         for bucket in CHUNK_SIZES:
             fixed = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, chunk_size=bucket,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..deferral.policy import CHUNK_SIZES
 
 WINDOW = 31           # observations kept per batch size / chunk bucket (rolling medians)
-DRIFT = 0.10          # how far a rolling median moves from its frozen estimate before the estimate follows
+DRIFT = 0.20          # how far a rolling median moves from its frozen estimate before the estimate follows
 
 
 @dataclass(frozen=True)
