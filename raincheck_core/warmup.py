@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .deferral.policy import CHUNK_SIZES, DeferralConfig
+from .engine.cost_model import WINDOW
 from .engine.engine import Engine
 from .inputs import Prompt, VisualInput
 from .sampling import SamplingParams
@@ -27,6 +28,7 @@ BATCH_SIZES = (1, 2, 4)        # decode batch sizes calibrated
 IMAGE_SIDE = 12                # merged tokens per side of the synthetic image: 144 visual tokens
 RETENTION = 0.3                # ~100 deferred rows: each bucket fuses at least one full chunk
 CHUNK_STEPS = 8                # answer tokens of a calibration turn: each of its steps fuses a chunk (guard 0)
+CHUNK_ROUNDS = 8               # at most this many rounds of chunk turns to fill the buckets' windows
 
 
 @dataclass(frozen=True)
@@ -87,19 +89,25 @@ def warm_up(engine: Engine, calibrate: bool = True) -> WarmupReport:
 
 
 def _calibrate(engine: Engine) -> None:
+    """Fill the cost model's windows (`cost_model.WINDOW` steps of each kind), so that its estimates are
+    medians of full windows, held from the first real turn on, instead of a few first steps."""
     cfg = engine.model_config
+    steps = WINDOW + 1
     for batch in BATCH_SIZES:
-        _run(engine, [_text(engine, PROMPT_TOKENS)] * batch, SamplingParams(max_new_tokens=8, ignore_eos=True))
+        _run(engine, [_text(engine, PROMPT_TOKENS)] * batch, SamplingParams(max_new_tokens=steps, ignore_eos=True))
     if cfg.image_token_id is None or cfg.vision_start_token_id is None:
         return                  # a text-only model defers nothing
     for batch in BATCH_SIZES:   # decode steps that only extend GDN joins (a guard past the answer): the
-        held = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, guard=CHUNK_STEPS + 1,
+        held = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, guard=steps + 1,
                               tpot_slo=None)      # objective's reference while a turn has rows pending
-        _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=CHUNK_STEPS, ignore_eos=True),
-             held)
-    for batch in BATCH_SIZES:
-        for bucket in CHUNK_SIZES:
-            fixed = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, chunk_size=bucket,
-                                   guard=0, tpot_slo=None)
-            _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=CHUNK_STEPS, ignore_eos=True),
-                 fixed)
+        _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=steps, ignore_eos=True), held)
+    cost = engine.scheduler.cost
+    for _ in range(CHUNK_ROUNDS):     # a turn fuses a bucket's chunks a few times only: rounds until full
+        if cost.buckets_full() == len(CHUNK_SIZES):
+            return
+        for batch in BATCH_SIZES:
+            for bucket in CHUNK_SIZES:
+                fixed = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, chunk_size=bucket,
+                                       guard=0, tpot_slo=None)
+                _run(engine, [_image_prompt(engine)] * batch,
+                     SamplingParams(max_new_tokens=CHUNK_STEPS, ignore_eos=True), fixed)

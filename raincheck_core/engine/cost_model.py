@@ -10,10 +10,12 @@ Two things are tracked, both from measured step durations (the engine's clock, w
   (7/15/31/63 rows); each group keeps a rolling median, and the line is fitted through the medians, so
   one slow step (a page fault, a noisy neighbour, a GC pause) moves nothing.
 
-Decisions read each estimate (a batch size's plain step, a bucket's extra cost) frozen, and it follows
-its rolling median only once they differ by more than `DRIFT` of it: timing noise then never changes a
-decision, so the same request on an idle server gets the same chunks (and the same answer), while a
-sustained change (load, a slower machine) still moves the estimates.
+Decisions read each estimate (a batch size's plain step, a bucket's extra cost) held: it follows its
+rolling median freely while the median's window is filling (the warm-up fills them), then only once the
+median has been more than `DRIFT` away for `SETTLE` observations in a row. Timing noise and short bursts
+(a new shape's first steps, a GC pause) then never change a decision, so the same request on an idle
+server gets the same chunks (and the same answer), while a sustained change (load, a slower machine)
+still moves the estimates.
 
 Before any chunk step has been measured the model assumes a deliberately expensive prior (a chunk step
 costs one extra plain step plus a sixteenth of one per row): the first chunk runs only once the turn has
@@ -30,6 +32,7 @@ from ..deferral.policy import CHUNK_SIZES
 
 WINDOW = 31           # observations kept per batch size / chunk bucket (rolling medians)
 DRIFT = 0.20          # how far a rolling median moves from its frozen estimate before the estimate follows
+SETTLE = 8            # observations in a row the median must stay that far (a burst of slow steps does not)
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,10 @@ def _bucket(rows: int) -> int:
 
 
 class StepCostModel:
-    def __init__(self, window: int = WINDOW, drift: float = DRIFT):
+    def __init__(self, window: int = WINDOW, drift: float = DRIFT, settle: int = SETTLE):
         self.window = window
         self.drift = drift
+        self.settle = settle
         self._plain: dict[int, deque[float]] = {}
         self._tracked: dict[int, deque[float]] = {}                # steps that only track joins
         self._extra: dict[int, deque[tuple[int, float]]] = {}   # chunk bucket -> (rows, extra seconds)
@@ -59,6 +63,7 @@ class StepCostModel:
         self._plain_at: dict[int, float] = {}
         self._tracked_at: dict[int, float] = {}
         self._extra_at: dict[int, tuple[float, float]] = {}
+        self._drifting: dict[tuple[str, int], int] = {}   # estimate -> observations in a row past its band
 
     def observe(self, batch: int, deferred_rows: int, seconds: float, tracked: bool = False) -> None:
         """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`;
@@ -68,7 +73,8 @@ class StepCostModel:
             obs = windows.setdefault(batch, deque(maxlen=self.window))
             obs.append(seconds)
             live = statistics.median(obs)
-            if batch not in frozen or abs(live - frozen[batch]) > self.drift * frozen[batch]:
+            old = frozen.get(batch)
+            if self._moved(("tracked" if tracked else "plain", batch), old, live, self.drift * (old or 0.0), obs):
                 frozen[batch] = live
             return
         plain = self.plain_s(batch)
@@ -79,8 +85,24 @@ class StepCostModel:
             live = (statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))
             old = self._extra_at.get(bucket)
             # an extra cost is small beside the step it rides on: it moves when it moves by a share of that
-            if old is None or abs(live[1] - old[1]) > self.drift * max(abs(old[1]), plain):
+            tolerance = self.drift * max(abs(old[1]), plain) if old is not None else 0.0
+            if self._moved(("extra", bucket), old and old[1], live[1], tolerance, obs):
                 self._extra_at[bucket] = live
+
+    def _moved(self, key: tuple[str, int], old: float | None, live: float, tolerance: float, obs: deque) -> bool:
+        """Should estimate `key` (now `old`; None: none yet) follow its median `live`: always while its
+        window `obs` is filling (a few first steps are no estimate to hold), then once the median has been
+        more than `tolerance` away for `settle` observations in a row."""
+        if old is None or len(obs) < self.window:
+            return True
+        if abs(live - old) <= tolerance:
+            self._drifting.pop(key, None)
+            return False
+        self._drifting[key] = self._drifting.get(key, 0) + 1
+        if self._drifting[key] < self.settle:
+            return False
+        del self._drifting[key]
+        return True
 
     def plain_s(self, batch: int) -> float | None:
         """The plain decode step at this batch size: measured without deferral work, else with join
@@ -109,6 +131,10 @@ class StepCostModel:
     def buckets_measured(self) -> int:
         """Chunk buckets with at least one measured step."""
         return len(self._extra_at)
+
+    def buckets_full(self) -> int:
+        """Chunk buckets whose window of measured steps is full."""
+        return sum(1 for obs in self._extra.values() if len(obs) >= self.window)
 
     def chunk_cost(self) -> ChunkCost | None:
         """The fitted extra cost of carrying deferred rows; None before any chunk step was measured."""
