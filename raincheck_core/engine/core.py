@@ -26,7 +26,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import RequestTooLargeError, SamplingError, StepFailedError
+from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
@@ -237,40 +237,6 @@ class EngineCore:
     def max_model_len(self) -> int | None:
         """Tokens a session may hold: `EngineConfig.max_model_len`, else the checkpoint's context length."""
         return self.config.max_model_len or self.model_config.max_position_embeddings
-
-    def check_fits(self, cache: SessionCache, prompt: int, deferred: int, max_new_tokens: int, n: int = 1) -> None:
-        """RequestTooLargeError when a turn of `prompt` rows run now, `deferred` later and up to
-        `max_new_tokens` generated (for each of `n` answers) can never be served: past the context length,
-        or more slots than the session's page budget or the whole KV pool holds. What waiting can cure is
-        left to admission."""
-        # the previous turn's deferred rows not restored yet will be in the cache before this turn runs
-        held = cache.length + sum(r.pending for r in cache.recoveries())
-        asked = prompt + deferred + max_new_tokens
-        total = held + asked
-        detail = f"the conversation holds {held}, this turn's prompt is {prompt + deferred} and max_new_tokens " \
-                 f"is {max_new_tokens}: {total} requested"
-        limit = self.max_model_len
-        if limit is not None and total > limit:
-            raise RequestTooLargeError(f"this model's maximum context length is {limit} tokens; {detail}",
-                                       limit, total)
-        page = self.kv.page_size
-        for pages, what in ((cache.table.max_pages, "a session of this worker"),
-                            (self.kv.num_pages, "this worker's KV pool")):
-            if total > pages * page:
-                raise RequestTooLargeError(f"{what} holds at most {pages * page} tokens; {detail}", pages * page,
-                                           total)
-        if n > 1:
-            # every other answer shares the prompt's full pages and holds the rest (partial page and answer)
-            needed = -(-total // page) + (n - 1) * self._branch_pages(held + prompt + deferred, max_new_tokens)
-            if needed > self.kv.num_pages:
-                raise RequestTooLargeError(
-                    f"n={n} answers of up to {max_new_tokens} tokens after a {held + prompt + deferred}-token "
-                    f"context need {needed} KV pages of {page} tokens; this worker's KV pool holds "
-                    f"{self.kv.num_pages} pages", self.kv.num_pages * page, needed * page)
-
-    def _branch_pages(self, context: int, max_new_tokens: int) -> int:
-        """Pages an answer forked after `context` slots holds of its own."""
-        return -(-(context % self.kv.page_size + max_new_tokens) // self.kv.page_size)
 
     def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int,
               branch: Callable[[int, SessionCache], TurnRequest] | None = None) -> None:

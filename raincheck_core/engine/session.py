@@ -15,6 +15,7 @@ from ..inputs import Message, Prompt
 from ..multimodal.turn_input import build_turn_input
 from ..sampling import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent
+from .fits import check_fits
 from .request import TurnRequest
 from .session_cache import Checkpoint, SessionCache
 
@@ -109,7 +110,9 @@ class Session:
                                     text_prefix=len(cache.pending_ids))
             parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
             deferred = len(parts.deferred_rows) if cfg.defers else 0
-            engine.core.check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens, params.n)
+            check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens, params.n,
+                       page_size=engine.core.kv.page_size, pool_pages=engine.core.kv.num_pages,
+                       max_model_len=engine.core.max_model_len)
             # n answers fork the cache after the prompt: a recovery still pending then would need a
             # join per answer, so such a turn waits for it whatever the bound
             waited = self._barrier(cfg.barrier_timeout_s if params.n == 1 else None, len(parts.keep_rows))
