@@ -10,12 +10,15 @@ Two things are tracked, both from measured step durations (the engine's clock, w
   (7/15/31/63 rows); each group keeps a rolling median, and the line is fitted through the medians, so
   one slow step (a page fault, a noisy neighbour, a GC pause) moves nothing.
 
-Decisions read each estimate (a batch size's plain step, a bucket's extra cost) held: it follows its
-rolling median freely while the median's window is filling (the warm-up fills them), then only once the
-median has been more than `DRIFT` away for `SETTLE` observations in a row. Timing noise and short bursts
-(a new shape's first steps, a GC pause) then never change a decision, so the same request on an idle
-server gets the same chunks (and the same answer), while a sustained change (load, a slower machine)
-still moves the estimates.
+Decisions read each estimate (a batch size's plain step, a bucket's extra cost) frozen: it follows its
+rolling median while the median's window is filling (the warm-up fills them), then stays, so a decision
+depends only on the calibration and on what the step holds, never on timing noise, and the same request
+on an idle server gets the same chunks (and the same answer). That gives up nothing the objective needs:
+it compares a chunk's extra cost with the slack saved in plain steps, both from the same estimates, so a
+machine that gets uniformly slower or faster (load on the host, another clock speed) changes no decision.
+`drift()` reports how far the live medians have moved from the frozen estimates (a worker gauge); only a
+change in the *ratios* (a chunk costing more relative to a plain step than at calibration) would call for
+a fresh calibration, which is a restart of the worker.
 
 Before any chunk step has been measured the model assumes a deliberately expensive prior (a chunk step
 costs one extra plain step plus a sixteenth of one per row): the first chunk runs only once the turn has
@@ -31,8 +34,6 @@ from dataclasses import dataclass
 from ..deferral.policy import CHUNK_SIZES
 
 WINDOW = 31           # observations kept per batch size / chunk bucket (rolling medians)
-DRIFT = 0.20          # how far a rolling median moves from its frozen estimate before the estimate follows
-SETTLE = 8            # observations in a row the median must stay that far (a burst of slow steps does not)
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,14 @@ def _bucket(rows: int) -> int:
     return next((b for b in CHUNK_SIZES if rows <= b), CHUNK_SIZES[-1])
 
 
+def _medians(obs: deque[tuple[int, float]]) -> tuple[float, float]:
+    """(rows, extra seconds): the medians of a chunk bucket's window."""
+    return statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs)
+
+
 class StepCostModel:
-    def __init__(self, window: int = WINDOW, drift: float = DRIFT, settle: int = SETTLE):
+    def __init__(self, window: int = WINDOW):
         self.window = window
-        self.drift = drift
-        self.settle = settle
         self._plain: dict[int, deque[float]] = {}
         self._tracked: dict[int, deque[float]] = {}                # steps that only track joins
         self._extra: dict[int, deque[tuple[int, float]]] = {}   # chunk bucket -> (rows, extra seconds)
@@ -63,7 +67,6 @@ class StepCostModel:
         self._plain_at: dict[int, float] = {}
         self._tracked_at: dict[int, float] = {}
         self._extra_at: dict[int, tuple[float, float]] = {}
-        self._drifting: dict[tuple[str, int], int] = {}   # estimate -> observations in a row past its band
 
     def observe(self, batch: int, deferred_rows: int, seconds: float, tracked: bool = False) -> None:
         """A decode step of `batch` decode rows that carried `deferred_rows` deferred rows took `seconds`;
@@ -71,38 +74,31 @@ class StepCostModel:
         if deferred_rows == 0:
             windows, frozen = (self._tracked, self._tracked_at) if tracked else (self._plain, self._plain_at)
             obs = windows.setdefault(batch, deque(maxlen=self.window))
+            filling = len(obs) < self.window     # a full window's median is the estimate from then on
             obs.append(seconds)
-            live = statistics.median(obs)
-            old = frozen.get(batch)
-            if self._moved(("tracked" if tracked else "plain", batch), old, live, self.drift * (old or 0.0), obs):
-                frozen[batch] = live
+            if filling:
+                frozen[batch] = statistics.median(obs)
             return
         plain = self.plain_s(batch)
         if plain is not None:
-            bucket = _bucket(deferred_rows)
-            obs = self._extra.setdefault(bucket, deque(maxlen=self.window))
+            obs = self._extra.setdefault(_bucket(deferred_rows), deque(maxlen=self.window))
+            filling = len(obs) < self.window
             obs.append((deferred_rows, seconds - plain))
-            live = (statistics.median(r for r, _ in obs), statistics.median(e for _, e in obs))
-            old = self._extra_at.get(bucket)
-            # an extra cost is small beside the step it rides on: it moves when it moves by a share of that
-            tolerance = self.drift * max(abs(old[1]), plain) if old is not None else 0.0
-            if self._moved(("extra", bucket), old and old[1], live[1], tolerance, obs):
-                self._extra_at[bucket] = live
+            if filling:
+                self._extra_at[_bucket(deferred_rows)] = _medians(obs)
 
-    def _moved(self, key: tuple[str, int], old: float | None, live: float, tolerance: float, obs: deque) -> bool:
-        """Should estimate `key` (now `old`; None: none yet) follow its median `live`: always while its
-        window `obs` is filling (a few first steps are no estimate to hold), then once the median has been
-        more than `tolerance` away for `settle` observations in a row."""
-        if old is None or len(obs) < self.window:
-            return True
-        if abs(live - old) <= tolerance:
-            self._drifting.pop(key, None)
-            return False
-        self._drifting[key] = self._drifting.get(key, 0) + 1
-        if self._drifting[key] < self.settle:
-            return False
-        del self._drifting[key]
-        return True
+    def drift(self) -> float:
+        """How far the live medians of full windows stand from the frozen estimates, at most: a plain or
+        join-tracking step as a share of its estimate, a chunk's extra cost as a share of the plain step
+        it rides on (it is small beside it). 0.0 before any window is full."""
+        gaps = [abs(statistics.median(obs) / frozen[b] - 1.0)
+                for windows, frozen in ((self._plain, self._plain_at), (self._tracked, self._tracked_at))
+                for b, obs in windows.items() if len(obs) >= self.window and frozen[b] > 0]
+        reference = self.plain_s(1)
+        if reference:
+            gaps += [abs(_medians(obs)[1] - self._extra_at[b][1]) / reference
+                     for b, obs in self._extra.items() if len(obs) >= self.window]
+        return max(gaps, default=0.0)
 
     def plain_s(self, batch: int) -> float | None:
         """The plain decode step at this batch size: measured without deferral work, else with join

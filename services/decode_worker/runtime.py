@@ -14,7 +14,15 @@ from raincheck_core.deferral.policy import DeferralConfig
 
 from .._gen import worker_pb2
 from ..common.logs import bind
-from ..common.metrics import DEFERRED_PENDING, ENCODER_BYTES, ENCODER_HITS, KV_USAGE, PREFIX_PAGES, SESSIONS
+from ..common.metrics import (
+    DEFERRED_PENDING,
+    ENCODER_BYTES,
+    ENCODER_HITS,
+    KV_USAGE,
+    PREFIX_PAGES,
+    SESSIONS,
+    STEP_COST_DRIFT,
+)
 from ..common.settings import WorkerSettings
 from . import stateless
 from .admission import admit
@@ -57,6 +65,7 @@ class WorkerRuntime:
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
         self.draining = False
         self.encoder_hits = 0        # the encoder cache's hits already counted in ENCODER_HITS
+        self.steps = 0
         self._turn_rpcs = 0                                  # Turn RPCs still streaming (recovery followed too)
 
     # ---------------------------------------------------------------- lifecycle
@@ -88,7 +97,7 @@ class WorkerRuntime:
             self.close(session_id)
         for backend in self.backends.values():
             backend.stop()
-        for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE, PREFIX_PAGES, ENCODER_BYTES):
+        for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE, PREFIX_PAGES, ENCODER_BYTES, STEP_COST_DRIFT):
             gauge.remove(self.worker_id)
 
     # ---------------------------------------------------------------- sessions
@@ -208,6 +217,9 @@ class WorkerRuntime:
         pool = self.engine.pool_stats()
         KV_USAGE.labels(self.worker_id).set(pool.usage)
         PREFIX_PAGES.labels(self.worker_id).set(pool.cached_pages)
+        self.steps += 1
+        if self.steps % 32 == 1:    # it moves slowly, and reading the windows' medians is not free
+            STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.scheduler.cost.drift())
         encoder = self.engine.encoder_cache_stats()
         if encoder is not None:
             ENCODER_HITS.inc(encoder.hits - self.encoder_hits)
