@@ -13,8 +13,9 @@ torch thread: a step's own cost, not moved by other processes on the machine):
   was freed): the rows it prefills, against the new turn's own;
 - `encoder`: an image (PNG) through the vision tower, then again (another session's): encoder cache hits
   and time.
-Plus the memory the caches hold after the system-prompt scenario, and on qwen3_5 the cold TTFT with
-prefill steps cut anywhere (what the GDN checkpoints' extra steps cost). Cold and warm runs alternate;
+Plus the memory the caches hold after the system-prompt scenario, and the cold TTFT with prefill steps
+cut anywhere: what the aligned cuts cost (a step ending at the prompt's last page boundary, where a repeat
+resumes, and on qwen3_5 every 256 slots for the GDN checkpoints). Cold and warm runs alternate;
 each figure is the best of the repeats. `--json` keys: `warm_over_cold_ttft` (per family, the shared system prompt),
 `regenerate_prefilled_rows` (per family), `encoder_cache_hits` (per family).
 """
@@ -91,8 +92,7 @@ def cold_warm(engine: Engine, repeats: int, cold, warm) -> dict:
 
 
 def unaligned_cold(engine: Engine, repeats: int, cold) -> float | None:
-    """A hybrid model's cold TTFT with prefill steps cut anywhere (no GDN checkpoints wanted): what the
-    checkpoints' extra steps cost."""
+    """The cold TTFT with prefill steps cut anywhere (`Scheduler.align` off): what its aligned cuts cost."""
     scheduler = engine.scheduler
     if scheduler.align is None:
         return None

@@ -79,16 +79,18 @@ class EngineCore:
             self.gdn = GDNStatePool(config.max_gdn_slots, cfg.num_gdn_layers, conv_dim, cfg.linear_conv_kernel,
                                     cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                                     self.dtype, self.device)
-        # the prefix cache shares full pages between sessions (cache/prefix.py); on a hybrid model a hit
-        # resumes from a GDN checkpoint, kept where a step ended on a page boundary, so prefill chunks end
-        # every `gdn_checkpoint_every` slots and at the prompt's last page boundary (a few more steps)
+        # the prefix cache shares full pages between sessions (cache/prefix.py); prefill chunks end at the
+        # prompt's last page boundary, where a repeat's hit ends (the same step after it: the same answer),
+        # and on a hybrid model, whose hit resumes from a GDN checkpoint kept where a step ended on a page
+        # boundary, every `gdn_checkpoint_every` slots too (a few more steps)
         self.prefix: PrefixCache | None = None
         if config.prefix_cache:
             self.prefix = PrefixCache(self.kv, config.prefix_cache_pages or config.num_pages // 2,
                                       config.gdn_checkpoint_bytes, hybrid=self.gdn is not None)
         align = None
-        if self.prefix is not None and self.gdn is not None:
-            align = (config.page_size, max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size)
+        if self.prefix is not None:
+            every = max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size
+            align = (config.page_size, every if self.gdn is not None else None)
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)

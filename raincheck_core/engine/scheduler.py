@@ -100,7 +100,7 @@ class ScratchWork:
 
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
-                 cost: StepCostModel | None = None, align: tuple[int, int] | None = None):
+                 cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None):
         self.max_rows = max_rows_per_step
         self.align = align     # (page, every): where prefill chunks end (`_aligned`); None: anywhere
         self.deferred_budget = deferred_budget
@@ -274,16 +274,19 @@ class _Fit:
         return n
 
 
-def _aligned(start: int, n: int, align: tuple[int, int]) -> int:
+def _aligned(start: int, n: int, align: tuple[int, int | None]) -> int:
     """`n` rows from slot `start`, cut at the first multiple of `every` they cross, else back to the last
-    page boundary before their last row (`align = (page, every)`): a hybrid model's prefix cache keeps GDN
-    checkpoints where a step ends on a page boundary, so a prompt leaves one every `every` slots and one
-    where a request with the same prompt can resume (a hit leaves at least the last row to run)."""
+    page boundary before their last row (`align = (page, every)`; `every` None: only the latter). A
+    repeated prompt's prefix-cache hit ends at that page boundary, so the rest runs as the same step as in
+    the cold run and gets bit-identical results (the same request, the same answer); a hybrid model's
+    prefix cache also keeps GDN checkpoints where a step ends on a page boundary, so a prompt leaves one
+    every `every` slots and one where a request with the same prompt can resume."""
     page, every = align
     end = start + n
-    first = (start // every + 1) * every
-    if first < end:
-        return first - start
+    if every is not None:
+        first = (start // every + 1) * every
+        if first < end:
+            return first - start
     boundary = (end - 1) // page * page
     return boundary - start if start < boundary else n
 

@@ -1,6 +1,7 @@
 """The prefix cache gives the same logits as a fresh engine (fp32, <= 1e-5), for both families: text,
 image and video prefixes, under full, hard and raincheck histories, after eviction and copy on write; a
-request whose processing history differs finds no page of another's."""
+request whose processing history differs finds no page of another's. On one engine, a repeated request
+gets bit-identical logits whether its prefix was cached or not."""
 
 from __future__ import annotations
 
@@ -87,6 +88,24 @@ def test_hit_matches_a_fresh_engine(engines, family, kind, policy):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["text", "image", "video"])
+@pytest.mark.parametrize("policy", ["full", "raincheck"])
+def test_a_repeat_is_bit_identical_to_its_cold_run(engines, family, kind, policy):
+    """The cold run's prefill ends a step at the page boundary where the repeat's hit ends, so the rest
+    runs as the same step in both: the same request gets the same answer, cached or not."""
+    warm, _ = engines[family]
+    cfg = POLICIES[policy]
+    prompt = _prompt(warm, kind, seed=40 + ["text", "image", "video"].index(kind) + 3 * (policy == "full"))
+    runs = []
+    for _ in range(2):
+        cached, logits, session = _turn(warm, prompt, cfg)
+        session.close()
+        runs.append((cached, logits))
+    assert runs[1][0] > runs[0][0]
+    assert torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("first,second", [("full", "raincheck"), ("raincheck", "other-selector"),
                                           ("hard", "full")])
 def test_a_different_processing_history_gets_no_hit(engines, family, first, second):
@@ -168,3 +187,14 @@ def test_a_hybrid_prefill_ends_steps_where_checkpoints_are_kept(engines):
     assert rows == [256, 256, 80, 8]
     assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
     assert _turn(warm, prompt, n=1)[0] == 592                         # the same prompt: all but its tail
+
+
+def test_an_attention_prefill_ends_a_step_where_a_repeat_resumes(engines):
+    warm, _ = engines["qwen3_vl"]
+    rows: list[int] = []
+    remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
+    prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(6)).tolist()
+    _turn(warm, prompt, n=1)
+    remove()
+    assert rows == [592, 8]      # no checkpoints to keep: only the last page boundary before the last row
+    assert _turn(warm, prompt, n=1)[0] == 592
