@@ -176,25 +176,18 @@ def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
     assert _err(logits, ref) <= TOL
 
 
-def test_a_hybrid_prefill_ends_steps_where_checkpoints_are_kept(engines):
-    warm, _ = engines["qwen3_5"]
+@pytest.mark.parametrize("family,steps", [
+    ("qwen3_5", [256, 256, 80, 8]),   # every 256 slots (GDN checkpoints), then the last page boundary before
+    ("qwen3_vl", [592, 8]),           # the last row (599 -> 592), then the rest; attention: only the latter
+])
+def test_prefill_steps_end_where_a_repeat_resumes(engines, family, steps):
+    warm, _ = engines[family]
     rows: list[int] = []
     remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
     prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(5)).tolist()
     _turn(warm, prompt, n=1)
     remove()
-    # every 256 slots, then the last page boundary before the last row (599 -> 592), then the rest
-    assert rows == [256, 256, 80, 8]
-    assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
-    assert _turn(warm, prompt, n=1)[0] == 592                         # the same prompt: all but its tail
-
-
-def test_an_attention_prefill_ends_a_step_where_a_repeat_resumes(engines):
-    warm, _ = engines["qwen3_vl"]
-    rows: list[int] = []
-    remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
-    prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(6)).tolist()
-    _turn(warm, prompt, n=1)
-    remove()
-    assert rows == [592, 8]      # no checkpoints to keep: only the last page boundary before the last row
-    assert _turn(warm, prompt, n=1)[0] == 592
+    assert rows == steps
+    if family == "qwen3_5":
+        assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
+    assert _turn(warm, prompt, n=1)[0] == 592                             # the same prompt: all but its tail
