@@ -185,10 +185,11 @@ def cache_budgets(engine: Engine) -> list[str]:
         pages = cfg.prefix_cache_pages or cfg.num_pages // 2
         print(f"prefix cache: {prefix.hits} hits of {prefix.lookups} lookups, {prefix.hit_tokens} prompt tokens "
               f"served; holds {pool.cached_pages} pages (budget {pages}), {prefix.checkpoints} GDN checkpoints "
-              f"of {prefix.checkpoint_bytes / 2**20:.1f} MiB (budget {cfg.gdn_checkpoint_bytes / 2**20:.0f})")
+              f"of {prefix.checkpoint_bytes / 2**20:.1f} MiB (slab {prefix.checkpoint_slab_bytes / 2**20:.1f})")
         over += [f"prefix cache holds {pool.cached_pages} pages > {pages}"] if pool.cached_pages > pages else []
-        if prefix.checkpoint_bytes > cfg.gdn_checkpoint_bytes:
-            over.append(f"GDN checkpoints hold {prefix.checkpoint_bytes} bytes > {cfg.gdn_checkpoint_bytes}")
+        budget = cfg.gdn_checkpoint_bytes
+        if budget is not None and prefix.checkpoint_slab_bytes > budget:
+            over.append(f"the GDN checkpoints' slab takes {prefix.checkpoint_slab_bytes} bytes > {budget}")
     if encoder is not None:
         print(f"encoder cache: {encoder.hits} hits, {encoder.misses} tower runs; holds {encoder.entries} entries "
               f"of {encoder.bytes / 2**20:.2f} MiB (budget {cfg.encoder_cache_bytes / 2**20:.2f})")

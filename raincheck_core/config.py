@@ -217,10 +217,11 @@ class EngineConfig:
     max_model_len: int | None = None  # tokens a session may hold; None: the model's max_position_embeddings
     # the prefix cache (cache/prefix.py): full KV pages shared between sessions, at most this many pages
     # held (None: half of num_pages; pages only the cache holds are evicted first when the pool is short),
-    # and GDN state checkpoints within this many bytes
+    # and GDN state checkpoints in a slab of this many bytes, taken at start-up (None: a quarter of the KV
+    # pool's bytes, at most 256 MiB)
     prefix_cache: bool = True
     prefix_cache_pages: int | None = None
-    gdn_checkpoint_bytes: int = 256 << 20
+    gdn_checkpoint_bytes: int | None = None
     gdn_checkpoint_every: int = 256        # slots between GDN checkpoints of a long prompt (rounded to pages)
     encoder_cache_bytes: int = 256 << 20   # vision tower outputs by image content (0: off)
     backend: str = field(default_factory=default_backend)   # one of BACKENDS
@@ -236,7 +237,7 @@ class EngineConfig:
         if self.prefix_cache_pages is not None and self.prefix_cache_pages <= 0:
             raise InvalidInputError(f"prefix_cache_pages must be positive, got {self.prefix_cache_pages}")
         for name in ("gdn_checkpoint_bytes", "encoder_cache_bytes"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise InvalidInputError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.backend not in BACKENDS:
             raise InvalidInputError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")

@@ -13,8 +13,11 @@ row of a recovering turn, whose K/V depend on which deferred rows were in when i
 there on is shared. A page's hash is `H(previous page's hash, its rows' descriptions)`.
 
 Gated DeltaNet layers have no pages: their state after a prefix is kept as a checkpoint (conv history
-and recurrent state, fp32) at the page boundaries where a step ended, within a byte budget, and a hit on
-a hybrid model reaches only as far as the last shared page that has one (docs/mechanism.md §11).
+and recurrent state, fp32) at the page boundaries where a step ended, and a hit on a hybrid model reaches
+only as far as the last shared page that has one (docs/mechanism.md §11). Checkpoints live in slots of a
+slab allocated (and written) once, as many as the byte budget holds, like the KV pool's pages: the memory
+is taken at start-up and a busy cache recycles its least recently used slot, so the process does not grow
+as the cache fills, and a budget the machine lacks fails at start, not under load.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .gdn_state import GDNStatePool
 from .kv_pool import KVPool
 
 ROW_KEY_WIDTH = 7     # token id, 3 position ids, the visual's content hash (2 x 64 bits), row within the visual
@@ -42,6 +46,7 @@ class PrefixStats:
     cached_pages: int           # pages the cache holds
     checkpoints: int            # GDN state checkpoints held
     checkpoint_bytes: int
+    checkpoint_slab_bytes: int  # the slab they live in (taken at start-up): the budget, in whole checkpoints
     lookups: int
     hits: int
     hit_tokens: int             # prompt rows served from the cache
@@ -97,16 +102,27 @@ def page_hash(previous: bytes, keys: torch.Tensor) -> bytes:
 
 
 class PrefixCache:
-    """Pages by chain hash (LRU), and GDN checkpoints by the hash of the page they end (LRU, by bytes)."""
+    """Pages by chain hash (LRU), and GDN checkpoints by the hash of the page they end (LRU, in slab slots).
 
-    def __init__(self, pool: KVPool, max_pages: int, checkpoint_bytes: int, hybrid: bool):
+    `gdn`: a hybrid model's live state pool (its slots' shapes); None: no GDN layers. `checkpoint_bytes`
+    sizes the slab: as many fp32 checkpoints as fit, at most one per page the cache may hold."""
+
+    def __init__(self, pool: KVPool, max_pages: int, checkpoint_bytes: int, gdn: GDNStatePool | None):
         self.pool = pool
         self.max_pages = max_pages
-        self.checkpoint_bytes = checkpoint_bytes
-        self.hybrid = hybrid                   # GDN layers: a hit needs a checkpoint where it ends
+        self.hybrid = gdn is not None          # GDN layers: a hit needs a checkpoint where it ends
         self.pages: OrderedDict[bytes, int] = OrderedDict()
-        self.states: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        self.state_bytes = 0
+        self.states: OrderedDict[bytes, int] = OrderedDict()     # page hash -> slab slot
+        self.slab: GDNStatePool | None = None
+        self.slot_bytes = 0
+        if gdn is not None:
+            conv, ssm = gdn.conv.shape[1:], gdn.ssm.shape[1:]
+            self.slot_bytes = 4 * (conv.numel() + ssm.numel())
+            slots = min(checkpoint_bytes // self.slot_bytes, max_pages)
+            if slots:
+                layers, lead, width = conv
+                _, heads, dk, dv = ssm
+                self.slab = GDNStatePool(slots, layers, width, lead + 1, heads, dk, dv, torch.float32, gdn.conv.device)
         self.lookups = self.hits = self.hit_tokens = 0
         pool.cached = self.held
         pool.reclaim = self.reclaim
@@ -134,7 +150,8 @@ class PrefixCache:
         state = None
         if self.hybrid:
             self.states.move_to_end(hashes[-1])
-            state = self.states[hashes[-1]]
+            slot = self.states[hashes[-1]]
+            state = (self.slab.conv[slot], self.slab.ssm[slot])     # read (copied) before the next step
         self.hits += 1
         self.hit_tokens += usable * ps
         return Hit([self.pages[h] for h in hashes], hashes, state)
@@ -143,7 +160,8 @@ class PrefixCache:
     def publish(self, hashes: list[bytes], pages: list[int], start: int,
                 state: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """A session's full pages `pages` hold the rows chained into `hashes`, of which those from `start`
-        are new; `state`: the GDN state after the last page (copied), when a step ended there."""
+        are new; `state`: the GDN state after the last page (copied into a slab slot), when a step ended
+        there."""
         for h, page in zip(hashes[start:], pages[start:], strict=True):
             if h not in self.pages:
                 self.pool.share([page])
@@ -151,14 +169,14 @@ class PrefixCache:
         for h in reversed(hashes):     # the chain's head most recently used: leaves are evicted first
             if h in self.pages:
                 self.pages.move_to_end(h)
-        if state is not None and hashes and hashes[-1] not in self.states:
-            conv, ssm = (t.to(torch.float32, copy=True) for t in state)
-            size = conv.numel() * 4 + ssm.numel() * 4
-            if size <= self.checkpoint_bytes:
-                self.states[hashes[-1]] = (conv, ssm)
-                self.state_bytes += size
-                while self.state_bytes > self.checkpoint_bytes:
-                    self._drop_state(next(iter(self.states)))
+        slab = self.slab
+        if state is not None and slab is not None and hashes and hashes[-1] not in self.states:
+            if not slab.free_slots:          # the least recently used checkpoint's slot
+                self._drop_state(next(iter(self.states)))
+            slot = slab.allocate()
+            slab.conv[slot].copy_(state[0])
+            slab.ssm[slot].copy_(state[1])
+            self.states[hashes[-1]] = slot
         while len(self.pages) > self.max_pages:
             self._drop(next(iter(self.pages)))
 
@@ -185,9 +203,9 @@ class PrefixCache:
             self._drop_state(h)
 
     def _drop_state(self, h: bytes) -> None:
-        conv, ssm = self.states.pop(h)
-        self.state_bytes -= conv.numel() * 4 + ssm.numel() * 4
+        self.slab.release(self.states.pop(h))
 
     def stats(self) -> PrefixStats:
-        return PrefixStats(len(self.pages), len(self.states), self.state_bytes, self.lookups, self.hits,
-                           self.hit_tokens)
+        slots = self.slab.ssm.shape[0] if self.slab is not None else 0
+        return PrefixStats(len(self.pages), len(self.states), len(self.states) * self.slot_bytes,
+                           slots * self.slot_bytes, self.lookups, self.hits, self.hit_tokens)

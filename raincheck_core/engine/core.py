@@ -85,8 +85,10 @@ class EngineCore:
         # boundary, every `gdn_checkpoint_every` slots too (a few more steps)
         self.prefix: PrefixCache | None = None
         if config.prefix_cache:
-            self.prefix = PrefixCache(self.kv, config.prefix_cache_pages or config.num_pages // 2,
-                                      config.gdn_checkpoint_bytes, hybrid=self.gdn is not None)
+            budget = config.gdn_checkpoint_bytes
+            if budget is None:
+                budget = min(256 << 20, self.kv.k.nbytes // 2)     # K and V: a quarter of the pool
+            self.prefix = PrefixCache(self.kv, config.prefix_cache_pages or config.num_pages // 2, budget, self.gdn)
         align = None
         if self.prefix is not None:
             every = max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size

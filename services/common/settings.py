@@ -194,7 +194,8 @@ class ModelSpec:
                                              "may hold, shared between sessions (0: no prefix cache)",
                                              shown="half the pool", ge=0)
     gdn_checkpoint_mib: float | None = setting(None, "RAINCHECK_GDN_CHECKPOINT_MIB", "memory for the prefix "
-                                               "cache's GDN state checkpoints (hybrid models)", shown="256", ge=0)
+                                               "cache's GDN state checkpoints (hybrid models), taken at start-up",
+                                               shown="a quarter of the KV pool, at most 256", ge=0)
     encoder_cache_mib: float | None = setting(None, "RAINCHECK_ENCODER_CACHE_MIB", "memory for the vision "
                                               "tower's outputs by image content (0: off)", shown="256", ge=0)
     backend: Backend | None = setting(None, "RAINCHECK_BACKEND", "op backend: auto (cuda: FlexAttention + fla's "

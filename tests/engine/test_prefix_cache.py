@@ -151,6 +151,26 @@ def test_the_caches_stay_within_their_budgets(tiny_checkpoints, family):
     assert stats.checkpoints == 0 and stats.checkpoint_bytes == 0   # one checkpoint is more than a byte
 
 
+def test_gdn_checkpoints_recycle_the_slots_of_a_slab_taken_at_start(tiny_checkpoints):
+    _, folder = tiny_checkpoints["qwen3_5"]
+    probe = Engine.from_pretrained(folder)
+    slot = probe.core.prefix.slot_bytes
+    assert probe.core.prefix.slab.ssm.shape[0] == min(256 << 20, probe.kv.k.nbytes // 2) // slot   # the default
+    engine = Engine.from_pretrained(folder, gdn_checkpoint_bytes=2 * slot + 1)
+    slab = engine.core.prefix.slab
+    assert slab.ssm.shape[0] == 2
+    prompts = [_prompt(engine, "text", seed=seed) for seed in range(4)]
+    for prompt in prompts:                     # a checkpoint each (their last page boundary): 2 slots recycled
+        _turn(engine, prompt, n=1)[2].close()
+        stats = engine.prefix_stats()
+        assert stats.checkpoints <= 2 and stats.checkpoint_bytes <= 2 * slot
+    assert slab.ssm.shape[0] == 2              # the slab never grew
+    cached, logits, _ = _turn(engine, prompts[-1], n=1)
+    _, ref, _ = _turn(Engine.from_pretrained(folder, prefix_cache=False), prompts[-1], n=1)
+    assert cached == 48 and _err(logits, ref) <= TOL     # the most recent checkpoint survived, and serves
+    assert _turn(engine, prompts[0], n=1)[0] == 0       # the oldest one was recycled: no hit on a hybrid model
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
     warm, fresh = engines[family]

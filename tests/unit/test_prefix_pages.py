@@ -35,7 +35,7 @@ def test_a_shared_page_is_freed_by_its_last_holder_and_copied_before_a_rewrite()
 
 def test_the_chain_matches_whole_pages_and_pages_only_the_cache_holds_count_as_free():
     pool = KVPool(1, 4, 4, 1, 2, torch.float32, "cpu")
-    cache = PrefixCache(pool, max_pages=4, checkpoint_bytes=0, hybrid=False)
+    cache = PrefixCache(pool, max_pages=4, checkpoint_bytes=0, gdn=None)
     table, chain = PageTable(pool, 4), PrefixChain(4)
     table.append(10)
     assert chain.extend(0, _keys(10)) == 2
