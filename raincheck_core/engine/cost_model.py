@@ -1,4 +1,4 @@
-"""What the engine's own steps cost, learned online: the input of the TPOT objective (docs/mechanism.md §7).
+"""What the engine's own steps cost, measured at calibration: the input of the TPOT objective (docs/mechanism.md §7).
 
 Two things are tracked, both from measured step durations (the engine's clock, whole steps):
 - the plain decode step, per batch size (decode rows in the step): a step with no deferral work at all.

@@ -232,8 +232,8 @@ class Scheduler:
 
     def _expected(self, plan: StepPlan, batch: int, seconds: float) -> float:
         """What a step is charged to its turns' objectives: for a step of decode rows and deferred rows
-        only, what the cost model expects of it (its rolling medians), so that one slow or fast step (a
-        page fault, a noisy neighbour) does not move the next decisions and the same request on an idle
+        only, what the cost model expects of it (its estimates, frozen at calibration), so that no step's
+        timing (a page fault, a noisy neighbour) moves the next decisions and the same request on an idle
         server gets the same chunks; a step with other turns' prefill, as measured (the load it saw)."""
         if plan.count(Kind.PREFILL):
             return seconds
@@ -247,7 +247,7 @@ class _Fit:
 
     def __init__(self, cost: StepCostModel, decoding: list[TurnView]):
         self.carried = 0
-        self.predict = cost.predictor(len(decoding))    # once per step: the medians do not change within it
+        self.predict = cost.predictor(len(decoding))    # once per step: the estimates do not change within it
         bound = [r for r in decoding if r.tpot_slo is not None]
         plain = cost.plain_s(len(decoding))
         if not bound:
