@@ -45,7 +45,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b).float()          # sigmoid in model dtype, as transformers does
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
-        batch.gdn.op(self.gdn_index, u, g, beta, self.conv1d.weight[:, 0], o)
+        batch.gdn.layer(self.gdn_index, u, g, beta, self.conv1d.weight[:, 0], o)
         y = self.norm(o, z)
         return self.out_proj(y.reshape(r, self.value_dim))
 

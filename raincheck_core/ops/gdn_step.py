@@ -77,9 +77,12 @@ class GDNOutputs:
 
 
 class GDNLayerOp(Protocol):
-    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
-        """GDN layer `layer`'s token mixing of the step: its pre-conv rows `u [R, C]`, gates `g, beta [R, H]`
-        and conv weight `[C, K]`; outputs to `out [R, H, Dv]`, new states to the step's buffers."""
+    def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
+                 out: Tensor) -> None:
+        """GDN layer `layer`'s token mixing of `step`: its pre-conv rows `u [R, C]`, gates `g, beta [R, H]`
+        and conv weight `[C, K]`; outputs to `out [R, H, Dv]`, new states to the step's buffers. The op is
+        handed its step rather than holding it: a step holding an op that held the step would be a cycle,
+        and its buffers would wait for the garbage collector instead of going with the step."""
 
 
 @dataclass
@@ -91,6 +94,10 @@ class GDNStep:
     out: GDNOutputs = field(default_factory=GDNOutputs)
     op: GDNLayerOp | None = None    # prepared by the step's op set (ops/backend.py `GDNOps.prepare`)
     input_rows: Tensor | None = None    # step rows of multi-row input whose factors a pending join needs
+
+    def layer(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
+        """Run GDN layer `layer` of the step by its prepared op (`GDNLayerOp`)."""
+        self.op(self, layer, u, g, beta, conv_weight, out)
 
     def after_layer(self, u: Tensor, g: Tensor, beta: Tensor) -> None:
         """Keep what the runner reads of a layer besides the states: the tracked input rows' u, g, beta."""
@@ -129,13 +136,12 @@ class FusedGDN:
         multi, single = out.split(0 if step.multi is None else step.multi.layout.num_seqs)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
-        self.step = step
         self.factors = step.single is not None and step.single.keep is not None
         if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
             step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
 
-    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
-        step = self.step
+    def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
+                 out: Tensor) -> None:
         self.kernel(layer, u, g, beta, conv_weight, out, step.out.x[layer] if self.factors else None)
         if self.factors:            # k and v of the tracked rows stay in `step.out.x` for the runner
             step.keep_factors(u, g, beta, None, None)
@@ -148,13 +154,14 @@ class GroupedGDN:
     corrected state (and, within the lead, the chunk's conv tail): the layout's seed rows."""
 
     def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp):
-        self.step, self.key_heads, self.key_dim = step, key_heads, step.pool.ssm.shape[3]
+        self.key_heads, self.key_dim = key_heads, step.pool.ssm.shape[3]
         self.varlen, self.rows = varlen, rows
         step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
         step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
 
-    def __call__(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
-        step, i, c = self.step, layer, self.step.corrections
+    def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
+                 out: Tensor) -> None:
+        i, c = layer, step.corrections
         conv_pool, ssm_pool = step.pool.conv[:, i], step.pool.ssm[:, i]
         if step.multi is not None:
             extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None

@@ -62,7 +62,7 @@ def _run(ops: backend.GDNOps, seed: int = 0) -> tuple[type, dict[str, torch.Tens
         u = torch.randn(rows, C, generator=gen)
         g, beta = -torch.rand(rows, HEADS, generator=gen), torch.rand(rows, HEADS, generator=gen)
         o = torch.full((rows, HEADS, DV), float("nan"))
-        op(layer, u, g, beta, torch.randn(C, K, generator=gen) / 2, o)
+        op(step, layer, u, g, beta, torch.randn(C, K, generator=gen) / 2, o)
         outs.append(o)
         k = step.out.factors[layer][1]
         if k is None:   # left in the kernel's [q | k | v] rows
