@@ -40,6 +40,7 @@ def test_metrics_endpoint_on_loopback(embedded):
                  "raincheck:inter_token_latency_seconds_bucket", "raincheck:e2e_request_latency_seconds_sum",
                  "raincheck:deferred_tokens_pending{", "raincheck:recovery_latency_seconds_count{mode=\"colocated\"}",
                  "raincheck:recovery_bytes_shipped_count{mode=\"colocated\"}", "raincheck:barrier_wait_seconds_count",
+                 "raincheck:step_cost_drift{",
                  "raincheck:requests_total{code=\"OK\",method=\"Chat\",service=\"frontend\"}"):
         assert name in body, name
 
