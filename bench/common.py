@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams, TurnEnd, TurnMetrics, VisualInput
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine.core import StepStats
+from raincheck_core.engine.hooks import StepStats
 from raincheck_core.models.random_init import save_random_checkpoint
 
 FAMILIES = ("qwen3_5", "qwen3_vl")

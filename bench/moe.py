@@ -28,7 +28,7 @@ import torch
 
 from raincheck_core import Engine
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
-from raincheck_core.engine.core import StepStats
+from raincheck_core.engine.hooks import StepStats
 from raincheck_core.layers.moe import SparseMoE
 from raincheck_core.models.random_init import MOE_FAMILIES, MOE_SHAPES, SIZES
 from raincheck_core.ops.moe import grouped_experts, grouped_mm_available, grouped_mm_experts, route

@@ -1,6 +1,7 @@
 """The engine core: the one owner of every state change of sessions, turns, recoveries and the pools.
 
-It holds the scheduler, the model runner, the KV and GDN pools, the clock and every session's cache.
+It holds the scheduler, the model runner, the pools (reserved at start-up by engine/memory.py), the clock
+and every session's cache; instrumentation hooks are engine/hooks.py's.
 A step is `plan = schedule(); out = run(plan); settle(apply(plan, out))` (engine/step.py); the update
 only reports what ended (engine/update.py) and the core settles it here. Only the core admits, ends,
 fails and undoes a turn, finishes or gives up a recovery, and forgets a session; a recovery's own
@@ -15,13 +16,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
-from ..cache.gdn_state import GDNStatePool
-from ..cache.kv_pool import KVPool
-from ..cache.prefix import PrefixCache
 from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.policy import DeferralConfig
@@ -30,6 +27,8 @@ from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
+from .hooks import Hooks, StepStats
+from .memory import reserve
 from .plan import Kind, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
@@ -47,21 +46,6 @@ MAX_RECOVERY_FAILURES = 3
 _scratch_ids = itertools.count(1)
 
 
-@dataclass(frozen=True)
-class StepStats:
-    """One step as the instrumentation hooks see it (`EngineCore.on_step`)."""
-
-    decode_rows: int
-    prefill_rows: int
-    deferred_rows: int          # fused into decode steps (Kind.DEFERRED)
-    recovery_rows: int          # post-answer chunks (Kind.RECOVERY)
-    residual_rows: int          # scratch rows (a hand-off's prefill)
-    tracked_rows: int           # decode rows that extend a GDN join's map
-    sessions: int
-    seconds: float              # the engine's clock, as the TPOT objective sees it
-    failed: bool                # the forward raised (the step was re-run session by session, or failed a turn)
-
-
 class EngineCore:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig):
         cfg = model_config
@@ -70,31 +54,10 @@ class EngineCore:
         self.model_config = cfg
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
-        self.kv = KVPool(cfg.num_attention_layers, config.num_pages, config.page_size, cfg.num_kv_heads,
-                         cfg.head_dim, self.dtype, self.device)
-        self.gdn: GDNStatePool | None = None
-        if cfg.num_gdn_layers:
-            conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + \
-                cfg.linear_num_value_heads * cfg.linear_value_head_dim
-            self.gdn = GDNStatePool(config.max_gdn_slots, cfg.num_gdn_layers, conv_dim, cfg.linear_conv_kernel,
-                                    cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                                    self.dtype, self.device)
-        # the prefix cache shares full pages between sessions (cache/prefix.py); prefill chunks end at the
-        # prompt's last page boundary, where a repeat's hit ends (the same step after it: the same answer),
-        # and on a hybrid model, whose hit resumes from a GDN checkpoint kept where a step ended on a page
-        # boundary, every `gdn_checkpoint_every` slots too (a few more steps)
-        self.prefix: PrefixCache | None = None
-        if config.prefix_cache:
-            budget = config.gdn_checkpoint_bytes
-            if budget is None:
-                budget = min(256 << 20, self.kv.k.nbytes // 2)     # K and V: a quarter of the pool
-            self.prefix = PrefixCache(self.kv, config.prefix_cache_pages or config.num_pages // 2, budget, self.gdn)
-        align = None
-        if self.prefix is not None:
-            every = max(1, config.gdn_checkpoint_every // config.page_size) * config.page_size
-            align = (config.page_size, every if self.gdn is not None else None)
+        memory = reserve(cfg, config, self.device, self.dtype)
+        self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel(), align=align)
+                                   StepCostModel(), align=memory.align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla"):
             self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
@@ -104,9 +67,7 @@ class EngineCore:
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
         self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
-        self.plan_hooks: list[Callable[[StepPlan], None]] = []
-        self.step_hooks: list[Callable[[StepStats], None]] = []
-        self.recovery_hooks: list[Callable[[SessionCache, Recovery], None]] = []
+        self.hooks = Hooks()
 
     # ---------------------------------------------------------------- what the runner and update read
     def cache(self, session: str) -> SessionCache:
@@ -135,25 +96,23 @@ class EngineCore:
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """Call `hook(plan)` before each forward of a step (each pass, each solo re-run). A hook that
         raises fails that forward as the model would (fault injection in tests). Returns its remover."""
-        return _added(self.plan_hooks, hook)
+        return self.hooks.add(self.hooks.plan, hook)
 
     def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
         """Call `hook(stats)` after each step, with its rows by kind and its time on the engine's clock."""
-        return _added(self.step_hooks, hook)
+        return self.hooks.add(self.hooks.step, hook)
 
     def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
         """Call `hook(cache, recovery)` when a recovery is complete, before its prefix state is released."""
-        return _added(self.recovery_hooks, hook)
+        return self.hooks.add(self.hooks.recovery, hook)
 
     def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None:
         """A step ran: teach the TPOT objective (a step that did not fail) and tell the hooks."""
         if not failed:
             self.scheduler.account(plan, seconds, self.turn)
-        if self.step_hooks:
-            stats = StepStats(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
-                              plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
-                              sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed)
-            for hook in self.step_hooks:
+        if self.hooks.step:
+            stats = StepStats.of(plan, seconds, failed)
+            for hook in self.hooks.step:
                 hook(stats)
 
     # ---------------------------------------------------------------- stepping
@@ -410,7 +369,7 @@ class EngineCore:
     def finish_recovery(self, cache: SessionCache) -> None:
         """The cache's recovery is complete (or given up): every slot is plain context from now on."""
         rec = cache.recovery
-        for hook in self.recovery_hooks:
+        for hook in self.hooks.recovery:
             hook(cache, rec)
         cache.end_recovery()
         self.scheduler.remove_recovering(cache)
@@ -441,8 +400,3 @@ class EngineCore:
             rec.race()
         if not self.step(only=cache):
             self.scheduler.add_recovering(cache)
-
-
-def _added(hooks: list, hook: Callable) -> Callable[[], None]:
-    hooks.append(hook)
-    return lambda: hooks.remove(hook)

@@ -33,8 +33,9 @@ from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
-from .core import EngineCore, StepStats
+from .core import EngineCore
 from .engine_lock import EngineLock
+from .hooks import StepStats
 from .plan import Segment, StepPlan
 from .scheduler import Scheduler
 from .session import Session

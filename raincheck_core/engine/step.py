@@ -58,7 +58,7 @@ def _run(core: EngineCore, plan: StepPlan) -> Exception | None:
     error = None
     for i, part in enumerate(passes):
         try:
-            for hook in core.plan_hooks:
+            for hook in core.hooks.plan:
                 hook(part)
             out = core.runner.run(part, core)
         except Exception as e:

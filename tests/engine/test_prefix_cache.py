@@ -10,6 +10,7 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.memory import MAX_DEFAULT_CHECKPOINT_BYTES
 from tests import tiny
 from tests.deferral.helpers import split
 from tests.engine.reference import image_tokens, random_visual, video_tokens
@@ -155,7 +156,8 @@ def test_gdn_checkpoints_recycle_the_slots_of_a_slab_taken_at_start(tiny_checkpo
     _, folder = tiny_checkpoints["qwen3_5"]
     probe = Engine.from_pretrained(folder)
     slot = probe.core.prefix.slot_bytes
-    assert probe.core.prefix.slab.ssm.shape[0] == min(256 << 20, probe.kv.k.nbytes // 2) // slot   # the default
+    default = min(MAX_DEFAULT_CHECKPOINT_BYTES, probe.kv.k.nbytes // 2)      # a quarter of the KV pool
+    assert probe.core.prefix.slab.ssm.shape[0] == default // slot
     engine = Engine.from_pretrained(folder, gdn_checkpoint_bytes=2 * slot + 1)
     slab = engine.core.prefix.slab
     assert slab.ssm.shape[0] == 2

@@ -1,0 +1,50 @@
+"""Instrumentation hooks of the engine core: who is told of a step's plan, of a step that ran, and of a
+recovery that completed (benchmarks, tests, the services' metrics). Hooks observe; the core's state
+changes only by its own verbs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .plan import Kind, StepPlan
+
+if TYPE_CHECKING:
+    from ..deferral.recovery import Recovery
+    from .session_cache import SessionCache
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step as the instrumentation hooks see it (`EngineCore.on_step`)."""
+
+    decode_rows: int
+    prefill_rows: int
+    deferred_rows: int          # fused into decode steps (Kind.DEFERRED)
+    recovery_rows: int          # post-answer chunks (Kind.RECOVERY)
+    residual_rows: int          # scratch rows (a hand-off's prefill)
+    tracked_rows: int           # decode rows that extend a GDN join's map
+    sessions: int
+    seconds: float              # the engine's clock, as the TPOT objective sees it
+    failed: bool                # the forward raised (the step was re-run session by session, or failed a turn)
+
+    @classmethod
+    def of(cls, plan: StepPlan, seconds: float, failed: bool) -> StepStats:
+        return cls(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
+                   plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
+                   sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed)
+
+
+class Hooks:
+    """The registered hooks, by event; `add` returns the hook's remover."""
+
+    def __init__(self) -> None:
+        self.plan: list[Callable[[StepPlan], None]] = []
+        self.step: list[Callable[[StepStats], None]] = []
+        self.recovery: list[Callable[[SessionCache, Recovery], None]] = []
+
+    @staticmethod
+    def add(hooks: list, hook: Callable) -> Callable[[], None]:
+        hooks.append(hook)
+        return lambda: hooks.remove(hook)
