@@ -81,11 +81,12 @@ class StepCostModel:
             return
         plain = self.plain_s(batch)
         if plain is not None:
-            obs = self._extra.setdefault(_bucket(deferred_rows), deque(maxlen=self.window))
+            bucket = _bucket(deferred_rows)
+            obs = self._extra.setdefault(bucket, deque(maxlen=self.window))
             filling = len(obs) < self.window
             obs.append((deferred_rows, seconds - plain))
             if filling:
-                self._extra_at[_bucket(deferred_rows)] = _medians(obs)
+                self._extra_at[bucket] = _medians(obs)
 
     def drift(self) -> float:
         """How far the live medians of full windows stand from the frozen estimates, at most: a plain or
