@@ -9,13 +9,22 @@ that is invalid, or that the checkpoint's vocabulary cannot even start, is an `I
 
 from __future__ import annotations
 
+import importlib
 import json
+from typing import TYPE_CHECKING
 
-import llguidance
-import llguidance.hf
 import torch
 
 from .errors import InvalidInputError, SamplingError
+
+if TYPE_CHECKING:
+    import llguidance
+
+
+def _llguidance():
+    """The llguidance module (with its `hf` tokenizer bridge), imported on first use."""
+    importlib.import_module("llguidance.hf")
+    return importlib.import_module("llguidance")
 
 
 def json_schema_grammar(schema: dict | bool) -> str:
@@ -23,7 +32,7 @@ def json_schema_grammar(schema: dict | bool) -> str:
     otherwise pad an answer with whitespace for ever) unless the schema's `x-guidance` says otherwise."""
     if isinstance(schema, dict):
         schema = {**schema, "x-guidance": {"whitespace_flexible": False, **schema.get("x-guidance", {})}}
-    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+    return _llguidance().LLMatcher.grammar_from_json_schema(json.dumps(schema))
 
 
 class Grammars:
@@ -39,14 +48,15 @@ class Grammars:
         """`grammar`'s constraint for an answer that `stop_id` ends (InvalidInputError if it is invalid)."""
         if self.hf_tokenizer is None:
             raise InvalidInputError("this checkpoint has no tokenizer: grammars need one")
+        llg = _llguidance()
         tokenizer = self._tokenizers.get(stop_id)
         if tokenizer is None:
-            tokenizer = self._tokenizers[stop_id] = llguidance.hf.from_tokenizer(
+            tokenizer = self._tokenizers[stop_id] = llg.hf.from_tokenizer(
                 self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=stop_id)
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidInputError(f"invalid grammar: {error}")
-        return TokenConstraint(llguidance.LLMatcher(tokenizer, grammar), self.vocab_size)
+        return TokenConstraint(llg.LLMatcher(tokenizer, grammar), self.vocab_size)
 
 
 _BITS = torch.arange(32, dtype=torch.int32)

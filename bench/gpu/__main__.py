@@ -1,5 +1,6 @@
-"""`python -m bench.gpu [--device cuda] [--tiny] [--json PATH]`: see bench/gpu/__init__.py. Each part's
-results are written as soon as it ends, so a run cut short keeps what it measured."""
+"""`python -m bench.gpu [--device cuda] [--tiny] [--json PATH] [--budget-s S]`: see bench/gpu/__init__.py.
+Each part's result is written as soon as it ends and a failing part is recorded and passed over
+(bench/gpu/parts.py), so a run cut short or broken keeps what it measured."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import argparse
 import json
 import logging
 import os
+import platform
 import sys
-import time
+import tempfile
+from functools import partial
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from raincheck_core.ops import fla_adapter
+from raincheck_core.ops import backend, fla_adapter
 
-from . import exact, timing
-from .models import shapes
+from . import exact, kernels, timing
+from .models import Shape, import_reference_models, shapes
+from .parts import Parts
 
 log = logging.getLogger("bench.gpu")
 
@@ -28,53 +33,119 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny shapes and short turns (the CPU dry run)")
     p.add_argument("--json", type=Path, default=out / "gpu.json")
     p.add_argument("--log", type=Path, default=None, help="default: the JSON's name with .log")
+    p.add_argument("--budget-s", type=float, default=270.0,
+                   help="no part starts after this many seconds (the one running finishes)")
+    p.add_argument("--resume", type=Path, default=None,
+                   help="an earlier run's JSON: its successful parts are kept, the others run")
     return p.parse_args(argv)
 
 
-def backends(device: str, tiny: bool) -> tuple[list[str], str]:
-    """(the backends checked for exactness, the backend timed)."""
+def backends(device: str) -> tuple[list[str], str]:
+    """(the backends checked for exactness, the backend timed). On the CPU the timed backend is flex, so
+    the dry run goes through the padded, bucketed decode path (eagerly: nothing is captured there)."""
     if torch.device(device).type == "cpu":
-        return ["auto", "flex"], "auto"
+        return ["auto", "flex"], "flex"
     return ["torch", "flex", *(["fla"] if fla_adapter.available() else [])], "auto"
 
 
+def versions() -> dict:
+    """What the numbers were measured with."""
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for dist in ("transformers", "triton", "fla-core", "llguidance", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def derive(result: dict) -> None:
+    """Each row's decode TPOT over its floor, plain and with fused chunks, where both are measured."""
+    for rows in result["shapes"].values():
+        for row in rows.values():
+            fl, on = row.get("floor", {}), row.get("graphs_on", {})
+            if "floor_s" not in fl or "full" not in on:
+                continue
+            fused = on.get("raincheck", {}).get("tpot_restoring")
+            row["tpot_over_floor"] = dict(plain=on["full"]["tpot"] / fl["floor_s"],
+                                          fused=fused / fl["floor_s"] if fused else None)
+
+
 def run(args: argparse.Namespace) -> dict:
+    reference_gdn = import_reference_models()          # before anything imports fla
     tiny, device = args.tiny, args.device
-    visual, text, answer, guard = ([16], 8, 6, 1) if tiny else ([1024, 4096], 64, 128, 16)
-    dtype = "float32" if tiny and torch.device(device).type == "cpu" else "bfloat16"
-    checked, timed_backend = backends(device, tiny)
-    result: dict = {"device": device if device == "cpu" else torch.cuda.get_device_name(device), "tiny": tiny,
-                    "dtype": dtype, "backend": timed_backend, "fla": fla_adapter.available(), "shapes": {}}
+    on_cpu = torch.device(device).type == "cpu"
+    visual, text, answer, guard = ([16], 8, 6, 1) if tiny else ([1024, 4096], 64, 64, 16)
+    dtype = "float32" if tiny and on_cpu else "bfloat16"
+    checked, timed_backend = backends(device)
+    result: dict = json.loads(args.resume.read_text()) if args.resume else {}
+    result |= {
+        "device": device if on_cpu else torch.cuda.get_device_name(device), "tiny": tiny, "dtype": dtype,
+        "backend": timed_backend, "auto_on_cuda": backend.accelerated_backend(),
+        "fla": fla_adapter.available(), "fla_import_error": fla_adapter.import_error(),
+        "reference_gdn": reference_gdn, "versions": versions(), "budget_s": args.budget_s,
+        "visual": visual, "text": text, "answer": answer, "guard": guard}
+    result.setdefault("shapes", {})
+    parts = Parts(result, args.json, args.budget_s, derive)
+    parts.save()
+    models = shapes(tiny)          # the one with GDN layers first
 
-    def save(part: str, started: float) -> None:
-        log.info("%s: %.1f s", part, time.perf_counter() - started)
-        args.json.write_text(json.dumps(result, indent=1, default=str))
+    if fla_adapter.available():
+        parts.run(("fla_smoke",), lambda: kernels.fla_smoke(device, tiny))
+    elif not parts.done(("fla_smoke",)):
+        result["fla_smoke"] = {"skipped": f"fla does not import: {fla_adapter.import_error()}"}
 
-    t = time.perf_counter()
-    result["exactness"] = exact.exactness(device, checked, ["float32"] if tiny else ["float32", "bfloat16"])
-    save("exactness", t)
-    for shape in shapes(tiny):
-        for v in visual:
-            t = time.perf_counter()
-            row = result["shapes"].setdefault(shape.name, {})[f"{v}_visual"] = {}
-            for graphs in (True, False):
-                row["graphs_on" if graphs else "graphs_off"] = timing.policies(
-                    shape, device, dtype, v, text, answer, graphs, timed_backend, guard, warm_up=not tiny)
-            row["transformers"] = timing.transformers_timing(shape, device, dtype, v, text, answer)
-            row["floor"] = fl = timing.floor(shape, device, dtype, tiny)
-            plain, fused = row["graphs_on"]["full"]["tpot"], row["graphs_on"]["raincheck"]["tpot_restoring"]
-            row["tpot_over_floor"] = dict(plain=plain / fl["floor_s"], fused=fused / fl["floor_s"] if fused else None)
-            save(f"{shape.name} {v} visual tokens", t)
-            torch.cuda.empty_cache() if torch.device(device).type == "cuda" else None
-    t = time.perf_counter()
-    result["gdn"] = timing.gdn_update_and_join(device, tiny)
-    save("gdn", t)
-    t = time.perf_counter()
-    big = shapes(tiny)[0]
-    result["profile"] = timing.profile_fused_step(big, device, dtype, visual[0], text, timed_backend)
-    save("profile", t)
-    log.info("fused c = 31 step profile:\n%s", result["profile"])
+    def timings(shape: Shape, v: int, graphs: bool) -> None:
+        parts.run(("shapes", shape.name, f"{v}_visual", "graphs_on" if graphs else "graphs_off"),
+                  lambda: timing.policies(shape, device, dtype, v, text, answer, graphs, timed_backend, guard,
+                                          warm_up=not tiny))
+
+    def floor(shape: Shape, v: int) -> None:
+        parts.run(("shapes", shape.name, f"{v}_visual", "floor"), lambda: timing.floor(shape, device, dtype, tiny))
+
+    def hf(shape: Shape, v: int) -> None:
+        parts.run(("shapes", shape.name, f"{v}_visual", "transformers"),
+                  lambda: timing.transformers_timing(shape, device, dtype, v, text, answer))
+
+    # by value: the GDN model's timing, exactness, the attention model's timing, transformers beside both,
+    # the GDN kernels' own figures and the profile, then graphs off, then 4,096 visual tokens
+    first, *more = visual
+    timings(models[0], first, True)
+    floor(models[0], first)
+    exactness(parts, device, checked, ["float32"] if tiny else ["float32", "bfloat16"])
+    for shape in models[1:]:
+        timings(shape, first, True)
+        floor(shape, first)
+    for shape in models:
+        hf(shape, first)
+    parts.run(("gdn",), lambda: timing.gdn_update_and_join(device, tiny))
+    parts.run(("profile",), lambda: timing.profile_fused_step(models[0], device, dtype, first, text, timed_backend))
+    for shape in models:
+        timings(shape, first, False)
+    for v in more:
+        for shape in models:
+            timings(shape, v, True)
+            floor(shape, v)
+            hf(shape, v)
     return result
+
+
+def exactness(parts: Parts, device: str, checked: list[str], dtypes: list[str]) -> None:
+    """Each family x dtype x backend as a part of its own."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ("qwen3_5", "qwen3_vl"):
+            folder = Path(tmp) / family
+            if all(parts.done(("exactness", family, dtype, name)) for dtype in dtypes for name in checked):
+                continue
+            parts.result.get("exactness", {}).get(family, {}).pop("reference", None)     # built again here
+            model = parts.run(("exactness", family, "reference"), partial(exact.reference, family, folder),
+                              record=lambda m: type(m).__name__)
+            if model is None:
+                continue
+            for dtype in dtypes:
+                for name in checked:
+                    parts.run(("exactness", family, dtype, name),
+                              partial(exact.case, model, folder, device, dtype, name))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         log.addHandler(h)
     log.setLevel(logging.INFO)
+    log.info("python %s on %s", platform.python_version(), platform.machine())
     try:
         run(args)
     finally:

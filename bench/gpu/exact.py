@@ -3,7 +3,6 @@ precomputed embeddings, each backend, fp32 and bf16."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -64,28 +63,24 @@ def _turn(engine: Engine, prompt, cfg: DeferralConfig) -> tuple[list[int], torch
     return [e.token_id for e in events], torch.stack([e.logits for e in events])
 
 
-def exactness(device: str, backends: list[str], dtypes: list[str]) -> dict:
-    """{family: {dtype: {backend: {full, raincheck}}}}: the largest |logit - transformers'| of each turn."""
-    out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for family in ("qwen3_vl", "qwen3_5"):
-            hf = build_model(family, "tiny")
-            folder = Path(tmp) / family
-            hf.save_pretrained(folder)
-            for dtype in dtypes:
-                ref = hf.to(device=device, dtype=getattr(torch, dtype))
-                for backend in backends:
-                    engine = Engine.from_pretrained(folder, device=device, dtype=dtype, backend=backend)
-                    prompt = image_prompt(engine, 16, 8)
-                    full, i0, d = _inputs(engine, prompt)
-                    ids, logits = _turn(engine, prompt, FULL)
-                    want = _hf_logits(ref, full, _tokens(engine, ids[:-1], full.next_position))[len(full) - 1:]
-                    rc_ids, rc = _turn(engine, prompt, RAINCHECK)
-                    first = _hf_logits(ref, i0)[-1]
-                    second = _hf_logits(ref, i0, d, _tokens(engine, rc_ids[:1], i0.next_position))[-1]
-                    out.setdefault(family, {}).setdefault(dtype, {})[backend] = {
-                        "full": float((logits.to(want.device) - want).abs().max()),
-                        "raincheck": max(float((rc[0].to(first.device) - first).abs().max()),
-                                         float((rc[1].to(second.device) - second).abs().max())),
-                    }
-    return out
+def reference(family: str, folder: Path) -> torch.nn.Module:
+    """transformers' tiny random checkpoint of `family`, saved into `folder` for the engine to load."""
+    hf = build_model(family, "tiny")
+    hf.save_pretrained(folder)
+    return hf
+
+
+def case(hf: torch.nn.Module, folder: Path, device: str, dtype: str, backend: str) -> dict:
+    """{full, raincheck}: the largest |logit - transformers'| of each turn on one backend and dtype."""
+    ref = hf.to(device=device, dtype=getattr(torch, dtype))
+    engine = Engine.from_pretrained(folder, device=device, dtype=dtype, backend=backend)
+    prompt = image_prompt(engine, 16, 8)
+    full, i0, d = _inputs(engine, prompt)
+    ids, logits = _turn(engine, prompt, FULL)
+    want = _hf_logits(ref, full, _tokens(engine, ids[:-1], full.next_position))[len(full) - 1:]
+    rc_ids, rc = _turn(engine, prompt, RAINCHECK)
+    first = _hf_logits(ref, i0)[-1]
+    second = _hf_logits(ref, i0, d, _tokens(engine, rc_ids[:1], i0.next_position))[-1]
+    return {"full": float((logits.to(want.device) - want).abs().max()),
+            "raincheck": max(float((rc[0].to(first.device) - first).abs().max()),
+                             float((rc[1].to(second.device) - second).abs().max()))}

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -11,18 +15,22 @@ from raincheck_core import Engine, EngineConfig, ModelConfig, Prompt, VisualInpu
 from raincheck_core.models import build_decoder
 from raincheck_core.models.random_init import build_config
 
-# the text decoders of Qwen3-VL-8B and Qwen3.5-9B (their config.json text sections); the vision towers are
-# not built: images arrive as precomputed embeddings
+# the text decoders of Qwen3.5-9B and Qwen3-VL-8B (their config.json text sections), in the order the run
+# measures them (the one with GDN layers first); the vision towers are not built: images arrive as
+# precomputed embeddings
 LARGE = {
-    "qwen3-vl-8b": ("qwen3_vl", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                                     vocab_size=151936)),
     "qwen3.5-9b": ("qwen3_5", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
                                    num_attention_heads=16, num_key_value_heads=4, head_dim=256, vocab_size=248320,
                                    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                                    linear_value_head_dim=128,
                                    layer_types=["linear_attention"] * 3 * 8)),
+    "qwen3-vl-8b": ("qwen3_vl", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                     vocab_size=151936)),
 }
+# transformers' modules whose GDN functions bind, at import, to fla's kernels when fla imports
+GDN_REFERENCE_MODULES = ("transformers.models.qwen3_5.modeling_qwen3_5",
+                         "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class Shape:
 
 def shapes(tiny: bool) -> list[Shape]:
     if tiny:
-        return [Shape(f"tiny-{f}", f, build_config(f, "tiny")) for f in ("qwen3_vl", "qwen3_5")]
+        return [Shape(f"tiny-{f}", f, build_config(f, "tiny")) for f in ("qwen3_5", "qwen3_vl")]
     out = []
     for name, (family, text) in LARGE.items():
         cfg = build_config(family, "tiny")
@@ -94,3 +102,38 @@ def image_prompt(engine: Engine, visual_tokens: int, text_tokens: int, seed: int
     half = text_tokens // 2
     return Prompt([*words[:half], cfg.vision_start_token_id, *[cfg.image_token_id] * n, cfg.vision_end_token_id,
                    *words[half:]], [visual])
+
+
+class _HideFla(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name == "fla" or name.startswith("fla."):
+            raise ImportError(f"{name} is hidden while transformers' reference models are imported")
+
+
+def import_reference_models() -> str:
+    """Imports transformers' Qwen3.5 modules with fla hidden, so their delta rule binds to the torch code:
+    with fla importable, transformers switches it to fla's Triton kernels, which use TF32 on Hopper, and
+    the fp32 reference would carry their error. Call before anything imports fla; returns which
+    implementation the reference's chunked delta rule is bound to."""
+    if "fla" in sys.modules:
+        return "unknown: fla was imported before the reference models"
+    finder = _HideFla()
+    sys.meta_path.insert(0, finder)
+    try:
+        dense = importlib.import_module(GDN_REFERENCE_MODULES[0])
+        for name in GDN_REFERENCE_MODULES[1:]:
+            if importlib.util.find_spec(name) is not None:      # a transformers without the family lacks it
+                importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(finder)
+    return bound_implementation(getattr(dense, "torch_chunk_gated_delta_rule", None))
+
+
+def bound_implementation(fn: object) -> str:
+    """The module of the function transformers' kernel wrapper `fn` calls (its `implementation`)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    bound = dict(zip(code.co_freevars, cells, strict=True)) if code else {}
+    cell = bound.get("implementation")
+    if cell is None:
+        return f"unknown ({getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', None)})"
+    return f"{cell.cell_contents.__module__}.{cell.cell_contents.__qualname__}"

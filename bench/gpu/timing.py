@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from raincheck_core import SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.models import build_decoder
 from raincheck_core.ops.gdn import l2norm
@@ -55,21 +56,28 @@ def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answ
     if graphs and torch.device(device).type == "cpu":
         engine.core.runner.use_graphs(capture=False)     # the same padded path, run eagerly
     prompt = image_prompt(engine, visual, text)
+    step_graphs = engine.core.runner.graphs
     out = {}
     for name, cfg in POLICIES.items():
         cfg = dataclasses.replace(cfg, guard=min(cfg.guard, guard))
         if warm_up:
             run_turn(engine, prompt, cfg, min(answer, cfg.guard + 4))
+        before = 0 if step_graphs is None else len(step_graphs.graphs)
         t = run_turn(engine, prompt, cfg, answer)
         out[name] = dict(ttft=t.ttft_s, tpot=t.tpot_s, tpot_restoring=t.tpot_restoring_s, e2e=t.e2e_s,
                          completion=t.completion_s, deferred=t.deferred_tokens, pending=t.deferred_pending,
-                         restoring_steps=t.restoring_steps)
+                         restoring_steps=t.restoring_steps,
+                         # decode-step skeletons first met (and captured) inside the timed turn
+                         new_skeletons=0 if step_graphs is None else len(step_graphs.graphs) - before)
     full = out["full"]
     for row in out.values():
         for key in ("ttft", "tpot", "e2e"):
             row[key + "_ratio"] = row[key] / full[key] if full[key] else None
-    graphs_obj = engine.core.runner.graphs
-    out["captured"] = 0 if graphs_obj is None else len(graphs_obj.graphs)
+    kept = [] if step_graphs is None else list(step_graphs.graphs.values())
+    out["skeletons"] = len(kept)          # bucketed decode-step shapes met (padded, static buffers)
+    out["captured"] = sum(1 for c in kept if c is not None and c.graph is not None)
+    out["not_captured"] = sum(1 for c in kept if c is None)      # a capture raised: those steps ran eagerly
+    out["replays"] = 0 if step_graphs is None else step_graphs.replays
     del engine
     return out
 
@@ -132,16 +140,45 @@ def gdn_update_and_join(device: str, tiny: bool) -> dict:
                 join_us=1e6 * timed(lambda: join_state(live, p, delta), device, repeats))
 
 
-def profile_fused_step(shape: Shape, device: str, dtype: str, visual: int, text: int, backend: str) -> str:
-    """The top kernels of a raincheck turn whose decode steps carry c = 31 chunks (guard 0), per step."""
+def profile_fused_step(shape: Shape, device: str, dtype: str, visual: int, text: int, backend: str,
+                       steps: int = 8) -> dict:
+    """The decode steps of a raincheck turn that each carry a c = 31 chunk (guard 0), eager (decode graphs
+    off, so each kernel shows by name): per step, the top kernels by device time (on the CPU: the top ops by
+    their own time), the device time and the wall time. The prompt's prefill and the first decode step are
+    not in the profile."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    engine = random_engine(shape, device, dtype, backend=backend)
+    engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=False)
     prompt = image_prompt(engine, visual, text)
     cfg = dataclasses.replace(POLICIES["raincheck"], guard=0)
-    run_turn(engine, prompt, cfg, 3)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    run_turn(engine, prompt, cfg, 3)          # compiles what the turn needs
+    on_cuda = torch.device(device).type == "cuda"
+    session = engine.open_session(deferral=cfg)
+    events = iter(session.turn(prompt, SamplingParams(max_new_tokens=steps + 3, ignore_eos=True)))
+    next(events), next(events)                # the prefill's token and one decode step, outside the profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    sync(device)
+    t0 = time.perf_counter()
     with profile(activities=activities) as prof:
-        run_turn(engine, prompt, cfg, 3)
-    sort = "cuda_time_total" if torch.device(device).type == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=sort, row_limit=15)
+        for _ in range(steps):
+            next(events)
+        sync(device)
+    wall = time.perf_counter() - t0
+    for _ in events:
+        pass
+    session.close()
+    averages = prof.key_averages()
+    if on_cuda:
+        rows = [(e.key, getattr(e, "self_device_time_total", None) or e.self_cuda_time_total, e.count)
+                for e in averages if e.device_type == DeviceType.CUDA]
+    else:
+        rows = [(e.key, e.self_cpu_time_total, e.count) for e in averages]
+    rows.sort(key=lambda r: -r[1])
+    total_us = sum(r[1] for r in rows)
+    return dict(steps=steps, graphs=False, wall_ms_per_step=1e3 * wall / steps,
+                device_ms_per_step=1e-3 * total_us / steps if on_cuda else None,
+                top=[dict(name=name[:120], us_per_step=us / steps, calls_per_step=count / steps,
+                          share=us / total_us if total_us else None) for name, us, count in rows[:20]],
+                table=averages.table(sort_by="self_cuda_time_total" if on_cuda else "self_cpu_time_total",
+                                     row_limit=20))

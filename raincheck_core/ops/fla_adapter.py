@@ -20,7 +20,8 @@ Triton).
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ from ..errors import InvalidInputError
 from .gdn_varlen import VarlenLayout
 
 Kernel = Callable[..., tuple[Tensor, Tensor]]
-RECURRENT_MAX_ROWS = 64      # sequences up to this long (decode rows, fused chunks) take the recurrent kernel
+# Sequences up to this long take the recurrent kernel: above a captured decode step's longest sequence (the
+# largest fused chunk, 63 rows, plus its short-convolution lead of kernel - 1 rows), because the chunk
+# kernel reads its chunk indices back to the host, which a CUDA graph capture cannot hold.
+RECURRENT_MAX_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -43,14 +47,27 @@ class FlaKernels:
     recurrent: Kernel
 
 
+@functools.cache
+def import_error() -> str | None:
+    """Why fla's Triton kernels cannot be used here, or None when they imported. Tried once per process: a
+    package that is present but fails to import (a triton it does not support, no GPU driver) counts as
+    absent, so `auto` falls back to FlexAttention with torch GDN instead of failing every engine."""
+    try:
+        importlib.import_module("fla.ops.gated_delta_rule")
+    except Exception as e:     # ImportError, or whatever triton raises while fla's modules load
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def available() -> bool:
-    """fla's Triton kernels can be imported here (the `accel` extra: fla-core and triton)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("triton", "fla"))
+    """fla's Triton kernels import here (the `accel` extra: fla-core and triton)."""
+    return import_error() is None
 
 
 def triton_kernels() -> FlaKernels:
     if not available():
-        raise InvalidInputError("backend 'fla' needs triton and fla-core (pip install -r requirements/accel.txt)")
+        raise InvalidInputError(f"backend 'fla' needs triton and fla-core (pip install -r requirements/accel.txt); "
+                                f"importing them failed: {import_error()}")
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     return FlaKernels(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
 

@@ -1,12 +1,18 @@
 """The device script's CPU dry run (`python -m bench.gpu --device cpu --tiny`): every part runs at tiny
-shapes and writes the keys the device run writes."""
+shapes and writes the keys the device run writes; the timed backend is FlexAttention through the padded,
+bucketed decode path (eager on the CPU). Parts are isolated: one that raises is recorded and the run goes
+on; past the budget, parts are skipped, not started."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from bench.gpu import kernels, parts
 from bench.gpu.__main__ import main
 from bench.gpu.timing import POLICIES
+from tests.ops.fla_naive import naive_kernels
 
 
 def test_dry_run_writes_the_device_runs_keys(tmp_path):
@@ -14,10 +20,11 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
     main(["--device", "cpu", "--tiny", "--json", str(path)])
     result = json.loads(path.read_text())
     assert (tmp_path / "gpu.log").read_text()
+    assert result["backend"] == "flex" and result["reference_gdn"].endswith("torch_chunk_gated_delta_rule")
     for family, by_dtype in result["exactness"].items():
         for backend, errors in by_dtype["float32"].items():
             assert errors["full"] <= 1e-4 and errors["raincheck"] <= 1e-4, (family, backend)
-    assert set(result["shapes"]) == {"tiny-qwen3_vl", "tiny-qwen3_5"}
+    assert list(result["shapes"]) == ["tiny-qwen3_5", "tiny-qwen3_vl"]       # the GDN model first
     for rows in result["shapes"].values():
         for row in rows.values():
             assert row["transformers"]["ttft"] > 0 and row["transformers"]["tpot"] > 0
@@ -25,5 +32,50 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
                 for policy in POLICIES:
                     assert row[graphs][policy]["ttft"] > 0 and row[graphs][policy]["tpot"] > 0
                 assert row[graphs]["raincheck"]["restoring_steps"] > 0       # fused chunks ran
+            assert row["graphs_on"]["skeletons"] > 0 and row["graphs_on"]["not_captured"] == 0   # the padded path
             assert row["tpot_over_floor"]["plain"] > 0 and row["tpot_over_floor"]["fused"] > 0
-    assert result["gdn"]["join_us"] > 0 and "aten::" in result["profile"]
+    assert all(part["ok"] for part in result["timeline"]), result["timeline"]
+    assert result["gdn"]["join_us"] > 0 and "aten::" in result["profile"]["table"]
+    assert result["profile"]["top"] and result["profile"]["wall_ms_per_step"] > 0
+
+
+def test_the_fla_smoke_part_measures_each_case():
+    """The smoke part on fla's naive references (the device runs fla's Triton kernels): near-exact there."""
+    out = kernels.fla_smoke("cpu", True, naive_kernels())
+    for case in ("adapter_fp32", "adapter_bf16_inputs", "direct_bf16"):
+        assert out[case]["finite"] and out[case]["warm_ms"] > 0
+    assert all(e <= 1e-5 for e in out["adapter_fp32"]["errors"].values())
+    assert 1e-5 < out["direct_bf16"]["errors"]["o"] <= 2e-2          # bf16 operands: their rounding shows
+
+
+def test_a_failing_part_is_recorded_and_the_run_goes_on_and_the_budget_skips(tmp_path):
+    path = tmp_path / "gpu.json"
+    result: dict = {}
+    run = parts.Parts(result, path, budget_s=3600)
+
+    def broken() -> None:
+        raise RuntimeError("no kernel image for this device")
+
+    assert run.run(("a", "first"), broken) is None
+    assert run.run(("a", "second"), lambda: {"x": 1}) == {"x": 1}
+    saved = json.loads(path.read_text())
+    assert "no kernel image" in saved["a"]["first"]["error"] and "Traceback" in saved["a"]["first"]["traceback"]
+    assert saved["a"]["second"] == {"x": 1} and [p["ok"] for p in saved["timeline"]] == [False, True]
+    late = parts.Parts({}, path, budget_s=0)
+    assert late.run(("b",), pytest.fail) is None
+    assert json.loads(path.read_text())["b"] == {"skipped": "budget"}
+
+
+def test_a_resumed_run_keeps_what_succeeded_and_runs_the_rest(tmp_path):
+    path = tmp_path / "gpu.json"
+    first = parts.Parts({}, path, budget_s=3600)
+    first.run(("a",), lambda: 1)
+    first.run(("b",), lambda: 1 / 0)
+    again = parts.Parts(json.loads(path.read_text()), path, budget_s=3600)
+    assert again.done(("a",)) and not again.done(("b",))
+    again.run(("a",), pytest.fail)
+    again.run(("b",), lambda: 2)
+    saved = json.loads(path.read_text())
+    assert saved["a"] == 1 and saved["b"] == 2
+    assert [(p["part"], p["run"], p["ok"]) for p in saved["timeline"]] == [("a", 1, True), ("b", 1, False),
+                                                                            ("b", 2, True)]

@@ -4,9 +4,12 @@ V]`, log-space gates, q pre-scaled (fla's `scale` = 1), splits run as two passes
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
+from raincheck_core.engine.padding import CHUNK_BUCKETS
 from raincheck_core.errors import InvalidInputError
 from raincheck_core.ops import backend, fla_adapter
 from raincheck_core.ops.gdn_varlen import varlen_layout
@@ -61,6 +64,37 @@ def test_signs_spaces_and_layouts():
     runs = varlen_layout([2, 5, 1], 4, [None, 3, None]).runs      # the split sequence: 3 rows, then 2 more
     assert runs.first_cu.tolist() == [0, 2, 5, 6] and runs.first_rows.tolist() == [0, 1, 2, 3, 4, 7]
     assert runs.rest_cu.tolist() == [0, 2] and runs.rest_rows.tolist() == [5, 6]
+
+
+def test_a_captured_decode_steps_longest_sequence_takes_the_recurrent_kernel(kernels):
+    """The largest fused chunk of a captured decode step plus its conv lead (kernel 4: 3 rows) runs on the
+    recurrent kernel: the chunk kernel reads back to the host, which a CUDA graph capture cannot hold."""
+    def no_chunk_kernel(**_):
+        raise AssertionError("a decode step's sequence took the chunk kernel")
+
+    chunk = max(CHUNK_BUCKETS)
+    layout = varlen_layout([chunk + 3, 1, 1], 4, [chunk, None, None])
+    q, k, v, g, beta, state = _inputs(chunk + 5, 3, 2)
+    got = fla_adapter.chunk_rule(fla_adapter.FlaKernels(no_chunk_kernel, kernels.recurrent))(
+        q, k, v, g, beta, state, layout)
+    for w, x in zip(chunk_gated_delta_rule_varlen(q, k, v, g, beta, state, layout), got, strict=True):
+        assert float((x - w).abs().max()) <= 1e-5
+
+
+@pytest.fixture
+def fla_import_fails(monkeypatch):
+    """fla present but failing to import (as a triton it does not support would make it)."""
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
+    fla_adapter.import_error.cache_clear()
+    yield
+    fla_adapter.import_error.cache_clear()
+
+
+def test_fla_that_fails_to_import_is_not_available_and_auto_falls_back_to_flex(fla_import_fails):
+    assert not fla_adapter.available() and "gated_delta_rule" in fla_adapter.import_error()
+    assert backend.accelerated_backend() == "flex"
+    with pytest.raises(InvalidInputError, match=r"importing them failed: .*gated_delta_rule"):
+        backend.select("cpu", torch.float32, torch.float32, (torch.float32, torch.float32), "fla")
 
 
 def test_fla_backend_without_triton_names_the_extra(monkeypatch):
