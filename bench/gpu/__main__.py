@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     def timings(shape: Shape, v: int, graphs: bool) -> None:
         parts.run(("shapes", shape.name, f"{v}_visual", "graphs_on" if graphs else "graphs_off"),
                   lambda: timing.policies(shape, device, dtype, v, text, answer, graphs, timed_backend, guard,
-                                          warm_up=not tiny))
+                                          warm_up=not tiny, repeats=1 if tiny else 3))
 
     def floor(shape: Shape, v: int) -> None:
         parts.run(("shapes", shape.name, f"{v}_visual", "floor"), lambda: timing.floor(shape, device, dtype, tiny))

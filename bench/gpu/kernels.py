@@ -2,7 +2,7 @@
 GDN layer shape (32 value heads, Dk = Dv = 128), two sequences of which one has a split (a chunk and its
 conv lead), through the adapter (fp32, as the engine calls it) and called directly with bf16 q/k/v (what
 the adapter could pass instead), against this project's torch rule in fp32. Error as ||x - ref|| / ||ref||
-per output (METHOD.md's measure: fp32 far under 1e-3, TF32 near 3e-4, bf16 1e-3..1e-2), the first call's
+per output (fp32 arithmetic lands far under 1e-3, TF32 dots near 3e-4, bf16 operands 1e-3..1e-2), the first call's
 time (Triton compile and autotune) and the warm time."""
 
 from __future__ import annotations

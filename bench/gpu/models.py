@@ -113,10 +113,9 @@ class _HideFla(importlib.abc.MetaPathFinder):
 def import_reference_models() -> str:
     """Imports transformers' Qwen3.5 modules with fla hidden, so their delta rule binds to the torch code:
     with fla importable, transformers switches it to fla's Triton kernels, which use TF32 on Hopper, and
-    the fp32 reference would carry their error. Call before anything imports fla; returns which
-    implementation the reference's chunked delta rule is bound to."""
-    if "fla" in sys.modules:
-        return "unknown: fla was imported before the reference models"
+    the fp32 reference would carry their error. Returns which implementation the reference's chunked
+    delta rule is bound to (a module imported earlier keeps the binding it got then)."""
+    loaded = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "fla" or name.startswith("fla.")}
     finder = _HideFla()
     sys.meta_path.insert(0, finder)
     try:
@@ -126,6 +125,7 @@ def import_reference_models() -> str:
                 importlib.import_module(name)
     finally:
         sys.meta_path.remove(finder)
+        sys.modules.update(loaded)
     return bound_implementation(getattr(dense, "torch_chunk_gated_delta_rule", None))
 
 

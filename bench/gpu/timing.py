@@ -5,6 +5,7 @@ step."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from raincheck_core.models import build_decoder
 from raincheck_core.ops.gdn import l2norm
 from raincheck_core.ops.gdn_state_map import extend_map_, identity_map, join_state
 
-from ..common import run_turn
+from ..common import TurnStats, run_turn
 from .models import Shape, image_prompt, random_engine, transformers_model
 
 POLICIES = {
@@ -48,10 +49,15 @@ def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
 
 
 def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int, graphs: bool,
-             backend: str, guard: int = 16, warm_up: bool = True) -> dict:
-    """{policy: ttft, tpot, tpot_restoring, e2e, completion (s), and ratios to full} on one engine
+             backend: str, guard: int = 16, warm_up: bool = True, repeats: int = 3) -> dict:
+    """{policy: ttft, tpot, tpot_restoring, e2e, completion (s): medians of `repeats` timed turns, with
+    their spread ((max - min) / median) and ratios to full} on one engine
     (`guard`: the raincheck policies', 16 unless a short dry run needs chunks within its answer;
-    `warm_up`: one untimed turn per policy first, which compiles kernels and captures graphs)."""
+    `warm_up`: one untimed turn per policy first, as long as the timed one, which compiles kernels and
+    captures every decode-step skeleton the timed turn meets: a shorter one left chunk buckets and key
+    buckets of the answer's end to be captured inside the timed turn, on the device 3 captures there
+    put the fused TPOT at 115 ms instead of ~20). One turn is not enough: on the device, single TTFTs of
+    the same turn were 38 and 64 ms in two runs)."""
     engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=graphs)
     if graphs and torch.device(device).type == "cpu":
         engine.core.runner.use_graphs(capture=False)     # the same padded path, run eagerly
@@ -61,13 +67,15 @@ def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answ
     for name, cfg in POLICIES.items():
         cfg = dataclasses.replace(cfg, guard=min(cfg.guard, guard))
         if warm_up:
-            run_turn(engine, prompt, cfg, min(answer, cfg.guard + 4))
+            run_turn(engine, prompt, cfg, answer)
         before = 0 if step_graphs is None else len(step_graphs.graphs)
-        t = run_turn(engine, prompt, cfg, answer)
-        out[name] = dict(ttft=t.ttft_s, tpot=t.tpot_s, tpot_restoring=t.tpot_restoring_s, e2e=t.e2e_s,
-                         completion=t.completion_s, deferred=t.deferred_tokens, pending=t.deferred_pending,
-                         restoring_steps=t.restoring_steps,
-                         # decode-step skeletons first met (and captured) inside the timed turn
+        turns = [run_turn(engine, prompt, cfg, answer) for _ in range(repeats)]
+        t = turns[0]
+        out[name] = dict(median(turns, "ttft_s", "tpot_s", "tpot_restoring_s", "e2e_s", "completion_s"),
+                         deferred=t.deferred_tokens, pending=t.deferred_pending, restoring_steps=t.restoring_steps,
+                         repeats=repeats, spread={k: spread([getattr(x, k + "_s") for x in turns])
+                                                  for k in ("ttft", "tpot")},
+                         # decode-step skeletons first met (and captured) inside the timed turns
                          new_skeletons=0 if step_graphs is None else len(step_graphs.graphs) - before)
     full = out["full"]
     for row in out.values():
@@ -80,6 +88,20 @@ def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answ
     out["replays"] = 0 if step_graphs is None else step_graphs.replays
     del engine
     return out
+
+
+def median(turns: list[TurnStats], *fields: str) -> dict:
+    """{field without its `_s`: the median over `turns`} (None where a turn has none)."""
+    out = {}
+    for f in fields:
+        values = [getattr(t, f) for t in turns]
+        out[f.removesuffix("_s")] = None if None in values else statistics.median(values)
+    return out
+
+
+def spread(values: list[float]) -> float | None:
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / mid if mid else None
 
 
 def transformers_timing(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int) -> dict:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.gpu import kernels, parts
+from bench.gpu import kernels, parts, report
 from bench.gpu.__main__ import main
 from bench.gpu.timing import POLICIES
 from tests.ops.fla_naive import naive_kernels
@@ -37,6 +37,9 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
     assert all(part["ok"] for part in result["timeline"]), result["timeline"]
     assert result["gdn"]["join_us"] > 0 and "aten::" in result["profile"]["table"]
     assert result["profile"]["top"] and result["profile"]["wall_ms_per_step"] > 0
+    text = report.report(result)          # the tables docs/BENCHMARKS.md carries
+    assert "| qwen3_5 | float32 | flex |" in text and "| tiny-qwen3_vl | 16 | on | raincheck_objective |" in text
+    assert "| tiny-qwen3_5 | 16 |" in text.split("fused TPOT / floor")[1]
 
 
 def test_the_fla_smoke_part_measures_each_case():
