@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -161,3 +163,77 @@ def test_the_check_catches_a_private_crossing(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     found = _crossings("services")
     assert any("_helper" in f for f in found) and any("._fail" in f for f in found)
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (anywhere in the file: in functions and under
+    `TYPE_CHECKING` too). `from a import b` counts as importing the module `a.b` where that is a module."""
+    modules = {_module_of(p): p for p in _sources(package)}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for module, names in _imports(path):
+            for target in [f"{module}.{n}" for n in names if f"{module}.{n}" in modules] or [module]:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The strongly connected components of more than one module in `package`'s import graph (Tarjan)."""
+    graph = _import_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="issue 38: five cycles remain (the engine as a one-way street)")
+def test_the_engine_library_has_no_import_cycle():
+    assert import_cycles("raincheck_core") == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 38: two cycles remain in services/")
+def test_the_services_have_no_import_cycle():
+    assert import_cycles("services") == []
+
+
+def test_the_cycle_check_finds_a_typing_only_cycle(tmp_path, monkeypatch):
+    (tmp_path / "raincheck_core" / "engine").mkdir(parents=True)
+    (tmp_path / "raincheck_core" / "engine" / "core.py").write_text("from .step import run_step\n")
+    (tmp_path / "raincheck_core" / "engine" / "step.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import EngineCore\n")
+    (tmp_path / "raincheck_core" / "engine" / "plan.py").write_text("from . import step\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert import_cycles("raincheck_core") == [["raincheck_core.engine.core", "raincheck_core.engine.step"]]
