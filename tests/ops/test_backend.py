@@ -9,8 +9,8 @@ import torch
 
 from raincheck_core.cache.gdn_state import GDNStatePool
 from raincheck_core.ops import backend, native
+from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_step import FusedGDN, GDNCorrections, GDNMulti, GDNSingle, GDNStep, GroupedGDN
-from raincheck_core.ops.gdn_varlen import varlen_layout
 
 needs_kernels = pytest.mark.skipif(not (native.gated_deltanet_available("cpu", torch.float32)
                                         and native.paged_attention_available("cpu", torch.float32)),
