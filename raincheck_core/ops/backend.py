@@ -6,12 +6,12 @@ kernels apart from its layers the same way): paged attention over the step's `At
 packed sequences, joins and decode rows (ops/gdn_step.py, laid out by ops/gdn_layout.py, one layer's ops
 in ops/gdn_varlen.py and ops/gdn_kernel.py) with the GDN math of the deferred joins outside the forward
 (the affine state maps' fold and join, ops/gdn_state_map.py, and recorded rows run again, ops/gdn.py),
-and the grouped expert matmul of MoE layers (ops/moe.py). Each has
-implementations by backend: the native CPU kernels (csrc/, built and loaded by ops/native.py) and torch
-ops; a later one (FlexAttention, flash-linear-attention on a GPU) is one more `AttentionOps` / `GDNOps`
-for `select` to pick. The runner asks `select` once per step, builds the step's layouts with the op set
-it got and hands it to the forward (`ForwardBatch.ops`, and the prepared `GDNStep.op`): the layers call
-what they are handed and never ask which backend it is.
+and the grouped expert matmul of MoE layers (ops/moe.py). Each has implementations by backend: the
+native CPU kernels (csrc/, built and loaded by ops/native.py) and torch ops; a later one (FlexAttention,
+flash-linear-attention on a GPU) is one more `AttentionOps` / `GDNOps` for `select` to pick. The runner
+asks `select` once per step, builds the step's layouts with the op set it got and hands it to the
+forward (`ForwardBatch.ops`, and the prepared `GDNStep.op`): the layers call what they are handed and
+never ask which backend it is.
 """
 
 from __future__ import annotations
