@@ -32,7 +32,8 @@ from raincheck_core.layers import linear as linear_layers
 from raincheck_core.ops.attention import attention_layout, varlen_attention
 from raincheck_core.ops.gdn import l2norm
 from raincheck_core.ops.gdn_kernel import GDNBuffers, GDNKernel
-from raincheck_core.ops.gdn_varlen import VarlenLayout, gated_deltanet_rows, gated_deltanet_varlen, varlen_layout
+from raincheck_core.ops.gdn_layout import VarlenLayout, varlen_layout
+from raincheck_core.ops.gdn_varlen import gated_deltanet_rows, gated_deltanet_varlen
 from raincheck_core.ops.native import gated_deltanet_available, paged_attention_available
 
 from .common import STEP_QUANTILE, quantile, setup_torch

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from raincheck_core.ops import fla_adapter
 from raincheck_core.ops.gdn import l2norm
-from raincheck_core.ops.gdn_varlen import varlen_layout
+from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen
 
 from .timing import sync, timed

@@ -6,7 +6,8 @@ turn's deferred rows are still out: those rows belong to that join's recorded su
 tokens, so their transitions extend its `P_rest` (and, after an answer shorter than the conv lead, the
 first of them complete the lead). A multi-row sequence's kernel keeps no per-row k or state, so they are
 recomputed here from the rows' pre-conv inputs, `g` and `beta`, starting from the live conv history and
-state before the step: the same convolution and delta rule the layer ran.
+state before the step: the same convolution and delta rule the layer ran, by the GDN ops handed in
+(`GDNOps.replay`, ops/backend.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
+from ..ops.backend import TORCH_GDN, GDNOps
 
 
 @dataclass
@@ -32,23 +33,18 @@ class InputFactors:
 
 
 def input_factors(layers: list, u: list[torch.Tensor], g: list[torch.Tensor], beta: list[torch.Tensor],
-                  conv: torch.Tensor, ssm: torch.Tensor, lead: int) -> InputFactors:
+                  conv: torch.Tensor, ssm: torch.Tensor, lead: int, gdn_ops: GDNOps = TORCH_GDN) -> InputFactors:
     """`u, g, beta`: per GDN layer (`layers`, the model's token mixers in order) the rows' pre-conv inputs
     `[T, C]` and gates `[T, H]`; `conv [layers, K-1, C]`, `ssm [layers, H, Dk, Dv]`: the live history and
-    state the rows started from; `lead`: how many first rows need the state after them."""
+    state the rows started from; `lead`: how many first rows need the state after them; `gdn_ops`: the
+    step's GDN ops (until the runner hands them, the torch ops, which every backend's `replay` is so far)."""
     ks, vs, states = [], [], []
     for i, layer in enumerate(layers):   # under the caller's inference mode: the weights need no graph
-        out, _ = causal_conv1d(u[i], layer.conv1d.weight[:, 0], conv[i])
-        q, k, v = split_qkv(out, layer.hk, layer.dk, layer.hv, layer.dv)
-        ks.append(k[:, ::layer.hv // layer.hk])     # per key head, as decode rows hand k over
-        vs.append(v)
-        state, after = ssm[i], []
-        for j in range(lead):
-            _, state = recurrent_gated_delta_rule(q[j:j + 1], k[j:j + 1], v[j:j + 1], g[i][j:j + 1],
-                                                  beta[i][j:j + 1], state)
-            after.append(state)
+        run = gdn_ops.replay(u[i], g[i], beta[i], layer.conv1d.weight[:, 0], conv[i], ssm[i], layer.hk, lead)
+        ks.append(run.k)        # per key head, as decode rows hand k over
+        vs.append(run.v)
         if lead:
-            states.append(torch.stack(after))
+            states.append(run.states)
     def rows(parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(parts, dim=1)
     return InputFactors(rows(u), rows(ks), rows(vs), rows(g), rows(beta), rows(states) if lead else None)

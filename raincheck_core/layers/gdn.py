@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
 from .batch import ForwardBatch
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
@@ -48,16 +47,3 @@ class GatedDeltaNet(nn.Module):
         batch.gdn.layer(self.gdn_index, u, g, beta, self.conv1d.weight[:, 0], o)
         y = self.norm(o, z)
         return self.out_proj(y.reshape(r, self.value_dim))
-
-    def rerun(self, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_hist: torch.Tensor,
-              state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run recorded rows (pre-conv inputs `u [T, conv dim]`, `g`, `beta [T, H]`) of one sequence from
-        the given conv history and state; returns the history and state after them (nothing written)."""
-        conv, new_hist = causal_conv1d(u, self.conv1d.weight[:, 0], conv_hist)
-        q, k, v = self._qkv(conv)
-        _, final = recurrent_gated_delta_rule(q, k, v, g, beta, state)
-        return new_hist, final
-
-    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (fp32, prepared for the delta rule) from conv outputs `[T, conv dim]`."""
-        return split_qkv(conv, self.hk, self.dk, self.hv, self.dv)

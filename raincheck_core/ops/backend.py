@@ -2,14 +2,16 @@
 
 The ops live here in ops/, apart from the layers that call them (flash-linear-attention keeps its
 kernels apart from its layers the same way): paged attention over the step's `AttentionLayout`
-(ops/attention.py; the native kernel's side in ops/paged_attention.py) and Gated DeltaNet over the
-step's packed sequences, joins and decode rows (ops/gdn_step.py, one layer's ops in ops/gdn_varlen.py
-and ops/gdn_kernel.py), and the grouped expert matmul of MoE layers (ops/moe.py). Each has
-implementations by backend: the native CPU kernels (csrc/, built and loaded by ops/native.py) and torch
-ops; a later one (FlexAttention, flash-linear-attention on a GPU) is one more `AttentionOps` / `GDNOps`
-for `select` to pick. The runner asks `select` once per step, builds the step's layouts with the op set
-it got and hands it to the forward (`ForwardBatch.ops`, and the prepared `GDNStep.op`): the layers call
-what they are handed and never ask which backend it is.
+(ops/attention.py; the native kernel's side in ops/paged_attention.py), Gated DeltaNet over the step's
+packed sequences, joins and decode rows (ops/gdn_step.py, laid out by ops/gdn_layout.py, one layer's ops
+in ops/gdn_varlen.py and ops/gdn_kernel.py) with the GDN math of the deferred joins outside the forward
+(the affine state maps' fold and join, ops/gdn_state_map.py, and recorded rows run again, ops/gdn.py),
+and the grouped expert matmul of MoE layers (ops/moe.py). Each has implementations by backend: the
+native CPU kernels (csrc/, built and loaded by ops/native.py) and torch ops; a later one (FlexAttention,
+flash-linear-attention on a GPU) is one more `AttentionOps` / `GDNOps` for `select` to pick. The runner
+asks `select` once per step, builds the step's layouts with the op set it got and hands it to the
+forward (`ForwardBatch.ops`, and the prepared `GDNStep.op`): the layers call what they are handed and
+never ask which backend it is.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from . import fla_adapter, gdn_kernel, gdn_varlen, native
+from . import fla_adapter, gdn_kernel, gdn_state_map, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
 from .flex_attention import flex_layout, flex_varlen_attention
+from .gdn import Replayed, replay
 from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 
@@ -48,12 +51,19 @@ class AttentionOps:
 class GDNOps:
     """Gated DeltaNet by one backend: one layer's multi-row sequences with their joins (`varlen`) and
     one-row sequences (`rows`), with ops/gdn_varlen.py's signatures, and a step's op over both groups
-    (`prepare(step, key_heads)`, which also lays out the buffers it writes in `step.out`)."""
+    (`prepare(step, key_heads)`, which also lays out the buffers it writes in `step.out`); and what the
+    deferred joins compute outside the forward: tokens folded into affine state maps in place (`fold(P,
+    k, g, beta)`, ops/gdn_state_map.py `extend_map_`), a join (`join(S_live, P, delta)`, `join_state`
+    there) and a sequence's recorded rows run again (`replay`, ops/gdn.py), the torch ops unless the
+    backend has its own."""
 
     name: str
     varlen: VarlenOp
     rows: RowsOp
     prepare: Callable[[GDNStep, int], GDNLayerOp]
+    fold: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] = gdn_state_map.extend_map_torch_
+    join: Callable[[Tensor, Tensor, Tensor], Tensor] = gdn_state_map.join_state
+    replay: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int], Replayed] = replay
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,12 @@ def prepare_torch(step: GDNStep, key_heads: int) -> GDNLayerOp:
 
 NATIVE_ATTENTION = AttentionOps("native", partial(attention_layout, native=True), varlen_attention)
 TORCH_ATTENTION = AttentionOps("torch", partial(attention_layout, native=False), varlen_attention)
-NATIVE_GDN = GDNOps("native", gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows, prepare_native)
+NATIVE_GDN = GDNOps("native", gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows, prepare_native,
+                    fold=gdn_state_map.extend_map_)
 TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows, prepare_torch)
+# the native backend where the layers' kernel does not take the step's tensors: the maps are fp32 whatever
+# the layers run in, so the fold keeps its kernel (which it leaves where it does not apply)
+NATIVE_FOLD_GDN = dataclasses.replace(TORCH_GDN, fold=gdn_state_map.extend_map_)
 FLEX_ATTENTION = AttentionOps("flex", flex_layout, flex_varlen_attention)
 
 
@@ -91,8 +105,9 @@ def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype
            gdn_dtypes: tuple[torch.dtype, ...] | None, backend: str = "native") -> OpSet:
     """The op set of a step on `device` with activations of `dtype`, a KV cache of `kv_dtype` and GDN
     state pools of `gdn_dtypes` (None: the model has no such layers, and their kernel is not built for
-    it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch;
-    MoE experts through torch's grouped GEMM where it has one (ops/moe.py).
+    it): each op native where its kernel is built and takes these tensors (fp32 on the CPU), else torch
+    (the maps' fold native where its kernel takes them, whatever the layers run in); MoE experts through
+    torch's grouped GEMM where it has one (ops/moe.py).
     Asked once per step, so `RAINCHECK_NATIVE=0` (ops/native.py) holds from the next step on.
     `backend` (`EngineConfig.backend`, one of `config.BACKENDS`) other than native replaces ops by name:
     torch (both torch), flex (FlexAttention, torch GDN), fla (FlexAttention, fla's GDN kernels), auto (on
@@ -100,7 +115,7 @@ def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype
     attention = NATIVE_ATTENTION if kv_dtype is not None and native.paged_attention_available(device, kv_dtype) \
         else TORCH_ATTENTION
     gdn = NATIVE_GDN if gdn_dtypes is not None and all(d == torch.float32 for d in gdn_dtypes) \
-        and native.gated_deltanet_available(device, dtype) else TORCH_GDN
+        and native.gated_deltanet_available(device, dtype) else NATIVE_FOLD_GDN
     moe = grouped_mm_experts if grouped_mm_available(device) else grouped_experts
     ops = OpSet(attention, gdn, moe)
     if backend == "auto":
@@ -119,7 +134,7 @@ def accelerated_backend() -> str:
 
 def fla_gdn(kernels: fla_adapter.FlaKernels | None = None) -> GDNOps:
     """GDN on fla's kernels (`kernels`, default its Triton ones; an error naming the extra where triton is
-    not there) through ops/fla_adapter.py; the short convolution, state map and join stay torch."""
+    not there) through ops/fla_adapter.py; the short convolution, state map, join and replay stay torch."""
     kernels = kernels or fla_adapter.triton_kernels()
     varlen = partial(gdn_varlen.gated_deltanet_varlen, rule=fla_adapter.chunk_rule(kernels))
     rows = partial(gdn_varlen.gated_deltanet_rows, step=fla_adapter.step_rule(kernels))

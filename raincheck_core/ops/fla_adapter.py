@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InvalidInputError
-from .gdn_varlen import VarlenLayout
+from .gdn_layout import VarlenLayout
 
 Kernel = Callable[..., tuple[Tensor, Tensor]]
 # Sequences up to this long take the recurrent kernel: above a captured decode step's longest sequence (the

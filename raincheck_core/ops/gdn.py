@@ -4,7 +4,8 @@ They reproduce the torch fallbacks of transformers 5.23.0 (`Qwen3_5GatedDeltaNet
 causal convolution over the pre-conv `[q | k | v]` channels, the L2 norm, and the gated delta rule in
 its per-token and chunked (WY/UT transform) forms. The engine runs the packed (varlen) forms in
 `ops/gdn_varlen.py`, many sequences per call; the one-sequence forms here are their slow references
-and the building blocks of the state-map tests.
+and the building blocks of the state-map tests, and they run a sequence's recorded rows again outside
+a step (`replay`: the torch ops' `GDNOps.replay`, ops/backend.py).
 
 State layout is transformers': `S` is `[H, Dk, Dv]` fp32 (key index first), and a token acts as
 `S ← e^g S;  S ← S + k ⊗ (β (v − Sᵀk));  o = Sᵀq`.
@@ -16,6 +17,8 @@ intra-op threads inherit it, removes this; it only drops magnitudes below 1.2e-3
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -156,3 +159,31 @@ def chunk_gated_delta_rule(
         S = torch.baddbmm(S * chunk_decay[:, n], k_to_end[:, n], v_new)
     o = o.reshape(num_heads, -1, dv)[:, :num_tokens].movedim(0, 1).contiguous()
     return o, S
+
+
+@dataclass
+class Replayed:
+    """One sequence's recorded rows run again (`replay`)."""
+
+    history: Tensor             # [K-1, C] the conv history after every row
+    k: Tensor                   # [T, key heads, Dk] as the delta rule read them, per key head
+    v: Tensor                   # [T, H, Dv]
+    states: Tensor | None       # [n, H, Dk, Dv] the state after each of the first n rows (None: n = 0)
+
+
+def replay(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, history: Tensor, state: Tensor, key_heads: int,
+           rows: int) -> Replayed:
+    """A sequence's recorded rows (pre-conv inputs `u [T, C]`, gates `g, beta [T, H]`) run again outside
+    a step, from the conv `history [K-1, C]` and `state [H, Dk, Dv]` given (conv weight `[C, K]`,
+    `key_heads` key heads): the delta rule over the first `rows` rows only, as the rest need only their k
+    and v. The hand-off's lead re-run (engine/residual.py) and a follow-up's input factors
+    (deferral/suffix.py). Nothing is modified."""
+    heads, dk, dv = state.shape
+    conv, new_history = causal_conv1d(u, conv_weight, history)
+    q, k, v = split_qkv(conv, key_heads, dk, heads, dv)
+    after = []
+    for j in range(rows):
+        _, state = recurrent_gated_delta_rule(q[j:j + 1], k[j:j + 1], v[j:j + 1], g[j:j + 1], beta[j:j + 1], state)
+        after.append(state)
+    # split_qkv repeated k per value head
+    return Replayed(new_history, k[:, ::heads // key_heads], v, torch.stack(after) if after else None)

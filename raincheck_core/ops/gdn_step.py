@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
-from .gdn_kernel import GDNBuffers, GDNKernel, PackedSequences, fused_sequences
-from .gdn_varlen import VarlenLayout
+from .gdn_kernel import GDNBuffers, GDNKernel
+from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
 
 # one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
 # native kernel's of the same names in ops/gdn_kernel.py)

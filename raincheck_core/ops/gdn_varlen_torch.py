@@ -1,7 +1,7 @@
 """The torch path of the packed GDN ops (ops/gdn_varlen.py), for devices and dtypes the native kernel
 does not cover: the short convolution as K gathered multiply-adds over all rows, the chunked delta rule
 scanning over block *steps*, and, for one-row sequences, one batched recurrent step. Same arithmetic
-as the one-sequence references in ops/gdn.py; layouts from `VarlenLayout`.
+as the one-sequence references in ops/gdn.py; layouts from `VarlenLayout` (ops/gdn_layout.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .gdn_varlen import VarlenLayout
+    from .gdn_layout import VarlenLayout
 
 
 def causal_conv1d_varlen(x: Tensor, weight: Tensor, history: Tensor, layout: VarlenLayout

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raincheck_core.ops import fla_adapter
-from raincheck_core.ops.gdn_varlen import cumulative, varlen_layout
+from raincheck_core.ops.gdn_layout import cumulative, varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
 from tests.ops.fla_naive import rule_inputs
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from raincheck_core.cache.gdn_state import GDNStatePool
-from raincheck_core.ops import backend, native
+from raincheck_core.ops import backend, gdn_state_map, native
+from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_step import FusedGDN, GDNCorrections, GDNMulti, GDNSingle, GDNStep, GroupedGDN
-from raincheck_core.ops.gdn_varlen import varlen_layout
 
 needs_kernels = pytest.mark.skipif(not (native.gated_deltanet_available("cpu", torch.float32)
                                         and native.paged_attention_available("cpu", torch.float32)),
@@ -109,3 +109,17 @@ def test_select_by_backend_name():
     assert names("flex") == ("flex", "torch")
     assert names("auto") == names("native")                          # the CPU: today's kernels
     assert names("auto", "cuda") in (("flex", "fla"), ("flex", "torch"))
+
+
+def test_the_maps_fold_by_the_steps_backend():
+    """The native backend folds with its kernel (where it applies) also where its layers take the torch
+    ops, as the maps are fp32 whatever the layers run in; the other backends fold with the torch ops."""
+    from tests.ops.fla_naive import naive_kernels
+
+    def fold(*args):
+        return backend.select(*args).gdn.fold
+    assert fold("cpu", F32, F32, (F32, F32)) is gdn_state_map.extend_map_
+    assert fold("cpu", BF16, BF16, (BF16, F32)) is gdn_state_map.extend_map_
+    for name in ("torch", "flex"):
+        assert fold("cpu", F32, F32, (F32, F32), name) is gdn_state_map.extend_map_torch_
+    assert backend.fla_gdn(naive_kernels()).fold is gdn_state_map.extend_map_torch_

@@ -12,7 +12,7 @@ import torch
 from raincheck_core.engine.padding import CHUNK_BUCKETS
 from raincheck_core.errors import InvalidInputError
 from raincheck_core.ops import backend, fla_adapter
-from raincheck_core.ops.gdn_varlen import varlen_layout
+from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import chunk_gated_delta_rule_varlen, gated_delta_step
 from tests.ops.fla_naive import naive_kernels, rule_inputs
 

@@ -7,7 +7,14 @@ import torch
 from torch import Tensor
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
-from raincheck_core.ops.gdn import causal_conv1d, chunk_gated_delta_rule, l2norm, recurrent_gated_delta_rule
+from raincheck_core.ops.gdn import (
+    causal_conv1d,
+    chunk_gated_delta_rule,
+    l2norm,
+    recurrent_gated_delta_rule,
+    replay,
+    split_qkv,
+)
 
 # Dk != Dv so that a swapped state layout cannot pass by accident.
 H, DK, DV = 4, 32, 24
@@ -179,3 +186,25 @@ def test_conv_weight_dtype_governs() -> None:
         out_ref = hf.causal_conv1d_fn(full, weight, None, activation=None)[..., -t:]
         assert out.dtype == torch.bfloat16
         assert torch.equal(out, out_ref[0].t())
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 9])
+def test_replay_is_the_sequence_run_at_once(rows: int) -> None:
+    """Recorded rows run again (the hand-off's lead re-run, a follow-up's input factors): the state after
+    each of the first `rows` rows is, to the bit, the state the rule leaves after those rows in one call;
+    k per key head and v as the rule read them; the history after every row."""
+    key_heads, t = 2, 9
+    channels = 2 * key_heads * DK + H * DV
+    gen = torch.Generator().manual_seed(5)
+    u, weight = torch.randn(t, channels, generator=gen), torch.randn(channels, K, generator=gen)
+    history = torch.randn(K - 1, channels, generator=gen)
+    _, _, _, g, beta, state = _raw_inputs(t, seed=6)
+    run = replay(u, g, beta, weight, history, state, key_heads, rows)
+    conv, expected_history = causal_conv1d(u, weight, history)
+    q, k, v = split_qkv(conv, key_heads, DK, H, DV)
+    assert torch.equal(run.history, expected_history)
+    assert torch.equal(run.k, k[:, ::H // key_heads]) and torch.equal(run.v, v)
+    assert (run.states is None) == (rows == 0)
+    for j in range(rows):
+        _, after = recurrent_gated_delta_rule(q[:j + 1], k[:j + 1], v[:j + 1], g[:j + 1], beta[:j + 1], state)
+        assert torch.equal(run.states[j], after)

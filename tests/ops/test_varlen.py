@@ -10,7 +10,7 @@ from raincheck_core.deferral.visibility import deferred_mask
 from raincheck_core.ops import backend, native
 from raincheck_core.ops.attention import attention_layout, reference_attention, varlen_attention
 from raincheck_core.ops.gdn import causal_conv1d, l2norm, recurrent_gated_delta_rule, split_qkv
-from raincheck_core.ops.gdn_varlen import varlen_layout
+from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_varlen_torch import (
     causal_conv1d_varlen,
     chunk_gated_delta_rule_varlen,

@@ -1,0 +1,339 @@
+"""Where the rows of a step's packed GDN sequences go, built once per step and read by every GDN op
+(flash-linear-attention keeps its `cu_seqlens` helpers apart from its ops the same way, in `ops/utils`).
+
+This module sits below every GDN op and imports none of them: `PackedSequences` (`packed_sequences`, and
+both groups of a step as one call: `fused_sequences`) is what the native kernel (ops/gdn_kernel.py) reads;
+`VarlenLayout` (`varlen_layout`) holds it with what only the torch path (ops/gdn_varlen.py,
+ops/gdn_varlen_torch.py) and fla's (ops/fla_adapter.py) read, each laid out on first use: the short
+convolution's rows (`ConvLayout`), the chunked rule's blocks (`BlockLayout`) and the runs without splits
+(`SplitRuns`, with `cumulative`: fla's `cu_seqlens`).
+
+A sequence may carry a *split*: the state and conv history after its first `split` rows are returned
+too (the deferred-prefill join, docs/mechanism.md §5; see ops/gdn_varlen.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PackedSequences:
+    """The sequences of a packed GDN call as the kernel reads them, built once per step (int64,
+    contiguous), with the bounds the kernel's reads need, so that no layer reduces over them again."""
+
+    source: torch.Tensor        # [R] packed row r reads step row source[r], or appended row -1 - source[r]
+    seq_start: torch.Tensor     # [N] first packed row of each sequence
+    seq_len: torch.Tensor       # [N]
+    split_row: torch.Tensor     # [N] rows before the sequence's split, -1: none
+    split_index: torch.Tensor   # [N] its index among the splits, -1: none
+    slot: torch.Tensor          # [N] the state-pool slot each sequence starts from
+    join_seq: torch.Tensor      # [J] the sequence whose final state drives each join
+    join_live: torch.Tensor     # [J] the pool slot of the live state each join corrects
+    seed_hist_at: torch.Tensor | None    # [N] row of the seed histories a sequence starts from, -1: its slot's
+    seed_state_at: torch.Tensor | None   # [N] row of the seed states a sequence starts from, -1: its slot's
+    step_rows_needed: int       # 1 + the largest step row read
+    appended: int               # appended rows read
+    splits: int
+    longest: int                # rows of the longest sequence
+    slots_needed: int           # 1 + the largest pool slot read (sequences' and joins' live slots)
+    seed_hists_needed: int = 0  # 1 + the largest seed row read
+    seed_states_needed: int = 0
+    count: int = 0              # sequences
+    joins: int = 0
+    joins_after: int = 0        # the joins run once this many sequences are done (those after may seed from them)
+    in_order: bool = False      # packed row r is step row r, for every r
+
+
+def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
+                     slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
+                     seeds: tuple[list[int] | None, list[int] | None] | None = None,
+                     joins_after: int | None = None) -> PackedSequences:
+    """`source` None: packed row r is step row r. `slots`: the pool slot each sequence starts from (None:
+    slot s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live slot) of
+    each join. `seeds`: per sequence, the row of the seed histories and of the seed states it starts
+    from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many sequences
+    are done (default: all), and join only sequences before it. Built from Python lists (a step's few sequences): a
+    handful of small tensors, no reductions over them."""
+    total = sum(lengths)
+    if source is None:
+        rows = list(range(total))
+    else:
+        rows = source.tolist() if isinstance(source, torch.Tensor) else list(source)
+    if len(rows) != total:
+        raise ValueError(f"source has {len(rows)} rows for {total} packed rows")
+    slots = list(range(len(lengths))) if slots is None else list(slots)
+    joins = list(joins or [])
+    if len(slots) != len(lengths) or any(not 0 <= seq < len(lengths) for seq, _ in joins):
+        raise ValueError("one slot per sequence, and joins of sequences that are there")
+    if min(slots, default=0) < 0 or min((live for _, live in joins), default=0) < 0:
+        raise ValueError("pool slots are not negative")
+    joins_after = len(lengths) if joins_after is None else joins_after
+    if not 0 <= joins_after <= len(lengths) or any(seq >= joins_after for seq, _ in joins):
+        raise ValueError("the joins run after the sequences they join")
+    split_index, count = [], 0
+    for p in splits:
+        split_index.append(-1 if p is None else count)
+        count += p is not None
+    starts = [0] * len(lengths)
+    for i in range(1, len(lengths)):
+        starts[i] = starts[i - 1] + lengths[i - 1]
+
+    seed_hists, seed_states = seeds if seeds is not None else (None, None)
+    for at in (seed_hists, seed_states):
+        if at is not None and len(at) != len(lengths):
+            raise ValueError("one seed row (or -1) per sequence")
+    # every array in one tensor (one allocation and copy per step, not ten), handed out as views
+    parts = [rows, starts, lengths, [-1 if p is None else p for p in splits], split_index, slots,
+             [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or []]
+    flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+    (source_t, start_t, len_t, split_t, index_t, slot_t, join_t, live_t, hist_t,
+     state_t) = flat.split([len(part) for part in parts])
+    return PackedSequences(
+        source=source_t, seq_start=start_t, seq_len=len_t, split_row=split_t, split_index=index_t, slot=slot_t,
+        join_seq=join_t, join_live=live_t, seed_hist_at=None if seed_hists is None else hist_t,
+        seed_state_at=None if seed_states is None else state_t,
+        step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
+        longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
+        seed_hists_needed=max(seed_hists or [], default=-1) + 1,
+        seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
+        joins_after=joins_after, in_order=rows == list(range(total)))
+
+
+def fused_sequences(first: PackedSequences | None, then: PackedSequences | None) -> PackedSequences:
+    """The sequences of `first` (with its joins and appended rows), then those of `then`, as one call: the
+    joins run between them, and `then`'s seed rows index the call's own outputs (its histories, where
+    `first`'s sequences come first, and its corrected states, the joins' own)."""
+    if then is not None and (then.joins or then.appended):
+        raise ValueError("fused_sequences: the sequences after the joins have none of their own, nor appended rows")
+    lengths, splits, source, slots = [], [], [], []
+    for part in (first, then):
+        if part is not None:
+            lengths += part.seq_len.tolist()
+            splits += [None if r < 0 else r for r in part.split_row.tolist()]
+            source += part.source.tolist()
+            slots += part.slot.tolist()
+    joins = [] if first is None else list(zip(first.join_seq.tolist(), first.join_live.tolist(), strict=True))
+    before = 0 if first is None else first.count
+    seeds = (None, None)
+    if then is not None:
+        seeds = tuple(None if at is None else [-1] * before + at.tolist()
+                      for at in (then.seed_hist_at, then.seed_state_at))
+    return packed_sequences(lengths, splits, source, slots, joins, seeds, joins_after=before)
+
+@dataclass
+class BlockLayout:
+    """How the chunked rule cuts the sequences: each sequence (each part of a split sequence) into
+    blocks of `chunk` rows."""
+
+    chunk: int
+    num_blocks: int
+    row_slot: Tensor                # [R] flat position (block * chunk + offset) of each row
+    steps: list[tuple[slice, Tensor, bool]]    # per scan step: its blocks (a range), their sequences, all-in-order
+    captures: list[tuple[Tensor, Tensor]]      # per scan step: (positions in its blocks, split index)
+
+
+@dataclass
+class ConvLayout:
+    """The torch path's short convolution: each sequence's K-1 history rows laid out right before its rows
+    in an extended buffer."""
+
+    ext_rows: int
+    hist_at: Tensor                 # [N * (K-1)] extended-buffer rows of the incoming histories
+    row_at: Tensor                  # [R] extended-buffer row of each packed row
+    tail_at: Tensor                 # [N, K-1] rows of each sequence's history after all its rows
+    split_tail_at: Tensor | None    # [J, K-1] … after the first `split` rows of each split sequence
+
+
+@dataclass
+class SplitRuns:
+    """The sequences as runs for varlen kernels that know no splits (fla's): a first pass of each
+    sequence's rows up to its split (all of them where it has none), then a second pass of what split
+    sequences have after their split, from the states the first pass ends with."""
+
+    first_rows: Tensor              # [R1] packed rows of the first pass, sequence after sequence
+    first_cu: Tensor                # [N + 1] its cumulative lengths (fla's `cu_seqlens`)
+    split_seqs: Tensor | None       # [J] the sequences with a split, in split order (None: none)
+    rest_seqs: Tensor               # [M] those with rows after their split
+    rest_rows: Tensor               # [R2]
+    rest_cu: Tensor                 # [M + 1]
+
+
+@dataclass
+class VarlenLayout:
+    """Where the rows of N packed sequences go; built once per step, shared by every GDN layer. What
+    only the torch path reads (the conv layout, the chunked rule's blocks, the gathers) is laid out on
+    first use: the native kernel reads `seqs` alone."""
+
+    num_seqs: int
+    kernel: int
+    # sequences: where each packed row is read from (a step row, or an appended row: a deferred chunk's
+    # recorded conv lead), first rows, lengths, splits; what the native kernel reads
+    seqs: PackedSequences
+    chunk_size: int = 64
+    device: torch.device | str = "cpu"
+
+    @cached_property
+    def conv(self) -> ConvLayout:
+        lead, n = self.kernel - 1, self.num_seqs
+        lens, seq_start = self.seqs.seq_len, self.seqs.seq_start
+        ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
+        hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
+        row_seq = torch.repeat_interleave(torch.arange(n), lens)
+        row_at = torch.arange(int(lens.sum())) + (row_seq + 1) * lead
+        tail_at = (ext_start + lens)[:, None] + torch.arange(lead)[None, :]
+        split_tail_at = None
+        split_ids = (self.seqs.split_row >= 0).nonzero().flatten()
+        if len(split_ids):
+            ends = ext_start[split_ids] + self.seqs.split_row[split_ids]
+            split_tail_at = (ends[:, None] + torch.arange(lead)[None, :]).to(self.device)
+        return ConvLayout(int(lens.sum()) + n * lead, hist_at.to(self.device), row_at.to(self.device),
+                          tail_at.to(self.device), split_tail_at)
+
+    @cached_property
+    def blocks(self) -> BlockLayout:
+        splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
+        return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+
+    @cached_property
+    def runs(self) -> SplitRuns:
+        """The sequences as runs without splits, on the layout's device (built once per step)."""
+        lens, splits = self.seqs.seq_len, self.seqs.split_row
+        starts = self.seqs.seq_start
+        first = torch.where(splits >= 0, splits, lens)
+        split_seqs = (splits >= 0).nonzero().flatten()
+        rest = (lens - first)[split_seqs]
+        more = split_seqs[rest > 0]
+        rest, dev = rest[rest > 0], self.device
+        return SplitRuns(_run_rows(starts, first).to(dev), cumulative(first).to(dev),
+                         split_seqs.to(dev) if len(split_seqs) else None, more.to(dev),
+                         _run_rows(starts[more] + first[more], rest).to(dev), cumulative(rest).to(dev))
+
+    @cached_property
+    def slots(self) -> Tensor:
+        """`seqs.slot` on the layout's device: the pool slot each sequence starts from."""
+        return self.seqs.slot.to(self.device)
+
+    @cached_property
+    def join_seqs(self) -> Tensor:
+        """`seqs.join_seq` on the layout's device: the sequence whose final state drives each join."""
+        return self.seqs.join_seq.to(self.device)
+
+    @cached_property
+    def join_slots(self) -> Tensor:
+        """`seqs.join_live` on the layout's device: the pool slot of the live state each join corrects."""
+        return self.seqs.join_live.to(self.device)
+
+    @cached_property
+    def seed_rows(self) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
+        """For the torch path: (sequences, seed rows) of the sequences that start from a seed history /
+        seed state instead of their slot's, or None."""
+        def pairs(at: Tensor | None) -> tuple[Tensor, Tensor] | None:
+            if at is None or not bool((at >= 0).any()):
+                return None
+            seqs = (at >= 0).nonzero().flatten()
+            return seqs.to(self.device), at[seqs].to(self.device)
+        return pairs(self.seqs.seed_hist_at), pairs(self.seqs.seed_state_at)
+
+    @cached_property
+    def step_rows(self) -> Tensor | None:
+        """For one-row sequences: the step row of each, or None when they are exactly the step's rows in
+        order (a decode-only step: no gather, no scatter)."""
+        return None if self.seqs.in_order else self.seqs.source.to(self.device)
+
+    @cached_property
+    def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For the torch path, once per step: (packed rows read from the step, those step rows, packed
+        rows appended, their appended-row indices)."""
+        source = self.seqs.source.to(self.device)
+        at = (source >= 0).nonzero().flatten()
+        appended = (source < 0).nonzero().flatten()
+        return at, source[at], appended, -1 - source[appended]
+
+
+def _run_rows(starts: Tensor, lengths: Tensor) -> Tensor:
+    """The packed rows of runs starting at `starts` of `lengths` rows, run after run."""
+    return torch.repeat_interleave(starts - cumulative(lengths)[:-1], lengths) + torch.arange(int(lengths.sum()))
+
+
+def cumulative(lengths: Tensor) -> Tensor:
+    """`[0, l0, l0 + l1, ...]` (int64): sequence lengths as fla's `cu_seqlens`."""
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).long()
+
+
+def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
+                  chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None,
+                  slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
+                  seeds: tuple[list[int] | None, list[int] | None] | None = None) -> VarlenLayout:
+    """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
+    `source` says where each packed row is read from (see `PackedSequences.source`; default: step row r);
+    `slots` the state-pool slot each sequence starts from (default: slot s); `joins` (sequence, live
+    slot) of each join (see ops/gdn_varlen.py `gated_deltanet_varlen`); `seeds` the seed rows sequences
+    start from (see `gated_deltanet_rows` there)."""
+    splits = splits or [None] * len(lengths)
+    for s, split in enumerate(splits):
+        if split == 0:      # the state after zero rows would be the initial one
+            raise ValueError(f"split after 0 rows is not supported (sequence {s})")
+    return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
+                        seqs=packed_sequences(lengths, splits, source, slots, joins, seeds),
+                        chunk_size=chunk_size, device=device)
+
+
+def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int, device: torch.device | str
+                  ) -> BlockLayout:
+    """Every part of every sequence starts a block. Blocks are numbered step-major (every sequence's first
+    block, then every second block, ...), so that each scan step's blocks are one contiguous range, read
+    and written as views rather than gathered."""
+    n = len(lengths)
+    seq_start = [0, *itertools.accumulate(lengths)][:-1]
+    split_ids = [s for s in range(n) if splits[s] is not None]
+    parts: list[tuple[int, int, int, int | None]] = []              # (seq, first row, rows, split index)
+    for s, length in enumerate(lengths):
+        if splits[s] is None:
+            parts.append((s, 0, length, None))
+        else:
+            j = split_ids.index(s)
+            parts.append((s, 0, splits[s], j))
+            if length > splits[s]:
+                parts.append((s, splits[s], length - splits[s], None))
+    longest = max((p[2] for p in parts), default=1)
+    chunk = max(1, min(chunk_size, longest))
+    blocks: list[tuple[int, int]] = []                              # (scan step, sequence) of each block
+    part_blocks: list[tuple[int, int, list[int]]] = []              # (first packed row, rows, its blocks)
+    capture_at: list[tuple[int, int]] = []                          # (block, split index)
+    step_of_seq = [0] * n
+    for s, first, rows, split_index in parts:
+        ids = []
+        for _ in range(-(-rows // chunk)):
+            ids.append(len(blocks))
+            blocks.append((step_of_seq[s], s))
+            step_of_seq[s] += 1
+        part_blocks.append((seq_start[s] + first, rows, ids))
+        if split_index is not None:     # the state after this part: after its last block
+            capture_at.append((ids[-1], split_index))
+    order = sorted(range(len(blocks)), key=lambda i: blocks[i])
+    number = torch.empty(len(blocks), dtype=torch.long)
+    number[torch.tensor(order, dtype=torch.long)] = torch.arange(len(blocks))
+    row_slot = torch.empty(sum(lengths), dtype=torch.long)
+    for row, rows, ids in part_blocks:
+        offs = torch.arange(rows)
+        row_slot[row:row + rows] = number[torch.tensor(ids, dtype=torch.long)][offs // chunk] * chunk + offs % chunk
+    steps, captures = [], []
+    split_of = dict(capture_at)
+    at = 0
+    for _, group in itertools.groupby(order, key=lambda i: blocks[i][0]):    # one pass: `order` is by step
+        ids = list(group)
+        seqs = [blocks[i][1] for i in ids]
+        steps.append((slice(at, at + len(ids)), torch.tensor(seqs, dtype=torch.long, device=device),
+                      seqs == list(range(n))))
+        pos = [(k, split_of[i]) for k, i in enumerate(ids) if i in split_of]
+        captures.append((torch.tensor([p for p, _ in pos], dtype=torch.long, device=device),
+                         torch.tensor([j for _, j in pos], dtype=torch.long, device=device)))
+        at += len(ids)
+    return BlockLayout(chunk=chunk, num_blocks=len(blocks), row_slot=row_slot.to(device), steps=steps,
+                       captures=captures)
