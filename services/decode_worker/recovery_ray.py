@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from raincheck_core.deferral.handoff import Joined, ResidualPayload, ResidualResult
-from raincheck_core.engine.request import TurnRequest
+from raincheck_core.engine import TurnStream
 from raincheck_core.errors import RecoveryStateError
 
 from ..common.logs import bind
@@ -70,7 +70,7 @@ class Resident:
     digest: str
     context: torch.Tensor            # positions of the context rows its last recovery ran on
     adopt: dict | None               # {offset, positions, fingerprint}: the rows of its result that were joined
-    turn: TurnRequest                # undone (failed, or abandoned before its end was read) -> the copy is void
+    turn: TurnStream                 # undone (failed, or abandoned before its end was read) -> the copy is void
 
     def held(self) -> torch.Tensor:
         if self.adopt is None:
@@ -104,7 +104,7 @@ class _Job:
 
     ws: WorkerSession
     ticket: int
-    turn: TurnRequest
+    turn: TurnStream
     started: bool = False
     local: bool = False              # the engine finishes it (taken back, or done by the next turn's barrier)
     shipped: int = 0                 # bytes sent
@@ -113,7 +113,8 @@ class _Job:
     def current(self) -> bool:
         """Still this backend's to finish (a hint: the engine's verbs check it exactly)."""
         status = self.ws.session.status()
-        return not status.closed and status.recovery_ticket == self.ticket and self.turn.error is None
+        return (not status.closed and status.recovery_ticket == self.ticket
+                and self.ws.session.engine.turn_error(self.turn) is None)
 
     def finished(self) -> bool:
         """The engine has no recovery of this turn any more (joined, finished locally, undone, closed)."""
@@ -161,7 +162,7 @@ class DisaggregatedRecovery(RecoveryBackend):
         ticket = ws.session.engine.hold_residual(ws.session, fuse=self.fuse)
         if ticket is None:
             return
-        job = _Job(ws, ticket, ws.stream.request, started=self.in_flight)
+        job = _Job(ws, ticket, ws.stream, started=self.in_flight)
         with self._lock:
             self._jobs[ws.id] = job
         if self.in_flight:
@@ -248,15 +249,15 @@ class DisaggregatedRecovery(RecoveryBackend):
     def _ship(self, job: _Job) -> tuple[ResidualPayload, dict, dict, int] | None:
         """Export (once the turn's input is in), send, and get the reply; a resident-context miss sends the
         whole context again. None once the recovery is no longer this backend's."""
-        ws = job.ws
-        while not job.turn.decoding:                 # in flight: the input is still being prefilled
+        ws, engine = job.ws, job.ws.session.engine
+        while not engine.input_prefilled(job.turn):  # in flight: the input is still being prefilled
             if self._stopping.is_set() or not job.current():
                 return None
             time.sleep(RETRY_S)
         misses = 0
         with self._lock:
             resident = self._resident.get(ws.id) if self.resident_on else None
-        if resident is not None and resident.turn.error is not None:
+        if resident is not None and engine.turn_error(resident.turn) is not None:
             resident = None                          # its copy includes a turn that was undone
         while True:
             try:
@@ -361,7 +362,8 @@ class DisaggregatedRecovery(RecoveryBackend):
                                              job.turn)
 
     def _local_first(self, job: _Job) -> None:
-        if not (job.ws.session.closed or job.turn.error is not None or self._stopping.is_set()):
+        if not (job.ws.session.closed or job.ws.session.engine.turn_error(job.turn) is not None
+                or self._stopping.is_set()):
             bind(log, session_id=job.ws.id).info("the residual was recovered locally first (fused chunks, or the "
                                                  "next turn's barrier)")
 

@@ -219,7 +219,7 @@ class WorkerRuntime:
         PREFIX_PAGES.labels(self.worker_id).set(pool.cached_pages)
         self.steps += 1
         if self.steps % 32 == 1:    # it moves slowly, and reading the windows' medians is not free
-            STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.scheduler.cost.drift())
+            STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.step_costs.drift())
         encoder = self.engine.encoder_cache_stats()
         if encoder is not None:
             ENCODER_HITS.inc(encoder.hits - self.encoder_hits)

@@ -29,7 +29,7 @@ def complete(runtime: WorkerRuntime, request: chat_pb2.CompleteRequest) -> Itera
         raise InvalidInputError("Complete runs one answer per prompt: n must be 1 (send n > 1 through Chat)")
     answer = not (o.HasField("max_new_tokens") and o.max_new_tokens == 0)
     sampling = to_sampling(o, runtime.settings.max_new_tokens) if answer else None
-    limit = engine.core.max_model_len
+    limit = engine.max_model_len
     if limit is not None and len(ids) > limit:
         raise InvalidInputError(f"the prompt has {len(ids)} tokens; the context is {limit}")
     prompt = None
@@ -144,7 +144,7 @@ def tokenize(engine: Engine, request: chat_pb2.TokenizeRequest) -> chat_pb2.Toke
     tokenizer = _formatter(engine).tokenizer
     ids = list(tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens))
     return chat_pb2.TokenizeResponse(token_ids=ids, tokens=[_decode(engine, [t]) for t in ids],
-                                     max_model_len=engine.core.max_model_len or 0)
+                                     max_model_len=engine.max_model_len or 0)
 
 
 def detokenize(engine: Engine, request: chat_pb2.DetokenizeRequest) -> chat_pb2.DetokenizeResponse:
