@@ -24,9 +24,9 @@ from ..common.metrics import (
     STEP_COST_DRIFT,
 )
 from ..common.settings import WorkerSettings
-from . import stateless
-from .admission import admit
+from . import completions
 from .convert import MODES, from_deferral, to_deferral, to_mode
+from .eviction import admit
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession
 from .turns import run_turn, start_turn
@@ -178,9 +178,11 @@ class WorkerRuntime:
         return run_turn(ws, stream, request, backend, alive), rpc_ended
 
     def complete(self, request: chat_pb2.CompleteRequest) -> Iterator[chat_pb2.ChatEvent]:
-        """A stateless completion (stateless.py): checked and admitted now, run by the returned stream."""
+        """A completion outside sessions (completions.py): checked and admitted now, run by the returned
+        stream."""
         self._check_serving()
-        return stateless.complete(self, request)
+        return completions.complete(self.engine, request, self.settings.max_new_tokens,
+                                    lambda action: admit(self, action))
 
     def _check_serving(self) -> None:
         if self.draining:
