@@ -151,8 +151,8 @@ class Deployment:
     def __init__(self, model: str | None):
         import ray
 
-        from services.decode_worker.loading import model_name
-        from services.decode_worker.random_model import save_random_model
+        from services.common.model_loading import model_name
+        from services.common.random_model import save_random_model
         from services.deferred_worker.actor import registered
         from services.deferred_worker.keeper import Keeper
 

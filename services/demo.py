@@ -18,9 +18,9 @@ from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
 from raincheck_demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
 
+from .common.model_loading import default_model
 from .common.settings import FrontendSettings, WorkerSettings
 from .common.store import MemoryStore
-from .decode_worker.loading import default_model
 
 POLICIES = ("full", "hard", "raincheck", "post_answer")
 DEMO_SEED = 0

@@ -16,9 +16,9 @@ from .._gen import worker_pb2, worker_pb2_grpc
 from ..common import native_heap
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.metrics import RECOVERY_UP
+from ..common.model_loading import load_engine, model_name
 from ..common.settings import WorkerSettings
 from ..common.store import Store, WorkerInfo
-from .loading import load_engine, model_name
 from .recovery import RecoveryBackend
 from .runtime import WorkerRuntime
 from .servicer import DecodeWorkerServicer

@@ -26,7 +26,7 @@ class DeferredWorker:
     Keeps sessions' contexts between recoveries within `resident_bytes` (resident.py; 0: none)."""
 
     def __init__(self, spec: ModelSpec, resident_bytes: int = 0):
-        from ..decode_worker.loading import load_engine
+        from ..common.model_loading import load_engine
         from .resident import ResidentContexts
 
         self.engine = load_engine(spec)
