@@ -20,8 +20,7 @@ from pydantic.dataclasses import dataclass
 from .grpc_util import is_loopback
 
 MiB = 1024 * 1024
-RECOVERY_MODES = ("colocated", "disaggregated")
-RecoveryMode = Literal["colocated", "disaggregated"]
+RecoveryMode = Literal["colocated", "disaggregated"]      # recovery_modes.py maps them to the wire's enum
 # The engine's choices (raincheck_core.deferral.policy.POLICIES, raincheck_core.config.DTYPES, BACKENDS), spelled
 # out here because settings are read by processes that never import torch; tests/services/test_cli.py
 # checks that they agree.

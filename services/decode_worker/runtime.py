@@ -23,9 +23,10 @@ from ..common.metrics import (
     SESSIONS,
     STEP_COST_DRIFT,
 )
+from ..common.recovery_modes import MODES
 from ..common.settings import WorkerSettings
 from . import completions
-from .convert import MODES, from_deferral, to_deferral, to_mode
+from .convert import from_deferral, to_deferral, to_mode
 from .eviction import admit
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession

@@ -11,12 +11,13 @@ from raincheck_client._gen import chat_pb2, chat_pb2_grpc
 
 from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, rpc
+from ..common.recovery_modes import MODES
 from ..common.settings import FrontendSettings
 from ..common.store import SessionRecord, Store
 from . import relay, stateless
 from .auth import Auth
 from .router import Router
-from .sessions import MODES, Sessions
+from .sessions import Sessions
 from .validate import check_message
 
 

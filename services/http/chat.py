@@ -28,9 +28,9 @@ from raincheck_client._gen import chat_pb2
 
 from ..common.grpc_util import ServiceError
 from ..common.logs import bind
+from ..common.recovery_modes import MODES
 from ..common.store import QuotaError, SessionRecord, Store, TurnRecord
 from ..frontend.servicer import ChatServicer
-from ..frontend.sessions import MODES
 from .call import HttpCall
 from .conversation import Conversation, record_digest
 from .index import SessionIndex, Tip
