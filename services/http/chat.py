@@ -26,6 +26,7 @@ from google.protobuf import json_format
 
 from raincheck_client._gen import chat_pb2
 
+from ..common.events import read
 from ..common.grpc_util import ServiceError
 from ..common.logs import bind
 from ..common.recovery_modes import MODES
@@ -266,29 +267,25 @@ class Turn:
         n = self.spec.sampling.n if self.spec.sampling.HasField("n") else 1
         answers = [_Answer(StopMatcher(self.spec.stop, keep=self.spec.keep_stop)) for _ in range(max(n, 1))]
         metrics: dict[int, chat_pb2.TurnMetrics] = {}
-        for event in self._events:
-            kind = event.WhichOneof("event")
-            if kind == "token" and (a := answers[event.token.choice]).stops.matched is None:
-                if event.token.HasField("logprob"):
-                    a.scored.append(event.token)
-                text = a.stops.feed(event.token.text)
+        for part in read(self._events):
+            if isinstance(part, chat_pb2.TokenDelta) and (a := answers[part.choice]).stops.matched is None:
+                if part.HasField("logprob"):
+                    a.scored.append(part)
+                text = a.stops.feed(part.text)
                 # once every answer matched a stop string, the rest is not wanted: stop the turn now
                 if all(b.stops.matched is not None for b in answers):
                     self.backend.servicer.CancelTurn(chat_pb2.CancelTurnRequest(session_id=self.session_id),
                                                      self.call)
                 if text:
-                    yield a.delta(text, event.token.choice)
-            elif kind == "metrics":
-                metrics[event.metrics.choice] = event.metrics
-            elif kind == "error":
-                code = getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL)
-                raise ServiceError(code, event.error.message)
-            elif kind == "final":
-                choice = event.final.choice
+                    yield a.delta(text, part.choice)
+            elif isinstance(part, chat_pb2.TurnMetrics):
+                metrics[part.choice] = part
+            elif isinstance(part, chat_pb2.TurnFinal):
+                choice = part.choice
                 a = answers[choice]
                 if a.stops.matched is None and (tail := a.stops.flush()):
                     yield a.delta(tail, choice)
-                done = self._done(event.final, metrics.get(choice) or chat_pb2.TurnMetrics(), "".join(a.shown),
+                done = self._done(part, metrics.get(choice) or chat_pb2.TurnMetrics(), "".join(a.shown),
                                   a.stops.matched)
                 yield dataclasses.replace(done, logprobs=tuple(a.scored), unsent_logprobs=tuple(a.scored[a.sent:]),
                                           choice=choice)

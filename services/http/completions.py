@@ -16,6 +16,7 @@ from pydantic import Field
 
 from raincheck_client._gen import chat_pb2
 
+from ..common.events import read
 from ..common.grpc_util import ServiceError
 from . import openai_fields
 from .call import HttpCall
@@ -94,29 +95,24 @@ class Completion:
     def pieces(self) -> Iterator[tuple[str, dict | None]]:
         """Errors after the start raise ServiceError."""
         at = 0
-        for event in self.events:
-            kind = event.WhichOneof("event")
-            if kind == "prompt":
-                yield self._show(event.prompt.text, [(t if i else None, t.top_logprobs, t.token)
-                                                     for i, t in enumerate(event.prompt.tokens)], at)
+        for part in read(self.events):
+            if isinstance(part, chat_pb2.PromptTokens):
+                yield self._show(part.text, [(t if i else None, t.top_logprobs, t.token)
+                                             for i, t in enumerate(part.tokens)], at)
                 at = len(self.text)
-            elif kind == "token" and self.stops.matched is None:
-                t = event.token
+            elif isinstance(part, chat_pb2.TokenDelta) and self.stops.matched is None:
                 self.completion_tokens += 1
-                shown = self.stops.feed(t.text)
+                shown = self.stops.feed(part.text)
                 if self.stops.matched is not None:
                     self.call.end()       # the rest of the answer is not wanted
-                yield self._show(shown, [(t, t.top_logprobs, t.token)], at)
+                yield self._show(shown, [(part, part.top_logprobs, part.token)], at)
                 at = len(self.text)
-            elif kind == "metrics":
-                self.prompt_tokens = event.metrics.prompt_tokens
-            elif kind == "error":
-                raise ServiceError(getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL),
-                                   event.error.message)
-            elif kind == "final":
+            elif isinstance(part, chat_pb2.TurnMetrics):
+                self.prompt_tokens = part.prompt_tokens
+            elif isinstance(part, chat_pb2.TurnFinal):
                 if self.stops.matched is None:
                     yield self._show(self.stops.flush(), [], at)
-                self.finish_reason = "stop" if self.stops.matched is not None else event.final.finish_reason
+                self.finish_reason = "stop" if self.stops.matched is not None else part.finish_reason
                 return
         if self.stops.matched is None:
             raise ServiceError(grpc.StatusCode.INTERNAL, "the completion's stream ended without its final event")
