@@ -117,7 +117,7 @@ RaincheckExtras: type[BaseModel] = create_model(
 
 def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str, ...] = ()) -> None:
     """400 naming the first refused field (or extra in `refused_extras`) set to a value that asks for
-    something."""
+    something, or `stream_options` without `stream`."""
     for name, field in table.items():
         if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
             raise HttpError.invalid(f"{name} is not supported: {field.note}", param=name)
@@ -125,3 +125,5 @@ def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str
         if getattr(request, name) not in (None, False):
             raise HttpError.invalid(f"{name} is not supported here: a completion is text without a session",
                                     param=name)
+    if request.stream_options is not None and not request.stream:
+        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")

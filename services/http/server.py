@@ -20,8 +20,8 @@ from ..common.store import Store
 from ..frontend.router import Router
 from ..frontend.servicer import ChatServicer
 from .app import build_app
-from .chat import ChatBackend
 from .index import make_index
+from .session_matching import ChatBackend
 from .settings import HttpSettings
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict
 from raincheck_client._gen import chat_pb2
 from raincheck_core.grammar import json_schema_grammar
 
-from .chat import Done, TurnSpec
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
 from .openai_api import deferral_of
-from .sampling_fields import logit_bias
+from .sampling_fields import logit_bias, stop_strings
+from .session_matching import Done, TurnSpec
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -138,8 +138,7 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
         except (TypeError, json.JSONDecodeError) as e:
             raise HttpError.invalid(f"sampling_params.json_schema is a JSON schema as a string: {e}",
                                     param="sampling_params.json_schema") from None
-    stop = p.get("stop") or []
-    return options, [stop] if isinstance(stop, str) else list(stop), bool(p.get("no_stop_trim"))
+    return options, stop_strings(p.get("stop")), bool(p.get("no_stop_trim"))
 
 
 def generate_body(done: Done, rid: str | None, text: str | None = None) -> dict:
