@@ -21,7 +21,7 @@ from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
 from .logprobs import chat_logprobs
-from .openai_fields import RaincheckExtras
+from .openai_fields import RaincheckExtras, deferral_of
 from .response_format import grammar_of
 from .sampling_fields import sampling_options, stop_strings
 from .session_matching import Done, TurnSpec
@@ -111,14 +111,6 @@ def max_tokens(r: ChatCompletionRequest) -> int | None:
 def include_usage(r: BaseModel) -> bool:
     """A streamed answer ends with a usage chunk (stream_options.include_usage)."""
     return r.stream_options is not None and r.stream_options.include_usage
-
-
-def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
-    """The request's deferral knobs (None when it sets none: the session's settings apply)."""
-    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo",
-                                      "barrier_timeout_s", "deterministic")}
-    knobs = {k: v for k, v in knobs.items() if v is not None}
-    return chat_pb2.DeferralSettings(**knobs) if knobs else None
 
 
 async def _role_message(m: Message, i: int, images: ImageLoader) -> RoleMessage:

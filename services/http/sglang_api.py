@@ -27,7 +27,7 @@ from raincheck_core.grammar import json_schema_grammar
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
-from .openai_api import deferral_of
+from .openai_fields import SessionKnobs, deferral_of
 from .sampling_fields import logit_bias, stop_strings
 from .session_matching import Done, TurnSpec
 
@@ -47,8 +47,7 @@ _RULES = {"min_new_tokens": "min_tokens", "min_p": "min_p", "frequency_penalty":
 TOP_K_ALL = 1 << 30                       # SGLang's "no top-k"
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Generate(BaseModel):
     text: str | list[str] | None = None
     input_ids: Any = None
     image_data: str | list[str] | None = None
@@ -58,15 +57,13 @@ class GenerateRequest(BaseModel):
     return_logprob: bool | None = None
     # Raincheck's own
     model: str | None = None              # needed only where several models are served
-    policy: str | None = None
-    selector: str | None = None
-    retention: float | None = None
-    chunk_size: int | None = None
-    guard: int | None = None
-    tpot_slo: float | None = None
-    barrier_timeout_s: float | None = None
-    deterministic: bool | None = None
-    recovery_mode: str | None = None
+
+
+class GenerateRequest(SessionKnobs, _Generate):
+    """SGLang's fields, then Raincheck's: the model, and the session knobs (openai_fields.SESSION_KNOBS;
+    pydantic orders the fields of the last base first). Other fields are ignored, as SGLang does."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 def prefill_only(r: GenerateRequest) -> bool:
