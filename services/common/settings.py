@@ -92,6 +92,15 @@ RecoveryModes = Annotated[tuple[RecoveryMode, ...], Field(min_length=1),
                           AfterValidator(lambda modes: tuple(dict.fromkeys(modes)))]
 
 
+def no_auth_refusal(api_keys: tuple[str, ...], allow_no_auth: bool, host: str, service: str = "") -> str | None:
+    """Why serving on `host` is refused (`service`: what is served, named in the message), or None: without
+    API keys only a loopback address is served, unless --insecure-allow-no-auth says otherwise."""
+    if api_keys or allow_no_auth or is_loopback(host):
+        return None
+    return (f"refusing to serve{f' {service}' if service else ''} without API keys on {host}: set --api-keys "
+            "(or RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
+
+
 def setting(default: Any = None, env: str | None = None, help: str = "", *, flag: str | None = None,
             shown: str | None = None, factory: Any = None, **constraints: Any) -> Any:
     """A field that is also a flag read from `env` when not given. `shown`: how --help names the default
@@ -163,9 +172,8 @@ class FrontendSettings:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         # Checked here, so that a server refuses before it loads anything.
-        if not self.api_keys and not self.allow_no_auth and not is_loopback(self.host):
-            raise ValueError(f"refusing to serve without API keys on {self.host}: set --api-keys (or "
-                             "RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
+        if refusal := no_auth_refusal(self.api_keys, self.allow_no_auth, self.host):
+            raise ValueError(refusal)
         return self
 
 
