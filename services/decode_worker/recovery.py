@@ -1,8 +1,8 @@
 """How a session's deferred tokens get prefilled after its answer: one `RecoveryBackend` per recovery mode.
 
 `colocated` (here): the worker's own engine finishes them in idle gaps (its background stepping).
-`disaggregated` (recovery_ray.py): ships the residual to Ray deferred workers (docs/mechanism.md §8) and
-joins what comes back.
+`disaggregated` (disaggregated_recovery.py): ships the residual to Ray deferred workers (docs/mechanism.md
+§8) and joins what comes back.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def recovery_backends(settings: WorkerSettings, model: str, worker_id: str) -> l
     if "disaggregated" not in settings.recovery_modes:
         return []
     from ..deferred_worker.bridge import RayBridge
-    from .recovery_ray import DisaggregatedRecovery
+    from .disaggregated_recovery import DisaggregatedRecovery
 
     bridge = RayBridge(settings.deferred, settings.model_spec(), model)
     return [DisaggregatedRecovery(bridge, settings.deferred, worker_id)]
