@@ -10,21 +10,19 @@ typed messages from that. No module here imports torch: the driver reads none of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Base:
+class Base(NamedTuple):
     """The copy of the session's context a request relies on (resident.py): its lineage and digest."""
 
     epoch: str
     digest: str
 
 
-@dataclass(frozen=True)
-class Adopt:
+class Adopt(NamedTuple):
     """The rows of the copy's last result that the decode worker joined (from `offset` on), and their
     positions in the session's cache (the others were restored by fused chunks, and come again as context)."""
 

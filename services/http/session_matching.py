@@ -245,21 +245,22 @@ class _Answer:
         return out
 
 
+@dataclass(eq=False)
 class Turn:
     """A started turn: `run()` yields the answer's text deltas, then `Done` (blocking; call from a thread).
     `close()` ends the call, cancelling the worker's turn if it still runs; call it in every case."""
 
-    def __init__(self, backend: ChatBackend, call: HttpCall, owner: str, spec: TurnSpec, session_id: str,
-                 match: str, cached_tokens: int, events: Iterator[chat_pb2.ChatEvent]):
-        self.backend = backend
-        self.call = call
-        self.owner = owner
-        self.spec = spec
-        self.session_id = session_id
-        self.match = match
-        self.cached_tokens = cached_tokens
-        self._events = events
-        SESSION_MATCHES.labels(match).inc()
+    backend: ChatBackend
+    call: HttpCall
+    owner: str
+    spec: TurnSpec
+    session_id: str
+    match: str                             # continued | forked | new
+    cached_tokens: int
+    events: Iterator[chat_pb2.ChatEvent] = field(repr=False)   # the frontend's Chat stream
+
+    def __post_init__(self) -> None:
+        SESSION_MATCHES.labels(self.match).inc()
 
     def run(self) -> Iterator[Delta | Done]:
         """Each answer's deltas (n > 1: interleaved, by choice) and its Done; answer 0's Done comes last.
@@ -267,7 +268,7 @@ class Turn:
         n = self.spec.sampling.n if self.spec.sampling.HasField("n") else 1
         answers = [_Answer(StopMatcher(self.spec.stop, keep=self.spec.keep_stop)) for _ in range(max(n, 1))]
         metrics: dict[int, chat_pb2.TurnMetrics] = {}
-        for part in read(self._events):
+        for part in read(self.events):
             if isinstance(part, chat_pb2.TokenDelta) and (a := answers[part.choice]).stops.matched is None:
                 if part.HasField("logprob"):
                     a.scored.append(part)
@@ -318,4 +319,4 @@ class Turn:
         # the frontend's end-of-stream bookkeeping runs now, not when the stream is garbage-collected; if a
         # thread is inside the stream (ValueError), the call cancelled above ends it there
         with contextlib.suppress(ValueError):
-            self._events.close()
+            self.events.close()
