@@ -180,9 +180,6 @@ class DisaggregatedRecovery(RecoveryBackend):
         if start:
             self._executor.submit(self._run, job)
 
-    def pending(self, ws: WorkerSession) -> int:
-        return ws.session.pending_deferred
-
     def forget(self, ws: WorkerSession) -> None:
         with self._lock:
             self._jobs.pop(ws.id, None)

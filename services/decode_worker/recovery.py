@@ -62,8 +62,9 @@ class RecoveryBackend(ABC):
     @abstractmethod
     def answer_done(self, ws: WorkerSession) -> None: ...
 
-    @abstractmethod
-    def pending(self, ws: WorkerSession) -> int: ...
+    def pending(self, ws: WorkerSession) -> int:
+        """The session's deferred tokens not yet prefilled: the engine's count, wherever they are recovered."""
+        return ws.session.pending_deferred
 
     @abstractmethod
     def forget(self, ws: WorkerSession) -> None: ...
@@ -84,9 +85,6 @@ class ColocatedRecovery(RecoveryBackend):
         with self._lock:
             self._waiting[ws.session.id] = (ws, time.perf_counter())
         self.wake()
-
-    def pending(self, ws: WorkerSession) -> int:
-        return ws.session.pending_deferred
 
     def forget(self, ws: WorkerSession) -> None:
         with self._lock:
