@@ -102,7 +102,7 @@ def table7(engine: Engine, args: argparse.Namespace) -> dict:
                 lists = sum(s.read_slots.nbytes + s.write_slots.nbytes for s in plan.segments)
                 largest[0] = max(largest[0], rows * engine.model_config.hidden_size * 4 + rows * 3 * 8 + lists)
 
-            remove = engine.core.on_plan(step_bytes)
+            remove = engine.on_plan(step_bytes)
             session = engine.open_session(deferral=DeferralConfig(policy, selector="uniform", retention=0.3))
             try:
                 session.turn(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True)).result()

@@ -92,11 +92,11 @@ def cold_warm(engine: Engine, repeats: int, cold, warm) -> dict:
 
 
 def unaligned_cold(engine: Engine, repeats: int, cold) -> float | None:
-    """The cold TTFT with prefill steps cut anywhere (`Scheduler.align` off): what its aligned cuts cost."""
-    scheduler = engine.scheduler
-    if scheduler.align is None:
+    """The cold TTFT with prefill steps cut anywhere (`Engine.prefill_alignment` off): what its aligned cuts cost."""
+    align = engine.prefill_alignment
+    if align is None:
         return None
-    align, scheduler.align = scheduler.align, None
+    engine.prefill_alignment = None
     try:
         times = []
         for r in range(repeats):
@@ -104,7 +104,7 @@ def unaligned_cold(engine: Engine, repeats: int, cold) -> float | None:
             times.append(cold(r)[0])
         return 1e3 * min(times)
     finally:
-        scheduler.align = align
+        engine.prefill_alignment = align
 
 
 def regenerate(engine: Engine, turns: int = 6) -> dict:

@@ -52,7 +52,7 @@ from raincheck_client import Client, Metrics
 from raincheck_demo.world import make_dialogue
 from services.common.settings import DeferredSettings, FrontendSettings, ModelSpec, WorkerSettings
 from services.common.store import MemoryStore
-from services.decode_worker.recovery_ray import RecoveryReport
+from services.decode_worker.disaggregated_recovery import RecoveryReport
 from services.decode_worker.server import DecodeWorkerServer
 from services.frontend.server import FrontendServer
 
@@ -151,8 +151,8 @@ class Deployment:
     def __init__(self, model: str | None):
         import ray
 
-        from services.decode_worker.loading import model_name
-        from services.decode_worker.random_model import save_random_model
+        from services.common.model_loading import model_name
+        from services.common.random_model import save_random_model
         from services.deferred_worker.actor import registered
         from services.deferred_worker.keeper import Keeper
 
@@ -384,9 +384,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.img_dir is None and not args.quick:
         args.img_dir = ROOT / "docs" / "img"
     counter = _Counter()
-    logging.getLogger("services.decode_worker.recovery_ray").addHandler(counter)
+    logging.getLogger("services.decode_worker.disaggregated_recovery").addHandler(counter)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("services.decode_worker.recovery_ray").setLevel(logging.INFO)
+    logging.getLogger("services.decode_worker.disaggregated_recovery").setLevel(logging.INFO)
     t0 = time.perf_counter()
     deployment = Deployment(args.model)
     runs = []

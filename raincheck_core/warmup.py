@@ -84,7 +84,7 @@ def warm_up(engine: Engine, calibrate: bool = True) -> WarmupReport:
             _calibrate(engine)
     finally:
         remove()
-    cost = engine.scheduler.cost
+    cost = engine.step_costs
     return WarmupReport(engine.clock() - t0, len(steps), cost.buckets_measured())
 
 
@@ -101,7 +101,7 @@ def _calibrate(engine: Engine) -> None:
         held = DeferralConfig("raincheck", selector="uniform", retention=RETENTION, guard=steps + 1,
                               tpot_slo=None)      # objective's reference while a turn has rows pending
         _run(engine, [_image_prompt(engine)] * batch, SamplingParams(max_new_tokens=steps, ignore_eos=True), held)
-    cost = engine.scheduler.cost
+    cost = engine.step_costs
     for _ in range(CHUNK_ROUNDS):     # a turn fuses a bucket's chunks a few times only: rounds until full
         if cost.buckets_full() == len(CHUNK_SIZES):
             return

@@ -18,9 +18,9 @@ from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
 from raincheck_demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
 
+from .common.model_loading import default_model
 from .common.settings import FrontendSettings, WorkerSettings
-from .common.store import make_store
-from .decode_worker.loading import default_model
+from .common.store import MemoryStore
 
 POLICIES = ("full", "hard", "raincheck", "post_answer")
 DEMO_SEED = 0
@@ -49,7 +49,7 @@ def run_demo(model: str | None, max_new_tokens: int, seed: int = DEMO_SEED) -> N
     model = demo_model(model)
     if model is None:
         print("The demo model is not in this checkout: serving a RANDOM model (answers are noise).")
-    store = make_store(None, "raincheck-demo:", 3600)
+    store = MemoryStore(3600)
     worker = DecodeWorkerServer(WorkerSettings(model=model, port=0, metrics_port=None), store).start()
     front = FrontendServer(FrontendSettings(port=0, metrics_port=None), store).start()
     dialogue = demo_dialogue(seed)

@@ -10,16 +10,20 @@ from collections.abc import Callable
 from .common import native_heap
 from .common.metrics import serve_metrics
 from .common.settings import DeferredSettings, FrontendSettings, ModelSpec, StoreSettings, WorkerSettings
-from .common.store import Store, make_store
+from .common.store import MemoryStore, Store
 from .http.settings import HttpSettings
 
 log = logging.getLogger(__name__)
 
 
 def _store(settings: StoreSettings) -> Store:
+    """A RedisStore at REDIS_URL, or the in-process MemoryStore without one."""
     if not settings.redis_url:
         log.info("no REDIS_URL: using the in-process store (this process only)")
-    return make_store(settings.redis_url, settings.prefix, settings.session_ttl_s)
+        return MemoryStore(settings.session_ttl_s)
+    from .common.redis_store import RedisStore
+
+    return RedisStore(settings.redis_url, settings.prefix, settings.session_ttl_s)
 
 
 def _metrics(port: int | None, host: str) -> None:

@@ -165,6 +165,44 @@ def test_the_check_catches_a_private_crossing(tmp_path, monkeypatch):
     assert any("_helper" in f for f in found) and any("._fail" in f for f in found)
 
 
+ENGINE_INTERNALS = ("core", "scheduler", "stepper")
+# every package but the tests: they may read an engine's internals, nothing else may
+OUTSIDE_THE_ENGINE = ("services", "bench", "raincheck_demo", "raincheck_client", "raincheck_core")
+
+
+def _engine_internals(packages: tuple[str, ...] = OUTSIDE_THE_ENGINE) -> list[str]:
+    """Reads of `.core`, `.scheduler` or `.stepper` (an engine's internals: `Engine` offers getters for what
+    they are read for) anywhere in `packages` but raincheck_core/engine/ itself."""
+    found = []
+    for package in packages:
+        for path in _sources(package):
+            where = path.relative_to(ROOT)
+            if where.parts[:2] == ("raincheck_core", "engine"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in ENGINE_INTERNALS:
+                    found.append(f"{where}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_engine_reads_its_core_scheduler_or_stepper():
+    assert _engine_internals() == []
+
+
+def test_the_internals_check_catches_a_read(tmp_path, monkeypatch):
+    (tmp_path / "raincheck_core" / "engine").mkdir(parents=True)
+    (tmp_path / "raincheck_core" / "engine" / "engine.py").write_text(
+        "class Engine:\n    def step(self):\n        return self.stepper.step()\n")
+    (tmp_path / "raincheck_core" / "warmup.py").write_text("def f(engine):\n    return engine.scheduler.cost\n")
+    (tmp_path / "services").mkdir()
+    (tmp_path / "services" / "worker.py").write_text("def f(engine):\n    return engine.core.max_model_len\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "timing.py").write_text("def f(e):\n    e.stepper.wake()\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert sorted(_engine_internals(("services", "bench", "raincheck_core"))) == [
+        "bench/timing.py:2: .stepper", "raincheck_core/warmup.py:2: .scheduler", "services/worker.py:2: .core"]
+
+
 def _module_of(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

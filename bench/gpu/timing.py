@@ -60,9 +60,9 @@ def policies(shape: Shape, device: str, dtype: str, visual: int, text: int, answ
     the same turn were 38 and 64 ms in two runs)."""
     engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=graphs)
     if graphs and torch.device(device).type == "cpu":
-        engine.core.runner.use_graphs(capture=False)     # the same padded path, run eagerly
+        engine.use_step_graphs(capture=False)     # the same padded path, run eagerly
     prompt = image_prompt(engine, visual, text)
-    step_graphs = engine.core.runner.graphs
+    step_graphs = engine.step_graphs
     out = {}
     for name, cfg in POLICIES.items():
         cfg = dataclasses.replace(cfg, guard=min(cfg.guard, guard))

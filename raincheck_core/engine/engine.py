@@ -34,11 +34,13 @@ from ..multimodal.turn_input import TurnInput, build_turn_input
 from ..pruning.settings import load_selector_options
 from . import residual
 from .core import EngineCore
+from .cost_model import StepCostModel
 from .engine_lock import EngineLock
+from .graphs import StepGraphs
 from .hooks import StepStats
 from .plan import Segment, StepPlan
 from .scheduler import Scheduler
-from .session import Session
+from .session import Session, TurnStream
 from .session_cache import SessionCache
 from .stepper import Stepper
 
@@ -99,6 +101,48 @@ class Engine:
     @audit_gdn_join.setter
     def audit_gdn_join(self, value: bool) -> None:
         self.core.audit_gdn_join = value
+
+    # what the services, benchmarks and the warm-up read: nothing outside the engine package reads `core`,
+    # `scheduler` or `stepper` (tests/test_boundaries.py)
+    @property
+    def max_model_len(self) -> int | None:
+        """Tokens a session may hold (prompt and answers): `EngineConfig.max_model_len`, else the
+        checkpoint's context length (None: no limit known)."""
+        return self.core.max_model_len
+
+    @property
+    def step_costs(self) -> StepCostModel:
+        """The scheduler's step-cost model (engine/cost_model.py): the calibration the TPOT objective
+        decides from, filled by the warm-up, and how far live steps `drift()` from it."""
+        return self.core.scheduler.cost
+
+    @property
+    def prefill_alignment(self) -> tuple[int, int | None] | None:
+        """(page, every): where the scheduler ends prefill steps, so that whole pages reach the prefix cache;
+        None: anywhere. Settable (a benchmark measures what the alignment costs)."""
+        return self.core.scheduler.align
+
+    @prefill_alignment.setter
+    def prefill_alignment(self, value: tuple[int, int | None] | None) -> None:
+        self.core.scheduler.align = value
+
+    def use_step_graphs(self, capture: bool) -> None:
+        """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
+        them eagerly over the same static buffers (`capture` False: the padded path timed on a CPU)."""
+        self.core.runner.use_graphs(capture)
+
+    @property
+    def step_graphs(self) -> StepGraphs | None:
+        """The bucketed decode-step skeletons met so far and their replays; None while steps run unpadded."""
+        return self.core.runner.graphs
+
+    def input_prefilled(self, stream: TurnStream) -> bool:
+        """The turn's input is prefilled (its answer is decoding): from then on its residual can be exported."""
+        return stream.request.decoding
+
+    def turn_error(self, stream: TurnStream) -> BaseException | None:
+        """Why the turn failed or was undone (None while it runs or once it ended well)."""
+        return stream.request.error
 
     # ---------------------------------------------------------------- construction
     @classmethod

@@ -20,8 +20,7 @@ from pydantic.dataclasses import dataclass
 from .grpc_util import is_loopback
 
 MiB = 1024 * 1024
-RECOVERY_MODES = ("colocated", "disaggregated")
-RecoveryMode = Literal["colocated", "disaggregated"]
+RecoveryMode = Literal["colocated", "disaggregated"]      # recovery_modes.py maps them to the wire's enum
 # The engine's choices (raincheck_core.deferral.policy.POLICIES, raincheck_core.config.DTYPES, BACKENDS), spelled
 # out here because settings are read by processes that never import torch; tests/services/test_cli.py
 # checks that they agree.
@@ -91,6 +90,15 @@ TpotSlo = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_tpo
 BarrierTimeout = Annotated[Annotated[float, Field(ge=0, allow_inf_nan=False)] | None, BeforeValidator(_off)]
 RecoveryModes = Annotated[tuple[RecoveryMode, ...], Field(min_length=1),
                           AfterValidator(lambda modes: tuple(dict.fromkeys(modes)))]
+
+
+def no_auth_refusal(api_keys: tuple[str, ...], allow_no_auth: bool, host: str, service: str = "") -> str | None:
+    """Why serving on `host` is refused (`service`: what is served, named in the message), or None: without
+    API keys only a loopback address is served, unless --insecure-allow-no-auth says otherwise."""
+    if api_keys or allow_no_auth or is_loopback(host):
+        return None
+    return (f"refusing to serve{f' {service}' if service else ''} without API keys on {host}: set --api-keys "
+            "(or RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
 
 
 def setting(default: Any = None, env: str | None = None, help: str = "", *, flag: str | None = None,
@@ -164,9 +172,8 @@ class FrontendSettings:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         # Checked here, so that a server refuses before it loads anything.
-        if not self.api_keys and not self.allow_no_auth and not is_loopback(self.host):
-            raise ValueError(f"refusing to serve without API keys on {self.host}: set --api-keys (or "
-                             "RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
+        if refusal := no_auth_refusal(self.api_keys, self.allow_no_auth, self.host):
+            raise ValueError(refusal)
         return self
 
 

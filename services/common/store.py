@@ -1,7 +1,9 @@
 """What must outlive one process: worker registrations, session records, turn logs, image blobs.
 
 `Store` is the interface; `MemoryStore` (here) serves the embedded default, in one process, and
-`RedisStore` (redis_store.py) is shared by several frontends and workers. Key schema: docs/services.md.
+`RedisStore` (redis_store.py, which builds on this module and is never imported by it) is shared by
+several frontends and workers; services/launch.py picks one from the settings. Key schema:
+docs/services.md.
 
 Closing is final: once a session is closed (or has expired), nothing written for it afterwards (a turn
 logged by a relay that raced the close, a new worker) brings its keys back. Image blobs belong to the
@@ -302,11 +304,3 @@ class MemoryStore:
 def _turn_blobs(turn: TurnRecord) -> list[str]:
     return [*turn.images, *(frame for video in turn.videos for frame in video)]
 
-
-def make_store(redis_url: str | None, prefix: str = "raincheck:", session_ttl_s: float = 86400.0) -> Store:
-    """A RedisStore at `redis_url`, or the in-process MemoryStore without one."""
-    if redis_url:
-        from .redis_store import RedisStore
-
-        return RedisStore(redis_url, prefix, session_ttl_s)
-    return MemoryStore(session_ttl_s)

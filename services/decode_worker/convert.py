@@ -23,6 +23,7 @@ from raincheck_core import (
 from raincheck_core.deferral.policy import DeferralConfig
 
 from ..common.grpc_util import MESSAGE_CHARS, shown
+from ..common.recovery_modes import MODE_NAMES
 
 _STATUS: list[tuple[type[RaincheckError], grpc.StatusCode]] = [
     (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -30,8 +31,6 @@ _STATUS: list[tuple[type[RaincheckError], grpc.StatusCode]] = [
     (SessionBusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionClosedError, grpc.StatusCode.NOT_FOUND),
 ]
-MODES = {"colocated": chat_pb2.RECOVERY_MODE_COLOCATED, "disaggregated": chat_pb2.RECOVERY_MODE_DISAGGREGATED}
-MODE_NAMES = {v: k for k, v in MODES.items()}
 
 
 def status_for(error: BaseException) -> grpc.StatusCode:

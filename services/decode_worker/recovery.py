@@ -1,8 +1,8 @@
 """How a session's deferred tokens get prefilled after its answer: one `RecoveryBackend` per recovery mode.
 
 `colocated` (here): the worker's own engine finishes them in idle gaps (its background stepping).
-`disaggregated` (recovery_ray.py): ships the residual to Ray deferred workers (docs/mechanism.md §8) and
-joins what comes back.
+`disaggregated` (disaggregated_recovery.py): ships the residual to Ray deferred workers (docs/mechanism.md
+§8) and joins what comes back.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ class RecoveryBackend(ABC):
     @abstractmethod
     def answer_done(self, ws: WorkerSession) -> None: ...
 
-    @abstractmethod
-    def pending(self, ws: WorkerSession) -> int: ...
+    def pending(self, ws: WorkerSession) -> int:
+        """The session's deferred tokens not yet prefilled: the engine's count, wherever they are recovered."""
+        return ws.session.pending_deferred
 
     @abstractmethod
     def forget(self, ws: WorkerSession) -> None: ...
@@ -84,9 +85,6 @@ class ColocatedRecovery(RecoveryBackend):
         with self._lock:
             self._waiting[ws.session.id] = (ws, time.perf_counter())
         self.wake()
-
-    def pending(self, ws: WorkerSession) -> int:
-        return ws.session.pending_deferred
 
     def forget(self, ws: WorkerSession) -> None:
         with self._lock:

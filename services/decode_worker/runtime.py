@@ -23,10 +23,11 @@ from ..common.metrics import (
     SESSIONS,
     STEP_COST_DRIFT,
 )
+from ..common.recovery_modes import MODES
 from ..common.settings import WorkerSettings
-from . import stateless
-from .admission import admit
-from .convert import MODES, from_deferral, to_deferral, to_mode
+from . import completions
+from .convert import from_deferral, to_deferral, to_mode
+from .eviction import admit
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession
 from .turns import run_turn, start_turn
@@ -178,9 +179,11 @@ class WorkerRuntime:
         return run_turn(ws, stream, request, backend, alive), rpc_ended
 
     def complete(self, request: chat_pb2.CompleteRequest) -> Iterator[chat_pb2.ChatEvent]:
-        """A stateless completion (stateless.py): checked and admitted now, run by the returned stream."""
+        """A completion outside sessions (completions.py): checked and admitted now, run by the returned
+        stream."""
         self._check_serving()
-        return stateless.complete(self, request)
+        return completions.complete(self.engine, request, self.settings.max_new_tokens,
+                                    lambda action: admit(self, action))
 
     def _check_serving(self) -> None:
         if self.draining:
@@ -219,7 +222,7 @@ class WorkerRuntime:
         PREFIX_PAGES.labels(self.worker_id).set(pool.cached_pages)
         self.steps += 1
         if self.steps % 32 == 1:    # it moves slowly, and reading the windows' medians is not free
-            STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.scheduler.cost.drift())
+            STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.step_costs.drift())
         encoder = self.engine.encoder_cache_stats()
         if encoder is not None:
             ENCODER_HITS.inc(encoder.hits - self.encoder_hits)

@@ -16,9 +16,9 @@ from .._gen import worker_pb2, worker_pb2_grpc
 from ..common import native_heap
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.metrics import RECOVERY_UP
+from ..common.model_loading import load_engine, model_name
 from ..common.settings import WorkerSettings
 from ..common.store import Store, WorkerInfo
-from .loading import load_engine, model_name
 from .recovery import RecoveryBackend
 from .runtime import WorkerRuntime
 from .servicer import DecodeWorkerServicer
@@ -33,7 +33,7 @@ def recovery_backends(settings: WorkerSettings, model: str, worker_id: str) -> l
     if "disaggregated" not in settings.recovery_modes:
         return []
     from ..deferred_worker.bridge import RayBridge
-    from .recovery_ray import DisaggregatedRecovery
+    from .disaggregated_recovery import DisaggregatedRecovery
 
     bridge = RayBridge(settings.deferred, settings.model_spec(), model)
     return [DisaggregatedRecovery(bridge, settings.deferred, worker_id)]

@@ -9,7 +9,7 @@ from raincheck_core import RaincheckError
 
 from .._gen import worker_pb2, worker_pb2_grpc
 from ..common.grpc_util import ServiceError, rpc
-from . import stateless
+from . import completions
 from .convert import status_for
 from .runtime import DrainingError, ModeUnavailableError, SessionExistsError, WorkerRuntime
 
@@ -67,8 +67,8 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     @worker_rpc
     def Tokenize(self, request, context):
-        return stateless.tokenize(self.runtime.engine, request)
+        return completions.tokenize(self.runtime.engine, request)
 
     @worker_rpc
     def Detokenize(self, request, context):
-        return stateless.detokenize(self.runtime.engine, request)
+        return completions.detokenize(self.runtime.engine, request)

@@ -26,7 +26,7 @@ class DeferredWorker:
     Keeps sessions' contexts between recoveries within `resident_bytes` (resident.py; 0: none)."""
 
     def __init__(self, spec: ModelSpec, resident_bytes: int = 0):
-        from ..decode_worker.loading import load_engine
+        from ..common.model_loading import load_engine
         from .resident import ResidentContexts
 
         self.engine = load_engine(spec)
@@ -38,31 +38,32 @@ class DeferredWorker:
         """Answers once the checkpoint has loaded: the actor's process id."""
         return os.getpid()
 
-    def prefill(self, request: dict) -> dict:
-        """Prefill the packed `ResidualPayload` `request["payload"]` of session `request["session"]` on the
-        context it ships and, when it names one (`base`), on the copy of the session's context this actor
-        keeps. Returns the packed `ResidualResult`, the compute time and the digest of the copy now kept
-        (`kept`: whether it is; `request["keep"]` False keeps none); or `{"miss": reason}` when the named
+    def prefill(self, wire: dict) -> dict:
+        """A PrefillRequest, as plain data (messages.py): prefill its payload on the context it ships and,
+        when it names one (`base`), on the copy of the session's context this actor keeps. Returns the
+        PrefillReply as plain data: the packed ResidualResult, the compute time and the digest of the copy
+        now kept (`kept`: whether it is; a request without `keep` keeps none), or the miss when the named
         copy is not here."""
         from raincheck_core.deferral.handoff import ResidualPayload
 
+        from .messages import PrefillReply, PrefillRequest
         from .resident import Entry, Miss
         from .wire import pack, unpack
 
         t0 = time.perf_counter()
-        session = request["session"]
-        payload = unpack(ResidualPayload, request["payload"], self.engine.device)
+        request = PrefillRequest.from_wire(wire)
+        payload = unpack(ResidualPayload, request.payload, self.engine.device)
         try:
-            full, digest = self.resident.context(session, request, payload)
+            full, digest = self.resident.context(request, payload)
         except Miss as e:
-            self.resident.forget(session)
+            self.resident.forget(request.session)
             self.misses += 1
-            return {"miss": e.reason}
+            return PrefillReply(miss=e.reason).to_wire()
         result = pack(self.engine.prefill_residual(full))
-        kept = request.get("keep", True) and self.resident.budget > 0 and self.resident.keep(
-            session, Entry(request["epoch"], digest, full.context_index, full.context_k, full.context_v, result))
+        kept = request.keep and self.resident.budget > 0 and self.resident.keep(
+            request.session, Entry(request.epoch, digest, full.context_index, full.context_k, full.context_v, result))
         self.calls += 1
-        return {"result": result, "compute_s": time.perf_counter() - t0, "digest": digest, "kept": kept}
+        return PrefillReply(result, time.perf_counter() - t0, digest, kept).to_wire()
 
     def forget(self, session_id: str) -> None:
         """The session closed: drop its context."""

@@ -25,10 +25,12 @@ from concurrent.futures import Future
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from ..common.logs import JsonFormatter
 from ..common.settings import DeferredSettings, ModelSpec
 from .channel import Channel
+from .messages import PrefillReply, PrefillRequest
 
 log = logging.getLogger(__name__)
 RETRY_MIN_S = 1.0
@@ -57,7 +59,7 @@ class _Driver:
                                         pass_fds=(theirs.fileno(),), env=env)
         theirs.close()
         self.channel = Channel(Connection(ours.detach()))
-        self.pending: dict[int, Future] = {}
+        self.pending: dict[int, tuple[Future, Callable[[dict], Any]]] = {}   # id -> (its future, reply -> result)
         self.lock = threading.Lock()
         self.ready = threading.Event()
         self.gone = threading.Event()
@@ -71,11 +73,11 @@ class _Driver:
         """Attached, or gone before it could."""
         return self.ready.is_set() or self.gone.is_set()
 
-    def request(self, message: dict, future: Future) -> None:
+    def request(self, message: dict, future: Future, parse: Callable[[dict], Any]) -> None:
         with self.lock:
             if self.gone.is_set():
                 raise DeferredWorkerError("ray_lost", "the Ray driver has gone")
-            self.pending[message["id"]] = future
+            self.pending[message["id"]] = (future, parse)
         try:
             self.channel.send(message)
         except OSError as e:
@@ -96,11 +98,11 @@ class _Driver:
                     on_queue(message["depth"])
                 else:
                     with self.lock:
-                        future = self.pending.pop(message["id"], None)
+                        future, parse = self.pending.pop(message["id"], (None, None))
                     if future is None or future.done():
                         continue
                     if message.get("ok", True):
-                        future.set_result(message)
+                        future.set_result(parse(message))
                     else:
                         future.set_exception(DeferredWorkerError(message["reason"], message["message"]))
         except (EOFError, OSError):
@@ -113,7 +115,7 @@ class _Driver:
         with self.lock:
             self.gone.set()
             pending, self.pending = self.pending, {}
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(DeferredWorkerError("ray_lost", "the Ray driver has gone"))
 
@@ -166,10 +168,11 @@ class RayBridge:
         self._stopping.set()
         self._thread.join(timeout=STOP_WAIT_S + 10)
 
-    def prefill(self, session_id: str, actor: str | None, request: dict) -> Future:
-        """Run `request` (what the actor's `prefill` takes) on `actor` (None: any). The future's result is the
-        reply (`result`, `compute_s`, `actor`, `wait_s`, ...); it fails with DeferredWorkerError."""
-        return self._request({"op": "prefill", "session": session_id, "actor": actor, "request": request})
+    def prefill(self, session_id: str, actor: str | None, request: PrefillRequest) -> Future:
+        """Run `request` on `actor` (None: any). The future's result is the PrefillReply; it fails with
+        DeferredWorkerError."""
+        return self._request({"op": "prefill", "session": session_id, "actor": actor, "request": request.to_wire()},
+                             PrefillReply.from_wire)
 
     def cancel(self, future: Future) -> None:
         """Drop interest in a request (the driver drops it unless it has started)."""
@@ -177,7 +180,7 @@ class RayBridge:
         if driver is None:
             return
         with driver.lock:
-            ids = [i for i, f in driver.pending.items() if f is future]
+            ids = [i for i, (f, _) in driver.pending.items() if f is future]
             for i in ids:
                 del driver.pending[i]
         for i in ids:
@@ -191,14 +194,14 @@ class RayBridge:
         """The driver's view: `actors` (key, own, busy, pid, calls, ...), `queued`, `registered`."""
         return self._request({"op": "stats"}).result(timeout=timeout_s)
 
-    def _request(self, message: dict) -> Future:
+    def _request(self, message: dict, parse: Callable[[dict], Any] = lambda reply: reply) -> Future:
         future: Future = Future()
         driver = self._driver
         message["id"] = next(self._ids)
         try:
             if driver is None:
                 raise DeferredWorkerError("ray_lost", "not attached to Ray")
-            driver.request(message, future)
+            driver.request(message, future, parse)
         except DeferredWorkerError as e:
             future.set_exception(e)
         return future

@@ -8,8 +8,8 @@ import threading
 
 import ray
 
+from ..common.model_loading import model_name
 from ..common.settings import DeferredSettings, ModelSpec
-from ..decode_worker.loading import model_name
 from .actor import actor_prefix, connect, start_actor
 
 log = logging.getLogger(__name__)

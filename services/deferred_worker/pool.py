@@ -42,7 +42,7 @@ class Job:
     id: int
     session: str
     actor: str | None                 # the actor holding the session's resident context, if the payload relies on it
-    request: dict                     # what the actor's `prefill` takes
+    request: dict                     # a PrefillRequest as plain data (messages.py), for the actor
     received: float = field(default_factory=time.monotonic)
 
 

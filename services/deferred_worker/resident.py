@@ -29,6 +29,7 @@ import torch
 
 from raincheck_core.deferral.handoff import ResidualPayload
 
+from .messages import PrefillRequest
 from .wire import unpack_tensor
 
 
@@ -85,25 +86,25 @@ class ResidentContexts:
     def nbytes(self) -> int:
         return sum(e.nbytes() for e in self.entries.values())
 
-    def context(self, session: str, request: dict, payload: ResidualPayload) -> tuple[ResidualPayload, str]:
-        """The payload with its whole context, and the digest of the copy it makes. Miss when the request
-        relies on a copy that is not here."""
-        shipped = shipped_fingerprint(request["payload"])
-        base = request.get("base")
+    def context(self, request: PrefillRequest, payload: ResidualPayload) -> tuple[ResidualPayload, str]:
+        """The payload (`request`'s, unpacked) with its whole context, and the digest of the copy it makes.
+        Miss when the request relies on a copy that is not here."""
+        shipped = shipped_fingerprint(request.payload)
+        base = request.base
         if base is None:
-            return payload, chain("", request["ticket"], "", shipped)
-        entry = self.entries.get(session)
+            return payload, chain("", request.ticket, "", shipped)
+        entry = self.entries.get(request.session)
         if entry is None:
             raise Miss("none")
-        if (entry.epoch, entry.digest) != (base["epoch"], base["digest"]):
+        if (entry.epoch, entry.digest) != (base.epoch, base.digest):
             raise Miss("stale")
         parts = [(entry.index, entry.k, entry.v)]
         adopted = ""
-        adopt = request.get("adopt")
+        adopt = request.adopt
         if adopt is not None:
             if entry.result is None:
                 raise Miss("stale")
-            offset, positions = adopt["offset"], adopt["positions"]
+            offset, positions = adopt.offset, adopt.positions
             adopted = adopted_fingerprint(entry.result, offset, positions)
             k, v = (unpack_tensor(entry.result[name], entry.k.device)[:, offset:] for name in ("k", "v"))
             parts.append((torch.from_numpy(np.array(positions)), k, v))
@@ -114,7 +115,7 @@ class ResidentContexts:
         order = index.argsort()
         full = replace(payload, context_index=index[order], context_k=torch.cat([p[1] for p in parts], 1)[:, order],
                        context_v=torch.cat([p[2] for p in parts], 1)[:, order])
-        return full, chain(entry.digest, request["ticket"], adopted, shipped)
+        return full, chain(entry.digest, request.ticket, adopted, shipped)
 
     def keep(self, session: str, entry: Entry) -> bool:
         """Hold `entry` for the session (most recently used), evicting others past the budget. False when

@@ -9,8 +9,8 @@ import logging
 
 import grpc
 
-from ..common.grpc_util import ServiceError, is_loopback
-from ..common.settings import FrontendSettings
+from ..common.grpc_util import ServiceError
+from ..common.settings import FrontendSettings, no_auth_refusal
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,13 @@ class Auth:
         return found
 
 
-def check_auth_settings(settings: FrontendSettings) -> None:
-    """Without keys: refuse a non-loopback address unless explicitly allowed; warn either way."""
+def check_auth_settings(settings: FrontendSettings, host: str | None = None, service: str = "") -> None:
+    """Without keys: refuse a non-loopback address (`host`, else the frontend's own) unless explicitly
+    allowed; warn either way. `service` names what is served there (the HTTP API's own address)."""
     if settings.api_keys:
         return
-    if not is_loopback(settings.host) and not settings.allow_no_auth:
-        raise SystemExit(f"refusing to serve without API keys on {settings.host}: set --api-keys "
-                         "(or RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
-    log.warning("no API keys configured: serving WITHOUT authentication on %s", settings.host)
+    host = settings.host if host is None else host
+    if refusal := no_auth_refusal(settings.api_keys, settings.allow_no_auth, host, service):
+        raise SystemExit(refusal)
+    log.warning("no API keys configured: serving%s WITHOUT authentication on %s", f" {service}" if service else "",
+                host)

@@ -11,6 +11,7 @@ import grpc
 from raincheck_client._gen import chat_pb2
 
 from .._gen import worker_pb2
+from ..common.events import payload
 from ..common.logs import bind
 from ..common.metrics import TurnTimer
 from ..common.store import SessionRecord
@@ -59,12 +60,12 @@ def _relay(sessions: Sessions, session_id: str, message: chat_pb2.UserMessage, f
     event = first
     try:
         while True:
-            kind = event.WhichOneof("event")
-            if kind == "token":
+            part = payload(event)
+            if isinstance(part, chat_pb2.TokenDelta):
                 timer.token()
-            elif kind == "final" and not event.final.choice:   # the answer the session continues
+            elif isinstance(part, chat_pb2.TurnFinal) and not part.choice:   # the answer the session continues
                 timer.done()
-                sessions.log_turn(session_id, message, event.final)
+                sessions.log_turn(session_id, message, part)
             yield event
             event = next(call)
     except StopIteration:

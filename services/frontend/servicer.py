@@ -11,12 +11,13 @@ from raincheck_client._gen import chat_pb2, chat_pb2_grpc
 
 from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, rpc
+from ..common.recovery_modes import MODES
 from ..common.settings import FrontendSettings
 from ..common.store import SessionRecord, Store
-from . import relay, stateless
+from . import completions, relay
 from .auth import Auth
 from .router import Router
-from .sessions import MODES, Sessions
+from .sessions import Sessions
 from .validate import check_message
 
 
@@ -94,17 +95,17 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
 
     @frontend_rpc
     def Complete(self, request, context):
-        return stateless.complete(self.sessions, self.auth.identify(context), request, context)
+        return completions.complete(self.sessions, self.auth.identify(context), request, context)
 
     @frontend_rpc
     def Tokenize(self, request, context):
         self.auth.identify(context)
-        return stateless.ask(self.sessions, "Tokenize", request, self.timeout_s)
+        return completions.ask(self.sessions, "Tokenize", request, self.timeout_s)
 
     @frontend_rpc
     def Detokenize(self, request, context):
         self.auth.identify(context)
-        return stateless.ask(self.sessions, "Detokenize", request, self.timeout_s)
+        return completions.ask(self.sessions, "Detokenize", request, self.timeout_s)
 
     def _describe(self, record: SessionRecord) -> chat_pb2.SessionInfo:
         return self.sessions.describe(record, self._ask_worker(record, "GetSession"))

@@ -14,13 +14,12 @@ from raincheck_client._gen import chat_pb2
 from .._gen import worker_pb2
 from ..common.grpc_util import ServiceError, shown
 from ..common.logs import bind
+from ..common.recovery_modes import MODE_NAMES, MODES
 from ..common.settings import FrontendSettings
 from ..common.store import QuotaError, SessionRecord, Store, TurnRecord, WorkerInfo, digest
 from .router import Router
 
 log = logging.getLogger(__name__)
-MODES = {"colocated": chat_pb2.RECOVERY_MODE_COLOCATED, "disaggregated": chat_pb2.RECOVERY_MODE_DISAGGREGATED}
-MODE_NAMES = {v: k for k, v in MODES.items()}
 SESSION_ID_CHARS = 128    # ids are 32 hex digits; a longer one is unknown without asking the store
 # OpenSession on a worker that fails these (it died and its registration has not lapsed yet, it drains,
 # it hangs) is tried on another worker, up to OPEN_ATTEMPTS workers in all.

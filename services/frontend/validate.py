@@ -19,6 +19,18 @@ def _mib(n: int) -> str:
     return f"{n / 1024 / 1024:.1f} MiB"
 
 
+def image_size_problem(name: str, data: bytes, limit: int, *, in_mib: bool = True) -> str | None:
+    """Why an encoded image is refused before anything reads it (empty, or over `limit` bytes), naming it
+    `name`; None when it is not. The HTTP API, which checks each image as it loads it, gives the sizes in
+    bytes (`in_mib` False), the gRPC frontend in MiB."""
+    if not data:
+        return f"{name} is empty"
+    if len(data) > limit:
+        size, most = (_mib(len(data)), _mib(limit)) if in_mib else (f"{len(data)} bytes", str(limit))
+        return f"{name} is {size}; the limit is {most}"
+    return None
+
+
 def check_message(m: chat_pb2.UserMessage, limits: FrontendSettings) -> None:
     """INVALID_ARGUMENT for an empty message, text too long, or images/frames empty, too many, too large
     (bytes, or pixels as their headers say), or not an image at all."""
@@ -37,10 +49,8 @@ def check_message(m: chat_pb2.UserMessage, limits: FrontendSettings) -> None:
             raise ServiceError.invalid(f"video {v} has no frames")
         items += [(f"video {v} frame {f}", data) for f, data in enumerate(video.frames)]
     for name, data in items:
-        if not data:
-            raise ServiceError.invalid(f"{name} is empty")
-        if len(data) > limits.max_image_bytes:
-            raise ServiceError.invalid(f"{name} is {_mib(len(data))}; the limit is {_mib(limits.max_image_bytes)}")
+        if problem := image_size_problem(name, data, limits.max_image_bytes):
+            raise ServiceError.invalid(problem)
     total = 0
     for name, data in items:
         width, height = _size(name, data)

@@ -1,5 +1,6 @@
-"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/models`), SGLang routes (`/generate`,
-`/get_model_info`) and `/health`, over one ChatBackend (the frontend's ChatService + the session index).
+"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`), SGLang routes
+(`/generate`, `/get_model_info`), the tokenizer's (tokenizer_api.py), `/metrics` and `/health`, over one
+ChatBackend (the frontend's ChatService + the session index).
 
 Calls into the frontend block (gRPC to the workers), so they run in worker threads; a streamed answer
 holds a thread only while it waits for its next event.
@@ -7,27 +8,28 @@ holds a thread only while it waits for its next event.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import openai_api, sglang_api, stateless_api, tool_chat, tools
+from . import completions, openai_api, sglang_api, tokenizer_api, tool_chat, tools
 from .call import HttpCall
-from .chat import ChatBackend, Delta, Done, Turn
 from .errors import HttpError
 from .images import ImageLoader
+from .session_matching import ChatBackend, Delta, Done, Turn
 from .settings import HttpSettings
+from .sse import EventStream
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +73,6 @@ class BodyLimit:
             await refusal(scope, receive, send)
 
 
-class EventStream(StreamingResponse):
-    """Server-sent events that stop as soon as the client goes away, so that its turn is cancelled at once
-    (Starlette watches for the disconnect only under ASGI < 2.4, and uvicorn drops writes to a closed
-    connection without an error)."""
-
-    def __init__(self, content: AsyncIterator[str]):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as group:
-            async def watch() -> None:
-                await self.listen_for_disconnect(receive)
-                group.cancel_scope.cancel()
-
-            group.start_soon(watch)
-            await self.stream_response(send)
-            group.cancel_scope.cancel()
-
-
 def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int, max_body_bytes: int) -> FastAPI:
     images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
 
@@ -131,7 +113,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             raise HttpError.from_service(e) from None
 
     async def start(request: Request, spec_of: Callable) -> Turn:
-        call = HttpCall(request.headers.get("authorization"))
+        call = HttpCall.of(request)
         try:
             owner = await blocking(backend.owner, call)
             spec = await spec_of()
@@ -149,33 +131,25 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         finally:
             turn.close()
 
-    async def sse(turn: Turn, chunks: Callable[[Delta | Done], list[dict]], opening: tuple[dict, ...] = ()
-                  ) -> AsyncIterator[str]:
-        """Server-sent events: `opening`, each event's chunks, then `[DONE]`; a failure mid-answer as an
-        error chunk."""
-        try:
-            for chunk in opening:
-                yield f"data: {json.dumps(chunk)}\n\n"
+    def stream(turn: Turn, chunks: Callable[[Delta | Done], list[dict]], opening: tuple[dict, ...] = ()
+               ) -> EventStream:
+        """The turn as server-sent events: `opening`, then each event's chunks (text as it is, not escaped)."""
+        async def each() -> AsyncIterator[dict]:
             async for event in iterate_in_threadpool(turn.run()):
                 for chunk in chunks(event):
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-        except ServiceError as e:
-            yield f"data: {json.dumps(HttpError.from_service(e).body())}\n\n"
-        finally:
-            turn.close()
-        yield "data: [DONE]\n\n"
+                    yield chunk
+        return EventStream(each(), turn.close, opening=opening, ensure_ascii=False)
 
     # -- OpenAI --------------------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         if tools.uses_tools(body):
-            return await tool_chat.respond(body, HttpCall(request.headers.get("authorization")), backend.servicer,
-                                           blocking, EventStream)
+            return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
         cid, model = openai_api.completion_id(), body.model
         if not body.stream:
             return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
-        created, usage_chunk = int(time.time()), body.stream_options is not None and body.stream_options.include_usage
+        created, usage_chunk = int(time.time()), openai_api.include_usage(body)
         dones: list[Done] = []
 
         def chunks(event: Delta | Done) -> list[dict]:
@@ -192,12 +166,25 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
         opening = tuple(openai_api.chunk_body(cid, model, created, {"role": "assistant", "content": ""}, choice=i)
                         for i in range(body.n or 1))
-        return EventStream(sse(turn, chunks, opening))
+        return stream(turn, chunks, opening)
 
     @app.get("/v1/models")
     async def list_models(request: Request):
-        await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+        await blocking(backend.owner, HttpCall.of(request))
         return openai_api.models_body(await blocking(backend.models))
+
+    @app.post("/v1/completions")
+    async def create_completion(body: completions.CompletionRequest, request: Request):
+        return await completions.respond(body, lambda: HttpCall.of(request), backend.servicer, blocking)
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str, request: Request):
+        await blocking(backend.owner, HttpCall.of(request))
+        served = await blocking(backend.models)
+        if model not in served:
+            raise HttpError(404, f"the model {model!r} does not exist (served: {', '.join(served)})",
+                            param="model", code="model_not_found")
+        return openai_api.models_body([model])["data"][0]
 
     # -- SGLang --------------------------------------------------------------------------------------------
     async def sglang_model(requested: str | None) -> str:
@@ -213,7 +200,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.post("/generate")
     async def generate(body: sglang_api.GenerateRequest, request: Request):
         if sglang_api.prefill_only(body):
-            await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+            await blocking(backend.owner, HttpCall.of(request))
             sglang_api.check(body)
             return sglang_api.prefill_only_body(body.rid)
         model = await sglang_model(body.model)
@@ -228,14 +215,19 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             text.append(event.text)
             return [sglang_api.partial_body("".join(text), rid)]
 
-        return EventStream(sse(turn, chunks))
+        return stream(turn, chunks)
 
     @app.get("/get_model_info")
     async def get_model_info(request: Request, model: str | None = None):
-        await blocking(backend.owner, HttpCall(request.headers.get("authorization")))
+        await blocking(backend.owner, HttpCall.of(request))
         return sglang_api.model_info(await sglang_model(model))
 
-    stateless_api.add_routes(app, backend, blocking, EventStream)
+    # -- the tokenizer, metrics, health ----------------------------------------------------------------------
+    tokenizer_api.add_routes(app, backend.servicer, blocking)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health():

@@ -11,10 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from ..common.grpc_util import ServiceError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,11 @@ class HttpCall:
         self._callbacks: list[Callable[[], None]] = []
         self._active = True
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, request: Request) -> HttpCall:
+        """The call for one HTTP request: its `authorization` header is the caller's metadata."""
+        return cls(request.headers.get("authorization"))
 
     # -- the part of grpc.ServicerContext the servicer uses --------------------------------------------
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:

@@ -1,29 +1,34 @@
 """OpenAI's legacy completions (`/v1/completions`): prompts as strings or token ids, no chat template,
 no session (the frontend's Complete RPC); `echo` puts the prompt in front of the answer, with its
 logprobs when asked (lm-eval's loglikelihood: `echo`, `logprobs`, `max_tokens` 0 or 1). A list of prompts
-gets one choice each. Fields: openai_fields.COMPLETIONS."""
+gets one choice each; streamed, the prompts' completions come one after another. Fields:
+openai_fields.COMPLETIONS."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import grpc
 from pydantic import Field
+from starlette.concurrency import iterate_in_threadpool
 
 from raincheck_client._gen import chat_pb2
 
+from ..common.events import read
 from ..common.grpc_util import ServiceError
 from . import openai_fields
 from .call import HttpCall
 from .errors import HttpError
 from .logprobs import completion_logprobs
-from .openai_api import StreamOptions
+from .openai_api import StreamOptions, include_usage
 from .openai_fields import RaincheckExtras
-from .sampling_fields import sampling_options
+from .sampling_fields import sampling_options, stop_strings
+from .sse import EventStream
 from .stops import StopMatcher
 
 MAX_PROMPTS = 64          # prompts in one request (each is a completion of its own)
@@ -54,8 +59,6 @@ class CompletionRequest(RaincheckExtras):
 def requests_of(r: CompletionRequest) -> list[chat_pb2.CompleteRequest]:
     """One CompleteRequest per prompt (400 for a refused field, too many prompts, or echo with stream)."""
     openai_fields.check(r, openai_fields.COMPLETIONS, openai_fields.CHAT_ONLY)
-    if r.stream_options is not None and not r.stream:
-        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     single = isinstance(r.prompt, str) or isinstance(r.prompt[0], int)
     prompts: list[str | list[int]] = [r.prompt] if single else list(r.prompt)
     if len(prompts) > MAX_PROMPTS:
@@ -94,29 +97,24 @@ class Completion:
     def pieces(self) -> Iterator[tuple[str, dict | None]]:
         """Errors after the start raise ServiceError."""
         at = 0
-        for event in self.events:
-            kind = event.WhichOneof("event")
-            if kind == "prompt":
-                yield self._show(event.prompt.text, [(t if i else None, t.top_logprobs, t.token)
-                                                     for i, t in enumerate(event.prompt.tokens)], at)
+        for part in read(self.events):
+            if isinstance(part, chat_pb2.PromptTokens):
+                yield self._show(part.text, [(t if i else None, t.top_logprobs, t.token)
+                                             for i, t in enumerate(part.tokens)], at)
                 at = len(self.text)
-            elif kind == "token" and self.stops.matched is None:
-                t = event.token
+            elif isinstance(part, chat_pb2.TokenDelta) and self.stops.matched is None:
                 self.completion_tokens += 1
-                shown = self.stops.feed(t.text)
+                shown = self.stops.feed(part.text)
                 if self.stops.matched is not None:
                     self.call.end()       # the rest of the answer is not wanted
-                yield self._show(shown, [(t, t.top_logprobs, t.token)], at)
+                yield self._show(shown, [(part, part.top_logprobs, part.token)], at)
                 at = len(self.text)
-            elif kind == "metrics":
-                self.prompt_tokens = event.metrics.prompt_tokens
-            elif kind == "error":
-                raise ServiceError(getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL),
-                                   event.error.message)
-            elif kind == "final":
+            elif isinstance(part, chat_pb2.TurnMetrics):
+                self.prompt_tokens = part.prompt_tokens
+            elif isinstance(part, chat_pb2.TurnFinal):
                 if self.stops.matched is None:
                     yield self._show(self.stops.flush(), [], at)
-                self.finish_reason = "stop" if self.stops.matched is not None else event.final.finish_reason
+                self.finish_reason = "stop" if self.stops.matched is not None else part.finish_reason
                 return
         if self.stops.matched is None:
             raise ServiceError(grpc.StatusCode.INTERNAL, "the completion's stream ended without its final event")
@@ -160,3 +158,49 @@ def usage(runs: list[Completion]) -> dict:
 def chunk(cid: str, model: str, created: int, choices: list[dict], **extra: Any) -> dict:
     return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             **extra}
+
+
+async def respond(r: CompletionRequest, call: Callable[[], HttpCall], servicer,
+                  blocking: Callable[..., Awaitable]):
+    """Start every prompt's completion (each on a call of its own, `call()`: errors are the response's
+    status), then answer them whole or stream them."""
+    wanted = requests_of(r)
+    stop = stop_strings(r.stop)
+    runs: list[Completion] = []
+    try:
+        for i, one in enumerate(wanted):
+            c = call()
+            runs.append(Completion(i, c, await blocking(servicer.Complete, one, c), StopMatcher(stop),
+                                   r.logprobs is not None))
+    except BaseException:
+        _end(runs)
+        raise
+    cid = completion_id()
+    if not r.stream:
+        try:
+            async with anyio.create_task_group() as group:
+                for run in runs:
+                    group.start_soon(blocking, run.run)
+        finally:
+            _end(runs)
+        return body(cid, r.model, runs)
+    return EventStream(_chunks(cid, r.model, runs, include_usage(r)), lambda: _end(runs))
+
+
+def _end(runs: list[Completion]) -> None:
+    for run in runs:
+        run.call.end()
+
+
+async def _chunks(cid: str, model: str, runs: list[Completion], with_usage: bool) -> AsyncIterator[dict]:
+    """The prompts' completions one after another, as `text_completion` chunks, then usage."""
+    created = int(time.time())
+    for run in runs:
+        async for text, logprobs in iterate_in_threadpool(run.pieces()):
+            if text or logprobs:
+                choice = {"index": run.index, "text": text, "finish_reason": None, "logprobs": logprobs}
+                yield chunk(cid, model, created, [choice])
+        done = {"index": run.index, "text": "", "finish_reason": run.finish_reason, "logprobs": None}
+        yield chunk(cid, model, created, [done])
+    if with_usage:
+        yield chunk(cid, model, created, [], usage=usage(runs))

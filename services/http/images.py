@@ -1,6 +1,7 @@
 """Image references in requests -> encoded image bytes: data URLs, bare base64 (SGLang's `image_data`),
 and, where the operator allows it, http(s) URLs fetched with a size and a time limit. The worker decodes
-the bytes (a bad image is its INVALID_ARGUMENT, 400 here)."""
+the bytes (a bad image is its INVALID_ARGUMENT, 400 here). Sizes are checked here, where the request says
+where each image is, by the frontend's rule (frontend/validate.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 
 import httpx
 
+from ..frontend.validate import image_size_problem
 from .errors import HttpError
 
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]*/?[\w.+-]*)(?P<params>(?:;[^,;]*)*),(?P<data>.*)", re.S)
@@ -62,10 +64,8 @@ class ImageLoader:
         return self._checked(b"".join(chunks), where)
 
     def _checked(self, data: bytes, where: str) -> bytes:
-        if not data:
-            raise HttpError.invalid(f"{where}: the image is empty")
-        if len(data) > self.max_bytes:
-            raise HttpError.invalid(f"{where}: the image is {len(data)} bytes; the limit is {self.max_bytes}")
+        if problem := image_size_problem(f"{where}: the image", data, self.max_bytes, in_mib=False):
+            raise HttpError.invalid(problem)
         return data
 
 

@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from raincheck_client._gen import chat_pb2
 
 from . import openai_fields
-from .chat import Done, TurnSpec
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
 from .logprobs import chat_logprobs
-from .openai_fields import RaincheckExtras
+from .openai_fields import RaincheckExtras, deferral_of
 from .response_format import grammar_of
-from .sampling_fields import sampling_options
+from .sampling_fields import sampling_options, stop_strings
+from .session_matching import Done, TurnSpec
 
 
 class ImageURL(BaseModel):
@@ -95,24 +95,22 @@ class ChatCompletionRequest(RaincheckExtras):
 
 async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     openai_fields.check(r, openai_fields.CHAT)
-    if r.stream_options is not None and not r.stream:
-        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     messages = [await _role_message(m, i, images) for i, m in enumerate(r.messages)]
-    max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-    sampling = sampling_options(r, max_tokens, bool(r.logprobs), r.top_logprobs or 0)
+    sampling = sampling_options(r, max_tokens(r), bool(r.logprobs), r.top_logprobs or 0)
     sampling.grammar = grammar_of(r.response_format) or ""
     if r.n is not None:
         sampling.n = r.n
-    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
-    return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop)
+    return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop_strings(r.stop))
 
 
-def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
-    """The request's deferral knobs (None when it sets none: the session's settings apply)."""
-    knobs = {k: getattr(r, k) for k in ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo",
-                                      "barrier_timeout_s", "deterministic")}
-    knobs = {k: v for k, v in knobs.items() if v is not None}
-    return chat_pb2.DeferralSettings(**knobs) if knobs else None
+def max_tokens(r: ChatCompletionRequest) -> int | None:
+    """The answer's length limit: max_completion_tokens, else max_tokens (None: the server's default)."""
+    return r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+
+
+def include_usage(r: BaseModel) -> bool:
+    """A streamed answer ends with a usage chunk (stream_options.include_usage)."""
+    return r.stream_options is not None and r.stream_options.include_usage
 
 
 async def _role_message(m: Message, i: int, images: ImageLoader) -> RoleMessage:

@@ -5,7 +5,8 @@ walks the openai package's request types against these tables, and docs/services
 
 `EXTRAS` is the one place that declares the fields a request may carry beyond OpenAI's (Raincheck's
 knobs, vLLM/SGLang sampling extras); the request models are built on it, and a field in none of these
-lists is refused (the request models forbid unknown fields).
+lists is refused (the request models forbid unknown fields). Of them, `SESSION_KNOBS` (the deferral
+settings and a new session's recovery mode) are SGLang's /generate extras too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
+
+from raincheck_client._gen import chat_pb2
 
 from .errors import HttpError
 
@@ -85,14 +88,9 @@ COMPLETIONS: dict[str, Field] = {
     "suffix": _refused("no fill-in-the-middle", ""),
 }
 
-# Raincheck's knobs and vLLM/SGLang extras (extra_body in the openai client): name -> (type, default, note).
-EXTRAS: dict[str, tuple[Any, Any, str]] = {
-    "top_k": (int | None, None, "top-k sampling (0: off)"),
-    "min_p": (float | None, None, "drop tokens below min_p x the top token's probability"),
-    "min_tokens": (int | None, None, "the stop tokens cannot end the answer before this many"),
-    "repetition_penalty": (float | None, None, "divides seen tokens' positive logits (1: off)"),
-    "stop_token_ids": (list[int] | None, None, "token ids that end the answer"),
-    "ignore_eos": (bool, False, "keep going past the model's stop tokens (benchmarks)"),
+# Raincheck's deferral knobs (DeferralSettings, for the request's turn) and a new session's recovery mode:
+# name -> (type, default, note).
+DEFERRAL: dict[str, tuple[Any, Any, str]] = {
     "policy": (str | None, None, "deferral policy for this request's turn"),
     "selector": (str | None, None, "deferral: which visual tokens go first"),
     "retention": (float | None, None, "deferral: fraction of visual tokens prefilled first"),
@@ -102,22 +100,48 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "barrier_timeout_s": (float | None, None, "deferral: longest wait for the previous turn's deferred rows "
                           "(0: never; negative: all)"),
     "deterministic": (bool | None, None, "the same answer for the same request, whatever else the server runs"),
+}
+SESSION_KNOBS: dict[str, tuple[Any, Any, str]] = {
+    **DEFERRAL,
     "recovery_mode": (str | None, None, "a new session's recovery mode"),
+}
+
+# Raincheck's knobs and vLLM/SGLang extras (extra_body in the openai client): name -> (type, default, note).
+EXTRAS: dict[str, tuple[Any, Any, str]] = {
+    "top_k": (int | None, None, "top-k sampling (0: off)"),
+    "min_p": (float | None, None, "drop tokens below min_p x the top token's probability"),
+    "min_tokens": (int | None, None, "the stop tokens cannot end the answer before this many"),
+    "repetition_penalty": (float | None, None, "divides seen tokens' positive logits (1: off)"),
+    "stop_token_ids": (list[int] | None, None, "token ids that end the answer"),
+    "ignore_eos": (bool, False, "keep going past the model's stop tokens (benchmarks)"),
+    **SESSION_KNOBS,
     "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
 }
 
 # extras that only a chat with images or a session can use: a completion (text, no session) refuses them
-CHAT_ONLY = ("policy", "selector", "retention", "chunk_size", "guard", "tpot_slo", "barrier_timeout_s",
-             "deterministic", "recovery_mode", "continue_final_message")
+CHAT_ONLY = (*SESSION_KNOBS, "continue_final_message")
 
-RaincheckExtras: type[BaseModel] = create_model(
-    "RaincheckExtras", __config__=ConfigDict(extra="forbid"),
-    **{name: (kind, default) for name, (kind, default, _) in EXTRAS.items()})
+
+def _fields(table: dict[str, tuple[Any, Any, str]]) -> dict[str, tuple[Any, Any]]:
+    return {name: (kind, default) for name, (kind, default, _) in table.items()}
+
+
+RaincheckExtras: type[BaseModel] = create_model("RaincheckExtras", __config__=ConfigDict(extra="forbid"),
+                                                **_fields(EXTRAS))
+# the session knobs as fields of a request model (SGLang's /generate adds them to its own)
+SessionKnobs: type[BaseModel] = create_model("SessionKnobs", **_fields(SESSION_KNOBS))
+
+
+def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
+    """The request's deferral knobs (None when it sets none: the session's settings apply)."""
+    knobs = {k: getattr(r, k) for k in DEFERRAL}
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    return chat_pb2.DeferralSettings(**knobs) if knobs else None
 
 
 def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str, ...] = ()) -> None:
     """400 naming the first refused field (or extra in `refused_extras`) set to a value that asks for
-    something."""
+    something, or `stream_options` without `stream`."""
     for name, field in table.items():
         if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
             raise HttpError.invalid(f"{name} is not supported: {field.note}", param=name)
@@ -125,3 +149,5 @@ def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str
         if getattr(request, name) not in (None, False):
             raise HttpError.invalid(f"{name} is not supported here: a completion is text without a session",
                                     param=name)
+    if request.stream_options is not None and not request.stream:
+        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")

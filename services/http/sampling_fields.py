@@ -25,6 +25,14 @@ def sampling_options(r: BaseModel, max_tokens: int | None, logprobs: bool, top_l
     return options
 
 
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    """A request's stop strings (OpenAI's `stop`, SGLang's `sampling_params.stop`): one string, a list of
+    them, or none."""
+    if not stop:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 def logit_bias(bias: dict[str, float]) -> dict[int, float]:
     """OpenAI's (and SGLang's) logit_bias keys are token ids written as strings."""
     out = {}

@@ -14,14 +14,14 @@ import time
 
 import uvicorn
 
-from ..common.grpc_util import is_loopback
 from ..common.settings import FrontendSettings
 from ..common.store import Store
+from ..frontend.auth import check_auth_settings
 from ..frontend.router import Router
 from ..frontend.servicer import ChatServicer
 from .app import build_app
-from .chat import ChatBackend
 from .index import make_index
+from .session_matching import ChatBackend
 from .settings import HttpSettings
 
 log = logging.getLogger(__name__)
@@ -32,11 +32,7 @@ class HttpServer:
     def __init__(self, settings: HttpSettings, frontend: FrontendSettings, store: Store, router: Router | None = None):
         if settings.port is None:
             raise ValueError("the HTTP frontend needs a port")
-        if not frontend.api_keys:     # the gRPC frontend's rule, for this address
-            if not is_loopback(settings.host) and not frontend.allow_no_auth:
-                raise SystemExit(f"refusing to serve HTTP without API keys on {settings.host}: set --api-keys "
-                                 "(or RAINCHECK_API_KEYS), or pass --insecure-allow-no-auth")
-            log.warning("no API keys configured: serving HTTP WITHOUT authentication on %s", settings.host)
+        check_auth_settings(frontend, settings.host, "HTTP")     # the gRPC frontend's rule, for this address
         self.settings = settings
         self._own_router = router is None
         self.router = router or Router(store, frontend.max_message_bytes)

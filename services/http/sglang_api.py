@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict
 from raincheck_client._gen import chat_pb2
 from raincheck_core.grammar import json_schema_grammar
 
-from .chat import Done, TurnSpec
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
-from .openai_api import deferral_of
-from .sampling_fields import logit_bias
+from .openai_fields import SessionKnobs, deferral_of
+from .sampling_fields import logit_bias, stop_strings
+from .session_matching import Done, TurnSpec
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -47,8 +47,7 @@ _RULES = {"min_new_tokens": "min_tokens", "min_p": "min_p", "frequency_penalty":
 TOP_K_ALL = 1 << 30                       # SGLang's "no top-k"
 
 
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Generate(BaseModel):
     text: str | list[str] | None = None
     input_ids: Any = None
     image_data: str | list[str] | None = None
@@ -58,15 +57,13 @@ class GenerateRequest(BaseModel):
     return_logprob: bool | None = None
     # Raincheck's own
     model: str | None = None              # needed only where several models are served
-    policy: str | None = None
-    selector: str | None = None
-    retention: float | None = None
-    chunk_size: int | None = None
-    guard: int | None = None
-    tpot_slo: float | None = None
-    barrier_timeout_s: float | None = None
-    deterministic: bool | None = None
-    recovery_mode: str | None = None
+
+
+class GenerateRequest(SessionKnobs, _Generate):
+    """SGLang's fields, then Raincheck's: the model, and the session knobs (openai_fields.SESSION_KNOBS;
+    pydantic orders the fields of the last base first). Other fields are ignored, as SGLang does."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 def prefill_only(r: GenerateRequest) -> bool:
@@ -138,8 +135,7 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
         except (TypeError, json.JSONDecodeError) as e:
             raise HttpError.invalid(f"sampling_params.json_schema is a JSON schema as a string: {e}",
                                     param="sampling_params.json_schema") from None
-    stop = p.get("stop") or []
-    return options, [stop] if isinstance(stop, str) else list(stop), bool(p.get("no_stop_trim"))
+    return options, stop_strings(p.get("stop")), bool(p.get("no_stop_trim"))
 
 
 def generate_body(done: Done, rid: str | None, text: str | None = None) -> dict:

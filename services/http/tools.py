@@ -46,8 +46,6 @@ def uses_tools(r: Any) -> bool:
 def tool_chat(r: Any) -> ToolChat:
     """The request as a chat to render (400 for what a tool chat cannot do)."""
     openai_fields.check(r, openai_fields.CHAT)
-    if r.stream_options is not None and not r.stream:
-        raise HttpError.invalid("stream_options needs stream: true", param="stream_options")
     for name in NOT_WITH_TOOLS:
         if getattr(r, name) not in (None, False, {"type": "text"}):
             raise HttpError.invalid(f"{name} cannot be combined with tools, tool messages or continue_final_message (a "

@@ -12,8 +12,8 @@ import pytest
 from raincheck_core import CheckpointError, Engine
 from raincheck_core.models import shipped
 from raincheck_core.models.shipped import SHIPPED, resolve_model_path, shipped_folder
+from services.common.model_loading import default_model, model_name
 from services.common.settings import DemoSettings, ModelSpec, WorkerSettings
-from services.decode_worker.loading import default_model, model_name
 
 from .helpers import FOLDER, V2, needs_checkpoint, needs_v2
 

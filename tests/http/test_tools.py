@@ -12,8 +12,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from services.common.random_model import save_random_model
 from services.common.store import MemoryStore
-from services.decode_worker.random_model import save_random_model
 
 from .helpers import MODEL, Stack
 

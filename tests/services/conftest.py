@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from raincheck_client import Client
+from services.common.random_model import save_random_model
 from services.common.redis_store import RedisStore
 from services.common.settings import FrontendSettings, WorkerSettings
 from services.common.store import MemoryStore, Store
-from services.decode_worker.random_model import save_random_model
 from services.decode_worker.server import DecodeWorkerServer
 from services.frontend.server import FrontendServer
 

@@ -13,7 +13,7 @@ import torch
 from raincheck_core.cache.gdn_state import GDNStatePool
 from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.errors import GDNSlotsExhaustedError, OutOfPagesError, SessionPageBudgetError
-from services.decode_worker.admission import admit
+from services.decode_worker.eviction import admit
 
 
 def test_the_caches_raise_the_typed_errors():

@@ -15,7 +15,7 @@ from openai import OpenAI
 from PIL import Image
 
 from raincheck_client import Client
-from services.decode_worker.random_model import save_random_model
+from services.common.random_model import save_random_model
 from tests.http.helpers import user
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from raincheck_core.deferral.handoff import Joined, ResidualPayload, ResidualResult
-from raincheck_core.engine.request import TurnRequest
+from raincheck_core.engine import TurnStream
 from raincheck_core.errors import RecoveryStateError
 
 from ..common.logs import bind
@@ -50,6 +50,7 @@ from ..common.metrics import (
 )
 from ..common.settings import DeferredSettings
 from ..deferred_worker.bridge import DeferredWorkerError, RayBridge
+from ..deferred_worker.messages import Adopt, Base, PrefillReply, PrefillRequest
 from ..deferred_worker.resident import adopted_fingerprint, chain, shipped_fingerprint
 from ..deferred_worker.wire import pack, unpack
 from .recovery import RecoveryBackend
@@ -69,13 +70,14 @@ class Resident:
     ticket: int
     digest: str
     context: torch.Tensor            # positions of the context rows its last recovery ran on
-    adopt: dict | None               # {offset, positions, fingerprint}: the rows of its result that were joined
-    turn: TurnRequest                # undone (failed, or abandoned before its end was read) -> the copy is void
+    adopt: Adopt | None              # the rows of its result that were joined
+    adopted: str                     # their fingerprint ("" without)
+    turn: TurnStream                 # undone (failed, or abandoned before its end was read) -> the copy is void
 
     def held(self) -> torch.Tensor:
         if self.adopt is None:
             return self.context
-        return torch.cat([self.context, torch.from_numpy(self.adopt["positions"])])
+        return torch.cat([self.context, torch.from_numpy(self.adopt.positions)])
 
 
 @dataclass
@@ -104,7 +106,7 @@ class _Job:
 
     ws: WorkerSession
     ticket: int
-    turn: TurnRequest
+    turn: TurnStream
     started: bool = False
     local: bool = False              # the engine finishes it (taken back, or done by the next turn's barrier)
     shipped: int = 0                 # bytes sent
@@ -113,7 +115,8 @@ class _Job:
     def current(self) -> bool:
         """Still this backend's to finish (a hint: the engine's verbs check it exactly)."""
         status = self.ws.session.status()
-        return not status.closed and status.recovery_ticket == self.ticket and self.turn.error is None
+        return (not status.closed and status.recovery_ticket == self.ticket
+                and self.ws.session.engine.turn_error(self.turn) is None)
 
     def finished(self) -> bool:
         """The engine has no recovery of this turn any more (joined, finished locally, undone, closed)."""
@@ -161,7 +164,7 @@ class DisaggregatedRecovery(RecoveryBackend):
         ticket = ws.session.engine.hold_residual(ws.session, fuse=self.fuse)
         if ticket is None:
             return
-        job = _Job(ws, ticket, ws.stream.request, started=self.in_flight)
+        job = _Job(ws, ticket, ws.stream, started=self.in_flight)
         with self._lock:
             self._jobs[ws.id] = job
         if self.in_flight:
@@ -176,9 +179,6 @@ class DisaggregatedRecovery(RecoveryBackend):
             start, job.started = not job.started, True
         if start:
             self._executor.submit(self._run, job)
-
-    def pending(self, ws: WorkerSession) -> int:
-        return ws.session.pending_deferred
 
     def forget(self, ws: WorkerSession) -> None:
         with self._lock:
@@ -213,7 +213,7 @@ class DisaggregatedRecovery(RecoveryBackend):
                 self._local_first(job)
                 return
             payload, request, reply, misses = shipment
-            result = unpack(ResidualResult, reply["result"], engine.device)
+            result = unpack(ResidualResult, reply.result, engine.device)
             joined = self._join(job, result)
         except Exception as e:   # the deferred worker failed: finish here (a recovery is never lost)
             reason = "timeout" if isinstance(e, TimeoutError) else e.reason if isinstance(e, DeferredWorkerError) \
@@ -233,30 +233,30 @@ class DisaggregatedRecovery(RecoveryBackend):
         back = result.nbytes()
         latency = ws.session.status().last_recovery_s or 0.0      # answer end -> joined (0: joined mid-answer)
         slog.info("%d deferred tokens recovered on a deferred worker in %.3fs (%.3fs of it prefill; %d bytes "
-                  "shipped out, %d back%s)", result.rows - joined.offset, latency, reply["compute_s"], job.shipped,
-                  back, "; resident context" if request["base"] is not None else "")
+                  "shipped out, %d back%s)", result.rows - joined.offset, latency, reply.compute_s, job.shipped,
+                  back, "; resident context" if request.base is not None else "")
         with self._lock:
             if self._jobs.get(ws.id) is job:
                 del self._jobs[ws.id]
         RECOVERY_LATENCY.labels(self.mode).observe(latency)
         RECOVERY_BYTES.labels(self.mode).observe(job.shipped + back)
-        self.on_report(RecoveryReport(ws.id, job.ticket, reply["actor"], payload.visible, len(payload.context_index),
+        self.on_report(RecoveryReport(ws.id, job.ticket, reply.actor, payload.visible, len(payload.context_index),
                                       payload.rows, result.rows - joined.offset, job.shipped,
-                                      back, request["base"] is not None, misses, latency, reply["wait_s"],
-                                      reply["compute_s"]))
+                                      back, request.base is not None, misses, latency, reply.wait_s,
+                                      reply.compute_s))
 
-    def _ship(self, job: _Job) -> tuple[ResidualPayload, dict, dict, int] | None:
+    def _ship(self, job: _Job) -> tuple[ResidualPayload, PrefillRequest, PrefillReply, int] | None:
         """Export (once the turn's input is in), send, and get the reply; a resident-context miss sends the
         whole context again. None once the recovery is no longer this backend's."""
-        ws = job.ws
-        while not job.turn.decoding:                 # in flight: the input is still being prefilled
+        ws, engine = job.ws, job.ws.session.engine
+        while not engine.input_prefilled(job.turn):  # in flight: the input is still being prefilled
             if self._stopping.is_set() or not job.current():
                 return None
             time.sleep(RETRY_S)
         misses = 0
         with self._lock:
             resident = self._resident.get(ws.id) if self.resident_on else None
-        if resident is not None and resident.turn.error is not None:
+        if resident is not None and engine.turn_error(resident.turn) is not None:
             resident = None                          # its copy includes a turn that was undone
         while True:
             try:
@@ -273,31 +273,29 @@ class DisaggregatedRecovery(RecoveryBackend):
             except DeferredWorkerError as e:   # the actor holding the session's context died: ship it all elsewhere
                 if resident is None or e.reason != "worker_died":
                     raise
-                reply = {"miss": "gone"}
+                reply = PrefillReply(miss="gone")
             if reply is None:
                 return None
-            if "miss" not in reply:
+            if reply.miss is None:
                 return payload, request, reply, misses
             if resident is None:
-                raise DeferredWorkerError("error", f"a full shipment was answered with a miss: {reply['miss']}")
-            RESIDENT_MISSES.labels(reply["miss"]).inc()
+                raise DeferredWorkerError("error", f"a full shipment was answered with a miss: {reply.miss}")
+            RESIDENT_MISSES.labels(reply.miss).inc()
             bind(log, session_id=ws.id).info("resident context missed (%s): shipping the whole context",
-                                             reply["miss"])
+                                             reply.miss)
             misses += 1
             resident = None
             with self._lock:
                 self._resident.pop(ws.id, None)
 
-    def _request(self, job: _Job, payload: ResidualPayload, resident: Resident | None) -> dict:
-        request = {"session": job.ws.id, "ticket": job.ticket, "payload": pack(payload), "base": None,
-                   "adopt": None, "epoch": uuid.uuid4().hex[:12], "keep": self.resident_on}
-        if resident is not None:
-            request.update(base={"epoch": resident.epoch, "digest": resident.digest}, epoch=resident.epoch,
-                           adopt=None if resident.adopt is None else
-                           {"offset": resident.adopt["offset"], "positions": resident.adopt["positions"]})
-        return request
+    def _request(self, job: _Job, payload: ResidualPayload, resident: Resident | None) -> PrefillRequest:
+        """The whole context under a new lineage, or (`resident`) only what the actor lacks, on its copy."""
+        if resident is None:
+            return PrefillRequest(job.ws.id, job.ticket, pack(payload), uuid.uuid4().hex[:12], self.resident_on)
+        return PrefillRequest(job.ws.id, job.ticket, pack(payload), resident.epoch, self.resident_on,
+                              Base(resident.epoch, resident.digest), resident.adopt)
 
-    def _remote(self, job: _Job, actor: str | None, request: dict) -> dict | None:
+    def _remote(self, job: _Job, actor: str | None, request: PrefillRequest) -> PrefillReply | None:
         """The actor's reply; None once the recovery is no longer this backend's or the worker stops.
         TimeoutError past the deadline (from the answer's end); DeferredWorkerError when the deferred
         workers fail it."""
@@ -314,7 +312,7 @@ class DisaggregatedRecovery(RecoveryBackend):
             if job.t_answer_end is not None and time.perf_counter() > job.t_answer_end + self.timeout_s:
                 self.bridge.cancel(future)
                 raise TimeoutError(f"no result within {self.timeout_s:g}s of the answer's end")
-        DEFERRED_QUEUE_WAIT.observe(reply.get("wait_s", 0.0))
+        DEFERRED_QUEUE_WAIT.observe(reply.wait_s)
         return reply
 
     def _join(self, job: _Job, result: ResidualResult) -> Joined | None:
@@ -332,36 +330,36 @@ class DisaggregatedRecovery(RecoveryBackend):
                 return None
             time.sleep(RETRY_S)
 
-    def _remember(self, job: _Job, payload: ResidualPayload, request: dict, reply: dict,
+    def _remember(self, job: _Job, payload: ResidualPayload, request: PrefillRequest, reply: PrefillReply,
                   joined: Joined | None) -> None:
         """What the actor keeps now (if it kept anything): its digest, computed here as it was there."""
         ws = job.ws
-        if not (self.resident_on and reply.get("kept")) or ws.session.closed:
+        if not (self.resident_on and reply.kept) or ws.session.closed:
             with self._lock:
                 self._resident.pop(ws.id, None)
             return
         with self._lock:
-            previous = self._resident.get(ws.id) if request["base"] is not None else None
-        adopted = "" if previous is None or previous.adopt is None else previous.adopt["fingerprint"]
+            previous = self._resident.get(ws.id) if request.base is not None else None
+        adopted = "" if previous is None else previous.adopted
         digest = chain(previous.digest if previous else "", job.ticket, adopted,
-                       shipped_fingerprint(request["payload"]))
-        if digest != reply["digest"]:
+                       shipped_fingerprint(request.payload))
+        if digest != reply.digest:
             bind(log, session_id=ws.id).warning("the deferred worker's copy differs from what was shipped: not used")
             with self._lock:
                 self._resident.pop(ws.id, None)
             return
         context = payload.context_index if previous is None else torch.cat([previous.held(), payload.context_index])
-        adopt = None
+        adopt, adopted = None, ""
         if joined is not None:
-            positions = joined.positions.numpy()
-            adopt = {"offset": joined.offset, "positions": positions,
-                     "fingerprint": adopted_fingerprint(reply["result"], joined.offset, positions)}
+            adopt = Adopt(joined.offset, joined.positions.numpy())
+            adopted = adopted_fingerprint(reply.result, adopt.offset, adopt.positions)
         with self._lock:
-            self._resident[ws.id] = Resident(reply["actor"], request["epoch"], job.ticket, digest, context, adopt,
+            self._resident[ws.id] = Resident(reply.actor, request.epoch, job.ticket, digest, context, adopt, adopted,
                                              job.turn)
 
     def _local_first(self, job: _Job) -> None:
-        if not (job.ws.session.closed or job.turn.error is not None or self._stopping.is_set()):
+        if not (job.ws.session.closed or job.ws.session.engine.turn_error(job.turn) is not None
+                or self._stopping.is_set()):
             bind(log, session_id=job.ws.id).info("the residual was recovered locally first (fused chunks, or the "
                                                  "next turn's barrier)")
 

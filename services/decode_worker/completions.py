@@ -1,11 +1,12 @@
-"""What a worker serves outside sessions: stateless completions of raw text or token ids (OpenAI's
-/v1/completions; an engine session opened for the request and closed after it), and its tokenizer."""
+"""What a worker serves outside sessions: completions of raw text, token ids or a rendered chat (OpenAI's
+/v1/completions, and chats with tools; an engine session opened for the request and closed after it),
+and its tokenizer."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -13,23 +14,23 @@ from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, InvalidInputError, Prompt, TokenEvent, TurnEnd, TurnMetrics
 from raincheck_core.multimodal.chat import chatml_template
 
-from .admission import admit
 from .convert import error_event, final_event, metrics_event, to_sampling, token_delta
 
-if TYPE_CHECKING:
-    from .runtime import WorkerRuntime
+T = TypeVar("T")
 
 
-def complete(runtime: WorkerRuntime, request: chat_pb2.CompleteRequest) -> Iterator[chat_pb2.ChatEvent]:
-    """Check and admit the completion now (typed errors raise here); the returned stream runs it."""
-    engine = runtime.engine
+def complete(engine: Engine, request: chat_pb2.CompleteRequest, max_new_tokens: int,
+             admit: Callable[[Callable[[], T]], T]) -> Iterator[chat_pb2.ChatEvent]:
+    """Check and admit the completion now (typed errors raise here); the returned stream runs it.
+    `max_new_tokens`: the worker's default; `admit(action)`: runs an admission, freeing idle sessions'
+    caches while it runs out of room (eviction.py)."""
     ids = prompt_ids(engine, request)
     o = request.sampling
     if o.HasField("n") and o.n != 1:
         raise InvalidInputError("Complete runs one answer per prompt: n must be 1 (send n > 1 through Chat)")
     answer = not (o.HasField("max_new_tokens") and o.max_new_tokens == 0)
-    sampling = to_sampling(o, runtime.settings.max_new_tokens) if answer else None
-    limit = engine.core.max_model_len
+    sampling = to_sampling(o, max_new_tokens) if answer else None
+    limit = engine.max_model_len
     if limit is not None and len(ids) > limit:
         raise InvalidInputError(f"the prompt has {len(ids)} tokens; the context is {limit}")
     prompt = None
@@ -37,9 +38,9 @@ def complete(runtime: WorkerRuntime, request: chat_pb2.CompleteRequest) -> Itera
         prompt = chat_pb2.PromptTokens(tokens=_prompt_tokens(engine, ids, request), text=_decode(engine, ids))
     if not answer:
         return _scored_only(ids, prompt)
-    session = admit(runtime, engine.open_session)
+    session = admit(engine.open_session)
     try:
-        stream = admit(runtime, lambda: session.turn(Prompt(list(ids)), sampling))
+        stream = admit(lambda: session.turn(Prompt(list(ids)), sampling))
     except BaseException:
         session.close()
         raise
@@ -144,7 +145,7 @@ def tokenize(engine: Engine, request: chat_pb2.TokenizeRequest) -> chat_pb2.Toke
     tokenizer = _formatter(engine).tokenizer
     ids = list(tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens))
     return chat_pb2.TokenizeResponse(token_ids=ids, tokens=[_decode(engine, [t]) for t in ids],
-                                     max_model_len=engine.core.max_model_len or 0)
+                                     max_model_len=engine.max_model_len or 0)
 
 
 def detokenize(engine: Engine, request: chat_pb2.DetokenizeRequest) -> chat_pb2.DetokenizeResponse:

@@ -1,4 +1,4 @@
-"""Admission under memory pressure: idle sessions yield their caches to work that needs room.
+"""Eviction under memory pressure: idle sessions yield their caches to work that needs room.
 
 A worker keeps every open session's KV pages and GDN state slot between turns. When a new session or a
 turn cannot be admitted (`OutOfPagesError`: the page pool, or every GDN slot, is taken), the worker frees
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from raincheck_core import OutOfPagesError, SessionClosedError
 from raincheck_core.errors import GDNSlotsExhaustedError, SessionPageBudgetError
@@ -22,13 +22,27 @@ from raincheck_core.errors import GDNSlotsExhaustedError, SessionPageBudgetError
 from ..common.logs import bind
 
 if TYPE_CHECKING:
-    from .runtime import WorkerRuntime
+    from raincheck_core import Engine
+
+    from .recovery import RecoveryBackend
+    from .sessions import WorkerSession
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def admit(runtime: WorkerRuntime, action: Callable[[], T], keep: str = "") -> T:
+class Worker(Protocol):
+    """What eviction reads of a worker (its WorkerRuntime): the engine's pool, the sessions held, their
+    recovery backends (a session still recovering is never freed), and how a session is closed."""
+
+    engine: Engine
+    sessions: dict[str, WorkerSession]
+    backends: dict[str, RecoveryBackend]
+
+    def close(self, session_id: str) -> None: ...
+
+
+def admit(runtime: Worker, action: Callable[[], T], keep: str = "") -> T:
     """`action()`; while it runs out of pool pages or slots, free an idle session (never `keep`) and retry.
     Nothing is freed for what freeing cannot help: more pages than the pool has, or than the session's own
     page budget allows."""
@@ -40,7 +54,7 @@ def admit(runtime: WorkerRuntime, action: Callable[[], T], keep: str = "") -> T:
                 raise
 
 
-def _shared(runtime: WorkerRuntime, error: OutOfPagesError) -> bool:
+def _shared(runtime: Worker, error: OutOfPagesError) -> bool:
     """The error is about the worker's shared slots, or its shared pool and the request fits the pool at
     all (a session's own budget is no one else's to free)."""
     if isinstance(error, GDNSlotsExhaustedError):
@@ -48,7 +62,7 @@ def _shared(runtime: WorkerRuntime, error: OutOfPagesError) -> bool:
     return not isinstance(error, SessionPageBudgetError) and error.needed <= runtime.engine.pool_stats().total_pages
 
 
-def free_one(runtime: WorkerRuntime, keep: str, reason: str) -> bool:
+def free_one(runtime: Worker, keep: str, reason: str) -> bool:
     """Close one idle session here (see the module doc for which); False if none can go."""
     sessions = list(runtime.sessions.values())
     held = Counter(ws.owner for ws in sessions)

@@ -26,11 +26,12 @@ from google.protobuf import json_format
 
 from raincheck_client._gen import chat_pb2
 
+from ..common.events import read
 from ..common.grpc_util import ServiceError
 from ..common.logs import bind
+from ..common.recovery_modes import MODES
 from ..common.store import QuotaError, SessionRecord, Store, TurnRecord
 from ..frontend.servicer import ChatServicer
-from ..frontend.sessions import MODES
 from .call import HttpCall
 from .conversation import Conversation, record_digest
 from .index import SessionIndex, Tip
@@ -244,21 +245,22 @@ class _Answer:
         return out
 
 
+@dataclass(eq=False)
 class Turn:
     """A started turn: `run()` yields the answer's text deltas, then `Done` (blocking; call from a thread).
     `close()` ends the call, cancelling the worker's turn if it still runs; call it in every case."""
 
-    def __init__(self, backend: ChatBackend, call: HttpCall, owner: str, spec: TurnSpec, session_id: str,
-                 match: str, cached_tokens: int, events: Iterator[chat_pb2.ChatEvent]):
-        self.backend = backend
-        self.call = call
-        self.owner = owner
-        self.spec = spec
-        self.session_id = session_id
-        self.match = match
-        self.cached_tokens = cached_tokens
-        self._events = events
-        SESSION_MATCHES.labels(match).inc()
+    backend: ChatBackend
+    call: HttpCall
+    owner: str
+    spec: TurnSpec
+    session_id: str
+    match: str                             # continued | forked | new
+    cached_tokens: int
+    events: Iterator[chat_pb2.ChatEvent] = field(repr=False)   # the frontend's Chat stream
+
+    def __post_init__(self) -> None:
+        SESSION_MATCHES.labels(self.match).inc()
 
     def run(self) -> Iterator[Delta | Done]:
         """Each answer's deltas (n > 1: interleaved, by choice) and its Done; answer 0's Done comes last.
@@ -266,29 +268,25 @@ class Turn:
         n = self.spec.sampling.n if self.spec.sampling.HasField("n") else 1
         answers = [_Answer(StopMatcher(self.spec.stop, keep=self.spec.keep_stop)) for _ in range(max(n, 1))]
         metrics: dict[int, chat_pb2.TurnMetrics] = {}
-        for event in self._events:
-            kind = event.WhichOneof("event")
-            if kind == "token" and (a := answers[event.token.choice]).stops.matched is None:
-                if event.token.HasField("logprob"):
-                    a.scored.append(event.token)
-                text = a.stops.feed(event.token.text)
+        for part in read(self.events):
+            if isinstance(part, chat_pb2.TokenDelta) and (a := answers[part.choice]).stops.matched is None:
+                if part.HasField("logprob"):
+                    a.scored.append(part)
+                text = a.stops.feed(part.text)
                 # once every answer matched a stop string, the rest is not wanted: stop the turn now
                 if all(b.stops.matched is not None for b in answers):
                     self.backend.servicer.CancelTurn(chat_pb2.CancelTurnRequest(session_id=self.session_id),
                                                      self.call)
                 if text:
-                    yield a.delta(text, event.token.choice)
-            elif kind == "metrics":
-                metrics[event.metrics.choice] = event.metrics
-            elif kind == "error":
-                code = getattr(grpc.StatusCode, event.error.code, grpc.StatusCode.INTERNAL)
-                raise ServiceError(code, event.error.message)
-            elif kind == "final":
-                choice = event.final.choice
+                    yield a.delta(text, part.choice)
+            elif isinstance(part, chat_pb2.TurnMetrics):
+                metrics[part.choice] = part
+            elif isinstance(part, chat_pb2.TurnFinal):
+                choice = part.choice
                 a = answers[choice]
                 if a.stops.matched is None and (tail := a.stops.flush()):
                     yield a.delta(tail, choice)
-                done = self._done(event.final, metrics.get(choice) or chat_pb2.TurnMetrics(), "".join(a.shown),
+                done = self._done(part, metrics.get(choice) or chat_pb2.TurnMetrics(), "".join(a.shown),
                                   a.stops.matched)
                 yield dataclasses.replace(done, logprobs=tuple(a.scored), unsent_logprobs=tuple(a.scored[a.sent:]),
                                           choice=choice)
@@ -321,4 +319,4 @@ class Turn:
         # the frontend's end-of-stream bookkeeping runs now, not when the stream is garbage-collected; if a
         # thread is inside the stream (ValueError), the call cancelled above ends it there
         with contextlib.suppress(ValueError):
-            self._events.close()
+            self.events.close()

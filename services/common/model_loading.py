@@ -1,4 +1,5 @@
-"""Loading the Engine a decode worker (or a deferred worker) serves."""
+"""Loading the Engine a decode worker or a deferred worker serves: both load the same weights from the same
+ModelSpec (a deferred worker joins what its decode worker would have computed)."""
 
 from __future__ import annotations
 

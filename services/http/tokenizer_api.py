@@ -1,0 +1,44 @@
+"""The tokenizer over HTTP: `/tokenize` and `/detokenize`, in vLLM's and SGLang's shapes (the frontend's
+Tokenize and Detokenize, answered by a worker serving the model)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from raincheck_client._gen import chat_pb2
+
+from ..frontend.servicer import ChatServicer
+from .call import HttpCall
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = ""
+    prompt: str
+    add_special_tokens: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = ""
+    tokens: list[int] = Field(min_length=1)
+
+
+def add_routes(app: FastAPI, servicer: ChatServicer, blocking: Callable[..., Awaitable]) -> None:
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, request: Request):
+        reply = await blocking(servicer.Tokenize, chat_pb2.TokenizeRequest(
+            model=body.model, text=body.prompt, add_special_tokens=body.add_special_tokens),
+            HttpCall.of(request))
+        ids = list(reply.token_ids)
+        return {"tokens": ids, "count": len(ids), "max_model_len": reply.max_model_len,
+                "token_strs": list(reply.tokens)}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        reply = await blocking(servicer.Detokenize, chat_pb2.DetokenizeRequest(model=body.model, token_ids=body.tokens),
+                               HttpCall.of(request))
+        return {"prompt": reply.text, "text": reply.text}
