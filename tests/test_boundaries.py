@@ -257,12 +257,11 @@ def import_cycles(package: str) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 38: five cycles remain (the engine as a one-way street)")
+@pytest.mark.xfail(strict=True, reason="issue 38: the engine's cycles remain until its one-way street lands")
 def test_the_engine_library_has_no_import_cycle():
     assert import_cycles("raincheck_core") == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 38: two cycles remain in services/")
 def test_the_services_have_no_import_cycle():
     assert import_cycles("services") == []
 
