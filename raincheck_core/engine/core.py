@@ -29,10 +29,10 @@ from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
-from .plan import Kind, Segment, StepPlan
+from .plan import Kind, ScratchWork, Segment, StepPlan
 from .request import TurnRequest
 from .runner import ModelRunner
-from .scheduler import Scheduler, ScratchWork
+from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
 from .step import run_step
 from .update import StepResult

@@ -20,7 +20,6 @@ import torch
 if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
     from .request import TurnRequest
-    from .scheduler import ScratchWork
     from .session_cache import SessionCache
 
 
@@ -103,6 +102,22 @@ class Segment:
         the update never sees them (engine/padding.py)."""
         slots = slot.reshape(1).expand(rows)
         return cls(Kind.PADDING, "", rows, slots, slots, gdn_slot)
+
+
+@dataclass(eq=False)
+class ScratchWork:
+    """A scratch session (no turn, no recovery) and its rows: a deferred worker's residual, prefilled
+    through the ordinary step from `cursor` on, or a session-free forward's rows; `error` is set when a
+    step holding only them fails."""
+
+    cache: SessionCache
+    input: TurnInput
+    cursor: int = 0
+    error: Exception | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self.input) - self.cursor
 
 
 class StepSessions(Protocol):
