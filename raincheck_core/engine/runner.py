@@ -6,7 +6,8 @@ each segment may read) and the GDN groups (which state each sequence starts from
 their turn's conv lead appended, and the live state their join corrects). `forward` runs the model and
 returns the sampled rows' logits and, for GDN models, the new states as writes to apply, plus what the
 deferred join's bookkeeping needs. Only the step's update applies them (engine/update.py): a forward
-that raises leaves the caches as they were.
+that raises leaves the caches as they were. With `use_graphs`, decode steps are padded to their bucket
+(engine/padding.py) and their forward replayed from a captured graph (engine/graphs.py).
 
 K/V are written into the claimed slots during the forward (they are not visible to anyone until the
 update fills those slots)."""
@@ -27,7 +28,8 @@ from ..models import DecoderLM
 from ..ops.backend import OpSet, select
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..ops.gdn_varlen import varlen_layout
-from .graphs import StepGraphs
+from .graphs import NotCaptured, StepGraphs
+from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan, StepSessions
 
 
@@ -95,16 +97,29 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
+        self.padding: Scratch | None = None        # where their padding rows go
 
     def use_graphs(self, capture: bool) -> None:
         """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
         them eagerly over the same static buffers (the CPU tests). Holds a scratch KV page and GDN slot."""
-        self.graphs = StepGraphs(self, capture)
+        self.padding = Scratch.reserve(self.kv, self.gdn)
+        self.graphs = StepGraphs(self.model, capture)
 
     def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs:
-        if self.graphs is not None and (out := self.graphs.run(plan, sessions)) is not None:
-            return out
-        return self.forward(self.prepare(plan, sessions))
+        bucket = bucket_of(plan) if self.graphs is not None else None
+        if bucket is None:
+            return self.forward(self.prepare(plan, sessions))
+        padded = pad(plan, bucket, self.padding)
+        inputs = self.prepare(padded, sessions)
+        try:
+            replayed = self.graphs.run(bucket, inputs.batch)
+        except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
+            return self.forward(self.prepare(padded, sessions))
+        if replayed is None:
+            return self.forward(inputs)
+        batch, logits = replayed
+        # outputs read from the graph's buffers, which the next replay rewrites: copies of them
+        return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
     def prepare(self, plan: StepPlan, sessions: StepSessions) -> StepInputs:
