@@ -1,7 +1,7 @@
 """One engine step, whole: schedule -> run -> update -> settle.
 
     plan = scheduler.schedule()                 # which rows of which sessions, claimed slots (engine/scheduler.py)
-    out = runner.run(plan, core)                # tensors, one forward, new states as data (engine/runner.py)
+    out = runner.run(core.resolve(plan))        # tensors, one forward, new states as data (engine/runner.py)
     core.settle(apply_step(plan, out, ...))     # sessions change, then what ended is settled (engine/update.py,
                                                 # engine/core.py)
 
@@ -60,7 +60,8 @@ def _run(core: EngineCore, plan: StepPlan) -> Exception | None:
         try:
             for hook in core.hooks.plan:
                 hook(part)
-            out = core.runner.run(part, core)
+            # what the runner reads of the sessions, read now: as the step's earlier passes left them
+            out = core.runner.run(core.resolve(part))
         except Exception as e:
             for rest in passes[i:]:
                 core.cancel(rest)
