@@ -7,7 +7,8 @@ core puts what the runner reads of the sessions into the plan (`resolve`), the u
 ended (engine/update.py) and the core settles it here. Only the core admits, ends, fails and undoes a
 turn, finishes or gives up a recovery, and forgets a session; a recovery's own transitions are its
 methods (deferral/recovery.py), and it is reachable from its session's cache only. The facade
-(engine/engine.py) and the sessions call these verbs under the engine lock.
+(engine/engine.py), the sessions and the stepper (engine/stepper.py, which drives the steps) call these
+verbs under the engine lock.
 """
 
 from __future__ import annotations
@@ -143,10 +144,6 @@ class EngineCore:
                 hook(stats)
 
     # ---------------------------------------------------------------- stepping
-    def step(self, only: SessionCache | None = None) -> bool:
-        """One step (engine/step.py; call under the engine lock). False when there was no work."""
-        return run_step(self, only)
-
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -216,8 +213,10 @@ class EngineCore:
         StepFailedError if a step holding only these rows fails."""
         work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
+        # the one loop over steps outside the stepper (engine/stepper.py): the hand-off's prefill
+        # (engine/residual.py) reaches it through the core
         while work.pending and work.error is None:
-            self.step(only=cache)
+            run_step(self, only=cache)
         self.scheduler.remove_scratch(work)
         if work.error is not None:
             raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
@@ -414,16 +413,15 @@ class EngineCore:
             return False
         return rec.join is None or rec.join.fed + input_rows >= rec.join.lead
 
-    def barrier_step(self, cache: SessionCache) -> None:
-        """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if
-        it still streams, else prefill-only chunks of it shared with whatever else runs; a recovery held
-        for a deferred worker whose result is not back is recovered locally too."""
+    def race_held(self, cache: SessionCache) -> None:
+        """A barrier waits for `cache`'s recovery: if it is held for a deferred worker whose result is not
+        back, it is recovered locally too (whichever ends first wins)."""
         rec = cache.recovery
-        if not rec.answer_done:
-            self.step()
-            return
         if rec.handed_off:
             log.info("a deferred worker's result is not back yet: recovering locally too")
             rec.race()
-        if not self.step(only=cache):
-            self.scheduler.add_recovering(cache)
+
+    def requeue_recovery(self, cache: SessionCache) -> None:
+        """A barrier's step found none of `cache`'s deferred rows to run: its recovery is listed for the
+        steps again."""
+        self.scheduler.add_recovering(cache)
