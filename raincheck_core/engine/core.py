@@ -98,6 +98,8 @@ class EngineCore:
         return StepPlan([self._resolved(seg) for seg in plan.segments])
 
     def _resolved(self, seg: Segment) -> Segment:
+        if seg.kind is Kind.DECODE and not seg.tracked:
+            return seg      # its token and position are in the plan: nothing of the session to read
         cache = self.caches[seg.session]
         join_inputs = tracking = None
         if seg.joins:
