@@ -15,7 +15,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .inputs import Message, Prompt, VisualInput
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 __all__ = [
     "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .sampling import SamplingParams
+    from .sampling_params import SamplingParams
 
 
 class LogitRules:

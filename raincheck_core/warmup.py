@@ -20,7 +20,7 @@ from .deferral.policy import CHUNK_SIZES, DeferralConfig
 from .engine.cost_model import WINDOW
 from .engine.engine import Engine
 from .inputs import Prompt, VisualInput
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 PROMPT_TOKENS = 16
 ANSWER_TOKENS = 4

@@ -5,8 +5,9 @@ the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of t
 generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
 state right after them; and `P_rest`, the product of the transitions of every later generated token,
 fp32 throughout. A later token's factors are only written into a buffer; they are folded into `P_rest`
-a block at a time (ops/gdn_state_map.py), when a join reads it or the buffer is full, so a decode step
-pays for a copy of the factors instead of a map update.
+a block at a time (ops/gdn_state_map.py), when a join is about to read it (`fold_buffered`, which the
+engine core calls before a chunk's forward) or the buffer is full, so a decode step pays for a copy of
+the factors instead of a map update.
 
 The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
 with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −
@@ -143,9 +144,9 @@ class GDNJoin:
 
     @property
     def p_rest(self) -> torch.Tensor:
-        """`[layers, H, Dk, Dk]`: the map of every generated token past the lead fed so far."""
-        self._flush()
-        return self._p_rest
+        """`[layers, H, Dk, Dk]`: the map of every generated token past the lead fed so far (what is
+        buffered is folded first: the hand-off's join reads it outside any step)."""
+        return self.fold_buffered()
 
     def fold(self, k: torch.Tensor, v: torch.Tensor | None, g: torch.Tensor, beta: torch.Tensor) -> None:
         """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
@@ -153,7 +154,7 @@ class GDNJoin:
         may be H), v `[layers, H, Dv]` (read only when the join keeps factors for audits), g, beta
         `[layers, H]`."""
         if self._buffered == BUFFER:
-            self._flush()
+            self.fold_buffered()
         if self._k is None:
             self._k = k.new_empty(k.shape[0], BUFFER, *k.shape[1:])
         n = self._buffered
@@ -172,11 +173,15 @@ class GDNJoin:
         heads = self._p_rest.shape[1]
         return k if k.shape[-2] == heads else k.repeat_interleave(heads // k.shape[-2], dim=-2)
 
-    def _flush(self) -> None:
+    def fold_buffered(self) -> torch.Tensor:
+        """Fold the buffered tokens' factors into P_rest now; returns P_rest. Called where the map is about
+        to be read: by the engine core before a chunk's forward (so the forward, a stage that only reads,
+        changes no join) and by `p_rest`."""
         n, self._buffered = self._buffered, 0
         if n:   # token-major factors over all layers' maps at once
             extend_map_(self._p_rest, self._value_heads(self._k[:, :n]).transpose(0, 1),
                         self._g[:, :n].transpose(0, 1), self._beta[:, :n].transpose(0, 1))
+        return self._p_rest
 
     def set_joined(self, s_lead: torch.Tensor) -> None:
         """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""

@@ -2,15 +2,18 @@
 
 It holds the scheduler, the model runner, the pools (reserved at start-up by engine/memory.py), the clock
 and every session's cache; instrumentation hooks are engine/hooks.py's.
-A step is `plan = schedule(); out = run(plan); settle(apply(plan, out))` (engine/step.py); the update
-only reports what ended (engine/update.py) and the core settles it here. Only the core admits, ends,
-fails and undoes a turn, finishes or gives up a recovery, and forgets a session; a recovery's own
-transitions are its methods (deferral/recovery.py), and it is reachable from its session's cache only.
-The facade (engine/engine.py) and the sessions call these verbs under the engine lock.
+A step is `plan = schedule(); out = run(resolve(plan)); settle(apply(plan, out))` (engine/step.py): the
+core puts what the runner reads of the sessions into the plan (`resolve`), the update only reports what
+ended (engine/update.py) and the core settles it here. Only the core admits, ends, fails and undoes a
+turn, finishes or gives up a recovery, and forgets a session; a recovery's own transitions are its
+methods (deferral/recovery.py), and it is reachable from its session's cache only. The facade
+(engine/engine.py), the sessions and the stepper (engine/stepper.py, which drives the steps) call these
+verbs under the engine lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -29,10 +32,10 @@ from ..multimodal.turn_input import TurnInput
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
-from .plan import Kind, Segment, StepPlan
+from .plan import JoinInputs, Kind, ScratchWork, Segment, StepPlan, Tracking
 from .request import TurnRequest
 from .runner import ModelRunner
-from .scheduler import Scheduler, ScratchWork
+from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
 from .step import run_step
 from .update import StepResult
@@ -80,11 +83,38 @@ class EngineCore:
         return self.scratches.get(session)
 
     def rows(self, segment: Segment) -> TurnInput:
+        """The rows `segment` takes [first, first + rows) of: its turn's input, its recovery's D, or a
+        scratch session's rows."""
         if segment.kind is Kind.PREFILL:
             return self.turns[segment.session].input
         if segment.kind is Kind.RESIDUAL:
             return self.scratches[segment.session].input
         return self.caches[segment.session].recovery.rows
+
+    def resolve(self, plan: StepPlan) -> StepPlan:
+        """`plan` with what its forward reads of the sessions put into its segments, read now (just before
+        the forward, as the step's earlier passes left the sessions): their rows, a joining chunk's join
+        inputs, a tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
+        return StepPlan([self._resolved(seg) for seg in plan.segments])
+
+    def _resolved(self, seg: Segment) -> Segment:
+        if seg.kind is Kind.DECODE and not seg.tracked:
+            return seg      # its token and position are in the plan: nothing of the session to read
+        cache = self.caches[seg.session]
+        join_inputs = tracking = None
+        if seg.joins:
+            join = cache.recovery.join
+            # folded here, explicitly: the forward only reads the map
+            p_rest = join.fold_buffered()
+            join_inputs = JoinInputs(join.lead_u[:, :seg.lead], join.lead_g[:, :seg.lead], join.lead_beta[:, :seg.lead],
+                                     p_rest, join.s_lead, join.fed < join.lead)
+        if seg.tracked:
+            pending = [r.join for r in cache.recoveries() if r.join is not None and not r.done]
+            head = cache.recovery.join
+            tracking = Tracking(max(0, head.lead - head.fed), any(j.fed < j.lead for j in pending),
+                                any(j.factors is not None for j in pending))
+        source = None if seg.kind is Kind.DECODE else self.rows(seg)
+        return dataclasses.replace(seg, source=source, join_inputs=join_inputs, tracking=tracking)
 
     # ---------------------------------------------------------------- measuring and instrumentation
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -116,10 +146,6 @@ class EngineCore:
                 hook(stats)
 
     # ---------------------------------------------------------------- stepping
-    def step(self, only: SessionCache | None = None) -> bool:
-        """One step (engine/step.py; call under the engine lock). False when there was no work."""
-        return run_step(self, only)
-
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -189,8 +215,10 @@ class EngineCore:
         StepFailedError if a step holding only these rows fails."""
         work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
+        # the one loop over steps outside the stepper (engine/stepper.py): the hand-off's prefill
+        # (engine/residual.py) reaches it through the core
         while work.pending and work.error is None:
-            self.step(only=cache)
+            run_step(self, only=cache)
         self.scheduler.remove_scratch(work)
         if work.error is not None:
             raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
@@ -387,16 +415,15 @@ class EngineCore:
             return False
         return rec.join is None or rec.join.fed + input_rows >= rec.join.lead
 
-    def barrier_step(self, cache: SessionCache) -> None:
-        """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if
-        it still streams, else prefill-only chunks of it shared with whatever else runs; a recovery held
-        for a deferred worker whose result is not back is recovered locally too."""
+    def race_held(self, cache: SessionCache) -> None:
+        """A barrier waits for `cache`'s recovery: if it is held for a deferred worker whose result is not
+        back, it is recovered locally too (whichever ends first wins)."""
         rec = cache.recovery
-        if not rec.answer_done:
-            self.step()
-            return
         if rec.handed_off:
             log.info("a deferred worker's result is not back yet: recovering locally too")
             rec.race()
-        if not self.step(only=cache):
-            self.scheduler.add_recovering(cache)
+
+    def requeue_recovery(self, cache: SessionCache) -> None:
+        """A barrier's step found none of `cache`'s deferred rows to run: its recovery is listed for the
+        steps again."""
+        self.scheduler.add_recovering(cache)

@@ -331,8 +331,8 @@ class Engine:
             n = len(rows)
             write = cache.claim(n)
             runner = self.core.runner
-            inputs = runner.prepare(StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n),
-                                                               cache.gdn_slot)]), self.core)
+            plan = StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n), cache.gdn_slot)])
+            inputs = runner.prepare(self.core.resolve(plan))
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
 

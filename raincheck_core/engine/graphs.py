@@ -1,18 +1,20 @@
-"""Graph-captured decode steps: a decode step padded to its bucket (engine/padding.py) replays a CUDA graph
-captured from the first step of the same shape, instead of launching every layer's kernels from Python.
+"""Graph-captured decode steps: the forward of a decode step padded to its bucket (engine/padding.py, the
+runner's) replays a CUDA graph captured from the first step of the same shape, instead of launching every
+layer's kernels from Python. Only `model(batch)` is captured, as in vLLM's graph runner: the runner pads,
+prepares the batch and collects the outputs.
 
-A prepared step (`StepInputs.batch`: the packed rows, the attention layout, the GDN layouts) is a tree of
-tensors and plain values. Two steps whose trees have the same *skeleton* (every plain value, every
+A prepared batch (`ForwardBatch`: the packed rows, the attention layout, the GDN layouts) is a tree of
+tensors and plain values. Two batches whose trees have the same *skeleton* (every plain value, every
 tensor's shape and dtype) run the same kernels on the same shapes: only tensor contents differ. So the
-first step of a skeleton becomes the graph's static buffers (views of session tensors cloned, so that
-nothing of a session is a graph buffer) and is captured; a later step of that skeleton copies each of
-its tensors into the static tensor at the same place in the tree and replays. The logits and new states
-are read from the static step's output buffers and cloned, so a later replay never changes what an
-update applied.
+first batch of a skeleton becomes the graph's static buffers (views of session tensors cloned, so that
+nothing of a session is a graph buffer) and is captured; a later batch of that skeleton copies each of
+its tensors into the static tensor at the same place in the tree and replays. The runner reads the
+logits and new states from the static batch's output buffers and clones them, so a later replay never
+changes what an update applied.
 
 Capture is on for CUDA devices with ops that do not take the native CPU kernels (they read the step's
 bounds, plain values, as their read limits). On the CPU the same path runs with `capture=False`: the
-static step's forward runs eagerly where a replay would be, which is how the tests check the padding,
+static batch's forward runs eagerly where a replay would be, which is how the tests check the padding,
 the skeleton and the copying (tests/engine/test_graphs.py). Prefill, post-answer chunks and any step
 that is not a bucketed decode step run eagerly as planned.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +31,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-from .padding import Bucket, Scratch, bucket_of, pad
-from .plan import StepPlan, StepSessions
-
 if TYPE_CHECKING:
-    from .runner import ModelRunner, StepInputs, StepOutputs
+    from ..layers.batch import ForwardBatch
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full
 
 
 def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
-    """(container, key, value) of every tensor and plain value the forward reads in a prepared step:
+    """(container, key, value) of every tensor and plain value the forward reads in a prepared batch:
     dataclass fields (and computed cached properties, which are computed here first), list and tuple
     items, a BlockMask's tensors. Objects of other classes (the pools, the model, op functions) are
     shared by every step and not entered."""
@@ -79,7 +78,7 @@ def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]
 
 
 def skeleton(tree: Any) -> tuple:
-    """What must be equal for two prepared steps to run as one graph: every plain value, and every tensor's
+    """What must be equal for two prepared batches to run as one graph: every plain value, and every tensor's
     shape, dtype and device."""
     return tuple((type(owner).__name__, key, _plain(v)) for owner, key, v in leaves(tree))
 
@@ -115,80 +114,82 @@ def _set(owner: Any, key: Any, value: Tensor) -> None:
         vars(owner)[key] = value
 
 
+class NotCaptured(Exception):
+    """A batch's capture failed half-way (an op of its skeleton cannot be captured): the batch holds part
+    of that attempt's outputs. Later batches of its skeleton run eagerly."""
+
+
 @dataclasses.dataclass
 class Captured:
-    inputs: StepInputs                    # the static step
+    batch: ForwardBatch                   # the static batch
     graph: torch.cuda.CUDAGraph | None    # None: replayed eagerly (capture off)
     logits: Tensor | None = None          # the graph's output buffer
 
 
 class StepGraphs:
-    """The runner's bucketed decode steps: padded, then replayed from a captured graph (`capture`) or, with
+    """The model's forward over bucketed decode steps, replayed from a captured graph (`capture`) or, with
     capture off, run eagerly over the same static buffers."""
 
-    def __init__(self, runner: ModelRunner, capture: bool):
-        self.runner = runner
+    def __init__(self, model: Callable[[ForwardBatch], Tensor], capture: bool):
+        self.model = model
         self.capture = capture
-        self.scratch = Scratch.reserve(runner.kv, runner.gdn)
-        self.graphs: dict[tuple[Bucket, tuple], Captured | None] = {}    # None: could not be captured
+        self.graphs: dict[tuple[Hashable, tuple], Captured | None] = {}    # None: could not be captured
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
 
-    def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs | None:
-        """The step's outputs, or None when it is not a bucketed decode step (the runner runs it as planned)."""
-        bucket = bucket_of(plan)
-        if bucket is None:
-            return None
-        inputs = self.runner.prepare(pad(plan, bucket, self.scratch), sessions)
-        ops = inputs.batch.ops
+    def run(self, bucket: Hashable, batch: ForwardBatch) -> tuple[ForwardBatch, Tensor] | None:
+        """`model(batch)` for a padded decode step of `bucket`, replayed from the graph of its skeleton (captured
+        now when it is the first): the static batch it ran over, whose outputs are the step's, and its
+        logits. None: the caller runs `batch` eagerly (ops a graph cannot hold, too many graphs, a skeleton
+        whose capture failed). NotCaptured when this batch's capture fails."""
+        ops = batch.ops
         if ops.attention.name != "flex" or ops.gdn.name == "native":
-            return self.runner.forward(inputs)
-        key = (bucket, skeleton(inputs.batch))
+            return None
+        key = (bucket, skeleton(batch))
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
-            return self.runner.forward(inputs)
+            return None
         static = self.graphs.get(key)
         if key not in self.graphs:
             try:
-                static = self.graphs[key] = self._capture(inputs)
+                static = self.graphs[key] = self._capture(batch)
             except RuntimeError as e:     # an op of this skeleton cannot be captured: it stays eager
                 log.warning("decode step of bucket %s not captured (%s); it runs eagerly", bucket, e)
                 self.graphs[key] = None
-                return self.runner.forward(self.runner.prepare(pad(plan, bucket, self.scratch), sessions))
+                raise NotCaptured(str(e)) from e
         elif static is None:
-            return self.runner.forward(inputs)
+            return None
         else:
-            copy_into(static.inputs.batch, inputs.batch)
+            copy_into(static.batch, batch)
         logits = self._replay(static)
         self.replays += 1
-        replayed = dataclasses.replace(inputs, batch=static.inputs.batch)
-        return self.runner.collect(replayed, logits.clone()).detached()
+        return static.batch, logits
 
-    def _capture(self, inputs: StepInputs) -> Captured:
-        make_static(inputs.batch)
+    def _capture(self, batch: ForwardBatch) -> Captured:
+        make_static(batch)
         if not self.capture:
-            return Captured(inputs, None)
+            return Captured(batch, None)
         with torch.inference_mode():
             side = torch.cuda.Stream()            # warm-up (compiled kernels, library workspaces) off the
             side.wait_stream(torch.cuda.current_stream())     # capturing stream, as CUDA graphs require
             with torch.cuda.stream(side):
-                self.runner.model(inputs.batch)
+                self.model(batch)
             torch.cuda.current_stream().wait_stream(side)
-            _reset(inputs)
+            _reset(batch)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                logits = self.runner.model(inputs.batch)
-        return Captured(inputs, graph, logits)
+                logits = self.model(batch)
+        return Captured(batch, graph, logits)
 
     def _replay(self, static: Captured) -> Tensor:
         if static.graph is None:
-            _reset(static.inputs)
+            _reset(static.batch)
             with torch.inference_mode():
-                return self.runner.model(static.inputs.batch)
+                return self.model(static.batch)
         static.graph.replay()
         return static.logits
 
 
-def _reset(inputs: StepInputs) -> None:
+def _reset(batch: ForwardBatch) -> None:
     """What a forward appends to (the GDN factors, per layer) starts empty."""
-    if inputs.batch.gdn is not None:
-        inputs.batch.gdn.out.factors.clear()
+    if batch.gdn is not None:
+        batch.gdn.out.factors.clear()

@@ -5,8 +5,9 @@ runner turns it into tensors and runs the forward; the update applies the result
 happened; the engine core settles that (ends, fails, finishes). A segment names its session by id and
 carries slot lists, row counts and flags only, so a plan can be built and checked without a model
 (tests/engine/test_scheduler.py), dropped when its forward fails (`cancel`), split into passes, and
-compared with a reference. What a segment's rows *are* (their embeddings, the join's recorded factors)
-the runner reads through `StepSessions` from the session the segment names.
+compared with a reference. What a segment's rows *are* (their embeddings, the join's recorded factors
+and maps) the engine core puts in the segment just before its forward (`EngineCore.resolve`): the runner
+reads the plan and the pools, never a session.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import torch
 if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
     from .request import TurnRequest
-    from .scheduler import ScratchWork
     from .session_cache import SessionCache
 
 
@@ -34,6 +34,31 @@ class Kind(StrEnum):
 
 
 CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)    # rows that are not a running turn's input or answer
+
+
+@dataclass(frozen=True, eq=False)
+class JoinInputs:
+    """What the forward of a chunk that joins reads of its turn's GDN join (docs/mechanism.md §5), taken
+    just before it runs, after the join's buffered factors were folded into P_rest."""
+
+    lead_u: torch.Tensor           # [layers, lead, conv dim]: the recorded lead, appended to the chunk
+    lead_g: torch.Tensor           # [layers, lead, H]
+    lead_beta: torch.Tensor        # [layers, lead, H]
+    p_rest: torch.Tensor           # [layers, H, Dk, Dk] fp32: the correction's map
+    s_lead: torch.Tensor           # [layers, H, Dk, Dv] fp32: the correction's reference
+    in_lead: bool                  # the turn has not generated its whole conv lead: the live conv history
+                                   # still reaches back across the insertion boundary, so it is replaced too
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """What the forward of tracked rows needs of the pending GDN joins their tokens extend: which rows'
+    states the lead records, and whether v is kept."""
+
+    lead: int                      # lead tokens the session's oldest pending join still lacks: the first
+                                   # `lead` rows of a multi-row run keep the state after them
+    in_lead: bool                  # some pending join lacks lead tokens: a one-row run keeps u and its state
+    audit: bool                    # some pending join keeps every token's factors (v too)
 
 
 @dataclass(eq=False)
@@ -56,6 +81,10 @@ class Segment:
                                           # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
+    # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
+    source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode or padding row's)
+    join_inputs: JoinInputs | None = None     # a chunk that joins: what its forward reads of the join
+    tracking: Tracking | None = None      # tracked rows: what their forward needs of the joins they extend
 
     @property
     def joins(self) -> bool:
@@ -105,8 +134,24 @@ class Segment:
         return cls(Kind.PADDING, "", rows, slots, slots, gdn_slot)
 
 
+@dataclass(eq=False)
+class ScratchWork:
+    """A scratch session (no turn, no recovery) and its rows: a deferred worker's residual, prefilled
+    through the ordinary step from `cursor` on, or a session-free forward's rows; `error` is set when a
+    step holding only them fails."""
+
+    cache: SessionCache
+    input: TurnInput
+    cursor: int = 0
+    error: Exception | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self.input) - self.cursor
+
+
 class StepSessions(Protocol):
-    """What the runner and the update read a plan's sessions through (the engine core implements it)."""
+    """What the update reads a plan's sessions through (the engine core implements it)."""
 
     def cache(self, session: str) -> SessionCache: ...
 
@@ -114,11 +159,6 @@ class StepSessions(Protocol):
 
     def scratch(self, session: str) -> ScratchWork | None:
         """A scratch session's rows and how far the step has prefilled them (None: not a scratch session)."""
-        ...
-
-    def rows(self, segment: Segment) -> TurnInput:
-        """The rows `segment` takes [first, first + rows) of: its turn's input, its recovery's D, or a
-        scratch session's rows."""
         ...
 
 

@@ -16,7 +16,8 @@ import torch
 
 from ..grammar import TokenConstraint
 from ..multimodal.turn_input import TurnInput
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler
+from ..sampling_params import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent, TurnMetrics
 from .session_cache import Checkpoint, SessionCache
 

@@ -1,12 +1,14 @@
 """Turns a step's plan into tensors and runs the decoder once over all of it, changing no session.
 
-`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features), read from the
-session each segment names through `StepSessions` (the engine core), builds the attention layout (what
-each segment may read) and the GDN groups (which state each sequence starts from; deferred chunks with
-their turn's conv lead appended, and the live state their join corrects). `forward` runs the model and
-returns the sampled rows' logits and, for GDN models, the new states as writes to apply, plus what the
-deferred join's bookkeeping needs. Only the step's update applies them (engine/update.py): a forward
-that raises leaves the caches as they were.
+`prepare` packs every segment's rows (embeddings, 3-D positions, DeepStack features) from the rows the
+segment carries (`Segment.source`, put in by the engine core), builds the attention layout (what each
+segment may read) and the GDN groups (which state each sequence starts from; deferred chunks with their
+turn's conv lead appended, and the live state their join corrects, from `Segment.join_inputs`). `forward`
+runs the model and returns the sampled rows' logits and, for GDN models, the new states as writes to
+apply, plus what the deferred join's bookkeeping needs. The runner reads only the plan and the pools;
+only the step's update applies what it returns (engine/update.py): a forward that raises leaves the
+caches as they were. With `use_graphs`, decode steps are padded to their bucket (engine/padding.py) and
+their forward replayed from a captured graph (engine/graphs.py).
 
 K/V are written into the claimed slots during the forward (they are not visible to anyone until the
 update fills those slots)."""
@@ -15,20 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
-from ..deferral.gdn_join import GDNJoin
 from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import OpSet, select
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..ops.gdn_varlen import varlen_layout
-from .graphs import StepGraphs
-from .plan import Kind, Segment, StepPlan, StepSessions
+from .graphs import NotCaptured, StepGraphs
+from .padding import Scratch, bucket_of, pad
+from .plan import Kind, Segment, StepPlan
 
 
 @dataclass
@@ -72,16 +75,41 @@ class StepOutputs:
              for t in self.tracked])
 
 
+@dataclass(frozen=True, eq=False)
+class Placed:
+    """A segment as the step's tensors hold it: where its rows start and which GDN group runs them."""
+
+    segment: Segment
+    start: int        # its first row among the step's rows
+    multi: bool       # a multi-row GDN sequence (several rows, or a chunk that joins); else a one-row one
+
+
 @dataclass
 class StepInputs:
-    plan: StepPlan
-    sessions: StepSessions
     batch: ForwardBatch
-    multi: list[Segment]
-    joins: list[Segment]
-    single: list[Segment]
-    keep: list[Segment]
-    inputs: list[Segment] = field(default_factory=list)    # multi-row input rows a pending join tracks
+    placed: list[Placed]        # every segment, in plan order; the groups below are read off it
+
+    @cached_property
+    def multi(self) -> list[Segment]:
+        return [p.segment for p in self.placed if p.multi]
+
+    @cached_property
+    def single(self) -> list[Segment]:
+        return [p.segment for p in self.placed if not p.multi]
+
+    @cached_property
+    def joins(self) -> list[Segment]:
+        return [s for s in self.multi if s.joins]
+
+    @cached_property
+    def keep(self) -> list[Segment]:
+        """One-row sequences whose factors a pending join records (tracked decode rows)."""
+        return [s for s in self.single if s.tracked]
+
+    @cached_property
+    def inputs(self) -> list[Segment]:
+        """Multi-row input rows a pending join tracks."""
+        return [s for s in self.multi if s.tracked]
 
 
 class ModelRunner:
@@ -95,19 +123,32 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
+        self.padding: Scratch | None = None        # where their padding rows go
 
     def use_graphs(self, capture: bool) -> None:
         """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
         them eagerly over the same static buffers (the CPU tests). Holds a scratch KV page and GDN slot."""
-        self.graphs = StepGraphs(self, capture)
+        self.padding = Scratch.reserve(self.kv, self.gdn)
+        self.graphs = StepGraphs(self.model, capture)
 
-    def run(self, plan: StepPlan, sessions: StepSessions) -> StepOutputs:
-        if self.graphs is not None and (out := self.graphs.run(plan, sessions)) is not None:
-            return out
-        return self.forward(self.prepare(plan, sessions))
+    def run(self, plan: StepPlan) -> StepOutputs:
+        bucket = bucket_of(plan) if self.graphs is not None else None
+        if bucket is None:
+            return self.forward(self.prepare(plan))
+        padded = pad(plan, bucket, self.padding)
+        inputs = self.prepare(padded)
+        try:
+            replayed = self.graphs.run(bucket, inputs.batch)
+        except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
+            return self.forward(self.prepare(padded))
+        if replayed is None:
+            return self.forward(inputs)
+        batch, logits = replayed
+        # outputs read from the graph's buffers, which the next replay rewrites: copies of them
+        return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan, sessions: StepSessions) -> StepInputs:
+    def prepare(self, plan: StepPlan) -> StepInputs:
         embeds: list[torch.Tensor | None] = []
         positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
@@ -124,7 +165,7 @@ class ModelRunner:
                 embeds.append(self.model.embed_tokens.weight.new_zeros(seg.rows, self.model.config.hidden_size))
                 positions.append(torch.zeros((3, seg.rows), dtype=torch.long))
             else:
-                src, first, n = sessions.rows(seg), seg.first, seg.rows
+                src, first, n = seg.source, seg.first, seg.rows
                 embeds.append(src.embeds[first:first + n])
                 positions.append(src.positions[:, first:first + n].cpu())
                 if src.deepstack:
@@ -146,78 +187,77 @@ class ModelRunner:
         if self.model.config.num_attention_layers:
             attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
                                              torch.cat([s.write_slots for s in plan.segments]), self.device)
-        gdn, multi, joins, single, keep, tracked_inputs = self._gdn(plan, starts, sessions, ops)
+        # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row
+        placed = [Placed(seg, start, not (seg.rows == 1 and not seg.joins))
+                  for seg, start in zip(plan.segments, starts, strict=True)]
+        gdn = self._gdn(placed, ops)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
-        return StepInputs(plan, sessions, batch, multi, joins, single, keep, tracked_inputs)
+        return StepInputs(batch, placed)
 
-    def _gdn(self, plan: StepPlan, starts: list[int], sessions: StepSessions, ops: OpSet):
+    def _gdn(self, placed: list[Placed], ops: OpSet) -> GDNStep | None:
         if self.gdn is None:
-            return None, [], [], [], [], []
+            return None
         dev = self.device
-        single = [i for i, s in enumerate(plan.segments) if s.rows == 1 and not s.joins]
-        multi = [i for i, s in enumerate(plan.segments) if not (s.rows == 1 and not s.joins)]
-        segs = plan.segments
+        multi = [p for p in placed if p.multi]
+        single = [p.segment for p in placed if not p.multi]
+        joins = [p.segment for p in multi if p.segment.joins]
         step = GDNStep(self.gdn)
-        joins: list[Segment] = []
-        keep: list[Segment] = []
-        single_segs = [segs[i] for i in single]
         seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
         if multi:
             lengths, splits, source = [], [], []
             extra_u, extra_g, extra_b, join_seqs = [], [], [], []
             appended = 0
-            for j, i in enumerate(multi):
-                s = segs[i]
+            for j, p in enumerate(multi):
+                s = p.segment
                 lengths.append(s.rows + s.lead)
-                source.extend(range(starts[i], starts[i] + s.rows))
+                source.extend(range(p.start, p.start + s.rows))
                 if s.joins:
                     splits.append(s.rows)
                     join_seqs.append(j)
-                    joins.append(s)
                     if s.lead:
-                        jn = _join_of(sessions, s)
+                        jn = s.join_inputs
                         source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
                         appended += s.lead
-                        extra_u.append(jn.lead_u[:, :s.lead])
-                        extra_g.append(jn.lead_g[:, :s.lead])
-                        extra_b.append(jn.lead_beta[:, :s.lead])
+                        extra_u.append(jn.lead_u)
+                        extra_g.append(jn.lead_g)
+                        extra_b.append(jn.lead_beta)
                 else:
                     splits.append(None)
             step.multi = GDNMulti(varlen_layout(
-                lengths, self.kernel, splits, device=dev, source=source, slots=[segs[i].gdn_slot for i in multi],
+                lengths, self.kernel, splits, device=dev, source=source, slots=[p.segment.gdn_slot for p in multi],
                 joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
             if joins:
-                for j, k in enumerate(_decode_of(s, single_segs) for s in joins):
+                for j, k in enumerate(_decode_of(s, single) for s in joins):
                     if k >= 0:
                         seed_state[k] = j
-                        if _in_lead(_join_of(sessions, joins[j])):
+                        if joins[j].join_inputs.in_lead:
                             seed_hist[k] = join_seqs[j]
                 step.corrections = GDNCorrections(
-                    p=_batched([_join_of(sessions, s).p_rest for s in joins]),
-                    s_ref=_batched([_join_of(sessions, s).s_lead for s in joins]),
+                    p=_batched([s.join_inputs.p_rest for s in joins]),
+                    s_ref=_batched([s.join_inputs.s_lead for s in joins]),
                     extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
                     extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
                     extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
                 )
         if single:
-            keep_at = [k for k, s in enumerate(single_segs) if s.tracked]
-            keep = [single_segs[k] for k in keep_at]
+            keep_at = [k for k, s in enumerate(single) if s.tracked]
             step.single = GDNSingle(
-                layout=varlen_layout([1] * len(single), self.kernel, device=dev, source=[starts[i] for i in single],
-                                     slots=[s.gdn_slot for s in single_segs],
+                layout=varlen_layout([1] * len(single), self.kernel, device=dev,
+                                     source=[p.start for p in placed if not p.multi],
+                                     slots=[s.gdn_slot for s in single],
                                      seeds=(seed_hist, seed_state) if joins else None),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
-        inputs = [i for i in multi if segs[i].tracked]     # input rows after a previous turn's pending join
+        inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
         if inputs:
-            step.input_rows = torch.cat([torch.arange(starts[i], starts[i] + segs[i].rows) for i in inputs]).to(dev)
+            step.input_rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs]).to(dev)
         step.op = ops.gdn.prepare(step, self.key_heads)
-        return step, [segs[i] for i in multi], joins, single_segs, keep, [segs[i] for i in inputs]
+        return step
 
     def _ops(self) -> OpSet:
         """The step's op set, chosen once per step for the model's device and dtypes."""
@@ -263,7 +303,7 @@ class ModelRunner:
                     at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
                     out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
                                                  mo.corrected if at is None else mo.corrected[at]))
-                repair = [j for j in alone if _in_lead(_join_of(inputs.sessions, inputs.joins[j]))]
+                repair = [j for j in alone if inputs.joins[j].join_inputs.in_lead]
                 if repair:
                     at = torch.tensor(repair, device=self.device)
                     out.writes.append(StateWrite(live_slots[at], mo.tails[seqs[at]], None))
@@ -284,8 +324,7 @@ class ModelRunner:
         factors, out, at = inputs.batch.gdn.out.input_factors, [], 0
         layers = self.model.gdn_layers()
         for seg in inputs.inputs:
-            head = _join_of(inputs.sessions, seg)
-            lead = min(seg.rows, max(0, head.lead - head.fed))
+            lead = min(seg.rows, seg.tracking.lead)
             part = slice(at, at + seg.rows)
             f = input_factors(layers, [x[0][part] for x in factors], [x[1][part] for x in factors],
                               [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
@@ -302,8 +341,7 @@ class ModelRunner:
         stays per key head: the join widens it to value heads once per fold, not per token."""
         keep, segs = inputs.batch.gdn.single.keep, inputs.keep
         every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
-        joins = [_joins_of(inputs.sessions, seg) for seg in segs]
-        lead = [j for j, jns in enumerate(joins) if any(jn.fed < jn.lead for jn in jns)]
+        lead = [j for j, seg in enumerate(segs) if seg.tracking.in_lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
             if not needed:
@@ -311,7 +349,7 @@ class ModelRunner:
             t = torch.stack([f[part] for f in factors], dim=1)                     # [N, layers, ...]
             return t if every else t[keep]
 
-        audit = any(jn.factors is not None for jns in joins for jn in jns)
+        audit = any(seg.tracking.audit for seg in segs)
         u, g, beta = stacked(0, bool(lead)), stacked(3), stacked(4)
         x = inputs.batch.gdn.out.x
         if x is None:       # the torch path: the layers handed over k (per key head) and v
@@ -331,22 +369,6 @@ class ModelRunner:
                 states[j] = s
         return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
                 for j, seg in enumerate(segs)]
-
-
-def _join_of(sessions: StepSessions, seg: Segment) -> GDNJoin:
-    """The GDN join of the recovery `seg`'s session is running (a joining chunk, a tracked decode row)."""
-    return sessions.cache(seg.session).recovery.join
-
-
-def _joins_of(sessions: StepSessions, seg: Segment) -> list[GDNJoin]:
-    """Every pending GDN join of `seg`'s session, oldest first (a tracked decode row extends them all)."""
-    return [r.join for r in sessions.cache(seg.session).recoveries() if r.join is not None and not r.done]
-
-
-def _in_lead(join: GDNJoin) -> bool:
-    """The join's turn has not generated its whole conv lead: its live conv history still reaches back
-    across the insertion boundary, so a chunk's join replaces it with the chunk's (with the lead re-run)."""
-    return join.fed < join.lead
 
 
 def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:

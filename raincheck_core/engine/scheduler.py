@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
-from .plan import Kind, Segment, StepPlan
+from .plan import Kind, ScratchWork, Segment, StepPlan
 
 if TYPE_CHECKING:
     import torch
 
     from ..deferral.recovery import Recovery
-    from ..multimodal.turn_input import TurnInput
 
 
 class CacheView(Protocol):
@@ -80,22 +78,6 @@ class TurnView(Protocol):
     def slack_s(self, plain_step_s: float) -> float: ...
 
     def charge(self, seconds: float, plain_step_s: float) -> None: ...
-
-
-@dataclass(eq=False)
-class ScratchWork:
-    """A scratch session (no turn, no recovery) and its rows: a deferred worker's residual, prefilled
-    through the ordinary step from `cursor` on, or a session-free forward's rows; `error` is set when a
-    step holding only them fails."""
-
-    cache: CacheView
-    input: TurnInput
-    cursor: int = 0
-    error: Exception | None = None
-
-    @property
-    def pending(self) -> int:
-        return len(self.input) - self.cursor
 
 
 class Scheduler:

@@ -13,7 +13,7 @@ from ..errors import InvalidInputError, SessionBusyError, SessionClosedError, Tu
 from ..grammar import TokenConstraint
 from ..inputs import Message, Prompt
 from ..multimodal.turn_input import build_turn_input
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent
 from .fits import check_fits
 from .request import TurnRequest

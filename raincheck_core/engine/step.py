@@ -1,7 +1,7 @@
 """One engine step, whole: schedule -> run -> update -> settle.
 
     plan = scheduler.schedule()                 # which rows of which sessions, claimed slots (engine/scheduler.py)
-    out = runner.run(plan, core)                # tensors, one forward, new states as data (engine/runner.py)
+    out = runner.run(core.resolve(plan))        # tensors, one forward, new states as data (engine/runner.py)
     core.settle(apply_step(plan, out, ...))     # sessions change, then what ended is settled (engine/update.py,
                                                 # engine/core.py)
 
@@ -9,24 +9,52 @@ A forward that raises changes nothing: the plan's claims are dropped. If the ste
 sessions, each session's share is re-run alone, so only the one whose own rows fail is hit: its turn
 fails with `StepFailedError` and is undone to its admission (its cache as before the turn), or, for a
 post-answer recovery, the chunk is retried and the recovery given up after `MAX_RECOVERY_FAILURES`.
+
+The loops over steps are the stepper's (engine/stepper.py). A step reaches the core through `StepCore`,
+what it needs of it, so that the core can run steps too (a hand-off's prefill) without an import cycle.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from .plan import StepPlan
+from .plan import StepPlan, StepSessions
 from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from ..cache.gdn_state import GDNStatePool
+    from .hooks import Hooks
+    from .runner import ModelRunner
+    from .scheduler import Scheduler
     from .session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 
 
-def run_step(core: EngineCore, only: SessionCache | None = None) -> bool:
+class StepCore(StepSessions, Protocol):
+    """What a step reads and calls of the engine core (engine/core.py implements it; the sessions the
+    update reads are `StepSessions`)."""
+
+    clock: Callable[[], float]
+    scheduler: Scheduler
+    runner: ModelRunner
+    hooks: Hooks
+    gdn: GDNStatePool | None
+
+    def resolve(self, plan: StepPlan) -> StepPlan: ...
+
+    def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None: ...
+
+    def cancel(self, plan: StepPlan) -> None: ...
+
+    def settle(self, result: StepResult) -> None: ...
+
+    def step_failed(self, cache: SessionCache, error: Exception) -> None: ...
+
+
+def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
     """One step (call under the engine lock). False when there was no work."""
     t0 = core.clock()
     plan = core.scheduler.schedule(only)
@@ -49,7 +77,7 @@ def run_step(core: EngineCore, only: SessionCache | None = None) -> bool:
     return True
 
 
-def _run(core: EngineCore, plan: StepPlan) -> Exception | None:
+def _run(core: StepCore, plan: StepPlan) -> Exception | None:
     """Run the plan's passes; what their updates found ended is settled once, after the last pass that
     ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks)."""
     passes = plan.passes()
@@ -60,7 +88,8 @@ def _run(core: EngineCore, plan: StepPlan) -> Exception | None:
         try:
             for hook in core.hooks.plan:
                 hook(part)
-            out = core.runner.run(part, core)
+            # what the runner reads of the sessions, read now: as the step's earlier passes left them
+            out = core.runner.run(core.resolve(part))
         except Exception as e:
             for rest in passes[i:]:
                 core.cancel(rest)

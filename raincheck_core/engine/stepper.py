@@ -3,7 +3,9 @@
 There is no engine thread of its own: a consumer reading a turn's events drives the steps (`drive`),
 under the engine lock, so embedded use needs no threads and concurrent callers share steps. The
 optional background stepper steps whenever there is work nobody is waiting for — chiefly post-answer
-recovery in the gaps between turns — and leaves the steps to consumers while any drives.
+recovery in the gaps between turns — and leaves the steps to consumers while any drives. The loops over
+steps are here (each step is engine/step.py's `run_step`); the engine core holds the state and makes
+the transitions they call for.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .core import EngineCore
 from .engine_lock import EngineLock
 from .request import TurnRequest
 from .session_cache import SessionCache
+from .step import run_step
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ class Stepper:
     def step(self, only: SessionCache | None = None) -> bool:
         """One step over every running turn (and recoveries in the gaps; only `only`'s when given)."""
         with self.lock.for_step():
-            return self.core.step(only)
+            return run_step(self.core, only)
 
     def drive(self, *requests: TurnRequest) -> None:
         """Step until one of `requests` has an event to hand out or all have ended. A consumer waits for the lock like
@@ -58,9 +61,20 @@ class Stepper:
                 if cache.recovery is None or (enough is not None and enough()):
                     break
                 with self.lock.for_step():
-                    self.core.barrier_step(cache)
+                    self._barrier_step(cache)
                 steps += 1
         return steps
+
+    def _barrier_step(self, cache: SessionCache) -> None:
+        """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if
+        it still streams, else prefill-only chunks of it shared with whatever else runs; a recovery held
+        for a deferred worker whose result is not back is recovered locally too."""
+        if not cache.recovery.answer_done:
+            run_step(self.core)
+            return
+        self.core.race_held(cache)
+        if not run_step(self.core, only=cache):
+            self.core.requeue_recovery(cache)
 
     def start_background(self, after_step: Callable[[], None] | None = None, idle_wait_s: float = 0.02) -> None:
         """Step in a daemon thread whenever there is work nobody is waiting for; `after_step` runs after

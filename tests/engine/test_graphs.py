@@ -72,6 +72,28 @@ def test_replays_reuse_static_buffers(engines):
     assert len(graphs.graphs) < graphs.replays
 
 
+def test_a_failed_capture_runs_the_step_eagerly(engines, tiny_checkpoints, monkeypatch):
+    """A capture that raises part-way (an op that cannot be captured) has run some of the forward over the
+    step's batch: the runner prepares the step again and runs it eagerly, as every later step of that
+    skeleton, with the results of the unpadded step."""
+    engine = _engine(tiny_checkpoints["qwen3_5"][1], graphs=True)
+    graphs = engine.core.runner.graphs
+
+    def fails(batch):
+        with torch.inference_mode():
+            graphs.model(batch)     # the warm-up ran: the batch's GDN outputs hold its factors
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "_capture", fails)
+    want, _ = _turns(engines["qwen3_5"][0], 7)
+    got, buckets = _turns(engine, 7)
+    assert Bucket(4, 7) in buckets
+    assert graphs.graphs and all(g is None for g in graphs.graphs.values()) and graphs.replays == 0
+    for x, y in zip(want, got, strict=True):
+        assert torch.equal(x.argmax(-1), y.argmax(-1))
+        assert float((x - y).abs().max()) <= 1e-5
+
+
 def _segment(kind: Kind, session: str, rows: int) -> Segment:
     slots = torch.arange(rows)
     return Segment(kind, session, rows, slots, slots, None)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from raincheck_core.errors import InvalidInputError
-from raincheck_core.sampling import Sampler, SamplingParams
+from raincheck_core.sampling import Sampler
+from raincheck_core.sampling_params import SamplingParams
 
 
 def test_logit_bias_moves_the_greedy_choice():

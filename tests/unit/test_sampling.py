@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from raincheck_core.errors import InvalidInputError, SamplingError
-from raincheck_core.sampling import MIN_TEMPERATURE, MIN_TOP_P, Sampler, SamplingParams
+from raincheck_core.sampling import Sampler
+from raincheck_core.sampling_params import MIN_TEMPERATURE, MIN_TOP_P, SamplingParams
 
 
 def test_greedy_takes_argmax():
