@@ -72,6 +72,13 @@ class SamplingError(RaincheckError):
     only (it is undone), the others in its step go on."""
 
 
+class GrammarError(InvalidInputError, SamplingError):
+    """The turn's grammar (structured output) asks for what the model's vocabulary cannot write: found before
+    the turn runs (refused, as any invalid input), or at a dead end while it answers (that turn fails, as a
+    sampling failure does, and is undone). Either way the caller's request, not the server, is at fault, and
+    the message says what cannot be written."""
+
+
 class StepFailedError(RaincheckError):
     """The forward pass that ran this turn's rows failed (alone, so it was this turn's own); the turn is
     undone: the session's cache is as it was before the turn started."""
