@@ -65,10 +65,12 @@ def json_schema_grammar(schema: dict | bool) -> str:
     return _llguidance().LLMatcher.grammar_from_json_schema(json.dumps(schema))
 
 
-def grammar_from(kind: str, text: str | list[str]) -> str:
-    """llguidance's grammar text of a `regex`, a `choice` (a list of strings), or a `grammar` (Lark, or GBNF /
-    EBNF as llama.cpp writes it). ValueError when it does not compile."""
+def grammar_from(kind: str, text: str | list[str] | dict | bool) -> str:
+    """llguidance's grammar text of a `json` schema (`json_schema_grammar`), a `regex`, a `choice` (a list of
+    strings), or a `grammar` (Lark, or GBNF / EBNF as llama.cpp writes it). ValueError for what cannot be one."""
     llg = _llguidance()
+    if kind == "json":
+        return json_schema_grammar(text)
     if kind == "choice":
         return llg.LLMatcher.grammar_from_lark(choice_lark(text))
     return llg.grammar_from(kind, text)
