@@ -43,10 +43,13 @@ class CheckpointError(RaincheckError):
 class OutOfPagesError(RaincheckError):
     """The KV page pool (or a session's page budget) cannot hold the request."""
 
+    unit = "pages"
+
     def __init__(self, message: str, needed: int, available: int):
+        self.what = message
         self.needed = needed
         self.available = available
-        super().__init__(f"{message}: needs {needed} pages, {available} available")
+        super().__init__(f"{message}: needs {needed} {self.unit}, {available} available")
 
 
 class SessionPageBudgetError(OutOfPagesError):
@@ -57,6 +60,10 @@ class SessionPageBudgetError(OutOfPagesError):
 class GDNSlotsExhaustedError(OutOfPagesError):
     """Every GDN state slot is taken (each open session of a GDN model holds one); `needed` and
     `available` count slots."""
+
+    def __init__(self, message: str, needed: int, available: int):
+        self.unit = "GDN state slot" + ("s" if needed != 1 else "")
+        super().__init__(message, needed, available)
 
 
 class SessionClosedError(RaincheckError):
