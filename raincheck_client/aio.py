@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from grpc import aio
 
-from . import _build
+from . import _build, _ready
 from ._gen import chat_pb2, chat_pb2_grpc
 from .errors import from_rpc_error
 from .events import Event, Final, Metrics, from_proto
@@ -16,22 +18,69 @@ from .session_info import ModelInfo, SessionInfo
 
 
 class AsyncClient:
-    """As `Client`, for asyncio. Create it inside a running event loop."""
+    """As `Client`, for asyncio. Create it inside a running event loop. With `wait_ready`, the wait happens
+    on entering `async with`, or before the first call."""
 
     def __init__(self, address: str, api_key: str | None = None, tls: bool | bytes | None = None,
-                 timeout_s: float | None = 30.0):
+                 timeout_s: float | None = 30.0, wait_ready: bool | float | None = None, retry: bool = True):
         creds = _build.credentials(tls)
-        self._channel = (aio.secure_channel(address, creds, _build.CHANNEL_OPTIONS) if creds
-                         else aio.insecure_channel(address, _build.CHANNEL_OPTIONS))
+        options = _build.CHANNEL_OPTIONS + _ready.CHANNEL_OPTIONS
+        self._channel = (aio.secure_channel(address, creds, options) if creds
+                         else aio.insecure_channel(address, options))
         self._stub = chat_pb2_grpc.ChatServiceStub(self._channel)
+        self._health = self._channel.unary_unary(_ready.HEALTH_CHECK, request_serializer=_ready.identity,
+                                                 response_deserializer=_ready.identity)
         self._metadata = _build.metadata(api_key)
+        self.address = address
         self.timeout_s = timeout_s
+        self.retry = retry
+        self._ready_s = None if not wait_ready else _ready.DEFAULT_READY_S if wait_ready is True else float(wait_ready)
 
-    async def _call(self, method, request):
-        try:
-            return await method(request, metadata=self._metadata, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+    async def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S,
+                         progress: _ready.Progress | None = None) -> None:
+        """As `Client.wait_ready`."""
+        start = time.monotonic()
+        for pause in _ready.backoff():
+            left = timeout_s - (time.monotonic() - start)
+            try:
+                reply = await self._health(b"", timeout=max(min(left, _ready.CHECK_S), 0.001), wait_for_ready=True)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return
+                why = "not reachable yet"
+            else:
+                if _ready.health_status(reply) == _ready.SERVING:
+                    return
+                why = "loading its model"
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                raise _ready.not_ready(self.address, waited, why)
+            if progress is not None:
+                progress(why, waited)
+            await asyncio.sleep(min(pause, timeout_s - waited))
+
+    async def _when_ready(self) -> None:
+        if self._ready_s is not None:
+            ready_s, self._ready_s = self._ready_s, None
+            await self.wait_ready(ready_s)
+
+    async def _call(self, method, request, retry: bool = False):
+        """As `Client._call`."""
+        await self._when_ready()
+        retry = retry and self.retry
+        start = time.monotonic()
+        for pause in _ready.backoff():
+            timeout = None if self.timeout_s is None else max(self.timeout_s - (time.monotonic() - start), 0.001)
+            try:
+                return await method(request, metadata=self._metadata, timeout=timeout, wait_for_ready=retry or None)
+            except grpc.RpcError as e:
+                waited = time.monotonic() - start
+                if retry and _ready.timed_out(e) and \
+                        self._channel.get_state() != grpc.ChannelConnectivity.READY:
+                    raise _ready.unreachable(self.address, waited) from None
+                if not (retry and _ready.retryable(e) and (timeout is None or waited + pause < self.timeout_s)):
+                    raise from_rpc_error(e) from None
+            await asyncio.sleep(pause)
 
     async def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                              retention: float | None = None, chunk_size: int | None = None,
@@ -41,23 +90,26 @@ class AsyncClient:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
                                         barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
-        return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request)))
+        return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request,
+                                                                          retry=True)))
 
     async def session(self, session_id: str) -> AsyncSession:
         return AsyncSession(self, await self._get(session_id))
 
     async def _get(self, session_id: str) -> SessionInfo:
-        reply = await self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id))
+        reply = await self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id),
+                                 retry=True)
         return SessionInfo.from_proto(reply)
 
     async def list_models(self) -> list[ModelInfo]:
-        reply = await self._call(self._stub.ListModels, chat_pb2.ListModelsRequest())
+        reply = await self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
+        await self._when_ready()
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import grpc
 
-from . import _build
+from . import _build, _ready
 from ._gen import chat_pb2, chat_pb2_grpc
 from .errors import from_rpc_error
 from .events import Event, Final, Metrics, from_proto
@@ -15,22 +16,72 @@ from .session_info import ModelInfo, SessionInfo
 
 
 class Client:
-    """A connection to a Raincheck frontend. `tls`: None/False plaintext, True system roots, bytes PEM roots."""
+    """A connection to a Raincheck frontend. `tls`: None/False plaintext, True system roots, bytes PEM roots.
+
+    `timeout_s`: the deadline of each unary call, retries included. `wait_ready`: wait (True: up to 60 s, or
+    that many seconds) until the server says it can serve a turn before returning (`wait_ready()`).
+    `retry`: retry opening a session, a session's status and the model list while the server answers
+    UNAVAILABLE (starting, or between workers), within their deadline (raincheck_client/_ready.py)."""
 
     def __init__(self, address: str, api_key: str | None = None, tls: bool | bytes | None = None,
-                 timeout_s: float | None = 30.0):
+                 timeout_s: float | None = 30.0, wait_ready: bool | float | None = None, retry: bool = True):
         creds = _build.credentials(tls)
-        self._channel = (grpc.secure_channel(address, creds, _build.CHANNEL_OPTIONS) if creds
-                         else grpc.insecure_channel(address, _build.CHANNEL_OPTIONS))
+        options = _build.CHANNEL_OPTIONS + _ready.CHANNEL_OPTIONS
+        self._channel = (grpc.secure_channel(address, creds, options) if creds
+                         else grpc.insecure_channel(address, options))
         self._stub = chat_pb2_grpc.ChatServiceStub(self._channel)
+        self._health = self._channel.unary_unary(_ready.HEALTH_CHECK, request_serializer=_ready.identity,
+                                                 response_deserializer=_ready.identity)
         self._metadata = _build.metadata(api_key)
+        self.address = address
         self.timeout_s = timeout_s          # for unary calls; turns stream without a deadline
+        self.retry = retry
+        self._state: grpc.ChannelConnectivity | None = None
+        self._channel.subscribe(self._on_state)
+        if wait_ready:
+            self.wait_ready(_ready.DEFAULT_READY_S if wait_ready is True else float(wait_ready))
 
-    def _call(self, method, request):
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        self._state = state
+
+    def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S, progress: _ready.Progress | None = None) -> None:
+        """Return once the server's gRPC health says SERVING (it can serve a turn now); `Unavailable` when it
+        has not after `timeout_s`. `progress(why, waited_s)` is told at least every second while it waits."""
+        start = time.monotonic()
+        for pause in _ready.backoff():
+            left = timeout_s - (time.monotonic() - start)
+            try:
+                reply = self._health(b"", timeout=max(min(left, _ready.CHECK_S), 0.001), wait_for_ready=True)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:      # no health service: nothing to wait for
+                    return
+                why = "not reachable yet"
+            else:
+                if _ready.health_status(reply) == _ready.SERVING:
+                    return
+                why = "loading its model"
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                raise _ready.not_ready(self.address, waited, why)
+            if progress is not None:
+                progress(why, waited)
+            time.sleep(min(pause, timeout_s - waited))
+
+    def _call(self, method, request, retry: bool = False):
+        """A unary call; with `retry` (and the client's), UNAVAILABLE is retried within the deadline."""
+        retry = retry and self.retry
+        start = time.monotonic()
+        for pause in _ready.backoff():
+            timeout = None if self.timeout_s is None else max(self.timeout_s - (time.monotonic() - start), 0.001)
+            try:
+                return method(request, metadata=self._metadata, timeout=timeout, wait_for_ready=retry or None)
+            except grpc.RpcError as e:
+                waited = time.monotonic() - start
+                if retry and _ready.timed_out(e) and self._state != grpc.ChannelConnectivity.READY:
+                    raise _ready.unreachable(self.address, waited) from None
+                if not (retry and _ready.retryable(e) and (timeout is None or waited + pause < self.timeout_s)):
+                    raise from_rpc_error(e) from None
+            time.sleep(pause)
 
     def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                        retention: float | None = None, chunk_size: int | None = None,
@@ -44,21 +95,22 @@ class Client:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
                                         barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
-        return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request)))
+        return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request, retry=True)))
 
     def session(self, session_id: str) -> Session:
         """An existing session (e.g. after a restart of this program)."""
         return Session(self, self._get(session_id))
 
     def _get(self, session_id: str) -> SessionInfo:
-        reply = self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id))
+        reply = self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id), retry=True)
         return SessionInfo.from_proto(reply)
 
     def list_models(self) -> list[ModelInfo]:
-        reply = self._call(self._stub.ListModels, chat_pb2.ListModelsRequest())
+        reply = self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
 
     def close(self) -> None:
+        self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
     def __enter__(self) -> Client:
