@@ -17,11 +17,12 @@ status, SERVING = 1), so the SDK still needs only grpcio and protobuf.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
 
-from .errors import Unavailable
+from .errors import Unavailable, from_rpc_error
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 SERVING = 1
@@ -58,18 +59,67 @@ def backoff() -> Iterator[float]:
         delay = min(delay * 2, 1.0)
 
 
-def not_ready(address: str, waited_s: float, why: str) -> Unavailable:
-    return Unavailable("UNAVAILABLE", f"the server at {address} is not ready after {waited_s:.0f} s ({why})")
+class ReadyWait:
+    """One wait for readiness (`wait_ready`): each health check's deadline, and what its outcome means. The
+    sync and asyncio clients make the checks and the pauses."""
+
+    def __init__(self, address: str, timeout_s: float, progress: Progress | None):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self.start = time.monotonic()
+        self._pauses = backoff()
+
+    def check_timeout(self) -> float:
+        return max(min(self.timeout_s - (time.monotonic() - self.start), CHECK_S), 0.001)
+
+    def after(self, reply: bytes | None, error: grpc.RpcError | None) -> float | None:
+        """None once ready (SERVING, or a server without health); else the pause before the next check.
+        Unavailable, saying why, once the time is up."""
+        if error is not None:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:      # no health service: nothing to wait for
+                return None
+            why = "not reachable yet"
+        elif health_status(reply or b"") == SERVING:
+            return None
+        else:
+            why = "loading its model"
+        waited = time.monotonic() - self.start
+        if waited >= self.timeout_s:
+            raise Unavailable("UNAVAILABLE", f"the server at {self.address} is not ready after {waited:.0f} s ({why})")
+        if self.progress is not None:
+            self.progress(why, waited)
+        return min(next(self._pauses), self.timeout_s - waited)
 
 
-def unreachable(address: str, waited_s: float) -> Unavailable:
-    """A call that waited for a connection until its deadline: the server was never reached."""
-    return Unavailable("UNAVAILABLE", f"the server at {address} could not be reached in {waited_s:.1f} s")
+class CallTries:
+    """One unary call's tries: with `retry`, each carries wait_for_ready, and UNAVAILABLE is tried again
+    after a pause while the call's deadline (`timeout_s` from the first try) allows."""
 
+    def __init__(self, address: str, timeout_s: float | None, retry: bool):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.wait_for_ready = retry or None
+        self.retry = retry
+        self.start = time.monotonic()
+        self._pauses = backoff()
 
-def retryable(error: grpc.RpcError) -> bool:
-    return error.code() == grpc.StatusCode.UNAVAILABLE
+    def timeout(self) -> float | None:
+        return None if self.timeout_s is None else max(self.timeout_s - (time.monotonic() - self.start), 0.001)
 
+    def ask_reachable(self, error: grpc.RpcError) -> bool:
+        """Whether `after` needs to know if the server answers at all: a try that waited for a connection
+        until its deadline."""
+        return self.retry and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
-def timed_out(error: grpc.RpcError) -> bool:
-    return error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    def after(self, error: grpc.RpcError, reachable: bool) -> float:
+        """The pause before the next try; raises the SDK's error when there is none."""
+        waited = time.monotonic() - self.start
+        if self.ask_reachable(error) and not reachable:
+            # the deadline went by waiting for a connection: the server was never reached
+            raise Unavailable("UNAVAILABLE", f"the server at {self.address} could not be reached in {waited:.1f} s")
+        pause = next(self._pauses)
+        if self.retry and error.code() == grpc.StatusCode.UNAVAILABLE and \
+                (self.timeout_s is None or waited + pause < self.timeout_s):
+            return pause
+        raise from_rpc_error(error) from None

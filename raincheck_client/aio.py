@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -39,25 +38,16 @@ class AsyncClient:
     async def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S,
                          progress: _ready.Progress | None = None) -> None:
         """As `Client.wait_ready`."""
-        start = time.monotonic()
-        for pause in _ready.backoff():
-            left = timeout_s - (time.monotonic() - start)
+        wait = _ready.ReadyWait(self.address, timeout_s, progress)
+        while True:
             try:
-                reply = await self._health(b"", timeout=max(min(left, _ready.CHECK_S), 0.001), wait_for_ready=True)
+                reply, error = await self._health(b"", timeout=wait.check_timeout(), wait_for_ready=True), None
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return
-                why = "not reachable yet"
-            else:
-                if _ready.health_status(reply) == _ready.SERVING:
-                    return
-                why = "loading its model"
-            waited = time.monotonic() - start
-            if waited >= timeout_s:
-                raise _ready.not_ready(self.address, waited, why)
-            if progress is not None:
-                progress(why, waited)
-            await asyncio.sleep(min(pause, timeout_s - waited))
+                reply, error = None, e
+            pause = wait.after(reply, error)
+            if pause is None:
+                return
+            await asyncio.sleep(pause)
 
     async def _when_ready(self) -> None:
         if self._ready_s is not None:
@@ -67,19 +57,13 @@ class AsyncClient:
     async def _call(self, method, request, retry: bool = False):
         """As `Client._call`."""
         await self._when_ready()
-        retry = retry and self.retry
-        start = time.monotonic()
-        for pause in _ready.backoff():
-            timeout = None if self.timeout_s is None else max(self.timeout_s - (time.monotonic() - start), 0.001)
+        tries = _ready.CallTries(self.address, self.timeout_s, retry and self.retry)
+        while True:
             try:
-                return await method(request, metadata=self._metadata, timeout=timeout, wait_for_ready=retry or None)
+                return await method(request, metadata=self._metadata, timeout=tries.timeout(),
+                                    wait_for_ready=tries.wait_for_ready)
             except grpc.RpcError as e:
-                waited = time.monotonic() - start
-                if retry and _ready.timed_out(e) and \
-                        self._channel.get_state() != grpc.ChannelConnectivity.READY:
-                    raise _ready.unreachable(self.address, waited) from None
-                if not (retry and _ready.retryable(e) and (timeout is None or waited + pause < self.timeout_s)):
-                    raise from_rpc_error(e) from None
+                pause = tries.after(e, await self._reachable() if tries.ask_reachable(e) else True)
             await asyncio.sleep(pause)
 
     async def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
@@ -104,6 +88,14 @@ class AsyncClient:
     async def list_models(self) -> list[ModelInfo]:
         reply = await self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
+
+    async def _reachable(self) -> bool:
+        """As `Client._reachable`."""
+        try:
+            await self._health(b"", timeout=_ready.CHECK_S)
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.UNAVAILABLE
+        return True
 
     async def close(self) -> None:
         await self._channel.close()

@@ -36,51 +36,32 @@ class Client:
         self.address = address
         self.timeout_s = timeout_s          # for unary calls; turns stream without a deadline
         self.retry = retry
-        self._state: grpc.ChannelConnectivity | None = None
-        self._channel.subscribe(self._on_state)
         if wait_ready:
             self.wait_ready(_ready.DEFAULT_READY_S if wait_ready is True else float(wait_ready))
-
-    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
-        self._state = state
 
     def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S, progress: _ready.Progress | None = None) -> None:
         """Return once the server's gRPC health says SERVING (it can serve a turn now); `Unavailable` when it
         has not after `timeout_s`. `progress(why, waited_s)` is told at least every second while it waits."""
-        start = time.monotonic()
-        for pause in _ready.backoff():
-            left = timeout_s - (time.monotonic() - start)
+        wait = _ready.ReadyWait(self.address, timeout_s, progress)
+        while True:
             try:
-                reply = self._health(b"", timeout=max(min(left, _ready.CHECK_S), 0.001), wait_for_ready=True)
+                reply, error = self._health(b"", timeout=wait.check_timeout(), wait_for_ready=True), None
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:      # no health service: nothing to wait for
-                    return
-                why = "not reachable yet"
-            else:
-                if _ready.health_status(reply) == _ready.SERVING:
-                    return
-                why = "loading its model"
-            waited = time.monotonic() - start
-            if waited >= timeout_s:
-                raise _ready.not_ready(self.address, waited, why)
-            if progress is not None:
-                progress(why, waited)
-            time.sleep(min(pause, timeout_s - waited))
+                reply, error = None, e
+            pause = wait.after(reply, error)
+            if pause is None:
+                return
+            time.sleep(pause)
 
     def _call(self, method, request, retry: bool = False):
-        """A unary call; with `retry` (and the client's), UNAVAILABLE is retried within the deadline."""
-        retry = retry and self.retry
-        start = time.monotonic()
-        for pause in _ready.backoff():
-            timeout = None if self.timeout_s is None else max(self.timeout_s - (time.monotonic() - start), 0.001)
+        """A unary call; with `retry` (and the client's), UNAVAILABLE is tried again within the deadline."""
+        tries = _ready.CallTries(self.address, self.timeout_s, retry and self.retry)
+        while True:
             try:
-                return method(request, metadata=self._metadata, timeout=timeout, wait_for_ready=retry or None)
+                return method(request, metadata=self._metadata, timeout=tries.timeout(),
+                              wait_for_ready=tries.wait_for_ready)
             except grpc.RpcError as e:
-                waited = time.monotonic() - start
-                if retry and _ready.timed_out(e) and self._state != grpc.ChannelConnectivity.READY:
-                    raise _ready.unreachable(self.address, waited) from None
-                if not (retry and _ready.retryable(e) and (timeout is None or waited + pause < self.timeout_s)):
-                    raise from_rpc_error(e) from None
+                pause = tries.after(e, self._reachable() if tries.ask_reachable(e) else True)
             time.sleep(pause)
 
     def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
@@ -109,8 +90,15 @@ class Client:
         reply = self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
 
+    def _reachable(self) -> bool:
+        """The server answers at all now (its health, not waiting for a connection)."""
+        try:
+            self._health(b"", timeout=_ready.CHECK_S)
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.UNAVAILABLE
+        return True
+
     def close(self) -> None:
-        self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
     def __enter__(self) -> Client:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -21,14 +20,10 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from services.common.random_model import save_random_model
-from services.common.store import MemoryStore
-
 from .helpers import KEYS, MODEL, Stack, user
 
 QUESTION = "is there a red object in row one ?"
 SCHEMA = {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
-TEMPLATE = Path(__file__).parent / "data" / "qwen_tool_format.jinja"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
                                           "properties": {"city": {"enum": ["paris", "rome"]}}}}}
@@ -58,25 +53,8 @@ def valid(text: str) -> bool:
     return value is None or isinstance(value, bool)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A stack on the tiny random checkpoint, with a chat template that renders tools in Qwen's format."""
-    from transformers import AutoTokenizer
-
-    folder = save_random_model(tmp_path_factory.mktemp("structured-model"), "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.chat_template = TEMPLATE.read_text()
-    tokenizer.save_pretrained(folder)
-    stack = Stack(MemoryStore(), folder=folder)
-    stack.folder = folder
-    yield stack
-    stack.close()
-
-
 def token(stack: Stack, text: str) -> int:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(stack.folder)).convert_tokens_to_ids(text)
+    return stack.worker.runtime.engine.formatter.tokenizer.convert_tokens_to_ids(text)
 
 
 def counting_client(stack: Stack) -> tuple[OpenAI, list[httpx.Request]]:
@@ -86,8 +64,8 @@ def counting_client(stack: Stack) -> tuple[OpenAI, list[httpx.Request]]:
     return OpenAI(base_url=stack.http.url + "/v1", api_key=KEYS[0], http_client=http), sent
 
 
-def test_parse_returns_a_parsed_object(tiny):
-    client, sent = counting_client(tiny)
+def test_parse_returns_a_parsed_object(tool_stack):
+    client, sent = counting_client(tool_stack)
     for model in (Person, Answer):
         r = client.chat.completions.parse(model=MODEL, messages=[user("who is it ?")], response_format=model,
                                           max_tokens=200)
@@ -124,10 +102,10 @@ def test_parse_on_the_demo_model_is_one_400_naming_what_it_cannot_write(stack):
     ({"structured_outputs": {"json_object": True}, "logit_bias": {"CLOSE": 100}},   # any object: close it
      lambda t: isinstance(json.loads(t), dict)),
 ])
-def test_vllm_names_hold_the_answer(tiny, extra, check, stream):
-    client = tiny.openai()
+def test_vllm_names_hold_the_answer(tool_stack, extra, check, stream):
+    client = tool_stack.openai()
     if "logit_bias" in extra:
-        extra = {**extra, "logit_bias": {str(token(tiny, "}")): 100}}
+        extra = {**extra, "logit_bias": {str(token(tool_stack, "}")): 100}}
     kwargs = dict(model=MODEL, messages=[user("say it")], max_tokens=200, extra_body=extra)
     if stream:
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
@@ -140,8 +118,8 @@ def test_vllm_names_hold_the_answer(tiny, extra, check, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_completions_take_vllm_names(tiny, stream):
-    client = tiny.openai()
+def test_completions_take_vllm_names(tool_stack, stream):
+    client = tool_stack.openai()
     kwargs = dict(model=MODEL, prompt="the answer is", max_tokens=100,
                   extra_body={"structured_outputs": {"json": Person.model_json_schema()}})
     if stream:
@@ -152,10 +130,10 @@ def test_completions_take_vllm_names(tiny, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_with_tools(tiny, stream):
+def test_with_tools(tool_stack, stream):
     """tool_choice none: the structured output holds the whole answer; auto: the answer is that output or a
     call (greedy noise picks one; either parses); required: the call's grammar holds it."""
-    client = tiny.openai()
+    client = tool_stack.openai()
 
     def ask(choice: str) -> tuple[str | None, list]:
         kwargs = dict(model=MODEL, messages=[user("weather in paris ?")], tools=[WEATHER], tool_choice=choice,
@@ -179,20 +157,20 @@ def test_with_tools(tiny, stream):
     assert calls and calls[0].function.name == "get_weather"
 
 
-def test_a_dead_end_while_answering_ends_that_answer_with_its_error(tiny):
+def test_a_dead_end_while_answering_ends_that_answer_with_its_error(tool_stack):
     """A key the tiny vocabulary cannot write, after a string the up-front search cannot see past (a bias on
     the quote closes it at once): the answer ends with the error naming it, a 400 (one request: the client
     does not retry it) or, streamed, an error event; never a 500. Another request goes on."""
-    client, sent = counting_client(tiny)
+    client, sent = counting_client(tool_stack)
     schema = {"type": "object", "additionalProperties": False, "required": ["a", "é"],
               "properties": {"a": {"type": "string"}, "é": {"type": "integer"}}}
     kwargs = dict(model=MODEL, messages=[user("say it")], max_tokens=40, response_format=schema_format(schema),
-                  logit_bias={str(token(tiny, '"')): 100})
+                  logit_bias={str(token(tool_stack, '"')): 100})
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**kwargs)
     assert "requires 'é\":', and no token writes 'é'" in e.value.response.json()["error"]["message"]
     assert len(sent) == 1
-    with httpx.stream("POST", tiny.http.url + "/v1/chat/completions", timeout=60,
+    with httpx.stream("POST", tool_stack.http.url + "/v1/chat/completions", timeout=60,
                       headers={"Authorization": f"Bearer {KEYS[0]}"}, json={**kwargs, "stream": True}) as r:
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200 and events[-1] == "data: [DONE]"
@@ -214,9 +192,10 @@ def test_a_dead_end_while_answering_ends_that_answer_with_its_error(tiny):
     ({"guided_json": {"type": "string", "minLength": "x"}}, "guided_json", "invalid grammar"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs.json_object", "is true"),
 ])
-def test_bad_structured_outputs_are_400_naming_the_field(tiny, extra, param, message):
+def test_bad_structured_outputs_are_400_naming_the_field(tool_stack, extra, param, message):
     with pytest.raises(openai.BadRequestError) as e:
-        tiny.openai().chat.completions.create(model=MODEL, messages=[user("say it")], max_tokens=4, extra_body=extra)
+        tool_stack.openai().chat.completions.create(model=MODEL, messages=[user("say it")], max_tokens=4,
+                                                    extra_body=extra)
     error = e.value.response.json()["error"]
     assert error["param"] == param and message in error["message"]
 
