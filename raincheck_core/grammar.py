@@ -48,6 +48,7 @@ SEARCH_BRANCHES = 8       # a state with more allowed tokens than this is not se
 LOOKAHEAD_MASKS = 32      # masks a decode step's look past its few allowed tokens may compute (TokenConstraint)
 NO_FORCING = '%llguidance {"no_forcing": true}\n'
 UTF8_BYTES = [*range(0xc0), *range(0xc2, 0xf5)]
+TOKENIZED_KEPT = 4096     # forced texts whose exact tokens a vocabulary keeps
 SHOWN_BYTES = 48          # of forced text and of the answer so far, in messages
 
 
@@ -112,19 +113,32 @@ class Vocabulary:
         backend.no_padding()
         backend.no_truncation()
         self._backend = backend
+        self._tokenized: dict[bytes, tuple[int, ...]] = {}
+        # the up-front search's order among many allowed tokens: those that close something (an answer ends
+        # sooner), then shorter ones
+        self.search_rank = torch.tensor([len(t) + (0 if t[-1:] in (b'"', b"}", b"]") else 1 << 16)
+                                         for t in self.tokens], dtype=torch.int32)
 
     def tokenize(self, text: str | bytes) -> list[int]:
         """Tokens that spell exactly `text`: the Hugging Face tokenizer's when they do (a vocabulary without one
         of its bytes, or a normalizer, gives tokens that spell something else), else the longest-match ones
         (which do wherever the vocabulary can write every byte, the only case llguidance calls this in)."""
         data = text if isinstance(text, bytes) else text.encode("utf-8")
+        ids = self._tokenized.get(data)
+        if ids is None:
+            if len(self._tokenized) >= TOKENIZED_KEPT:      # forced texts repeat (keys, punctuation): keep some
+                self._tokenized.clear()
+            ids = self._tokenized[data] = self._exact_tokens(data)
+        return list(ids)
+
+    def _exact_tokens(self, data: bytes) -> tuple[int, ...]:
         try:
             ids = self._backend.encode(data.decode("utf-8"), add_special_tokens=False).ids
         except Exception:      # not UTF-8, or the tokenizer's own failure: the longest-match tokens below
             ids = []
         if ids and all(i < self.size for i in ids) and b"".join(self.spelled[i] for i in ids) == data:
-            return ids
-        return self._probe.greedy_tokenize(data.decode("utf-8", errors="replace"))
+            return tuple(ids)
+        return tuple(self._probe.greedy_tokenize(data.decode("utf-8", errors="replace")))
 
     def llg_tokenizer(self, stop_id: int) -> llguidance.LLTokenizer:
         """llguidance's tokenizer over these tokens, `stop_id` ending an answer, tokenizing by `tokenize`."""
@@ -305,8 +319,10 @@ class TokenConstraint:
         for one complete answer, from this (the first) state. A state with few allowed tokens is searched
         through all of them, a larger one through its likeliest ways to an end (closing quotes and brackets
         first); the search proves a dead end only where it tried every allowed token, and otherwise (or out
-        of budget) lets the turn run."""
-        found, reason = self._search(self.matcher.deep_copy(), b"", [SEARCH_MASKS], refusing=True)
+        of budget) lets the turn run. A vocabulary that writes every byte can write whatever the grammar
+        requires: its first mask is all there is to check."""
+        budget = 1 if self.vocabulary.byte_complete else SEARCH_MASKS
+        found, reason = self._search(self.matcher.deep_copy(), b"", [budget], refusing=True)
         if found is False:
             raise GrammarError(reason)
 
@@ -324,10 +340,11 @@ class TokenConstraint:
             return False, self._dead_end(forced, written, refusing)
         if self.stop_id < mask.numel() and mask[self.stop_id]:
             return True, ""
-        allowed = sorted(mask.nonzero().flatten().tolist(), key=self._preference)
+        allowed = mask.nonzero().flatten()
         exhaustive = len(allowed) <= SEARCH_BRANCHES
-        if not exhaustive:
-            allowed = allowed[:SEARCH_BRANCHES // 2]
+        rank = self.vocabulary.search_rank[allowed]
+        allowed = allowed[rank.topk(min(len(allowed), SEARCH_BRANCHES // 2 if not exhaustive else len(allowed)),
+                                    largest=False, sorted=True).indices].tolist()
         first_reason = ""
         for token in allowed:
             child = matcher.deep_copy()
@@ -340,9 +357,3 @@ class TokenConstraint:
                 exhaustive = False
             first_reason = first_reason or reason
         return (False, first_reason) if exhaustive else (None, "")
-
-    def _preference(self, token: int) -> tuple[int, int]:
-        """Search order: tokens that close something first (an answer ends sooner), then shorter ones."""
-        spelled = self.vocabulary.tokens[token]
-        closing = spelled[-1:] in (b'"', b"}", b"]") if spelled else False
-        return (0 if closing else 1, len(spelled))
