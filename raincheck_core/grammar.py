@@ -88,8 +88,9 @@ def _shown(data: bytes) -> str:
 
 
 class Vocabulary:
-    """The checkpoint's tokens as the bytes each spells (llguidance's reading of the tokenizer), and the
-    tokenize function llguidance is given: exact, or nothing (see the module's docstring)."""
+    """The checkpoint's tokens as the bytes each spells (llguidance's reading of the tokenizer), whether they
+    can write every byte, and the tokenize function llguidance is given: always exact (see the module's
+    docstring)."""
 
     def __init__(self, hf_tokenizer, vocab_size: int, stop_id: int):
         llg = _llguidance()
