@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from grpc import aio
 
-from . import _build
+from . import _build, _ready
 from ._gen import chat_pb2, chat_pb2_grpc
 from .errors import from_rpc_error
 from .events import Event, Final, Metrics, from_proto
@@ -16,22 +17,54 @@ from .session_info import ModelInfo, SessionInfo
 
 
 class AsyncClient:
-    """As `Client`, for asyncio. Create it inside a running event loop."""
+    """As `Client`, for asyncio. Create it inside a running event loop. With `wait_ready`, the wait happens
+    on entering `async with`, or before the first call."""
 
     def __init__(self, address: str, api_key: str | None = None, tls: bool | bytes | None = None,
-                 timeout_s: float | None = 30.0):
+                 timeout_s: float | None = 30.0, wait_ready: bool | float | None = None, retry: bool = True):
         creds = _build.credentials(tls)
-        self._channel = (aio.secure_channel(address, creds, _build.CHANNEL_OPTIONS) if creds
-                         else aio.insecure_channel(address, _build.CHANNEL_OPTIONS))
+        options = _build.CHANNEL_OPTIONS + _ready.CHANNEL_OPTIONS
+        self._channel = (aio.secure_channel(address, creds, options) if creds
+                         else aio.insecure_channel(address, options))
         self._stub = chat_pb2_grpc.ChatServiceStub(self._channel)
+        self._health = self._channel.unary_unary(_ready.HEALTH_CHECK, request_serializer=_ready.identity,
+                                                 response_deserializer=_ready.identity)
         self._metadata = _build.metadata(api_key)
+        self.address = address
         self.timeout_s = timeout_s
+        self.retry = retry
+        self._ready_s = None if not wait_ready else _ready.DEFAULT_READY_S if wait_ready is True else float(wait_ready)
 
-    async def _call(self, method, request):
-        try:
-            return await method(request, metadata=self._metadata, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+    async def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S,
+                         progress: _ready.Progress | None = None) -> None:
+        """As `Client.wait_ready`."""
+        wait = _ready.ReadyWait(self.address, timeout_s, progress)
+        while True:
+            try:
+                reply, error = await self._health(b"", timeout=wait.check_timeout(), wait_for_ready=True), None
+            except grpc.RpcError as e:
+                reply, error = None, e
+            pause = wait.after(reply, error)
+            if pause is None:
+                return
+            await asyncio.sleep(pause)
+
+    async def _when_ready(self) -> None:
+        if self._ready_s is not None:
+            ready_s, self._ready_s = self._ready_s, None
+            await self.wait_ready(ready_s)
+
+    async def _call(self, method, request, retry: bool = False):
+        """As `Client._call`."""
+        await self._when_ready()
+        tries = _ready.CallTries(self.address, self.timeout_s, retry and self.retry)
+        while True:
+            try:
+                return await method(request, metadata=self._metadata, timeout=tries.timeout(),
+                                    wait_for_ready=tries.wait_for_ready)
+            except grpc.RpcError as e:
+                pause = tries.after(e, await self._reachable() if tries.ask_reachable(e) else True)
+            await asyncio.sleep(pause)
 
     async def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                              retention: float | None = None, chunk_size: int | None = None,
@@ -41,23 +74,34 @@ class AsyncClient:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
                                         barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
-        return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request)))
+        return AsyncSession(self, SessionInfo.from_proto(await self._call(self._stub.CreateSession, request,
+                                                                          retry=True)))
 
     async def session(self, session_id: str) -> AsyncSession:
         return AsyncSession(self, await self._get(session_id))
 
     async def _get(self, session_id: str) -> SessionInfo:
-        reply = await self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id))
+        reply = await self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id),
+                                 retry=True)
         return SessionInfo.from_proto(reply)
 
     async def list_models(self) -> list[ModelInfo]:
-        reply = await self._call(self._stub.ListModels, chat_pb2.ListModelsRequest())
+        reply = await self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
+
+    async def _reachable(self) -> bool:
+        """As `Client._reachable`."""
+        try:
+            await self._health(b"", timeout=_ready.CHECK_S)
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.UNAVAILABLE
+        return True
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
+        await self._when_ready()
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -35,11 +35,13 @@ class FailedPrecondition(RaincheckError):
 
 
 class ResourceExhausted(RaincheckError):
-    """The worker's KV page pool cannot hold the turn."""
+    """A key's quota, or the worker's KV pages or GDN state slots held by busy sessions: a later try can
+    succeed (the message names what is missing)."""
 
 
 class Unavailable(RaincheckError):
-    """No healthy decode worker, or the server cannot be reached."""
+    """No healthy decode worker, or the server cannot be reached (`Client(wait_ready=...)` waits for a
+    server that is starting)."""
 
 
 class Cancelled(RaincheckError):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import grpc
 
-from . import _build
+from . import _build, _ready
 from ._gen import chat_pb2, chat_pb2_grpc
 from .errors import from_rpc_error
 from .events import Event, Final, Metrics, from_proto
@@ -15,22 +16,53 @@ from .session_info import ModelInfo, SessionInfo
 
 
 class Client:
-    """A connection to a Raincheck frontend. `tls`: None/False plaintext, True system roots, bytes PEM roots."""
+    """A connection to a Raincheck frontend. `tls`: None/False plaintext, True system roots, bytes PEM roots.
+
+    `timeout_s`: the deadline of each unary call, retries included. `wait_ready`: wait (True: up to 60 s, or
+    that many seconds) until the server says it can serve a turn before returning (`wait_ready()`).
+    `retry`: retry opening a session, a session's status and the model list while the server answers
+    UNAVAILABLE (starting, or between workers), within their deadline (raincheck_client/_ready.py)."""
 
     def __init__(self, address: str, api_key: str | None = None, tls: bool | bytes | None = None,
-                 timeout_s: float | None = 30.0):
+                 timeout_s: float | None = 30.0, wait_ready: bool | float | None = None, retry: bool = True):
         creds = _build.credentials(tls)
-        self._channel = (grpc.secure_channel(address, creds, _build.CHANNEL_OPTIONS) if creds
-                         else grpc.insecure_channel(address, _build.CHANNEL_OPTIONS))
+        options = _build.CHANNEL_OPTIONS + _ready.CHANNEL_OPTIONS
+        self._channel = (grpc.secure_channel(address, creds, options) if creds
+                         else grpc.insecure_channel(address, options))
         self._stub = chat_pb2_grpc.ChatServiceStub(self._channel)
+        self._health = self._channel.unary_unary(_ready.HEALTH_CHECK, request_serializer=_ready.identity,
+                                                 response_deserializer=_ready.identity)
         self._metadata = _build.metadata(api_key)
+        self.address = address
         self.timeout_s = timeout_s          # for unary calls; turns stream without a deadline
+        self.retry = retry
+        if wait_ready:
+            self.wait_ready(_ready.DEFAULT_READY_S if wait_ready is True else float(wait_ready))
 
-    def _call(self, method, request):
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+    def wait_ready(self, timeout_s: float = _ready.DEFAULT_READY_S, progress: _ready.Progress | None = None) -> None:
+        """Return once the server's gRPC health says SERVING (it can serve a turn now); `Unavailable` when it
+        has not after `timeout_s`. `progress(why, waited_s)` is told at least every second while it waits."""
+        wait = _ready.ReadyWait(self.address, timeout_s, progress)
+        while True:
+            try:
+                reply, error = self._health(b"", timeout=wait.check_timeout(), wait_for_ready=True), None
+            except grpc.RpcError as e:
+                reply, error = None, e
+            pause = wait.after(reply, error)
+            if pause is None:
+                return
+            time.sleep(pause)
+
+    def _call(self, method, request, retry: bool = False):
+        """A unary call; with `retry` (and the client's), UNAVAILABLE is tried again within the deadline."""
+        tries = _ready.CallTries(self.address, self.timeout_s, retry and self.retry)
+        while True:
+            try:
+                return method(request, metadata=self._metadata, timeout=tries.timeout(),
+                              wait_for_ready=tries.wait_for_ready)
+            except grpc.RpcError as e:
+                pause = tries.after(e, self._reachable() if tries.ask_reachable(e) else True)
+            time.sleep(pause)
 
     def create_session(self, model: str = "", *, policy: str | None = None, selector: str | None = None,
                        retention: float | None = None, chunk_size: int | None = None,
@@ -44,19 +76,27 @@ class Client:
         request = _build.create_session(model, recovery, policy=policy, selector=selector, retention=retention,
                                         chunk_size=chunk_size, guard=guard, tpot_slo=tpot_slo,
                                         barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
-        return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request)))
+        return Session(self, SessionInfo.from_proto(self._call(self._stub.CreateSession, request, retry=True)))
 
     def session(self, session_id: str) -> Session:
         """An existing session (e.g. after a restart of this program)."""
         return Session(self, self._get(session_id))
 
     def _get(self, session_id: str) -> SessionInfo:
-        reply = self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id))
+        reply = self._call(self._stub.GetSession, chat_pb2.GetSessionRequest(session_id=session_id), retry=True)
         return SessionInfo.from_proto(reply)
 
     def list_models(self) -> list[ModelInfo]:
-        reply = self._call(self._stub.ListModels, chat_pb2.ListModelsRequest())
+        reply = self._call(self._stub.ListModels, chat_pb2.ListModelsRequest(), retry=True)
         return [ModelInfo.from_proto(m) for m in reply.models]
+
+    def _reachable(self) -> bool:
+        """The server answers at all now (its health, not waiting for a connection)."""
+        try:
+            self._health(b"", timeout=_ready.CHECK_S)
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.UNAVAILABLE
+        return True
 
     def close(self) -> None:
         self._channel.close()

@@ -5,6 +5,7 @@ from .deferral.policy import DeferralConfig
 from .engine import Engine, Session, TokenEvent, TurnEnd, TurnMetrics
 from .errors import (
     CheckpointError,
+    GrammarError,
     InvalidInputError,
     OutOfPagesError,
     RaincheckError,
@@ -18,7 +19,8 @@ from .inputs import Message, Prompt, VisualInput
 from .sampling_params import SamplingParams
 
 __all__ = [
-    "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
+    "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "GrammarError", "InvalidInputError", "Message",
+    "ModelConfig",
     "OutOfPagesError", "Prompt", "RaincheckError", "RequestTooLargeError", "SamplingError", "SamplingParams", "Session",
     "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",

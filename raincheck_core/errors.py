@@ -43,10 +43,13 @@ class CheckpointError(RaincheckError):
 class OutOfPagesError(RaincheckError):
     """The KV page pool (or a session's page budget) cannot hold the request."""
 
+    unit = "pages"
+
     def __init__(self, message: str, needed: int, available: int):
+        self.what = message
         self.needed = needed
         self.available = available
-        super().__init__(f"{message}: needs {needed} pages, {available} available")
+        super().__init__(f"{message}: needs {needed} {self.unit}, {available} available")
 
 
 class SessionPageBudgetError(OutOfPagesError):
@@ -57,6 +60,10 @@ class SessionPageBudgetError(OutOfPagesError):
 class GDNSlotsExhaustedError(OutOfPagesError):
     """Every GDN state slot is taken (each open session of a GDN model holds one); `needed` and
     `available` count slots."""
+
+    def __init__(self, message: str, needed: int, available: int):
+        self.unit = "GDN state slot" + ("s" if needed != 1 else "")
+        super().__init__(message, needed, available)
 
 
 class SessionClosedError(RaincheckError):
@@ -70,6 +77,13 @@ class SessionBusyError(RaincheckError):
 class SamplingError(RaincheckError):
     """No token can be drawn from a turn's logits (none is usable), or sampling failed; fails that turn
     only (it is undone), the others in its step go on."""
+
+
+class GrammarError(InvalidInputError, SamplingError):
+    """The turn's grammar (structured output) asks for what the model's vocabulary cannot write: found before
+    the turn runs (refused, as any invalid input), or at a dead end while it answers (that turn fails, as a
+    sampling failure does, and is undone). Either way the caller's request, not the server, is at fault, and
+    the message says what cannot be written."""
 
 
 class StepFailedError(RaincheckError):

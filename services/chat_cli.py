@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
 
 from raincheck_client import (
     Client,
@@ -30,7 +29,6 @@ from raincheck_client import (
 from .common.settings import ChatSettings
 
 HELP = "/image PATH attaches an image to the next message, /status, /quit"
-T = TypeVar("T")
 
 
 def _turn(session: Session, text: str, images: list[bytes], max_new_tokens: int) -> None:
@@ -81,28 +79,24 @@ def status_table(info: SessionInfo) -> str:
     return "\n".join(f"  {name:<9}{value}" for name, value in rows)
 
 
-def _waiting(address: str, wait_s: float, call: Callable[[], T]) -> T:
-    """`call()`, retried while the server is unreachable or has no model loaded yet, with a progress line."""
+def _wait_ready(client: Client, address: str, wait_s: float) -> None:
+    """The SDK's own wait for a server that is starting (`Client.wait_ready`), with a progress line."""
     start = time.monotonic()
     shown = False
-    while True:
-        try:
-            result = call()
-        except Unavailable as e:
-            waited = time.monotonic() - start
-            if waited >= wait_s:
-                if shown:
-                    print()
-                raise
-            reason = "loading its model" if "decode worker" in e.message else "not reachable yet"
-            print(f"\r  waiting for the server at {address} ({reason}): {waited:.0f} s of {wait_s:.0f} s ",
-                  end="", flush=True)
-            shown = True
-            time.sleep(min(1.0, wait_s - waited))
-            continue
+
+    def progress(why: str, waited: float) -> None:
+        nonlocal shown
+        print(f"\r  waiting for the server at {address} ({why}): {waited:.0f} s of {wait_s:.0f} s ", end="", flush=True)
+        shown = True
+
+    try:
+        client.wait_ready(wait_s, progress)
+    except Unavailable:
         if shown:
-            print(f"\r  the server at {address} is ready after {time.monotonic() - start:.0f} s" + " " * 30)
-        return result
+            print()
+        raise
+    if shown:
+        print(f"\r  the server at {address} is ready after {time.monotonic() - start:.0f} s" + " " * 30)
 
 
 def _attach(path: str, images: list[bytes]) -> None:
@@ -144,11 +138,9 @@ def _line(line: str, session: Session, images: list[bytes], max_new_tokens: int)
 
 def run_chat(settings: ChatSettings) -> None:
     with Client(settings.address, api_key=settings.api_key) as client:
-        if settings.session:
-            session = _waiting(settings.address, settings.wait_s, lambda: client.session(settings.session))
-        else:
-            session = _waiting(settings.address, settings.wait_s,
-                               lambda: client.create_session(policy=settings.policy))
+        _wait_ready(client, settings.address, settings.wait_s)
+        session = (client.session(settings.session) if settings.session
+                   else client.create_session(policy=settings.policy))
         info = session.info
         print(f"session {session.id} on {info.model} ({info.policy}, {info.recovery_mode} recovery); {HELP}")
         images: list[bytes] = []

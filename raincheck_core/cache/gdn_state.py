@@ -26,7 +26,8 @@ class GDNStatePool:
 
     def allocate(self) -> int:
         if not self._free:
-            raise GDNSlotsExhaustedError("GDN state slots exhausted", needed=1, available=0)
+            raise GDNSlotsExhaustedError("every GDN state slot is taken (each open session holds one)", needed=1,
+                                         available=0)
         slot = self._free.pop()
         self.conv[slot].zero_()
         self.ssm[slot].zero_()

@@ -35,7 +35,7 @@ def complete(engine: Engine, request: chat_pb2.CompleteRequest, max_new_tokens: 
         raise InvalidInputError(f"the prompt has {len(ids)} tokens; the context is {limit}")
     prompt = None
     if request.echo:
-        prompt = chat_pb2.PromptTokens(tokens=_prompt_tokens(engine, ids, request), text=_decode(engine, ids))
+        prompt = chat_pb2.PromptTokens(tokens=_prompt_tokens(engine, ids, request, admit), text=_decode(engine, ids))
     if not answer:
         return _scored_only(ids, prompt)
     session = admit(engine.open_session)
@@ -121,16 +121,18 @@ def _render(formatter, messages: list[dict], tools: list | None, continue_final:
         raise InvalidInputError(f"the chat template cannot render this chat: {e}") from None
 
 
-def _prompt_tokens(engine: Engine, ids: list[int], request: chat_pb2.CompleteRequest) -> list[chat_pb2.TokenDelta]:
+def _prompt_tokens(engine: Engine, ids: list[int], request: chat_pb2.CompleteRequest,
+                   admit: Callable[[Callable[[], T]], T]) -> list[chat_pb2.TokenDelta]:
     """The prompt's tokens; with prompt_logprobs, each one's log probability given those before it, from
-    the engine's full-prefill logits."""
+    the engine's full-prefill logits (a forward that takes a GDN slot and pages for its time: admitted as a
+    turn is, freeing idle sessions' caches while it runs out of room)."""
     tokens = [chat_pb2.TokenDelta(token_id=t, index=i, token=_decode(engine, [t])) for i, t in enumerate(ids)]
     if not request.HasField("prompt_logprobs"):
         return tokens
     k = request.prompt_logprobs
     if not 0 <= k <= 20:
         raise InvalidInputError(f"prompt logprobs take 0-20 alternatives, got {k}")
-    logp = torch.log_softmax(engine.forward_logits(torch.tensor(ids)).float(), dim=-1)
+    logp = torch.log_softmax(admit(lambda: engine.forward_logits(torch.tensor(ids))).float(), dim=-1)
     chosen = logp[:-1].gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
     top = torch.topk(logp[:-1], k, dim=-1) if k else None
     for i, token in enumerate(tokens[1:]):

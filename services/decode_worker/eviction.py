@@ -7,6 +7,11 @@ sessions here (so that one key's idle sessions cannot lock the others out), leas
 A freed session stays open in the store; its next turn finds it gone here, and the frontend rebuilds it
 on a worker from its turn log, whole history included (replay.py). A session whose turn is streaming, or
 whose deferred tokens are still being recovered, is never freed.
+
+Every admission goes through `admit`: sessions opening, turns, and the stateless paths (completions, and
+the echo + logprobs scoring forward of /v1/completions: completions.py). What it raises says whether
+waiting can help: the shortage again (RESOURCE_EXHAUSTED, an HTTP 429 with Retry-After) when busy sessions
+hold what is missing, `RequestTooLargeError` (INVALID_ARGUMENT, a 400) when no wait could make room.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from raincheck_core import OutOfPagesError, SessionClosedError
+from raincheck_core import OutOfPagesError, RequestTooLargeError, SessionClosedError
 from raincheck_core.errors import GDNSlotsExhaustedError, SessionPageBudgetError
 
 from ..common.logs import bind
@@ -45,13 +50,20 @@ class Worker(Protocol):
 def admit(runtime: Worker, action: Callable[[], T], keep: str = "") -> T:
     """`action()`; while it runs out of pool pages or slots, free an idle session (never `keep`) and retry.
     Nothing is freed for what freeing cannot help: more pages than the pool has, or than the session's own
-    page budget allows."""
+    page budget allows (RequestTooLargeError). With nothing left to free, the shortage is raised again,
+    saying that busy sessions hold it (a wait can help)."""
     while True:
         try:
             return action()
         except OutOfPagesError as e:
-            if not _shared(runtime, e) or not free_one(runtime, keep, str(e)):
-                raise
+            if not _shared(runtime, e):
+                total = runtime.engine.pool_stats().total_pages
+                raise RequestTooLargeError(f"{e}: this can never fit (the worker's KV pool holds {total} pages in "
+                                           "all, a session at most its page budget)", limit=e.available,
+                                           requested=e.needed) from e
+            if not free_one(runtime, keep, str(e)):
+                busy = "and the sessions holding them are busy (streaming or recovering): retry later"
+                raise type(e)(f"{e.what}, {busy}", needed=e.needed, available=e.available) from e
 
 
 def _shared(runtime: Worker, error: OutOfPagesError) -> bool:

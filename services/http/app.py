@@ -86,7 +86,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):

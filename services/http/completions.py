@@ -27,6 +27,7 @@ from .errors import HttpError
 from .logprobs import completion_logprobs
 from .openai_api import StreamOptions, include_usage
 from .openai_fields import RaincheckExtras
+from .response_format import grammar_of
 from .sampling_fields import sampling_options, stop_strings
 from .sse import EventStream
 from .stops import StopMatcher
@@ -65,6 +66,7 @@ def requests_of(r: CompletionRequest) -> list[chat_pb2.CompleteRequest]:
         raise HttpError.invalid(f"{len(prompts)} prompts in one request; the limit is {MAX_PROMPTS}", param="prompt")
     asked = r.logprobs is not None
     sampling = sampling_options(r, r.max_tokens, asked, r.logprobs or 0)
+    sampling.grammar = grammar_of(r) or ""
     if r.max_tokens == 0 and not r.echo:
         raise HttpError.invalid("max_tokens 0 asks for nothing without echo", param="max_tokens")
     out = []

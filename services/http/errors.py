@@ -20,6 +20,7 @@ _FROM_GRPC: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error"),
 }
+RETRY_AFTER_S = 1
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -43,6 +44,12 @@ class HttpError(Exception):
         status, kind = _FROM_GRPC.get(error.code, (500, "server_error"))
         code = "invalid_api_key" if error.code == grpc.StatusCode.UNAUTHENTICATED else error.code.name.lower()
         return cls(status, error.message, type=kind, code=code)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """Retry-After where a retry can succeed: 429 (what is missing is held by others for now) and 503 (no
+        worker yet, or one draining)."""
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else None
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -97,7 +97,7 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     openai_fields.check(r, openai_fields.CHAT)
     messages = [await _role_message(m, i, images) for i, m in enumerate(r.messages)]
     sampling = sampling_options(r, max_tokens(r), bool(r.logprobs), r.top_logprobs or 0)
-    sampling.grammar = grammar_of(r.response_format) or ""
+    sampling.grammar = grammar_of(r) or ""
     if r.n is not None:
         sampling.n = r.n
     return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop_strings(r.stop))

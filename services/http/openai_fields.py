@@ -61,7 +61,8 @@ CHAT: dict[str, Field] = {
     "prompt_cache_key": Field(BOOKKEEPING, "a cache routing hint; sessions are matched by history instead"),
     "service_tier": _refused("one service tier", "auto", "default"),
     "store": _refused("completions are not stored for retrieval", False),
-    "response_format": Field(HONOURED, "json_object, json_schema: a grammar mask in the sampler (llguidance)"),
+    "response_format": Field(HONOURED, "json_object, json_schema: a grammar mask in the sampler (llguidance); "
+                             "with tools too"),
     "tools": Field(HONOURED, "rendered by the checkpoint's chat template; calls parsed into tool_calls"),
     "tool_choice": Field(HONOURED, "none, auto, required or a named function (the last two grammar-forced)"),
     "parallel_tool_calls": Field(HONOURED, "false: at most one call is returned"),
@@ -116,6 +117,12 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "ignore_eos": (bool, False, "keep going past the model's stop tokens (benchmarks)"),
     **SESSION_KNOBS,
     "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
+    # structured outputs under vLLM's names (response_format.py)
+    "structured_outputs": (dict | None, None, "one of json, regex, choice, grammar (Lark or GBNF), json_object"),
+    "guided_json": (Any, None, "a JSON schema the answer follows"),
+    "guided_regex": (str | None, None, "a regex the answer matches"),
+    "guided_choice": (list[str] | None, None, "the answer is one of these strings"),
+    "guided_grammar": (str | None, None, "a Lark (or GBNF) grammar the answer follows"),
 }
 
 # extras that only a chat with images or a session can use: a completion (text, no session) refuses them

@@ -7,6 +7,9 @@ no session: a session's turns are user messages, and the template renders tools 
 them). `tool_choice`: `none` renders no tools; `auto` renders them and parses any calls in the answer;
 `required` and a named function also hold the answer to a call's grammar (llguidance: the tag, then JSON
 of one of the functions' names with arguments its parameter schema accepts), so the call always parses.
+A structured output (response_format.py) holds the content: with `none` the whole answer, with `auto` the
+answer is that content or tool calls (a grammar of both); a forced call has no content, so its grammar alone
+holds the answer.
 """
 
 from __future__ import annotations
@@ -21,18 +24,20 @@ import llguidance
 
 from . import openai_fields
 from .errors import HttpError
+from .response_format import Structured, structured_of
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 # request fields a stateless, text-only tool chat cannot honour
-NOT_WITH_TOOLS = ("logprobs", "top_logprobs", "response_format", *openai_fields.CHAT_ONLY[:-1])
+NOT_WITH_TOOLS = ("logprobs", "top_logprobs", *openai_fields.CHAT_ONLY[:-1])
 
 
 @dataclass(frozen=True)
 class ToolChat:
     messages_json: str
     tools_json: str               # "" when no tool is offered (tool_choice none)
-    grammar: str | None           # the forced call's grammar (required / a named function)
+    grammar: str | None           # the forced call's grammar (required / a named function), or the structured
+                                  # output's (none), or that of either (auto)
     parallel: bool                # more than one call may be returned
     continue_final: bool = False  # the answer continues the last (assistant) message
 
@@ -74,8 +79,17 @@ def tool_chat(r: Any) -> ToolChat:
     if r.parallel_tool_calls is not None and not tools:
         raise HttpError.invalid("parallel_tool_calls needs tools", param="parallel_tool_calls")
     messages = [_message(m, i) for i, m in enumerate(r.messages)]
-    return ToolChat(json.dumps(messages), json.dumps(offered) if offered else "",
-                    call_grammar(forced) if forced else None, r.parallel_tool_calls is not False,
+    parallel = r.parallel_tool_calls is not False
+    structured = structured_of(r)
+    if forced:
+        grammar = call_grammar(forced)
+    elif structured is None:
+        grammar = None
+    elif offered:
+        grammar = answer_or_calls_grammar(structured, offered, parallel)
+    else:
+        grammar = structured.grammar()
+    return ToolChat(json.dumps(messages), json.dumps(offered) if offered else "", grammar, parallel,
                     r.continue_final_message)
 
 
@@ -102,16 +116,33 @@ def _message(m: Any, i: int) -> dict:
     return out
 
 
-def call_grammar(tools: list[dict]) -> str:
-    """The grammar of exactly one call of one of `tools`, in the tagged format the parser reads."""
+def _call_rules(tools: list[dict]) -> str:
+    """Lark rules: `call`, one call of one of `tools` in the tagged format the parser reads."""
     schemas = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                 "properties": {"name": {"const": t["function"]["name"]},
                                "arguments": t["function"].get("parameters") or {"type": "object"}}}
                for t in tools]
     schema = {**(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}),
               "x-guidance": {"whitespace_flexible": False}}
-    lark = f'start: "{OPEN}\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(schema)}'
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return f'call: "{OPEN}\\n" call_json "\\n{CLOSE}"\ncall_json: %json {json.dumps(schema)}'
+
+
+def call_grammar(tools: list[dict]) -> str:
+    """The grammar of exactly one call of one of `tools`."""
+    return llguidance.LLMatcher.grammar_from_lark("start: call\n" + _call_rules(tools))
+
+
+def answer_or_calls_grammar(structured: Structured, tools: list[dict], parallel: bool) -> str:
+    """The grammar of an answer that is either the structured output or calls of `tools` (one unless
+    `parallel`); 400 naming the structured output's field where it does not compile."""
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    grammar = llguidance.LLMatcher.grammar_from_lark(
+        f"start: answer | {calls}\nanswer: {structured.lark_rule()}\n{_call_rules(tools)}")
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise HttpError.invalid(f"{structured.field}: invalid grammar beside tool calls: {error.strip()[:1000]}",
+                                param=structured.field)
+    return grammar
 
 
 def split_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict]]:

@@ -30,10 +30,10 @@ class Stack:
     """One decode worker (demo model), the gRPC frontend and the HTTP frontend, on `store`."""
 
     def __init__(self, store: Store, http: HttpSettings | None = None, folder: Path = FOLDER, tpot_slo: float = 0.0,
-                 calibrate: bool = False, **frontend):
+                 calibrate: bool = False, engine: dict | None = None, **frontend):
         self.store = store
         self.worker = DecodeWorkerServer(WorkerSettings(
-            model=str(folder), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2},
+            model=str(folder), model_name=MODEL, port=0, metrics_port=None, engine={"num_threads": 2, **(engine or {})},
             heartbeat_s=0.5, registration_ttl_s=5.0, threads=16, calibrate=calibrate,
             tpot_slo=tpot_slo), store).start()  # 0, fixed chunks: answers comparable across paths (no timing)
         self.frontend_settings = FrontendSettings(port=0, metrics_port=None, threads=16,

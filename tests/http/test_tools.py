@@ -7,17 +7,12 @@ template; what a tool chat cannot do is a 400."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
 
-from services.common.random_model import save_random_model
-from services.common.store import MemoryStore
+from .helpers import MODEL
 
-from .helpers import MODEL, Stack
-
-TEMPLATE = Path(__file__).parent / "data" / "qwen_tool_format.jinja"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
@@ -26,19 +21,6 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
                                        "properties": {"zone": {"enum": ["utc", "cet"]}}}}}
 ASK = [{"role": "user", "content": "what is the weather in paris ?"}]
-
-
-@pytest.fixture(scope="module")
-def tool_stack(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    folder = save_random_model(tmp_path_factory.mktemp("tool-model"), "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.chat_template = TEMPLATE.read_text()
-    tokenizer.save_pretrained(folder)
-    stack = Stack(MemoryStore(), folder=folder)
-    yield stack
-    stack.close()
 
 
 def ask(stack, **kwargs):

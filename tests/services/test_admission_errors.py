@@ -12,7 +12,12 @@ import torch
 
 from raincheck_core.cache.gdn_state import GDNStatePool
 from raincheck_core.cache.kv_pool import KVPool, PageTable
-from raincheck_core.errors import GDNSlotsExhaustedError, OutOfPagesError, SessionPageBudgetError
+from raincheck_core.errors import (
+    GDNSlotsExhaustedError,
+    OutOfPagesError,
+    RequestTooLargeError,
+    SessionPageBudgetError,
+)
 from services.decode_worker.eviction import admit
 
 
@@ -79,7 +84,15 @@ def test_a_gdn_slot_shortage_frees_a_session_whatever_needed_says():
     OutOfPagesError("KV page pool exhausted", needed=65, available=3),     # more than the whole pool
 ], ids=["own-budget", "beyond-the-pool"])
 def test_what_freeing_cannot_help_is_raised_at_once(error):
+    """As a request that can never fit (INVALID_ARGUMENT: no retry helps), not the shortage."""
     runtime = _Runtime()
-    with pytest.raises(type(error)):
+    with pytest.raises(RequestTooLargeError, match=r"can never fit .*holds 64 pages") as e:
         admit(runtime, _failing_once(error))
-    assert runtime.closed == []
+    assert runtime.closed == [] and e.value.__cause__ is error
+
+
+def test_a_shortage_nothing_can_be_freed_for_says_a_retry_can_help():
+    runtime = _Runtime()
+    runtime.sessions["idle"].active = True       # streaming: never freed
+    with pytest.raises(GDNSlotsExhaustedError, match=r"busy .*: retry later: needs 1 GDN state slot, 0 available"):
+        admit(runtime, _failing_once(GDNSlotsExhaustedError("no slot", needed=1, available=0)))

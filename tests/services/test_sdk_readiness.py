@@ -1,0 +1,97 @@
+"""The SDK against a server that is starting (raincheck_client/_ready.py): a script that starts `raincheck
+serve` and uses the SDK at once gets its chat, without sleeping or retrying itself, through `wait_ready` or
+through the retry of calls refused with UNAVAILABLE before they were accepted; sync and asyncio alike.
+What never comes ready is an `Unavailable` that says why, in bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raincheck_client import AsyncClient, Client, Unavailable
+from raincheck_client._ready import health_status
+from services.common.store import MemoryStore
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "what colour is the object in row one column one ?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def serve():
+    """`raincheck serve` (the demo model) just started: its address, while the process still loads."""
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "--port", str(port),
+                                "--metrics-port", "-1", "--model", "demo-v1"], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    yield f"127.0.0.1:{port}"
+    process.terminate()
+    process.wait(30)
+
+
+def test_a_script_that_starts_serve_chats_at_once_with_wait_ready(serve):
+    start = time.monotonic()
+    with Client(serve, wait_ready=180) as client:
+        waited = time.monotonic() - start
+        assert client.create_session().send(QUESTION, max_new_tokens=4).text() == "red"
+    assert waited > 1.0            # it was not ready when the client came: the SDK waited
+
+
+def test_asyncio_chats_at_once_through_the_retry_alone(serve):
+    """No wait_ready: opening the session is retried while the server is unreachable, then while it has no
+    worker yet, within the call's deadline."""
+    async def chat() -> str:
+        async with AsyncClient(serve, timeout_s=180) as client:
+            session = await client.create_session()
+            return await session.send(QUESTION, max_new_tokens=4).text()
+    assert asyncio.run(chat()) == "red"
+
+
+def test_no_worker_yet_is_waited_for_then_served(cluster):
+    """A frontend without a worker: wait_ready says why it is not ready, and a session opened while the worker
+    is still starting is retried until the worker registers."""
+    store = MemoryStore()
+    frontend = cluster.frontend(store)
+    with Client(frontend.address, timeout_s=1) as client:
+        start = time.monotonic()
+        with pytest.raises(Unavailable, match=r"not ready after \d+ s \(loading its model\)"):
+            client.wait_ready(1.0)
+        with pytest.raises(Unavailable, match="no healthy decode worker"):
+            client.create_session()           # retried for its 1 s deadline, then the server's own reason
+        assert time.monotonic() - start < 5
+    threading.Timer(1.0, lambda: cluster.worker(store)).start()
+    with Client(frontend.address, timeout_s=60) as client:
+        assert client.create_session().send("hi", max_new_tokens=2).result().finish_reason in ("stop", "length")
+
+
+def test_an_unreachable_server_is_unavailable_in_bounded_time():
+    seen = []
+    with Client("127.0.0.1:1", timeout_s=1.5) as client:
+        start = time.monotonic()
+        with pytest.raises(Unavailable, match=r"not ready after \d+ s \(not reachable yet\)"):
+            client.wait_ready(1.2, lambda why, waited: seen.append(why))
+        with pytest.raises(Unavailable, match="could not be reached"):
+            client.list_models()
+        assert time.monotonic() - start < 6 and seen and set(seen) == {"not reachable yet"}
+    with Client("127.0.0.1:1", retry=False) as client:
+        start = time.monotonic()
+        with pytest.raises(Unavailable):
+            client.list_models()
+        assert time.monotonic() - start < 1           # no retry: fails at once
+
+
+def test_health_replies_are_read_by_hand():
+    assert [health_status(r) for r in (b"\x08\x01", b"\x08\x02", b"", b"\x08\x03")] == [1, 2, 0, 3]
