@@ -27,8 +27,8 @@ from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import OpSet, select
+from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
-from ..ops.gdn_varlen import varlen_layout
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
