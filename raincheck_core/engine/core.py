@@ -29,6 +29,7 @@ from ..deferral.recovery import Recovery
 from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
+from ..ops.backend import GDNOps
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
@@ -91,13 +92,14 @@ class EngineCore:
             return self.scratches[segment.session].input
         return self.caches[segment.session].recovery.rows
 
-    def resolve(self, plan: StepPlan) -> StepPlan:
+    def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan:
         """`plan` with what its forward reads of the sessions put into its segments, read now (just before
         the forward, as the step's earlier passes left the sessions): their rows, a joining chunk's join
-        inputs, a tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
-        return StepPlan([self._resolved(seg) for seg in plan.segments])
+        inputs (its join's buffered factors folded first, by the step's `gdn_ops`), a tracked row's facts
+        about the joins it extends. The runner reads nothing else of a session."""
+        return StepPlan([self._resolved(seg, gdn_ops) for seg in plan.segments])
 
-    def _resolved(self, seg: Segment) -> Segment:
+    def _resolved(self, seg: Segment, gdn_ops: GDNOps) -> Segment:
         if seg.kind is Kind.DECODE and not seg.tracked:
             return seg      # its token and position are in the plan: nothing of the session to read
         cache = self.caches[seg.session]
@@ -105,7 +107,7 @@ class EngineCore:
         if seg.joins:
             join = cache.recovery.join
             # folded here, explicitly: the forward only reads the map
-            p_rest = join.fold_buffered()
+            p_rest = join.fold_buffered(gdn_ops)
             join_inputs = JoinInputs(join.lead_u[:, :seg.lead], join.lead_g[:, :seg.lead], join.lead_beta[:, :seg.lead],
                                      p_rest, join.s_lead, join.fed < join.lead)
         if seg.tracked:
@@ -237,7 +239,7 @@ class EngineCore:
         answer are reserved now; they fork from this one when its prompt is in (`fork`). On an error (no
         pages, no GDN slot) the cache is as before and nothing was admitted."""
         cache = request.cache
-        checkpoint = cache.checkpoint()
+        checkpoint = cache.checkpoint(self.runner.ops().gdn)     # the op set the steps run on
         context = cache.length + len(request.input)
         try:
             for i in range(1, request.params.n):

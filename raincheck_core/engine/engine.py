@@ -332,7 +332,8 @@ class Engine:
             write = cache.claim(n)
             runner = self.core.runner
             plan = StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n), cache.gdn_slot)])
-            inputs = runner.prepare(self.core.resolve(plan))
+            ops = runner.ops()
+            inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
 

@@ -27,7 +27,7 @@ from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
 from ..multimodal.turn_input import TurnInput
-from ..ops.backend import TORCH_GDN, GDNOps
+from ..ops.backend import GDNOps
 from .session_cache import SessionCache
 
 if TYPE_CHECKING:
@@ -104,11 +104,9 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
                               recovery=payload.recovery, first=payload.first)
 
 
-def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualResult,
-          gdn_ops: GDNOps = TORCH_GDN) -> Joined | None:
+def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualResult) -> Joined | None:
     """Join the result's rows from the cursor on: append their K/V, set the prefix state, repair the lead
-    and join (by `gdn_ops`, the engine's GDN ops: until its runner hands them out, the torch ops, which
-    every backend's `replay` and `join` are so far); the recovery is done. None (nothing changed) while
+    and join (by the GDN ops the engine's steps run on); the recovery is done. None (nothing changed) while
     the answer streams and a chunk could not be fused now (policy without fused chunks, or within the
     guard): try again later."""
     rec = current(cache, ticket, held=True)
@@ -132,7 +130,7 @@ def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualRe
         gdn.ssm[rec.join.prefix] = result.ssm.to(gdn.ssm.device)
         gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
         with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
-            _join(core, rec, cache.queued.join if cache.queued is not None else None, gdn_ops)
+            _join(core, rec, cache.queued.join if cache.queued is not None else None, core.runner.ops().gdn)
     rec.advance(r, core.clock())
     core.finish_recovery(cache)
     return Joined(offset, torch.arange(start, start + r))
@@ -145,6 +143,7 @@ def _join(core: EngineCore, rec: Recovery, later: GDNJoin | None, gdn_ops: GDNOp
     if later is not None and later.behind is not None:
         before = join.s_lead.clone()
     n = join.lead_rows
+    p_rest = join.fold_buffered(gdn_ops)
     for layer in core.model.gdn_layers():
         i = layer.gdn_index
         conv, state = pool.conv[join.prefix, i], pool.ssm[join.prefix, i]
@@ -152,9 +151,9 @@ def _join(core: EngineCore, rec: Recovery, later: GDNJoin | None, gdn_ops: GDNOp
             run = gdn_ops.replay(join.lead_u[i, :n], join.lead_g[i, :n], join.lead_beta[i, :n],
                                  layer.conv1d.weight[:, 0], conv, state, layer.hk, n)
             conv, state = run.history, run.states[-1]
-        pool.ssm[join.live, i] = gdn_ops.join(pool.ssm[join.live, i], join.p_rest[i], state - join.s_lead[i])
+        pool.ssm[join.live, i] = gdn_ops.join(pool.ssm[join.live, i], p_rest[i], state - join.s_lead[i])
         join.s_lead[i] = state
         if join.fed < join.lead:     # the live conv window still reaches back across the boundary
             pool.conv[join.live, i] = conv
     if later is not None and later.behind is not None:
-        later.rebase(join, join.s_lead - before)
+        later.rebase(join, join.s_lead - before, gdn_ops)

@@ -121,7 +121,7 @@ class ModelRunner:
         self.kernel = kernel
         self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
-        self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
+        self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
         self.padding: Scratch | None = None        # where their padding rows go
 
@@ -131,16 +131,17 @@ class ModelRunner:
         self.padding = Scratch.reserve(self.kv, self.gdn)
         self.graphs = StepGraphs(self.model, capture)
 
-    def run(self, plan: StepPlan) -> StepOutputs:
+    def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
+        """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
         bucket = bucket_of(plan) if self.graphs is not None else None
         if bucket is None:
-            return self.forward(self.prepare(plan))
+            return self.forward(self.prepare(plan, ops))
         padded = pad(plan, bucket, self.padding)
-        inputs = self.prepare(padded)
+        inputs = self.prepare(padded, ops)
         try:
             replayed = self.graphs.run(bucket, inputs.batch)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
-            return self.forward(self.prepare(padded))
+            return self.forward(self.prepare(padded, ops))
         if replayed is None:
             return self.forward(inputs)
         batch, logits = replayed
@@ -148,7 +149,7 @@ class ModelRunner:
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan) -> StepInputs:
+    def prepare(self, plan: StepPlan, ops: OpSet) -> StepInputs:
         embeds: list[torch.Tensor | None] = []
         positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
@@ -182,7 +183,6 @@ class ModelRunner:
                 rows = self.model.embed_tokens(ids)
             for at, e in zip(decode_at, rows.split(1), strict=True):
                 embeds[at] = e
-        ops = self._ops()
         attention = None
         if self.model.config.num_attention_layers:
             attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
@@ -259,8 +259,8 @@ class ModelRunner:
         step.op = ops.gdn.prepare(step, self.key_heads)
         return step
 
-    def _ops(self) -> OpSet:
-        """The step's op set, chosen once per step for the model's device and dtypes."""
+    def ops(self) -> OpSet:
+        """The op set for the model's device and dtypes, by `select` (ops/backend.py): asked once per step."""
         gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
         kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
         return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn, self.backend)
@@ -328,7 +328,7 @@ class ModelRunner:
             part = slice(at, at + seg.rows)
             f = input_factors(layers, [x[0][part] for x in factors], [x[1][part] for x in factors],
                               [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
-                              lead)
+                              lead, inputs.batch.ops.gdn)
             at += seg.rows
             out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None)
                     for j in range(seg.rows)]

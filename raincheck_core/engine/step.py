@@ -1,7 +1,7 @@
 """One engine step, whole: schedule -> run -> update -> settle.
 
     plan = scheduler.schedule()                 # which rows of which sessions, claimed slots (engine/scheduler.py)
-    out = runner.run(core.resolve(plan))        # tensors, one forward, new states as data (engine/runner.py)
+    out = runner.run(core.resolve(plan), ops)   # tensors, one forward, new states as data (engine/runner.py)
     core.settle(apply_step(plan, out, ...))     # sessions change, then what ended is settled (engine/update.py,
                                                 # engine/core.py)
 
@@ -25,6 +25,7 @@ from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
+    from ..ops.backend import GDNOps
     from .hooks import Hooks
     from .runner import ModelRunner
     from .scheduler import Scheduler
@@ -43,7 +44,7 @@ class StepCore(StepSessions, Protocol):
     hooks: Hooks
     gdn: GDNStatePool | None
 
-    def resolve(self, plan: StepPlan) -> StepPlan: ...
+    def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
 
     def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None: ...
 
@@ -84,17 +85,18 @@ def _run(core: StepCore, plan: StepPlan) -> Exception | None:
     restoring = chunk_carriers(plan)
     result = StepResult()
     error = None
+    ops = core.runner.ops()     # once per step: every pass, the joins' folds and the update run on it
     for i, part in enumerate(passes):
         try:
             for hook in core.hooks.plan:
                 hook(part)
             # what the runner reads of the sessions, read now: as the step's earlier passes left them
-            out = core.runner.run(core.resolve(part))
+            out = core.runner.run(core.resolve(part, ops.gdn), ops)
         except Exception as e:
             for rest in passes[i:]:
                 core.cancel(rest)
             error = e
             break
-        result.extend(apply_step(part, out, core, core.gdn, core.clock(), restoring))
+        result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring))
     core.settle(result)
     return error
