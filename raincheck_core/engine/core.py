@@ -38,7 +38,6 @@ from .request import TurnRequest
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
-from .step import run_step
 from .update import StepResult
 
 log = logging.getLogger(__name__)
@@ -211,19 +210,12 @@ class EngineCore:
             del self.scratches[sid]
             self.forget(sid)
 
-    def prefill_scratch(self, cache: SessionCache) -> None:
-        """Prefill a scratch session's rows through the ordinary step (a deferred worker's residual),
-        shared with the running turns' rows; other sessions' post-answer recovery waits, as for a barrier.
-        StepFailedError if a step holding only these rows fails."""
+    def queue_scratch(self, cache: SessionCache) -> ScratchWork:
+        """A scratch session's rows are planned from the next step on, beside the running turns' rows, until
+        they are in or the scratch session ends (the stepper prefills them: `Stepper.prefill_scratch`)."""
         work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
-        # the one loop over steps outside the stepper (engine/stepper.py): the hand-off's prefill
-        # (engine/residual.py) reaches it through the core
-        while work.pending and work.error is None:
-            run_step(self, only=cache)
-        self.scheduler.remove_scratch(work)
-        if work.error is not None:
-            raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
+        return work
 
     # ---------------------------------------------------------------- turns
     @property

@@ -281,7 +281,7 @@ class Engine:
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
         with self.lock:
-            return residual.prefill(self.core, payload)
+            return residual.prefill(self.stepper, payload)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may

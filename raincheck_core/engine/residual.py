@@ -6,7 +6,7 @@ the context gets only the rest), `apply` joins what comes back (mid-answer only 
 same rule as fused chunks: `Recovery.past_guard`), `Recovery.take_back` gives it to local recovery
 again, `Recovery.race` lets a barrier recover it locally while the result may still come.
 Deferred-worker side: `prefill` runs the shipped rows through the ordinary step, as a scratch session's
-residual segments (engine/core.py `prefill_scratch`).
+residual segments (engine/stepper.py `prefill_scratch`).
 
 The split between local and shipped rows is made at the join: a result covers D from the cursor at its
 export; fused chunks (or a racing barrier) may have restored a prefix of that since, and `apply` joins
@@ -32,6 +32,7 @@ from .session_cache import SessionCache
 
 if TYPE_CHECKING:
     from .core import EngineCore
+    from .stepper import Stepper
 
 
 def current(cache: SessionCache, ticket: int | None = None, *, held: bool | None = None) -> Recovery:
@@ -79,8 +80,9 @@ def export(core: EngineCore, cache: SessionCache, ticket: int, have: torch.Tenso
     )
 
 
-def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
+def prefill(stepper: Stepper, payload: ResidualPayload) -> ResidualResult:
     """Prefill the residual rows on top of the shipped context, on a scratch session."""
+    core = stepper.core
     ctx, r = payload.context_k.shape[1], payload.rows
     if ctx != payload.visible:
         raise RecoveryStateError(f"the payload ships {ctx} of the {payload.visible} context rows its residual sees")
@@ -94,7 +96,7 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
         if gdn is not None:
             gdn.conv[cache.gdn_slot] = payload.prefix_conv.to(gdn.conv.dtype)
             gdn.ssm[cache.gdn_slot] = payload.prefix_ssm.float()
-        core.prefill_scratch(cache)
+        stepper.prefill_scratch(cache)
         new = cache.table.slots(ctx, ctx + r)
         ssm = conv = None
         if gdn is not None:

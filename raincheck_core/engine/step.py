@@ -10,8 +10,8 @@ sessions, each session's share is re-run alone, so only the one whose own rows f
 fails with `StepFailedError` and is undone to its admission (its cache as before the turn), or, for a
 post-answer recovery, the chunk is retried and the recovery given up after `MAX_RECOVERY_FAILURES`.
 
-The loops over steps are the stepper's (engine/stepper.py). A step reaches the core through `StepCore`,
-what it needs of it, so that the core can run steps too (a hand-off's prefill) without an import cycle.
+The loops over steps are the stepper's (engine/stepper.py), the only caller. A step reaches the core
+through `StepCore`, what it reads and calls of it (engine/core.py implements it).
 """
 
 from __future__ import annotations

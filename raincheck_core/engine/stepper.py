@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..errors import StepFailedError
 from .core import EngineCore
 from .engine_lock import EngineLock
 from .request import TurnRequest
@@ -64,6 +65,17 @@ class Stepper:
                     self._barrier_step(cache)
                 steps += 1
         return steps
+
+    def prefill_scratch(self, cache: SessionCache) -> None:
+        """Prefill a scratch session's rows (`EngineCore.scratch_session`: a deferred worker's residual)
+        through the ordinary step, shared with the running turns' rows; other sessions' post-answer
+        recovery waits, as for a barrier. Call under the engine lock. StepFailedError if a step holding
+        only these rows fails."""
+        work = self.core.queue_scratch(cache)
+        while work.pending and work.error is None:
+            run_step(self.core, only=cache)
+        if work.error is not None:
+            raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
 
     def _barrier_step(self, cache: SessionCache) -> None:
         """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if
