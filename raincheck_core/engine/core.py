@@ -24,6 +24,7 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
+from ..deferral.handoff import ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import SamplingError, StepFailedError
@@ -70,6 +71,7 @@ class EngineCore:
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
         self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
+        self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
 
     # ---------------------------------------------------------------- what the runner and update read
@@ -93,9 +95,9 @@ class EngineCore:
 
     def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan:
         """`plan` with what its forward reads of the sessions put into its segments, read now (just before
-        the forward, as the step's earlier passes left the sessions): their rows, a joining chunk's join
-        inputs (its join's buffered factors folded first, by the step's `gdn_ops`), a tracked row's facts
-        about the joins it extends. The runner reads nothing else of a session."""
+        the forward, as the step's earlier passes left the sessions): their rows (a hand-off's result), a
+        joining chunk's join inputs (its join's buffered factors folded first, by the step's `gdn_ops`), a
+        tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
         return StepPlan([self._resolved(seg, gdn_ops) for seg in plan.segments])
 
     def _resolved(self, seg: Segment, gdn_ops: GDNOps) -> Segment:
@@ -114,8 +116,12 @@ class EngineCore:
             head = cache.recovery.join
             tracking = Tracking(max(0, head.lead - head.fed), any(j.fed < j.lead for j in pending),
                                 any(j.factors is not None for j in pending))
-        source = None if seg.kind is Kind.DECODE else self.rows(seg)
-        return dataclasses.replace(seg, source=source, join_inputs=join_inputs, tracking=tracking)
+        source = result = None
+        if seg.kind is Kind.HANDOFF:
+            result = self.handoffs[seg.session]
+        elif seg.kind is not Kind.DECODE:
+            source = self.rows(seg)
+        return dataclasses.replace(seg, source=source, result=result, join_inputs=join_inputs, tracking=tracking)
 
     # ---------------------------------------------------------------- measuring and instrumentation
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -216,6 +222,16 @@ class EngineCore:
         work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
         return work
+
+    @contextmanager
+    def handing_in(self, cache: SessionCache, result: ResidualResult) -> Iterator[None]:
+        """`result`, a deferred worker's, is what the hand-off step of `cache`'s recovery joins (the
+        stepper's `hand_in`), until the context ends."""
+        self.handoffs[cache.session] = result
+        try:
+            yield
+        finally:
+            del self.handoffs[cache.session]
 
     # ---------------------------------------------------------------- turns
     @property

@@ -290,7 +290,7 @@ class Engine:
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
         with self.lock:
-            return residual.apply(self.core, session.cache, ticket, result)
+            return residual.apply(self.stepper, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is

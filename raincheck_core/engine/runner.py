@@ -8,7 +8,8 @@ runs the model and returns the sampled rows' logits and, for GDN models, the new
 apply, plus what the deferred join's bookkeeping needs. The runner reads only the plan and the pools;
 only the step's update applies what it returns (engine/update.py): a forward that raises leaves the
 caches as they were. With `use_graphs`, decode steps are padded to their bucket (engine/padding.py) and
-their forward replayed from a captured graph (engine/graphs.py).
+their forward replayed from a captured graph (engine/graphs.py). A step of hand-off segments runs no
+forward: their K/V come from a deferred worker's result, and only the join is computed (`handoff`).
 
 K/V are written into the claimed slots during the forward (they are not visible to anyone until the
 update fills those slots)."""
@@ -26,7 +27,7 @@ from ..cache.kv_pool import KVPool
 from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
-from ..ops.backend import OpSet, select
+from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from .graphs import NotCaptured, StepGraphs
@@ -133,6 +134,8 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
         """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
+        if any(s.kind is Kind.HANDOFF for s in plan.segments):
+            return self.handoff(plan, ops)
         bucket = bucket_of(plan) if self.graphs is not None else None
         if bucket is None:
             return self.forward(self.prepare(plan, ops))
@@ -264,6 +267,48 @@ class ModelRunner:
         gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
         kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
         return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn, self.backend)
+
+    # ---------------------------------------------------------------- a deferred worker's result
+    def handoff(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
+        """A step of hand-off segments (`Scheduler.handoff`): no forward. Each segment's K/V, computed by
+        a deferred worker (`Segment.result`), go into its claimed slots; for a GDN model the result's state
+        after D is the new prefix state, and the lead is re-run from it and joined into the live state by the
+        step's GDN ops, as a chunk's forward does (docs/mechanism.md §5.3): the new states and `S_lead'`
+        are outputs, as a forward's are."""
+        if any(s.kind is not Kind.HANDOFF for s in plan.segments):
+            raise ValueError("hand-off segments run in a step of their own")
+        out = StepOutputs(torch.empty(0))     # nothing is sampled
+        for seg in plan.segments:
+            res = seg.result
+            rows = slice(seg.first - res.first, seg.first - res.first + seg.rows)
+            self.kv.k[:, seg.write_slots] = res.k[:, rows].to(device=self.device, dtype=self.kv.k.dtype)
+            self.kv.v[:, seg.write_slots] = res.v[:, rows].to(device=self.device, dtype=self.kv.v.dtype)
+            if seg.joins:
+                with torch.inference_mode():     # the lead re-run uses the weights: no autograd graph
+                    self._join_result(seg, ops.gdn, out)
+        return out
+
+    def _join_result(self, seg: Segment, gdn_ops: GDNOps, out: StepOutputs) -> None:
+        pool, jn = self.gdn, seg.join_inputs
+        conv0 = seg.result.conv.to(device=pool.conv.device, dtype=pool.conv.dtype)
+        ssm0 = seg.result.ssm.to(device=pool.ssm.device, dtype=pool.ssm.dtype)
+        convs, lives, leads = [], [], []
+        for layer in self.model.gdn_layers():
+            i = layer.gdn_index
+            conv, state = conv0[i], ssm0[i]
+            if seg.lead:
+                run = gdn_ops.replay(jn.lead_u[i], jn.lead_g[i], jn.lead_beta[i], layer.conv1d.weight[:, 0], conv,
+                                     state, layer.hk, seg.lead)
+                conv, state = run.history, run.states[-1]
+            lives.append(gdn_ops.join(pool.ssm[seg.live_slot, i], jn.p_rest[i], state - jn.s_lead[i]))
+            leads.append(state)
+            convs.append(conv)
+        prefix = torch.tensor([seg.gdn_slot], device=self.device)
+        live = torch.tensor([seg.live_slot], device=self.device)
+        out.writes.append(StateWrite(prefix, conv0[None], ssm0[None]))
+        # while the lead is incomplete the live conv window still reaches back across the boundary
+        out.writes.append(StateWrite(live, torch.stack(convs)[None] if jn.in_lead else None, torch.stack(lives)[None]))
+        out.joined.append((seg, torch.stack(leads)))
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:

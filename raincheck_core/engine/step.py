@@ -10,6 +10,10 @@ sessions, each session's share is re-run alone, so only the one whose own rows f
 fails with `StepFailedError` and is undone to its admission (its cache as before the turn), or, for a
 post-answer recovery, the chunk is retried and the recovery given up after `MAX_RECOVERY_FAILURES`.
 
+A deferred worker's result is joined by a step of its own (`run_handoff`): its plan is the recovery's
+hand-off segment, whose run computes the join and whose update applies it like a chunk's; if it fails,
+nothing is applied and the caller is told.
+
 The loops over steps are the stepper's (engine/stepper.py), the only caller. A step reaches the core
 through `StepCore`, what it reads and calls of it (engine/core.py implements it).
 """
@@ -20,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import StepFailedError
 from .plan import StepPlan, StepSessions
 from .update import StepResult, apply_step, chunk_carriers
 
@@ -76,6 +81,17 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
         if alone and (e := _run(core, alone)) is not None:
             core.step_failed(cache, e)
     return True
+
+
+def run_handoff(core: StepCore, cache: SessionCache) -> None:
+    """The step joining the result the core holds for `cache` (`EngineCore.handing_in`) into its recovery's
+    pending rows (call under the engine lock). StepFailedError, with nothing applied, if it fails."""
+    t0 = core.clock()
+    plan = core.scheduler.handoff(cache)
+    error = _run(core, plan)
+    core.stepped(plan, core.clock() - t0, failed=error is not None)
+    if error is not None:
+        raise StepFailedError(f"joining the deferred worker's result failed: {error}") from error
 
 
 def _run(core: StepCore, plan: StepPlan) -> Exception | None:

@@ -19,7 +19,7 @@ import torch
 
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
-from .plan import CHUNKS, Kind, StepPlan, StepSessions
+from .plan import CHUNKS, RESTORING, Kind, StepPlan, StepSessions
 from .runner import StepOutputs
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if req.finished:
             result.ended.append(req)
     # 5. recoveries that are complete
-    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY)):
+    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in RESTORING):
         cache = sessions.cache(sid)
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
