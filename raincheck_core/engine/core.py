@@ -25,7 +25,6 @@ import torch
 from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
-from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
@@ -35,7 +34,7 @@ from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
 from .plan import JoinInputs, Kind, ScratchWork, Segment, StepPlan, Tracking
-from .request import TurnRequest
+from .request import Admission, TurnRequest
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
@@ -239,13 +238,13 @@ class EngineCore:
         """Tokens a session may hold: `EngineConfig.max_model_len`, else the checkpoint's context length."""
         return self.config.max_model_len or self.model_config.max_position_embeddings
 
-    def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int,
-              branch: Callable[[int, SessionCache], TurnRequest] | None = None) -> None:
-        """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
-        the cache's recovery, and the scheduler runs it from the next step. With `n > 1` answers (and no
-        deferred rows), `branch(i, cache)` makes answer i's request on a new cache, whose pages for the
+    def admit(self, admission: Admission) -> None:
+        """A validated turn starts: its slots are reserved, its deferred rows (if any) become the cache's
+        recovery, and the scheduler runs it from the next step. With `n > 1` answers (and no deferred
+        rows), answer i's request is made here (`TurnRequest.branch`) on a new cache, whose pages for the
         answer are reserved now; they fork from this one when its prompt is in (`fork`). On an error (no
         pages, no GDN slot) the cache is as before and nothing was admitted."""
+        request, deferred, cfg = admission.request, admission.deferred, admission.cfg
         cache = request.cache
         checkpoint = cache.checkpoint(self.runner.ops().gdn)     # the op set the steps run on
         context = cache.length + len(request.input)
@@ -253,11 +252,10 @@ class EngineCore:
             for i in range(1, request.params.n):
                 # named by turn too: an earlier turn's answers may still be decoding
                 sid = f"{cache.session}#{cache.turns}.{i}"
-                child = branch(i, self.open_cache(sid, cache.table.max_pages))
+                child = request.branch(i, self.open_cache(sid, cache.table.max_pages), admission.constraints[i])
                 request.branches.append(child)
                 child.cache.table.reserve(context % self.kv.page_size + request.params.max_new_tokens)
-            reserve -= self._reuse_prefix(request)
-            cache.table.reserve(reserve)
+            cache.table.reserve(admission.slots - self._reuse_prefix(request))
             if deferred is not None:
                 join = None
                 if self.gdn is not None:
