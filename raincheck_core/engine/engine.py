@@ -25,7 +25,7 @@ from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError
 from ..grammar import Grammars
-from ..inputs import VisualInput
+from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
@@ -167,6 +167,20 @@ class Engine:
         log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
         return cls(model, model_config, config, formatter=formatter, vision=vision,
                    selector_options=load_selector_options(folder))
+
+    def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
+        """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
+        chat template (`first_turn`: with the conversation's opening), its images and videos encoded by the
+        vision tower (`selection_signals`: with what attention-based selectors read) and expanded to their
+        visual tokens. The one prompt builder of sessions, of a session rebuilt from its log (the services)
+        and of the benchmarks."""
+        if self.formatter is None:
+            raise InvalidInputError("this checkpoint has no tokenizer: it takes token-level prompts only")
+        cfg = self.model_config
+        return self.formatter.build_prompt(
+            message, first_turn=first_turn, vision=self.vision, selection_signals=selection_signals,
+            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
+            vision_start_id=cfg.vision_start_token_id, vision_end_id=cfg.vision_end_token_id)
 
     def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig:
         """`cfg` with this model's calibrated options for its selector (the checkpoint's

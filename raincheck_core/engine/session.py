@@ -44,6 +44,8 @@ class SessionHost(Protocol):
 
     def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig: ...
 
+    def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt: ...
+
     def stop_token_ids(self) -> set[int]: ...
 
     def release_session(self, session: Session) -> None: ...
@@ -205,14 +207,8 @@ class Session:
             message = Message(text=message)
         if (message.images or message.videos) and self.engine.vision is None:
             raise InvalidInputError("this model has no vision tower: images and videos cannot be used")
-        mc = self.engine.model_config
-        prompt = formatter.build_prompt(
-            message, first_turn=self.turns == 0, vision=self.engine.vision,
-            selection_signals=cfg.needs_vision_signals,
-            image_token_id=mc.image_token_id, video_token_id=mc.video_token_id,
-            vision_start_id=mc.vision_start_token_id, vision_end_id=mc.vision_end_token_id,
-        )
-        return prompt, True
+        return self.engine.build_prompt(message, first_turn=self.turns == 0,
+                                        selection_signals=cfg.needs_vision_signals), True
 
     def _constraint(self, params: SamplingParams, chat_level: bool) -> TokenConstraint | None:
         """The turn's grammar, compiled against the token that ends its answer (outside the engine lock:
