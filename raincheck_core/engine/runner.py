@@ -134,7 +134,7 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
         """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
-        if any(s.kind is Kind.HANDOFF for s in plan.segments):
+        if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
         bucket = bucket_of(plan) if self.graphs is not None else None
         if bucket is None:
