@@ -289,6 +289,8 @@ class ModelRunner:
         return out
 
     def _join_result(self, seg: Segment, gdn_ops: GDNOps, out: StepOutputs) -> None:
+        """A hand-off segment's GDN part, layer by layer, into `out`: the prefix state set, the live state
+        joined, `S_lead'`."""
         pool, jn = self.gdn, seg.join_inputs
         conv0 = seg.result.conv.to(device=pool.conv.device, dtype=pool.conv.dtype)
         ssm0 = seg.result.ssm.to(device=pool.ssm.device, dtype=pool.ssm.dtype)
