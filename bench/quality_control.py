@@ -50,11 +50,8 @@ class Transcript:
 def turn_input(engine: Engine, message: Message, first_turn: bool, cfg: DeferralConfig, start: int = 0
                ) -> tuple[TurnInput, list[VisualInput]]:
     """The engine's input rows for one turn (what a session would prefill), and its visuals."""
-    mc, fmt, vision = engine.model_config, engine.formatter, engine.vision
-    prompt = fmt.build_prompt(message, first_turn=first_turn, vision=vision, image_token_id=mc.image_token_id,
-                              video_token_id=mc.video_token_id, vision_start_id=mc.vision_start_token_id,
-                              vision_end_id=mc.vision_end_token_id, selection_signals=cfg.needs_vision_signals)
-    return build_turn_input(engine.model, mc, prompt.token_ids, prompt.visuals, start), prompt.visuals
+    prompt = engine.build_prompt(message, first_turn=first_turn, selection_signals=cfg.needs_vision_signals)
+    return build_turn_input(engine.model, engine.model_config, prompt.token_ids, prompt.visuals, start), prompt.visuals
 
 
 def visual_turn(engine: Engine, transcript: Transcript, message: Message, first_turn: bool, cfg: DeferralConfig,

@@ -5,9 +5,10 @@ the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of t
 generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
 state right after them; and `P_rest`, the product of the transitions of every later generated token,
 fp32 throughout. A later token's factors are only written into a buffer; they are folded into `P_rest`
-a block at a time (ops/gdn_state_map.py), when a join is about to read it (`fold_buffered`, which the
-engine core calls before a chunk's forward) or the buffer is full, so a decode step pays for a copy of
-the factors instead of a map update.
+a block at a time by the op set's fold (`GDNOps.fold`, ops/backend.py), when the buffer is full or a
+value that needs the whole map is about to be taken (`fold_buffered`: the engine core calls it before a
+chunk's forward, and `begin`, `lead_done`, `rebase` and `snapshot` call it here), so a decode step pays
+for a copy of the factors instead of a map update. Reading `p_rest` folds nothing.
 
 The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
 with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.gdn_state import GDNStatePool
-from ..ops.gdn_state_map import extend_map_, identity_map, join_state
+from ..ops.backend import GDNOps
+from ..ops.gdn_state_map import identity_map
 
 # generated tokens whose factors wait to be folded into P_rest: the buffer is a quarter of P_rest's size
 # when Dk = 128 (Qwen3.5), and 32 tokens per fold already make the per-token cost small
@@ -61,7 +63,8 @@ class GDNJoin:
         self.lead_beta = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.lead_g = torch.zeros(layers, self.lead, heads, device=pool.ssm.device)
         self.s_lead = torch.zeros_like(pool.ssm[live_slot])
-        self._p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
+        # [layers, H, Dk, Dk]: the map of every generated token past the lead folded so far
+        self.p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
         # factors of the tokens not folded into P_rest yet, per layer; k as the runner hands it over (per
         # key head: sized on the first token), widened to value heads once per fold
         self._k: torch.Tensor | None = None
@@ -79,42 +82,44 @@ class GDNJoin:
         """Lead tokens recorded so far: the rows a chunk's boundary repair re-runs."""
         return min(self.fed, self.lead)
 
-    def begin(self, ahead: GDNJoin | None = None) -> None:
+    def begin(self, ahead: GDNJoin | None, gdn_ops: GDNOps) -> None:
         """The turn's I0 is prefilled: the live state is the insertion boundary (input-end insertion).
-        `ahead`: an earlier turn's join still pending, whose later chunks will move this boundary too."""
+        `ahead`: an earlier turn's join still pending, whose later chunks will move this boundary too.
+        `gdn_ops`: the step's GDN ops (here and below: they fold what a value read from a map needs)."""
         self.pool.copy(self.live, self.prefix)
         self.s_lead.copy_(self.pool.ssm[self.live])
-        self.behind = Behind(ahead.p_rest.clone()) if ahead is not None else None
+        self.behind = Behind(ahead.fold_buffered(gdn_ops).clone()) if ahead is not None else None
 
-    def lead_done(self, ahead: GDNJoin) -> None:
+    def lead_done(self, ahead: GDNJoin, gdn_ops: GDNOps) -> None:
         """This join's lead just completed while `ahead` is pending: fix the map `S_lead` moves by."""
         if self.behind is not None and self.behind.at_lead is None:
-            self.behind.at_lead = ahead.p_rest.clone()
+            self.behind.at_lead = ahead.fold_buffered(gdn_ops).clone()
 
-    def rebase(self, ahead: GDNJoin, delta: torch.Tensor) -> None:
+    def rebase(self, ahead: GDNJoin, delta: torch.Tensor, gdn_ops: GDNOps) -> None:
         """`ahead`'s chunk just joined, moving the state at its lead by `delta [layers, H, Dk, Dv]`: the
         prefix state and `S_lead` here absorbed `ahead`'s recorded suffix up to them, so they move by that
         suffix's map times `delta`, as the live state did (while the lead is incomplete `S_lead` is the live
         state, so the map is `ahead`'s whole current one)."""
         b = self.behind
         prefix = self.pool.ssm[self.prefix]
-        prefix.copy_(join_state(prefix, b.at_prefix, delta))
-        self.s_lead.copy_(join_state(self.s_lead, b.at_lead if b.at_lead is not None else ahead.p_rest, delta))
+        prefix.copy_(gdn_ops.join(prefix, b.at_prefix, delta))
+        at_lead = b.at_lead if b.at_lead is not None else ahead.fold_buffered(gdn_ops)
+        self.s_lead.copy_(gdn_ops.join(self.s_lead, at_lead, delta))
 
     @property
     def nbytes(self) -> int:
         """Bytes this join holds: its maps, lead records, factor buffers and its prefix state slot."""
-        held = [self._p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta, self._g, self._beta]
+        held = [self.p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta, self._g, self._beta]
         held += [t for t in (self._k,) if t is not None]
         if self.behind is not None:
             held += [t for t in (self.behind.at_prefix, self.behind.at_lead) if t is not None]
         slot = self.pool.conv[0].nbytes + self.pool.ssm[0].nbytes if self.prefix is not None else 0
         return sum(t.nbytes for t in held) + slot
 
-    def snapshot(self) -> JoinSnapshot:
+    def snapshot(self, gdn_ops: GDNOps) -> JoinSnapshot:
         return JoinSnapshot(self.pool.conv[self.prefix].clone(), self.pool.ssm[self.prefix].clone(),
                             self.s_lead.clone(), (self.lead_u.clone(), self.lead_g.clone(), self.lead_beta.clone()),
-                            self.p_rest.clone(), self.fed,
+                            self.fold_buffered(gdn_ops).clone(), self.fed,
                             len(self.factors[0]) if self.factors is not None else 0)
 
     def restore(self, snap: JoinSnapshot) -> None:
@@ -127,7 +132,7 @@ class GDNJoin:
         for mine, saved in zip((self.lead_u, self.lead_g, self.lead_beta), snap.lead, strict=True):
             mine.copy_(saved)
         self._buffered = 0
-        self._p_rest.copy_(snap.p_rest)
+        self.p_rest.copy_(snap.p_rest)
         self.fed = snap.fed
         if self.factors is not None:
             for layer in self.factors:
@@ -142,19 +147,14 @@ class GDNJoin:
         self.s_lead.copy_(state)
         self.fed += 1
 
-    @property
-    def p_rest(self) -> torch.Tensor:
-        """`[layers, H, Dk, Dk]`: the map of every generated token past the lead fed so far (what is
-        buffered is folded first: the hand-off's join reads it outside any step)."""
-        return self.fold_buffered()
-
-    def fold(self, k: torch.Tensor, v: torch.Tensor | None, g: torch.Tensor, beta: torch.Tensor) -> None:
+    def fold(self, k: torch.Tensor, v: torch.Tensor | None, g: torch.Tensor, beta: torch.Tensor,
+             gdn_ops: GDNOps) -> None:
         """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
-        a time). k `[layers, key heads, Dk]` (value head h reads key head h // (H / key heads); key heads
-        may be H), v `[layers, H, Dv]` (read only when the join keeps factors for audits), g, beta
+        a time by `gdn_ops`). k `[layers, key heads, Dk]` (value head h reads key head h // (H / key heads);
+        key heads may be H), v `[layers, H, Dv]` (read only when the join keeps factors for audits), g, beta
         `[layers, H]`."""
         if self._buffered == BUFFER:
-            self.fold_buffered()
+            self.fold_buffered(gdn_ops)
         if self._k is None:
             self._k = k.new_empty(k.shape[0], BUFFER, *k.shape[1:])
         n = self._buffered
@@ -170,18 +170,18 @@ class GDNJoin:
         self.fed += 1
 
     def _value_heads(self, k: torch.Tensor) -> torch.Tensor:
-        heads = self._p_rest.shape[1]
+        heads = self.p_rest.shape[1]
         return k if k.shape[-2] == heads else k.repeat_interleave(heads // k.shape[-2], dim=-2)
 
-    def fold_buffered(self) -> torch.Tensor:
-        """Fold the buffered tokens' factors into P_rest now; returns P_rest. Called where the map is about
-        to be read: by the engine core before a chunk's forward (so the forward, a stage that only reads,
-        changes no join) and by `p_rest`."""
+    def fold_buffered(self, gdn_ops: GDNOps) -> torch.Tensor:
+        """Fold the buffered tokens' factors into P_rest now, by `gdn_ops.fold`; returns P_rest. Called
+        where the whole map is about to be read: by the engine core before a chunk's forward (so the
+        forward, a stage that only reads, changes no join), and here before a value is taken from it."""
         n, self._buffered = self._buffered, 0
         if n:   # token-major factors over all layers' maps at once
-            extend_map_(self._p_rest, self._value_heads(self._k[:, :n]).transpose(0, 1),
-                        self._g[:, :n].transpose(0, 1), self._beta[:, :n].transpose(0, 1))
-        return self._p_rest
+            gdn_ops.fold(self.p_rest, self._value_heads(self._k[:, :n]).transpose(0, 1),
+                         self._g[:, :n].transpose(0, 1), self._beta[:, :n].transpose(0, 1))
+        return self.p_rest
 
     def set_joined(self, s_lead: torch.Tensor) -> None:
         """A chunk was joined: `S_lead'` (the lead re-run from the new prefix) is the new reference."""

@@ -18,6 +18,7 @@ from .policy import DeferralConfig
 
 if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
+    from ..ops.backend import GDNOps
 
 
 _serials = itertools.count(1)
@@ -116,9 +117,10 @@ class Recovery:
             return None
         return max(0.0, self.t_done - (self.t_answer_end or self.t_done))
 
-    def snapshot(self) -> RecoverySnapshot:
+    def snapshot(self, gdn_ops: GDNOps) -> RecoverySnapshot:
+        """`gdn_ops`: what folds the join's buffered factors into the map it keeps."""
         return RecoverySnapshot(self, self.cursor, len(self.slots), self.failures,
-                                self.join.snapshot() if self.join is not None else None)
+                                self.join.snapshot(gdn_ops) if self.join is not None else None)
 
     def restore(self, snap: RecoverySnapshot) -> None:
         """Back to `snap` (rows restored since are undone with the slots they were written to)."""

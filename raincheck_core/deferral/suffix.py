@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.backend import TORCH_GDN, GDNOps
+from ..ops.backend import GDNOps
 
 
 @dataclass
@@ -33,11 +33,11 @@ class InputFactors:
 
 
 def input_factors(layers: list, u: list[torch.Tensor], g: list[torch.Tensor], beta: list[torch.Tensor],
-                  conv: torch.Tensor, ssm: torch.Tensor, lead: int, gdn_ops: GDNOps = TORCH_GDN) -> InputFactors:
+                  conv: torch.Tensor, ssm: torch.Tensor, lead: int, gdn_ops: GDNOps) -> InputFactors:
     """`u, g, beta`: per GDN layer (`layers`, the model's token mixers in order) the rows' pre-conv inputs
     `[T, C]` and gates `[T, H]`; `conv [layers, K-1, C]`, `ssm [layers, H, Dk, Dv]`: the live history and
     state the rows started from; `lead`: how many first rows need the state after them; `gdn_ops`: the
-    step's GDN ops (until the runner hands them, the torch ops, which every backend's `replay` is so far)."""
+    step's GDN ops."""
     ks, vs, states = [], [], []
     for i, layer in enumerate(layers):   # under the caller's inference mode: the weights need no graph
         run = gdn_ops.replay(u[i], g[i], beta[i], layer.conv1d.weight[:, 0], conv[i], ssm[i], layer.hk, lead)

@@ -24,20 +24,20 @@ import torch
 
 from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
-from ..deferral.policy import DeferralConfig
+from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
 from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
+from ..ops.backend import GDNOps
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
 from .plan import JoinInputs, Kind, ScratchWork, Segment, StepPlan, Tracking
-from .request import TurnRequest
+from .request import Admission, TurnRequest
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
-from .step import run_step
 from .update import StepResult
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class EngineCore:
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
         self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
+        self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
 
     # ---------------------------------------------------------------- what the runner and update read
@@ -91,13 +92,14 @@ class EngineCore:
             return self.scratches[segment.session].input
         return self.caches[segment.session].recovery.rows
 
-    def resolve(self, plan: StepPlan) -> StepPlan:
+    def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan:
         """`plan` with what its forward reads of the sessions put into its segments, read now (just before
-        the forward, as the step's earlier passes left the sessions): their rows, a joining chunk's join
-        inputs, a tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
-        return StepPlan([self._resolved(seg) for seg in plan.segments])
+        the forward, as the step's earlier passes left the sessions): their rows (a hand-off's result), a
+        joining chunk's join inputs (its join's buffered factors folded first, by the step's `gdn_ops`), a
+        tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
+        return StepPlan([self._resolved(seg, gdn_ops) for seg in plan.segments])
 
-    def _resolved(self, seg: Segment) -> Segment:
+    def _resolved(self, seg: Segment, gdn_ops: GDNOps) -> Segment:
         if seg.kind is Kind.DECODE and not seg.tracked:
             return seg      # its token and position are in the plan: nothing of the session to read
         cache = self.caches[seg.session]
@@ -105,7 +107,7 @@ class EngineCore:
         if seg.joins:
             join = cache.recovery.join
             # folded here, explicitly: the forward only reads the map
-            p_rest = join.fold_buffered()
+            p_rest = join.fold_buffered(gdn_ops)
             join_inputs = JoinInputs(join.lead_u[:, :seg.lead], join.lead_g[:, :seg.lead], join.lead_beta[:, :seg.lead],
                                      p_rest, join.s_lead, join.fed < join.lead)
         if seg.tracked:
@@ -113,8 +115,12 @@ class EngineCore:
             head = cache.recovery.join
             tracking = Tracking(max(0, head.lead - head.fed), any(j.fed < j.lead for j in pending),
                                 any(j.factors is not None for j in pending))
-        source = None if seg.kind is Kind.DECODE else self.rows(seg)
-        return dataclasses.replace(seg, source=source, join_inputs=join_inputs, tracking=tracking)
+        source = result = None
+        if seg.kind is Kind.HANDOFF:
+            result = self.handoffs[seg.session]
+        elif seg.kind is not Kind.DECODE:
+            source = self.rows(seg)
+        return dataclasses.replace(seg, source=source, result=result, join_inputs=join_inputs, tracking=tracking)
 
     # ---------------------------------------------------------------- measuring and instrumentation
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -209,19 +215,22 @@ class EngineCore:
             del self.scratches[sid]
             self.forget(sid)
 
-    def prefill_scratch(self, cache: SessionCache) -> None:
-        """Prefill a scratch session's rows through the ordinary step (a deferred worker's residual),
-        shared with the running turns' rows; other sessions' post-answer recovery waits, as for a barrier.
-        StepFailedError if a step holding only these rows fails."""
+    def queue_scratch(self, cache: SessionCache) -> ScratchWork:
+        """A scratch session's rows are planned from the next step on, beside the running turns' rows, until
+        they are in or the scratch session ends (the stepper prefills them: `Stepper.prefill_scratch`)."""
         work = self.scratches[cache.session]
         self.scheduler.add_scratch(work)
-        # the one loop over steps outside the stepper (engine/stepper.py): the hand-off's prefill
-        # (engine/residual.py) reaches it through the core
-        while work.pending and work.error is None:
-            run_step(self, only=cache)
-        self.scheduler.remove_scratch(work)
-        if work.error is not None:
-            raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
+        return work
+
+    @contextmanager
+    def handing_in(self, cache: SessionCache, result: ResidualResult) -> Iterator[None]:
+        """`result`, a deferred worker's, is what the hand-off step of `cache`'s recovery joins (the
+        stepper's `hand_in`), until the context ends."""
+        self.handoffs[cache.session] = result
+        try:
+            yield
+        finally:
+            del self.handoffs[cache.session]
 
     # ---------------------------------------------------------------- turns
     @property
@@ -229,25 +238,24 @@ class EngineCore:
         """Tokens a session may hold: `EngineConfig.max_model_len`, else the checkpoint's context length."""
         return self.config.max_model_len or self.model_config.max_position_embeddings
 
-    def admit(self, request: TurnRequest, deferred: TurnInput | None, cfg: DeferralConfig, reserve: int,
-              branch: Callable[[int, SessionCache], TurnRequest] | None = None) -> None:
-        """A validated turn starts: `reserve` slots are reserved for it, its deferred rows (if any) become
-        the cache's recovery, and the scheduler runs it from the next step. With `n > 1` answers (and no
-        deferred rows), `branch(i, cache)` makes answer i's request on a new cache, whose pages for the
+    def admit(self, admission: Admission) -> None:
+        """A validated turn starts: its slots are reserved, its deferred rows (if any) become the cache's
+        recovery, and the scheduler runs it from the next step. With `n > 1` answers (and no deferred
+        rows), answer i's request is made here (`TurnRequest.branch`) on a new cache, whose pages for the
         answer are reserved now; they fork from this one when its prompt is in (`fork`). On an error (no
         pages, no GDN slot) the cache is as before and nothing was admitted."""
+        request, deferred, cfg = admission.request, admission.deferred, admission.cfg
         cache = request.cache
-        checkpoint = cache.checkpoint()
+        checkpoint = cache.checkpoint(self.runner.ops().gdn)     # the op set the steps run on
         context = cache.length + len(request.input)
         try:
             for i in range(1, request.params.n):
                 # named by turn too: an earlier turn's answers may still be decoding
                 sid = f"{cache.session}#{cache.turns}.{i}"
-                child = branch(i, self.open_cache(sid, cache.table.max_pages))
+                child = request.branch(i, self.open_cache(sid, cache.table.max_pages), admission.constraints[i])
                 request.branches.append(child)
                 child.cache.table.reserve(context % self.kv.page_size + request.params.max_new_tokens)
-            reserve -= self._reuse_prefix(request)
-            cache.table.reserve(reserve)
+            cache.table.reserve(admission.slots - self._reuse_prefix(request))
             if deferred is not None:
                 join = None
                 if self.gdn is not None:

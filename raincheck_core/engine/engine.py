@@ -25,7 +25,7 @@ from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError
 from ..grammar import Grammars
-from ..inputs import VisualInput
+from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
@@ -168,6 +168,20 @@ class Engine:
         return cls(model, model_config, config, formatter=formatter, vision=vision,
                    selector_options=load_selector_options(folder))
 
+    def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
+        """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
+        chat template (`first_turn`: with the conversation's opening), its images and videos encoded by the
+        vision tower (`selection_signals`: with what attention-based selectors read) and expanded to their
+        visual tokens. The one prompt builder of sessions, of a session rebuilt from its log (the services)
+        and of the benchmarks."""
+        if self.formatter is None:
+            raise InvalidInputError("this checkpoint has no tokenizer: it takes token-level prompts only")
+        cfg = self.model_config
+        return self.formatter.build_prompt(
+            message, first_turn=first_turn, vision=self.vision, selection_signals=selection_signals,
+            image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
+            vision_start_id=cfg.vision_start_token_id, vision_end_id=cfg.vision_end_token_id)
+
     def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig:
         """`cfg` with this model's calibrated options for its selector (the checkpoint's
         `selector_options.json`) when it names none itself; explicit options always win."""
@@ -281,7 +295,7 @@ class Engine:
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
         with self.lock:
-            return residual.prefill(self.core, payload)
+            return residual.prefill(self.stepper, payload)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
@@ -290,7 +304,7 @@ class Engine:
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
         with self.lock:
-            return residual.apply(self.core, session.cache, ticket, result)
+            return residual.apply(self.stepper, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
@@ -332,7 +346,8 @@ class Engine:
             write = cache.claim(n)
             runner = self.core.runner
             plan = StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n), cache.gdn_slot)])
-            inputs = runner.prepare(self.core.resolve(plan))
+            ops = runner.ops()
+            inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
 

@@ -24,6 +24,7 @@ class StepStats:
     deferred_rows: int          # fused into decode steps (Kind.DEFERRED)
     recovery_rows: int          # post-answer chunks (Kind.RECOVERY)
     residual_rows: int          # scratch rows (a hand-off's prefill)
+    handoff_rows: int           # deferred rows joined from a deferred worker's result (Kind.HANDOFF)
     tracked_rows: int           # decode rows that extend a GDN join's map
     sessions: int
     seconds: float              # the engine's clock, as the TPOT objective sees it
@@ -32,7 +33,7 @@ class StepStats:
     @classmethod
     def of(cls, plan: StepPlan, seconds: float, failed: bool) -> StepStats:
         return cls(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
-                   plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
+                   plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL), plan.rows_of(Kind.HANDOFF),
                    sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed)
 
 

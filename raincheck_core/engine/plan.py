@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from ..deferral.handoff import ResidualResult
     from ..multimodal.turn_input import TurnInput
     from .request import TurnRequest
     from .session_cache import SessionCache
@@ -30,10 +31,13 @@ class Kind(StrEnum):
     DEFERRED = "deferred"      # deferred rows fused into their turn's decode step (raincheck)
     RECOVERY = "recovery"      # deferred rows after the answer (idle gaps, the barrier)
     RESIDUAL = "residual"      # rows prefilled outside a turn (a hand-off on a deferred worker, a scratch forward)
+    HANDOFF = "handoff"        # deferred rows a deferred worker prefilled, joined from its result (a step of its own)
     PADDING = "padding"        # rows that only fill a bucketed step to its bucket (engine/padding.py)
 
 
-CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL)    # rows that are not a running turn's input or answer
+# rows that are not a running turn's input or answer
+CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL, Kind.HANDOFF)
+RESTORING = (Kind.DEFERRED, Kind.RECOVERY, Kind.HANDOFF)    # rows of a recovery's D
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,7 +86,10 @@ class Segment:
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     live_slot: int | None = None          # … and the live state the join corrects
     # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
-    source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode or padding row's)
+    source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode, padding or
+                                          # hand-off row's)
+    result: ResidualResult | None = None  # a hand-off: the deferred worker's result, which holds D's rows from
+                                          # its own `first` on (K/V, and the prefix state after D)
     join_inputs: JoinInputs | None = None     # a chunk that joins: what its forward reads of the join
     tracking: Tracking | None = None      # tracked rows: what their forward needs of the joins they extend
 
@@ -124,6 +131,13 @@ class Segment:
         """Rows [first, first + rows) of a scratch session's rows (no turn, no join)."""
         return cls(Kind.RESIDUAL, session, rows, write, read, gdn_slot, first=first)
 
+    @classmethod
+    def handoff(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
+                prefix_slot: int | None, lead: int, live_slot: int | None) -> Segment:
+        """Deferred rows [first, first + rows) whose K/V and prefix state come from a deferred worker's
+        result (`read`: what they saw there): the forward runs none of them, only the join (the lead
+        re-run from the result's prefix state)."""
+        return cls(Kind.HANDOFF, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot)
 
     @classmethod
     def padding(cls, rows: int, slot: torch.Tensor, gdn_slot: int | None) -> Segment:

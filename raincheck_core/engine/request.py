@@ -1,4 +1,5 @@
-"""One turn in flight: its input rows, how far it has run, its sampler, and the events it has produced.
+"""One turn in flight: its input rows, how far it has run, its sampler, and the events it has produced;
+and a turn ready to be admitted (`Admission`).
 
 A request changes only through the step's update (engine/update.py): `fed` after its rows ran, `accept`
 after a token was sampled for it; and through the engine core (engine/core.py) when it ends: `finish`,
@@ -11,9 +12,11 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from ..deferral.policy import DeferralConfig
 from ..grammar import TokenConstraint
 from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler
@@ -42,13 +45,11 @@ def answer_tail(token_ids: list[int], finish_reason: str, turn_end_id: int | Non
 
 class TurnRequest:
     def __init__(
-        self, cache: SessionCache, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
-        decode: Callable[[list[int]], str] | None, return_logits: bool, turn_end_id: int | None = None,
-        deferred_tokens: int = 0, barrier_wait_s: float = 0.0, previous_recovery_s: float | None = None,
-        checkpoint: Checkpoint | None = None, tpot_slo: float | None = None,
-        clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None,
-        previous_pending: int = 0,
-        choice: int = 0,
+        self, *, cache: SessionCache, turn_input: TurnInput, params: SamplingParams, stop_ids: set[int],
+        decode: Callable[[list[int]], str] | None = None, return_logits: bool = False,
+        turn_end_id: int | None = None, deferred_tokens: int = 0, barrier_wait_s: float = 0.0,
+        previous_recovery_s: float | None = None, previous_pending: int = 0, tpot_slo: float | None = None,
+        clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None, choice: int = 0,
     ):
         self.id = next(_ids)
         self.turn = cache.turns           # the session's turn index (set again at admission)
@@ -61,7 +62,7 @@ class TurnRequest:
         self.return_logits = return_logits
         self.turn_end_id = turn_end_id    # the chat template's closing token, for chat-level turns
         self.deferred_tokens = deferred_tokens    # |D| of this turn (its recovery is the cache's)
-        self.checkpoint = checkpoint      # the cache at admission: a failed turn is undone to it
+        self.checkpoint: Checkpoint | None = None     # the cache at admission: a failed turn is undone to it
         self.barrier_wait_s = barrier_wait_s
         self.previous_recovery_s = previous_recovery_s
         self.previous_pending = previous_pending    # earlier turns' deferred rows still pending at admission
@@ -86,6 +87,15 @@ class TurnRequest:
         self.t_start: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
+
+    def branch(self, choice: int, cache: SessionCache, constraint: TokenConstraint | None) -> TurnRequest:
+        """Answer `choice` of this `n > 1` turn, on its own `cache` (it forks from this one's after the
+        prompt): the same input, stop tokens, text and objective; its own sampling parameters (`branch`)
+        and grammar."""
+        return TurnRequest(cache=cache, turn_input=self.input, params=self.params.branch(choice),
+                           stop_ids=self.stop_ids, decode=self.decode_text, return_logits=self.return_logits,
+                           turn_end_id=self.turn_end_id, tpot_slo=self.tpot_slo, clock=self.clock,
+                           constraint=constraint, choice=choice)
 
     @property
     def decoding(self) -> bool:
@@ -195,3 +205,15 @@ class TurnRequest:
             return ""
         delta, self._text = text[len(self._text):], text
         return delta
+
+
+@dataclass
+class Admission:
+    """A validated turn, ready for the engine core to admit (`EngineCore.admit`; `Session.prepare_turn` makes
+    it): answer 0's request and what admitting it takes. The core makes the other answers' requests."""
+
+    request: TurnRequest                  # answer 0, the session's own
+    deferred: TurnInput | None            # D, the rows restored after I0 (None: nothing deferred)
+    cfg: DeferralConfig                   # the turn's deferral policy
+    slots: int                            # reserved now: I0 + D + max_new_tokens (other answers' apart)
+    constraints: list[TokenConstraint | None]   # every answer's grammar, by choice

@@ -3,10 +3,12 @@
 Decode side: `Recovery.hold` keeps local gap recovery off a recovery (and, if asked, fused chunks too),
 `export` ships what its remaining rows may see (once the turn's I0 is in; a receiver that holds part of
 the context gets only the rest), `apply` joins what comes back (mid-answer only past the guard, by the
-same rule as fused chunks: `Recovery.past_guard`), `Recovery.take_back` gives it to local recovery
-again, `Recovery.race` lets a barrier recover it locally while the result may still come.
+same rule as fused chunks: `Recovery.past_guard`) by an ordinary step of its own, whose one segment is
+the recovery's rows (`Kind.HANDOFF`: the runner computes the join, the update applies it as a chunk's),
+`Recovery.take_back` gives it to local recovery again, `Recovery.race` lets a barrier recover it locally
+while the result may still come.
 Deferred-worker side: `prefill` runs the shipped rows through the ordinary step, as a scratch session's
-residual segments (engine/core.py `prefill_scratch`).
+residual segments (engine/stepper.py `prefill_scratch`).
 
 The split between local and shipped rows is made at the join: a result covers D from the cursor at its
 export; fused chunks (or a racing barrier) may have restored a prefix of that since, and `apply` joins
@@ -22,16 +24,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.recovery import Recovery
 from ..errors import RecoveryStateError
 from ..multimodal.turn_input import TurnInput
-from ..ops.backend import TORCH_GDN, GDNOps
 from .session_cache import SessionCache
 
 if TYPE_CHECKING:
     from .core import EngineCore
+    from .stepper import Stepper
 
 
 def current(cache: SessionCache, ticket: int | None = None, *, held: bool | None = None) -> Recovery:
@@ -79,8 +80,9 @@ def export(core: EngineCore, cache: SessionCache, ticket: int, have: torch.Tenso
     )
 
 
-def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
+def prefill(stepper: Stepper, payload: ResidualPayload) -> ResidualResult:
     """Prefill the residual rows on top of the shipped context, on a scratch session."""
+    core = stepper.core
     ctx, r = payload.context_k.shape[1], payload.rows
     if ctx != payload.visible:
         raise RecoveryStateError(f"the payload ships {ctx} of the {payload.visible} context rows its residual sees")
@@ -94,7 +96,7 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
         if gdn is not None:
             gdn.conv[cache.gdn_slot] = payload.prefix_conv.to(gdn.conv.dtype)
             gdn.ssm[cache.gdn_slot] = payload.prefix_ssm.float()
-        core.prefill_scratch(cache)
+        stepper.prefill_scratch(cache)
         new = cache.table.slots(ctx, ctx + r)
         ssm = conv = None
         if gdn is not None:
@@ -104,57 +106,20 @@ def prefill(core: EngineCore, payload: ResidualPayload) -> ResidualResult:
                               recovery=payload.recovery, first=payload.first)
 
 
-def apply(core: EngineCore, cache: SessionCache, ticket: int, result: ResidualResult,
-          gdn_ops: GDNOps = TORCH_GDN) -> Joined | None:
-    """Join the result's rows from the cursor on: append their K/V, set the prefix state, repair the lead
-    and join (by `gdn_ops`, the engine's GDN ops: until its runner hands them out, the torch ops, which
-    every backend's `replay` and `join` are so far); the recovery is done. None (nothing changed) while
-    the answer streams and a chunk could not be fused now (policy without fused chunks, or within the
-    guard): try again later."""
+def apply(stepper: Stepper, cache: SessionCache, ticket: int, result: ResidualResult) -> Joined | None:
+    """Join the result's rows from the cursor on, by a step of their own (engine/step.py `run_handoff`):
+    their K/V go in, the prefix state is the result's, the lead is repaired and joined as after a local
+    chunk; the recovery is done. None (nothing changed) while the answer streams and a chunk could not be
+    fused now (policy without fused chunks, or within the guard): try again later."""
     rec = current(cache, ticket, held=True)
     if result.recovery != rec.serial:
         raise RecoveryStateError(f"the result was made for another recovery of turn {ticket} (an undone attempt)")
     if not result.first <= rec.cursor or result.first + result.rows != rec.total:
         raise RecoveryStateError(f"the result covers deferred rows {result.first}..{result.first + result.rows}; "
                                  f"the recovery has {rec.cursor}..{rec.total} left")
-    req = core.turn(cache.session)
+    req = stepper.core.turn(cache.session)
     if req is not None and not (req.decoding if req.turn > rec.turn else rec.past_guard(req.answer_fed)):
         return None     # late rows join once the follow-up's input is in (docs/mechanism.md §10)
-    offset, r = rec.cursor - result.first, rec.pending
-    start = cache.length
-    slots = cache.claim(r, rec.turn)
-    core.kv.k[:, slots] = result.k[:, offset:].to(device=core.device, dtype=core.kv.k.dtype)
-    core.kv.v[:, slots] = result.v[:, offset:].to(device=core.device, dtype=core.kv.v.dtype)
-    cache.fill(r)
-    rec.slots.append(slots)
-    if rec.join is not None:
-        gdn = core.gdn
-        gdn.ssm[rec.join.prefix] = result.ssm.to(gdn.ssm.device)
-        gdn.conv[rec.join.prefix] = result.conv.to(device=gdn.conv.device, dtype=gdn.conv.dtype)
-        with torch.inference_mode():     # the lead rerun uses the weights: no autograd graph into the pool
-            _join(core, rec, cache.queued.join if cache.queued is not None else None, gdn_ops)
-    rec.advance(r, core.clock())
-    core.finish_recovery(cache)
-    return Joined(offset, torch.arange(start, start + r))
-
-
-def _join(core: EngineCore, rec: Recovery, later: GDNJoin | None, gdn_ops: GDNOps) -> None:
-    """The lead repair and join for a prefix state set from outside a step (layer by layer; the step
-    does the same inside its forward); `later`, a later turn's join begun behind this one, is rebased."""
-    join, pool = rec.join, core.gdn
-    if later is not None and later.behind is not None:
-        before = join.s_lead.clone()
-    n = join.lead_rows
-    for layer in core.model.gdn_layers():
-        i = layer.gdn_index
-        conv, state = pool.conv[join.prefix, i], pool.ssm[join.prefix, i]
-        if n:
-            run = gdn_ops.replay(join.lead_u[i, :n], join.lead_g[i, :n], join.lead_beta[i, :n],
-                                 layer.conv1d.weight[:, 0], conv, state, layer.hk, n)
-            conv, state = run.history, run.states[-1]
-        pool.ssm[join.live, i] = gdn_ops.join(pool.ssm[join.live, i], join.p_rest[i], state - join.s_lead[i])
-        join.s_lead[i] = state
-        if join.fed < join.lead:     # the live conv window still reaches back across the boundary
-            pool.conv[join.live, i] = conv
-    if later is not None and later.behind is not None:
-        later.rebase(join, join.s_lead - before)
+    offset, start = rec.cursor - result.first, cache.length
+    stepper.hand_in(cache, result)
+    return Joined(offset, torch.arange(start, start + result.rows - offset))

@@ -8,7 +8,8 @@ runs the model and returns the sampled rows' logits and, for GDN models, the new
 apply, plus what the deferred join's bookkeeping needs. The runner reads only the plan and the pools;
 only the step's update applies what it returns (engine/update.py): a forward that raises leaves the
 caches as they were. With `use_graphs`, decode steps are padded to their bucket (engine/padding.py) and
-their forward replayed from a captured graph (engine/graphs.py).
+their forward replayed from a captured graph (engine/graphs.py). A step of hand-off segments runs no
+forward: their K/V come from a deferred worker's result, and only the join is computed (`handoff`).
 
 K/V are written into the claimed slots during the forward (they are not visible to anyone until the
 update fills those slots)."""
@@ -26,9 +27,9 @@ from ..cache.kv_pool import KVPool
 from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
-from ..ops.backend import OpSet, select
+from ..ops.backend import GDNOps, OpSet, select
+from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
-from ..ops.gdn_varlen import varlen_layout
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
@@ -121,7 +122,7 @@ class ModelRunner:
         self.kernel = kernel
         self.key_heads = model.config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
-        self._ops()     # a backend this machine cannot run (fla without triton) fails at load, not at a step
+        self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
         self.padding: Scratch | None = None        # where their padding rows go
 
@@ -131,16 +132,19 @@ class ModelRunner:
         self.padding = Scratch.reserve(self.kv, self.gdn)
         self.graphs = StepGraphs(self.model, capture)
 
-    def run(self, plan: StepPlan) -> StepOutputs:
+    def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
+        """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
+        if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
+            return self.handoff(plan, ops)
         bucket = bucket_of(plan) if self.graphs is not None else None
         if bucket is None:
-            return self.forward(self.prepare(plan))
+            return self.forward(self.prepare(plan, ops))
         padded = pad(plan, bucket, self.padding)
-        inputs = self.prepare(padded)
+        inputs = self.prepare(padded, ops)
         try:
             replayed = self.graphs.run(bucket, inputs.batch)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
-            return self.forward(self.prepare(padded))
+            return self.forward(self.prepare(padded, ops))
         if replayed is None:
             return self.forward(inputs)
         batch, logits = replayed
@@ -148,7 +152,7 @@ class ModelRunner:
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan) -> StepInputs:
+    def prepare(self, plan: StepPlan, ops: OpSet) -> StepInputs:
         embeds: list[torch.Tensor | None] = []
         positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
@@ -182,7 +186,6 @@ class ModelRunner:
                 rows = self.model.embed_tokens(ids)
             for at, e in zip(decode_at, rows.split(1), strict=True):
                 embeds[at] = e
-        ops = self._ops()
         attention = None
         if self.model.config.num_attention_layers:
             attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
@@ -259,11 +262,55 @@ class ModelRunner:
         step.op = ops.gdn.prepare(step, self.key_heads)
         return step
 
-    def _ops(self) -> OpSet:
-        """The step's op set, chosen once per step for the model's device and dtypes."""
+    def ops(self) -> OpSet:
+        """The op set for the model's device and dtypes, by `select` (ops/backend.py): asked once per step."""
         gdn = None if self.gdn is None else (self.gdn.conv.dtype, self.gdn.ssm.dtype)
         kv = self.kv.k.dtype if self.model.config.num_attention_layers else None
         return select(self.device, self.model.embed_tokens.weight.dtype, kv, gdn, self.backend)
+
+    # ---------------------------------------------------------------- a deferred worker's result
+    def handoff(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
+        """A step of hand-off segments (`Scheduler.handoff`): no forward. Each segment's K/V, computed by
+        a deferred worker (`Segment.result`), go into its claimed slots; for a GDN model the result's state
+        after D is the new prefix state, and the lead is re-run from it and joined into the live state by the
+        step's GDN ops, as a chunk's forward does (docs/mechanism.md §5.3): the new states and `S_lead'`
+        are outputs, as a forward's are."""
+        if any(s.kind is not Kind.HANDOFF for s in plan.segments):
+            raise ValueError("hand-off segments run in a step of their own")
+        out = StepOutputs(torch.empty(0))     # nothing is sampled
+        for seg in plan.segments:
+            res = seg.result
+            rows = slice(seg.first - res.first, seg.first - res.first + seg.rows)
+            self.kv.k[:, seg.write_slots] = res.k[:, rows].to(device=self.device, dtype=self.kv.k.dtype)
+            self.kv.v[:, seg.write_slots] = res.v[:, rows].to(device=self.device, dtype=self.kv.v.dtype)
+            if seg.joins:
+                with torch.inference_mode():     # the lead re-run uses the weights: no autograd graph
+                    self._join_result(seg, ops.gdn, out)
+        return out
+
+    def _join_result(self, seg: Segment, gdn_ops: GDNOps, out: StepOutputs) -> None:
+        """A hand-off segment's GDN part, layer by layer, into `out`: the prefix state set, the live state
+        joined, `S_lead'`."""
+        pool, jn = self.gdn, seg.join_inputs
+        conv0 = seg.result.conv.to(device=pool.conv.device, dtype=pool.conv.dtype)
+        ssm0 = seg.result.ssm.to(device=pool.ssm.device, dtype=pool.ssm.dtype)
+        convs, lives, leads = [], [], []
+        for layer in self.model.gdn_layers():
+            i = layer.gdn_index
+            conv, state = conv0[i], ssm0[i]
+            if seg.lead:
+                run = gdn_ops.replay(jn.lead_u[i], jn.lead_g[i], jn.lead_beta[i], layer.conv1d.weight[:, 0], conv,
+                                     state, layer.hk, seg.lead)
+                conv, state = run.history, run.states[-1]
+            lives.append(gdn_ops.join(pool.ssm[seg.live_slot, i], jn.p_rest[i], state - jn.s_lead[i]))
+            leads.append(state)
+            convs.append(conv)
+        prefix = torch.tensor([seg.gdn_slot], device=self.device)
+        live = torch.tensor([seg.live_slot], device=self.device)
+        out.writes.append(StateWrite(prefix, conv0[None], ssm0[None]))
+        # while the lead is incomplete the live conv window still reaches back across the boundary
+        out.writes.append(StateWrite(live, torch.stack(convs)[None] if jn.in_lead else None, torch.stack(lives)[None]))
+        out.joined.append((seg, torch.stack(leads)))
 
     # ---------------------------------------------------------------- the forward
     def forward(self, inputs: StepInputs) -> StepOutputs:
@@ -328,7 +375,7 @@ class ModelRunner:
             part = slice(at, at + seg.rows)
             f = input_factors(layers, [x[0][part] for x in factors], [x[1][part] for x in factors],
                               [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
-                              lead)
+                              lead, inputs.batch.ops.gdn)
             at += seg.rows
             out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None)
                     for j in range(seg.rows)]

@@ -179,6 +179,12 @@ class Scheduler:
             gap -= n
         return plan
 
+    def handoff(self, cache: CacheView) -> StepPlan:
+        """The step that joins a deferred worker's result into the cache's recovery: its pending rows as one
+        hand-off segment, in a step of their own (they are applied between steps, as they arrive; a decode
+        row of the session in the same step would run from the live state before the join)."""
+        return StepPlan([deferred_segment(cache, cache.recovery.pending, Kind.HANDOFF)])
+
     def _isolated(self, only: CacheView | None) -> CacheView | None:
         """The deterministic session whose step this is, or None for the shared group's step. A barrier
         wait (`only`) steps its own group; otherwise the groups with work take turns."""
@@ -323,7 +329,8 @@ def decode_segment(req: TurnView) -> Segment:
 
 
 def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) -> Segment:
-    """`n` deferred rows of the cache's recovery from its cursor: they read what their labels allow, run
+    """`n` deferred rows of the cache's recovery from its cursor, fused (`kind` DEFERRED), after the answer
+    (RECOVERY) or joined from a deferred worker's result (HANDOFF): they read what their labels allow, run
     on the prefix GDN state, and (GDN models) carry the turn's conv lead for the join. `ahead`: they go
     ahead of the session's follow-up input in this step."""
     rec = cache.recovery
@@ -333,6 +340,8 @@ def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) 
     prefix, lead, live = (join.prefix, join.lead_rows, join.live) if join is not None else (None, 0, None)
     if kind is Kind.DEFERRED:
         return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, serial=not rec.cfg.fused)
+    if kind is Kind.HANDOFF:
+        return Segment.handoff(cache.session, rec.cursor, n, write, read, prefix, lead, live)
     # ahead of its session's input in the same step: a GDN join must correct the live state before the
     # input runs from it, so the chunk takes a pass of its own (attention needs none: K/V go in first)
     return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live,

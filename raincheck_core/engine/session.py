@@ -16,7 +16,7 @@ from ..multimodal.turn_input import build_turn_input
 from ..sampling_params import SamplingParams
 from .events import TokenEvent, TurnEnd, TurnEvent
 from .fits import check_fits
-from .request import TurnRequest
+from .request import Admission, TurnRequest
 from .session_cache import Checkpoint, SessionCache
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class SessionHost(Protocol):
     vision: VisionEncoder | None
 
     def deferral_for(self, cfg: DeferralConfig) -> DeferralConfig: ...
+
+    def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt: ...
 
     def stop_token_ids(self) -> set[int]: ...
 
@@ -104,41 +106,42 @@ class Session:
         constraints = [self._constraint(params, chat_level) for _ in range(params.n)]
         with engine.lock:
             self._check_idle()
-            cache = self.cache
-            ids = cache.pending_ids + prompt.token_ids
-            full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position,
-                                    text_prefix=len(cache.pending_ids))
-            parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
-            deferred = len(parts.deferred_rows) if cfg.defers else 0
-            check_fits(cache, len(parts.keep_rows), deferred, params.max_new_tokens, params.n,
-                       page_size=engine.core.kv.page_size, pool_pages=engine.core.kv.num_pages,
-                       max_model_len=engine.core.max_model_len)
-            # n answers fork the cache after the prompt: a recovery still pending then would need a
-            # join per answer, so such a turn waits for it whatever the bound
-            waited = self._barrier(cfg.barrier_timeout_s if params.n == 1 else None, len(parts.keep_rows))
-            late = sum(r.pending for r in cache.recoveries())
-            turn_input = full.subset(parts.keep_rows) if len(parts.deferred_rows) else full
-            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
-            decode = engine.formatter.decode if engine.formatter is not None else None
-            turn_end = engine.formatter.turn_end_id if chat_level else None
-            request = TurnRequest(cache, turn_input, params, stops, decode, return_logits, turn_end,
-                                  deferred, waited, cache.last_recovery_s if cache.turns else None,
-                                  tpot_slo=cfg.objective, clock=engine.core.clock, constraint=constraints[0],
-                                  previous_pending=late)
-
-            def branch(i: int, branch_cache: SessionCache) -> TurnRequest:
-                return TurnRequest(branch_cache, turn_input, params.branch(i), stops, decode, return_logits,
-                                   turn_end, tpot_slo=cfg.objective, clock=engine.core.clock,
-                                   constraint=constraints[i], choice=i)
-
-            # every page the turn can need is reserved now (D and the other answers' included), so neither
-            # an answer nor the recovery can fail halfway for lack of memory
-            engine.core.admit(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
-                              reserve=len(parts.keep_rows) + deferred + params.max_new_tokens, branch=branch)
-            self._current = request
+            admission = self.prepare_turn(prompt, chat_level, params, cfg, constraints, return_logits)
+            engine.core.admit(admission)
+            request = self._current = admission.request
             self._undo = request.checkpoint
             engine.stepper.wake()
         return TurnStream(self, request)
+
+    def prepare_turn(self, prompt: Prompt, chat_level: bool, params: SamplingParams, cfg: DeferralConfig,
+                     constraints: list[TokenConstraint | None], return_logits: bool = False) -> Admission:
+        """What admitting a turn of `prompt` takes (call under the engine lock; `chat_level`: it came
+        through the chat template, `constraints`: every answer's grammar): its input rows split into I0
+        and D, checked to fit, the previous turn's recovery completed first (the barrier), and answer 0's
+        request. Every page the turn can need is counted in (D and the other answers' too), so that neither
+        an answer nor the recovery can fail halfway for lack of memory."""
+        engine, cache = self.engine, self.cache
+        ids = cache.pending_ids + prompt.token_ids
+        full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position,
+                                text_prefix=len(cache.pending_ids))
+        parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
+        kept, deferred = len(parts.keep_rows), len(parts.deferred_rows) if cfg.defers else 0
+        check_fits(cache, kept, deferred, params.max_new_tokens, params.n, page_size=engine.core.kv.page_size,
+                   pool_pages=engine.core.kv.num_pages, max_model_len=engine.core.max_model_len)
+        # n answers fork the cache after the prompt: a recovery still pending then would need a join per
+        # answer, so such a turn waits for it whatever the bound
+        waited = self._barrier(cfg.barrier_timeout_s if params.n == 1 else None, kept)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else engine.stop_token_ids())
+        request = TurnRequest(
+            cache=cache, turn_input=full.subset(parts.keep_rows) if len(parts.deferred_rows) else full,
+            params=params, stop_ids=stops, decode=engine.formatter.decode if engine.formatter is not None else None,
+            return_logits=return_logits, turn_end_id=engine.formatter.turn_end_id if chat_level else None,
+            deferred_tokens=deferred, barrier_wait_s=waited,
+            previous_recovery_s=cache.last_recovery_s if cache.turns else None,
+            previous_pending=sum(r.pending for r in cache.recoveries()),
+            tpot_slo=cfg.objective, clock=engine.core.clock, constraint=constraints[0])
+        return Admission(request, full.subset(parts.deferred_rows) if deferred else None, cfg,
+                         kept + deferred + params.max_new_tokens, constraints)
 
     def _check_idle(self) -> None:
         if self.closed:
@@ -204,14 +207,8 @@ class Session:
             message = Message(text=message)
         if (message.images or message.videos) and self.engine.vision is None:
             raise InvalidInputError("this model has no vision tower: images and videos cannot be used")
-        mc = self.engine.model_config
-        prompt = formatter.build_prompt(
-            message, first_turn=self.turns == 0, vision=self.engine.vision,
-            selection_signals=cfg.needs_vision_signals,
-            image_token_id=mc.image_token_id, video_token_id=mc.video_token_id,
-            vision_start_id=mc.vision_start_token_id, vision_end_id=mc.vision_end_token_id,
-        )
-        return prompt, True
+        return self.engine.build_prompt(message, first_turn=self.turns == 0,
+                                        selection_signals=cfg.needs_vision_signals), True
 
     def _constraint(self, params: SamplingParams, chat_level: bool) -> TokenConstraint | None:
         """The turn's grammar, compiled against the token that ends its answer (outside the engine lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,9 @@ from ..cache.kv_pool import KVPool, PageTable
 from ..cache.prefix import Hit, PrefixChain
 from ..deferral.recovery import Recovery, RecoverySnapshot
 from ..deferral.visibility import deferred_visible
+
+if TYPE_CHECKING:
+    from ..ops.backend import GDNOps
 
 
 @dataclass
@@ -178,11 +182,12 @@ class SessionCache:
             self.recovery.join.behind = None      # nothing ahead of it any more to rebase it
 
     # ---------------------------------------------------------------- undoing a turn
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, gdn_ops: GDNOps) -> Checkpoint:
+        """The cache as it is now (`gdn_ops`: what folds a pending GDN join's buffered factors first)."""
         conv = ssm = None
         if self.gdn is not None:
             conv, ssm = self.gdn.conv[self.gdn_slot].clone(), self.gdn.ssm[self.gdn_slot].clone()
-        late = self.recovery.snapshot() if self.recovery is not None else None
+        late = self.recovery.snapshot(gdn_ops) if self.recovery is not None else None
         return Checkpoint(self.turns, self.length, self.next_position, len(self.tokens), list(self.pending_ids),
                           conv, ssm, late)
 

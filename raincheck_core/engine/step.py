@@ -1,7 +1,7 @@
 """One engine step, whole: schedule -> run -> update -> settle.
 
     plan = scheduler.schedule()                 # which rows of which sessions, claimed slots (engine/scheduler.py)
-    out = runner.run(core.resolve(plan))        # tensors, one forward, new states as data (engine/runner.py)
+    out = runner.run(core.resolve(plan), ops)   # tensors, one forward, new states as data (engine/runner.py)
     core.settle(apply_step(plan, out, ...))     # sessions change, then what ended is settled (engine/update.py,
                                                 # engine/core.py)
 
@@ -10,8 +10,12 @@ sessions, each session's share is re-run alone, so only the one whose own rows f
 fails with `StepFailedError` and is undone to its admission (its cache as before the turn), or, for a
 post-answer recovery, the chunk is retried and the recovery given up after `MAX_RECOVERY_FAILURES`.
 
-The loops over steps are the stepper's (engine/stepper.py). A step reaches the core through `StepCore`,
-what it needs of it, so that the core can run steps too (a hand-off's prefill) without an import cycle.
+A deferred worker's result is joined by a step of its own (`run_handoff`): its plan is the recovery's
+hand-off segment, whose run computes the join and whose update applies it like a chunk's; if it fails,
+nothing is applied and the caller is told.
+
+The loops over steps are the stepper's (engine/stepper.py), the only caller. A step reaches the core
+through `StepCore`, what it reads and calls of it (engine/core.py implements it).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import StepFailedError
 from .plan import StepPlan, StepSessions
 from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
+    from ..ops.backend import GDNOps
     from .hooks import Hooks
     from .runner import ModelRunner
     from .scheduler import Scheduler
@@ -43,7 +49,7 @@ class StepCore(StepSessions, Protocol):
     hooks: Hooks
     gdn: GDNStatePool | None
 
-    def resolve(self, plan: StepPlan) -> StepPlan: ...
+    def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
 
     def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None: ...
 
@@ -77,6 +83,17 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
     return True
 
 
+def run_handoff(core: StepCore, cache: SessionCache) -> None:
+    """The step joining the result the core holds for `cache` (`EngineCore.handing_in`) into its recovery's
+    pending rows (call under the engine lock). StepFailedError, with nothing applied, if it fails."""
+    t0 = core.clock()
+    plan = core.scheduler.handoff(cache)
+    error = _run(core, plan)
+    core.stepped(plan, core.clock() - t0, failed=error is not None)
+    if error is not None:
+        raise StepFailedError(f"joining the deferred worker's result failed: {error}") from error
+
+
 def _run(core: StepCore, plan: StepPlan) -> Exception | None:
     """Run the plan's passes; what their updates found ended is settled once, after the last pass that
     ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks)."""
@@ -84,17 +101,18 @@ def _run(core: StepCore, plan: StepPlan) -> Exception | None:
     restoring = chunk_carriers(plan)
     result = StepResult()
     error = None
+    ops = core.runner.ops()     # once per step: every pass, the joins' folds and the update run on it
     for i, part in enumerate(passes):
         try:
             for hook in core.hooks.plan:
                 hook(part)
             # what the runner reads of the sessions, read now: as the step's earlier passes left them
-            out = core.runner.run(core.resolve(part))
+            out = core.runner.run(core.resolve(part, ops.gdn), ops)
         except Exception as e:
             for rest in passes[i:]:
                 core.cancel(rest)
             error = e
             break
-        result.extend(apply_step(part, out, core, core.gdn, core.clock(), restoring))
+        result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring))
     core.settle(result)
     return error

@@ -14,11 +14,13 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..deferral.handoff import ResidualResult
+from ..errors import StepFailedError
 from .core import EngineCore
 from .engine_lock import EngineLock
 from .request import TurnRequest
 from .session_cache import SessionCache
-from .step import run_step
+from .step import run_handoff, run_step
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,24 @@ class Stepper:
                     self._barrier_step(cache)
                 steps += 1
         return steps
+
+    def prefill_scratch(self, cache: SessionCache) -> None:
+        """Prefill a scratch session's rows (`EngineCore.scratch_session`: a deferred worker's residual)
+        through the ordinary step, shared with the running turns' rows; other sessions' post-answer
+        recovery waits, as for a barrier. Call under the engine lock. StepFailedError if a step holding
+        only these rows fails."""
+        work = self.core.queue_scratch(cache)
+        while work.pending and work.error is None:
+            run_step(self.core, only=cache)
+        if work.error is not None:
+            raise StepFailedError(f"the forward pass prefilling the rows failed: {work.error}") from work.error
+
+    def hand_in(self, cache: SessionCache, result: ResidualResult) -> None:
+        """Join a deferred worker's `result` into `cache`'s recovery, its rows from the cursor on, in one step
+        of their own (engine/residual.py checked that it may join now). Call under the engine lock.
+        StepFailedError, with nothing applied, if that step fails."""
+        with self.core.handing_in(cache, result):
+            run_handoff(self.core, cache)
 
     def _barrier_step(self, cache: SessionCache) -> None:
         """One step towards the end of `cache`'s recovery (the completion barrier): the answer first if

@@ -19,12 +19,13 @@ import torch
 
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
-from .plan import CHUNKS, Kind, StepPlan, StepSessions
+from .plan import CHUNKS, RESTORING, Kind, StepPlan, StepSessions
 from .runner import StepOutputs
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
     from ..deferral.recovery import Recovery
+    from ..ops.backend import GDNOps
     from .request import TurnRequest
     from .session_cache import SessionCache
 
@@ -49,11 +50,12 @@ class StepResult:
         self.forked += other.forked
 
 
-def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None, now: float,
-               restoring: set[str] | None = None) -> StepResult:
-    """Apply `out`, the outputs of `plan` (one pass of a step) at time `now`. `restoring`: the sessions
-    whose deferred rows the whole step carried (default: those in this pass; a serial step runs its
-    chunks in a pass of their own), whose next token's gap counts as a restoring one."""
+def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None,
+               gdn_ops: GDNOps, now: float, restoring: set[str] | None = None) -> StepResult:
+    """Apply `out`, the outputs of `plan` (one pass of a step, run with the GDN ops `gdn_ops`, which also
+    fold the joins' maps here) at time `now`. `restoring`: the sessions whose deferred rows the whole step
+    carried (default: those in this pass; a serial step runs its chunks in a pass of their own), whose next
+    token's gap counts as a restoring one."""
     result = StepResult()
     # 1. the claimed slots now hold K/V (labelled when claimed)
     for seg in plan.segments:
@@ -80,7 +82,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                 gdn.conv.index_copy_(0, w.slots, w.conv.to(gdn.conv.dtype))
             if w.ssm is not None:
                 gdn.ssm.index_copy_(0, w.slots, w.ssm.to(gdn.ssm.dtype))
-        _join_bookkeeping(out, sessions)
+        _join_bookkeeping(out, sessions, gdn_ops)
     # 3. cursors
     if restoring is None:
         restoring = chunk_carriers(plan)
@@ -101,7 +103,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         own = cache.own_recovery(req.turn)
         if was_prefilling and req.decoding and own is not None and own.join is not None:
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
-            own.join.begin(cache.recovery.join if cache.recovery is not own else None)
+            own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample
     for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
         req = sessions.turn(seg.session)
@@ -118,7 +120,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if req.finished:
             result.ended.append(req)
     # 5. recoveries that are complete
-    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in (Kind.DEFERRED, Kind.RECOVERY)):
+    for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in RESTORING):
         cache = sessions.cache(sid)
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
@@ -138,13 +140,13 @@ def chunk_carriers(plan: StepPlan) -> set[str]:
     return {s.session for s in plan.segments if s.kind in CHUNKS}
 
 
-def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
+def _join_bookkeeping(out: StepOutputs, sessions: StepSessions, gdn_ops: GDNOps) -> None:
     for seg, s_lead in out.joined:
         cache = sessions.cache(seg.session)
         head = cache.recovery.join
         later = cache.queued.join if cache.queued is not None else None
         if later is not None and later.behind is not None:     # a later turn's join began behind this one
-            later.rebase(head, s_lead - head.s_lead)
+            later.rebase(head, s_lead - head.s_lead, gdn_ops)
         head.set_joined(s_lead)
     for t in out.tracked:
         cache = sessions.cache(t.segment.session)
@@ -155,6 +157,6 @@ def _join_bookkeeping(out: StepOutputs, sessions: StepSessions) -> None:
             if join.fed < join.lead:    # a lead token (the runner kept the state after it)
                 join.record_lead(t.u, t.g, t.beta, t.state)
                 if i and join.fed == join.lead:
-                    join.lead_done(joins[0])
+                    join.lead_done(joins[0], gdn_ops)
             else:
-                join.fold(t.k, t.v, t.g, t.beta)
+                join.fold(t.k, t.v, t.g, t.beta, gdn_ops)

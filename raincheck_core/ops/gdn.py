@@ -5,7 +5,7 @@ causal convolution over the pre-conv `[q | k | v]` channels, the L2 norm, and th
 its per-token and chunked (WY/UT transform) forms. The engine runs the packed (varlen) forms in
 `ops/gdn_varlen.py`, many sequences per call; the one-sequence forms here are their slow references
 and the building blocks of the state-map tests, and they run a sequence's recorded rows again outside
-a step (`replay`: the torch ops' `GDNOps.replay`, ops/backend.py).
+the forward (`replay`: the torch ops' `GDNOps.replay`, ops/backend.py).
 
 State layout is transformers': `S` is `[H, Dk, Dv]` fp32 (key index first), and a token acts as
 `S ← e^g S;  S ← S + k ⊗ (β (v − Sᵀk));  o = Sᵀq`.
@@ -174,9 +174,9 @@ class Replayed:
 def replay(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, history: Tensor, state: Tensor, key_heads: int,
            rows: int) -> Replayed:
     """A sequence's recorded rows (pre-conv inputs `u [T, C]`, gates `g, beta [T, H]`) run again outside
-    a step, from the conv `history [K-1, C]` and `state [H, Dk, Dv]` given (conv weight `[C, K]`,
+    the forward, from the conv `history [K-1, C]` and `state [H, Dk, Dv]` given (conv weight `[C, K]`,
     `key_heads` key heads): the delta rule over the first `rows` rows only, as the rest need only their k
-    and v. The hand-off's lead re-run (engine/residual.py) and a follow-up's input factors
+    and v. The hand-off's lead re-run (engine/runner.py) and a follow-up's input factors
     (deferral/suffix.py). Nothing is modified."""
     heads, dk, dv = state.shape
     conv, new_history = causal_conv1d(u, conv_weight, history)

@@ -28,7 +28,6 @@ from torch import Tensor
 from . import gdn_state_map
 from .gdn import split_qkv
 from .gdn_layout import VarlenLayout
-from .gdn_layout import varlen_layout as varlen_layout  # engine/runner.py's import, until it takes gdn_layout's
 from .gdn_varlen_torch import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
 
 

@@ -32,18 +32,14 @@ def _answer(turn: worker_pb2.HistoryTurn, formatter: ChatFormatter) -> list[int]
 
 def replay_prompt(engine: Engine, history: list[worker_pb2.HistoryTurn], message: Message) -> Prompt:
     """One token-level prompt: every turn of `history` (message + answer), then `message`."""
-    formatter, cfg = engine.formatter, engine.model_config
+    formatter = engine.formatter
     if formatter is None:
         raise InvalidInputError("this checkpoint has no tokenizer: a session cannot be rebuilt from its log")
     ids: list[int] = []
     visuals = []
     messages = [to_message(turn.message) for turn in history] + [message]
     for i, msg in enumerate(messages):
-        prompt = formatter.build_prompt(
-            msg, first_turn=i == 0, vision=engine.vision, image_token_id=cfg.image_token_id,
-            video_token_id=cfg.video_token_id, vision_start_id=cfg.vision_start_token_id,
-            vision_end_id=cfg.vision_end_token_id,
-        )
+        prompt = engine.build_prompt(msg, first_turn=i == 0)
         ids += prompt.token_ids
         visuals += prompt.visuals
         if i < len(history):

@@ -43,8 +43,8 @@ class RowLog:
 
     def record(self, engine: Engine, plan: StepPlan) -> None:
         for seg in plan.segments:
-            if seg.kind is Kind.RESIDUAL:      # a scratch session's rows (a hand-off), not the dialogue's
-                continue
+            if seg.kind in (Kind.RESIDUAL, Kind.HANDOFF):   # a scratch session's rows (a hand-off's prefill),
+                continue                                    # or rows a deferred worker ran: not this forward's
             cache = engine.core.cache(seg.session)
             if seg.kind is Kind.DECODE:
                 self.rows.append(Row(seg.token, None, torch.full((3,), seg.position), [], cache.latest_turn,
