@@ -328,6 +328,18 @@ class DetokenizeResponse(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
+class TokenizerInfoRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class TokenizerInfoResponse(_message.Message):
+    __slots__ = ("info_json",)
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    info_json: str
+    def __init__(self, info_json: _Optional[str] = ...) -> None: ...
+
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

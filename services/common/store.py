@@ -38,6 +38,7 @@ class WorkerInfo:
     active_turns: int = 0
     free_pages: int = 0
     total_pages: int = 0
+    started_at: float = 0.0    # when it loaded its model (seconds since the epoch)
 
 
 @dataclass

@@ -107,6 +107,11 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         self.auth.identify(context)
         return completions.ask(self.sessions, "Detokenize", request, self.timeout_s)
 
+    @frontend_rpc
+    def TokenizerInfo(self, request, context):
+        self.auth.identify(context)
+        return completions.ask(self.sessions, "TokenizerInfo", request, self.timeout_s)
+
     def _describe(self, record: SessionRecord) -> chat_pb2.SessionInfo:
         return self.sessions.describe(record, self._ask_worker(record, "GetSession"))
 

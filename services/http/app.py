@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -73,6 +74,24 @@ class BodyLimit:
             await refusal(scope, receive, send)
 
 
+# pydantic's error type -> the error's code (OpenAI's names)
+_VALIDATION_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
+                     "json_invalid": "invalid_json", "model_attributes_type": "invalid_json"}   # not an object
+
+
+def invalid_body(errors: list[dict]) -> HttpError:
+    """A request body that does not validate: every problem in the message, the first named as param and code
+    (`unknown_parameter` for a field no list declares, `missing_required_parameter`, `invalid_json`, else
+    `invalid_type`)."""
+    def where(err: dict) -> str:
+        return ".".join(str(x) for x in err["loc"][1:])
+
+    problems = "; ".join(f"{where(err) or 'body'}: {err['msg']}" for err in errors)
+    first = errors[0] if errors else {"type": "", "loc": ()}
+    return HttpError.invalid(f"invalid request: {problems}", param=where(first) or None,
+                             code=_VALIDATION_CODES.get(first["type"], "invalid_type"))
+
+
 def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int, max_body_bytes: int) -> FastAPI:
     images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
 
@@ -83,6 +102,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     app = FastAPI(title="Raincheck Serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if settings.allowed_origins:    # outermost: a refusal (401, 413, ...) carries the headers too
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"], max_age=600)
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):
@@ -90,9 +112,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'][1:]) or 'body'}: {err['msg']}"
-                             for err in e.errors())
-        return JSONResponse(HttpError.invalid(f"invalid request: {problems}").body(), status_code=400)
+        return JSONResponse(invalid_body(e.errors()).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _starlette(request: Request, e: HTTPException):
@@ -171,7 +191,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.get("/v1/models")
     async def list_models(request: Request):
         await blocking(backend.owner, HttpCall.of(request))
-        return openai_api.models_body(await blocking(backend.models))
+        return openai_api.models_body(await blocking(backend.model_times))
 
     @app.post("/v1/completions")
     async def create_completion(body: completions.CompletionRequest, request: Request):
@@ -180,11 +200,11 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str, request: Request):
         await blocking(backend.owner, HttpCall.of(request))
-        served = await blocking(backend.models)
+        served = await blocking(backend.model_times)
         if model not in served:
             raise HttpError(404, f"the model {model!r} does not exist (served: {', '.join(served)})",
                             param="model", code="model_not_found")
-        return openai_api.models_body([model])["data"][0]
+        return openai_api.model_body(model, served[model])
 
     # -- SGLang --------------------------------------------------------------------------------------------
     async def sglang_model(requested: str | None) -> str:

@@ -165,6 +165,10 @@ def chunk_body(cid: str, model: str, created: int, delta: dict | None, finish_re
             "choices": choices, **extra}
 
 
-def models_body(names: list[str]) -> dict:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "raincheck"}
-                                       for n in names]}
+def model_body(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "raincheck"}
+
+
+def models_body(models: dict[str, int]) -> dict:
+    """`/v1/models`: each served model with when it was first loaded (`created`)."""
+    return {"object": "list", "data": [model_body(name, created) for name, created in models.items()]}

@@ -144,10 +144,10 @@ def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str
     something, or `stream_options` without `stream`."""
     for name, field in table.items():
         if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
-            raise HttpError.invalid(f"{name} is not supported: {field.note}", param=name)
+            raise HttpError.unsupported(f"{name} is not supported: {field.note}", param=name)
     for name in refused_extras:
         if getattr(request, name) not in (None, False):
-            raise HttpError.invalid(f"{name} is not supported here: a completion is text without a session",
-                                    param=name)
+            raise HttpError.unsupported(f"{name} is not supported here: a completion is text without a session",
+                                        param=name)
     if request.stream_options is not None and not request.stream:
         raise HttpError.invalid("stream_options needs stream: true", param="stream_options")

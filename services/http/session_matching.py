@@ -104,6 +104,13 @@ class ChatBackend:
     def models(self) -> list[str]:
         return sorted({w.model for w in self.store.workers()})
 
+    def model_times(self) -> dict[str, int]:
+        """Each served model, with when its longest-serving worker loaded it (seconds since the epoch)."""
+        times: dict[str, float] = {}
+        for w in self.store.workers():
+            times[w.model] = min(times.get(w.model, w.started_at), w.started_at)
+        return {name: int(times[name]) for name in sorted(times)}
+
     def start(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
         """Match the history and start the turn (errors raise here as ServiceError, before any output)."""
         served = self.models()

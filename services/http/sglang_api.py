@@ -115,10 +115,11 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
     for name, value in p.items():
         if name in _NEUTRAL:
             if value not in (None, [], {}, "") and value != _NEUTRAL[name]:
-                raise HttpError.invalid(f"sampling_params.{name} = {value!r} is not supported",
-                                        param=f"sampling_params.{name}")
+                raise HttpError.unsupported(f"sampling_params.{name} = {value!r} is not supported",
+                                            param=f"sampling_params.{name}")
         elif name not in _IGNORED and name not in _USED:
-            raise HttpError.invalid(f"unknown sampling parameter {name!r}", param=f"sampling_params.{name}")
+            raise HttpError.invalid(f"unknown sampling parameter {name!r}", param=f"sampling_params.{name}",
+                                    code="unknown_parameter")
     top_k = p.get("top_k")
     options = chat_pb2.SamplingOptions(
         temperature=p.get("temperature", 1.0), top_p=p.get("top_p"), seed=p.get("sampling_seed"),
@@ -160,5 +161,13 @@ def prefill_only_body(rid: str | None) -> dict:
                                       "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
 
 
+# SGLang's name of the chat template `/generate` reads (what `text` must be rendered with)
+CHAT_TEMPLATE = "qwen2-vl"
+
+
 def model_info(model: str) -> dict:
-    return {"model_path": model, "tokenizer_path": model, "is_generation": True}
+    """`/get_model_info`. `RuntimeEndpoint` picks its chat template by matching `model_path` against model names
+    (`qwen.*vl` is qwen2-vl), so `model_path` is the template's name, the one `/generate` parses; the served
+    model's name is `served_model_name`."""
+    return {"model_path": CHAT_TEMPLATE, "tokenizer_path": CHAT_TEMPLATE, "served_model_name": model,
+            "chat_template": CHAT_TEMPLATE, "is_generation": True}
