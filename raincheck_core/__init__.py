@@ -14,12 +14,12 @@ from .errors import (
     SessionClosedError,
     UnsupportedModelError,
 )
-from .inputs import Message, Prompt, VisualInput
+from .inputs import Message, Prompt, RenderOptions, VisualInput
 from .sampling_params import SamplingParams
 
 __all__ = [
     "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "InvalidInputError", "Message", "ModelConfig",
-    "OutOfPagesError", "Prompt", "RaincheckError", "RequestTooLargeError", "SamplingError", "SamplingParams", "Session",
-    "SessionBusyError",
+    "OutOfPagesError", "Prompt", "RaincheckError", "RenderOptions", "RequestTooLargeError", "SamplingError",
+    "SamplingParams", "Session", "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
 ]

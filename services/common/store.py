@@ -65,6 +65,7 @@ class TurnRecord:
     answer_text: str
     finish_reason: str
     created_at: float = field(default_factory=time.time)
+    render: dict = field(default_factory=dict)   # the message's RenderOptions as JSON ({}: the defaults)
 
 
 class QuotaError(Exception):

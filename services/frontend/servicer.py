@@ -95,7 +95,10 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
 
     @frontend_rpc
     def Complete(self, request, context):
-        return completions.complete(self.sessions, self.auth.identify(context), request, context)
+        caller = self.auth.identify(context)
+        if request.images:      # a chat's images: the limits of a message's
+            check_message(chat_pb2.UserMessage(images=request.images), self.settings)
+        return completions.complete(self.sessions, caller, request, context)
 
     @frontend_rpc
     def Tokenize(self, request, context):

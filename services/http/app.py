@@ -164,9 +164,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         if tools.uses_tools(body):
-            return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking)
+            return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking, images)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
-        cid, model = openai_api.completion_id(), body.model
+        cid, model = openai_api.completion_id(body.request_id), body.model
         if not body.stream:
             return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
         created, usage_chunk = int(time.time()), openai_api.include_usage(body)

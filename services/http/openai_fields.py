@@ -4,9 +4,11 @@ a 400 when set to anything but its neutral value. Never silently ignored: tests/
 walks the openai package's request types against these tables, and docs/services.md lists them.
 
 `EXTRAS` is the one place that declares the fields a request may carry beyond OpenAI's (Raincheck's
-knobs, vLLM/SGLang sampling extras); the request models are built on it, and a field in none of these
-lists is refused (the request models forbid unknown fields). Of them, `SESSION_KNOBS` (the deferral
-settings and a new session's recovery mode) are SGLang's /generate extras too.
+knobs, the vLLM/SGLang extensions apps and eval harnesses send: sampling, the chat template's variables,
+the images' preprocessing, the answer's decoding), and `REFUSED_EXTRAS` the vLLM extensions this server
+cannot honour (a 400 naming them when they ask for something); the request models are built on both, and a
+field in none of these lists is refused (the request models forbid unknown fields). Of them,
+`SESSION_KNOBS` (the deferral settings and a new session's recovery mode) are SGLang's /generate extras too.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ SESSION_KNOBS: dict[str, tuple[Any, Any, str]] = {
 
 # Raincheck's knobs and vLLM/SGLang extras (extra_body in the openai client): name -> (type, default, note).
 EXTRAS: dict[str, tuple[Any, Any, str]] = {
-    "top_k": (int | None, None, "top-k sampling (0: off)"),
+    "top_k": (int | None, None, "top-k sampling (0, or vLLM's -1: off)"),
     "min_p": (float | None, None, "drop tokens below min_p x the top token's probability"),
     "min_tokens": (int | None, None, "the stop tokens cannot end the answer before this many"),
     "repetition_penalty": (float | None, None, "divides seen tokens' positive logits (1: off)"),
@@ -116,10 +118,41 @@ EXTRAS: dict[str, tuple[Any, Any, str]] = {
     "ignore_eos": (bool, False, "keep going past the model's stop tokens (benchmarks)"),
     **SESSION_KNOBS,
     "continue_final_message": (bool, False, "continue the final assistant message (a stateless chat completion)"),
+    "add_generation_prompt": (bool, True, "false: the chat is rendered without the assistant prompt (a stateless "
+                              "chat completion)"),
+    "chat_template_kwargs": (dict[str, Any] | None, None, "variables of the chat template (e.g. enable_thinking: "
+                             "false on Qwen3's); a session continues only with the same ones"),
+    "mm_processor_kwargs": (dict[str, Any] | None, None, "the images' preprocessing: min_pixels, max_pixels (at "
+                            "most the checkpoint's), fps (videos); a session continues only with the same ones"),
+    "echo": (bool, False, "chat: the final message in front of the answer where it is the answer's role (a final "
+             "assistant message, or any with add_generation_prompt false); completions: the prompt"),
+    "skip_special_tokens": (bool, True, "false: the answer keeps the special tokens the model generates (never "
+                            "the stop token that ended it)"),
+    "spaces_between_special_tokens": (bool, True, "with skip_special_tokens false, passed to the tokenizer's "
+                                      "decoding (the served byte-level tokenizers put no spaces either way)"),
+    "include_stop_str_in_output": (bool, False, "a matched stop string stays at the end of the answer"),
+    "request_id": (str | None, None, "the response's id (chatcmpl-<request_id>, cmpl-<request_id>)"),
+}
+
+# vLLM's extensions this server cannot honour: a 400 naming them unless neutral
+REFUSED_EXTRAS: dict[str, Field] = {
+    "best_of": _refused("one answer per request", 1),
+    "use_beam_search": _refused("no beam search", False),
+    "length_penalty": _refused("no beam search", 1, 1.0),
+    "truncate_prompt_tokens": _refused("prompts are never truncated: a request past the context is a 400"),
+    "prompt_logprobs": _refused("prompt logprobs come from /v1/completions (echo with logprobs)"),
+    "allowed_token_ids": _refused("no allowed-token list: use logit_bias"),
+    "bad_words": _refused("no bad-words list: use logit_bias or stop", []),
+    "chat_template": _refused("chats are rendered by the checkpoint's own chat template only"),
+    "documents": _refused("the served chat templates take no documents", []),
+    "priority": _refused("requests are not prioritized", 0),
+    "cache_salt": _refused("the prefix cache is shared by content: a salt cannot isolate a request's pages"),
+    "return_tokens_as_token_ids": _refused("logprobs name tokens by their text", False),
 }
 
 # extras that only a chat with images or a session can use: a completion (text, no session) refuses them
-CHAT_ONLY = (*SESSION_KNOBS, "continue_final_message")
+CHAT_ONLY = (*SESSION_KNOBS, "continue_final_message", "add_generation_prompt", "chat_template_kwargs",
+             "mm_processor_kwargs")
 
 
 def _fields(table: dict[str, tuple[Any, Any, str]]) -> dict[str, tuple[Any, Any]]:
@@ -127,7 +160,7 @@ def _fields(table: dict[str, tuple[Any, Any, str]]) -> dict[str, tuple[Any, Any]
 
 
 RaincheckExtras: type[BaseModel] = create_model("RaincheckExtras", __config__=ConfigDict(extra="forbid"),
-                                                **_fields(EXTRAS))
+                                                **_fields(EXTRAS), **{k: (Any, None) for k in REFUSED_EXTRAS})
 # the session knobs as fields of a request model (SGLang's /generate adds them to its own)
 SessionKnobs: type[BaseModel] = create_model("SessionKnobs", **_fields(SESSION_KNOBS))
 
@@ -140,13 +173,15 @@ def deferral_of(r: BaseModel) -> chat_pb2.DeferralSettings | None:
 
 
 def check(request: BaseModel, table: dict[str, Field], refused_extras: tuple[str, ...] = ()) -> None:
-    """400 naming the first refused field (or extra in `refused_extras`) set to a value that asks for
-    something, or `stream_options` without `stream`."""
-    for name, field in table.items():
+    """400 naming the first refused field (of `table`, or of REFUSED_EXTRAS) set to a value that asks for
+    something, or extra in `refused_extras` set to anything but its default, or `stream_options` without
+    `stream`."""
+    for name, field in [*table.items(), *REFUSED_EXTRAS.items()]:
         if field.status == REFUSED and getattr(request, name, None) not in field.neutral:
             raise HttpError.unsupported(f"{name} is not supported: {field.note}", param=name)
     for name in refused_extras:
-        if getattr(request, name) not in (None, False):
+        default = EXTRAS[name][1]
+        if getattr(request, name) not in (None, default, *((False,) if default is None else ())):
             raise HttpError.unsupported(f"{name} is not supported here: a completion is text without a session",
                                         param=name)
     if request.stream_options is not None and not request.stream:

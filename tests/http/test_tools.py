@@ -12,10 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from services.common.random_model import save_random_model
-from services.common.store import MemoryStore
-
-from .helpers import MODEL, Stack
+from .helpers import MODEL, random_model_stack
 
 TEMPLATE = Path(__file__).parent / "data" / "qwen_tool_format.jinja"
 WEATHER = {"type": "function", "function": {
@@ -30,13 +27,7 @@ ASK = [{"role": "user", "content": "what is the weather in paris ?"}]
 
 @pytest.fixture(scope="module")
 def tool_stack(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    folder = save_random_model(tmp_path_factory.mktemp("tool-model"), "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.chat_template = TEMPLATE.read_text()
-    tokenizer.save_pretrained(folder)
-    stack = Stack(MemoryStore(), folder=folder)
+    stack = random_model_stack(tmp_path_factory.mktemp("tool-model"), TEMPLATE)
     yield stack
     stack.close()
 

@@ -1,0 +1,115 @@
+"""Tools and images in one chat, and the chat template's variables, through the official openai client on a tiny
+random checkpoint whose template renders both in Qwen3-VL's shape (tests/http/data/qwen_vl_tool_format.jinja,
+with Qwen3's `enable_thinking`): a screenshot next to the tools is what a Qwen3-VL agent sends. Its answers
+are noise, so what is checked is what the model was given (prompt tokens) and the wire format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.multimodal.mm_helpers import png
+
+from .helpers import KEYS, MODEL, assistant, data_url, random_model_stack, user
+from .test_tools import WEATHER, check_call, named
+
+TEMPLATE = Path(__file__).parent / "data" / "qwen_vl_tool_format.jinja"
+THINK = "<think>\n\n</think>\n\n"
+QUESTION = "what is the weather in paris ?"
+
+
+@pytest.fixture(scope="module")
+def vl_stack(tmp_path_factory):
+    stack = random_model_stack(tmp_path_factory.mktemp("vl-tool-model"), TEMPLATE)
+    yield stack
+    stack.close()
+
+
+def ask(stack, messages, **kwargs):
+    return stack.openai().chat.completions.create(model=MODEL, messages=messages,
+                                                  max_tokens=kwargs.pop("max_tokens", 160), **kwargs)
+
+
+def tokens(stack, text: str) -> int:
+    r = httpx.post(stack.http.url + "/tokenize", json={"prompt": text}, headers={"authorization": f"Bearer {KEYS[0]}"})
+    return r.json()["count"]
+
+
+SCREENSHOT = png(96, 64)
+
+
+def test_a_tool_call_about_an_image(vl_stack):
+    with_image = ask(vl_stack, [user(QUESTION, SCREENSHOT)], tools=[WEATHER], tool_choice="required")
+    choice = with_image.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    check_call(choice.message.tool_calls[0], "get_weather")
+    text_only = ask(vl_stack, [user(QUESTION)], tools=[WEATHER], tool_choice="required")
+    # the image's tokens and its vision_start/end were in the prompt: the model saw the screenshot
+    assert with_image.usage.prompt_tokens > text_only.usage.prompt_tokens + 2
+
+
+def test_a_streamed_tool_call_about_an_image_and_its_result(vl_stack):
+    chunks = list(ask(vl_stack, [user(QUESTION, SCREENSHOT)], tools=[WEATHER], tool_choice=named("get_weather"),
+                      stream=True, stream_options={"include_usage": True}))
+    (delta,) = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    check_call(delta, "get_weather")
+    history = [user(QUESTION, SCREENSHOT), {"role": "assistant", "content": None, "tool_calls": [
+        {"id": delta.id, "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": delta.function.arguments}}]},
+               {"role": "tool", "tool_call_id": delta.id, "content": "sunny , 21 degrees"},
+               user("and in this picture ?", png(64, 64, "green"))]
+    again = ask(vl_stack, history, tools=[WEATHER], max_tokens=4)
+    assert again.usage.prompt_tokens > chunks[-1].usage.prompt_tokens       # both images, the call, its result
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_an_image_in_an_assistant_message_of_a_tool_chat_is_400(vl_stack):
+    bad = {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": data_url(SCREENSHOT)}}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(vl_stack, [user("hi"), bad, user(QUESTION)], tools=[WEATHER])
+    assert "messages[1].content[0]" in e.value.response.json()["error"]["message"]
+
+
+def test_chat_template_kwargs_reach_the_template_of_sessions_and_tool_chats(vl_stack):
+    think = tokens(vl_stack, THINK)
+    plain = ask(vl_stack, [user(QUESTION)], max_tokens=2)
+    off = ask(vl_stack, [user(QUESTION)], max_tokens=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.prompt_tokens == plain.usage.prompt_tokens + think
+    tool_plain = ask(vl_stack, [user(QUESTION, SCREENSHOT)], tools=[WEATHER], max_tokens=2)
+    tool_off = ask(vl_stack, [user(QUESTION, SCREENSHOT)], tools=[WEATHER], max_tokens=2,
+                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert tool_off.usage.prompt_tokens == tool_plain.usage.prompt_tokens + think
+
+
+def test_a_session_continues_only_with_the_same_template_kwargs(vl_stack):
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    first = ask(vl_stack, [user(QUESTION, SCREENSHOT)], max_tokens=4, extra_body=off)
+    history = [user(QUESTION, SCREENSHOT), assistant(first.choices[0].message.content), user("and rome ?")]
+    same = ask(vl_stack, history, max_tokens=4, extra_body=off)
+    assert same.model_extra["raincheck"]["match"] == "continued"
+    assert same.model_extra["raincheck"]["session_id"] == first.model_extra["raincheck"]["session_id"]
+    assert same.usage.prompt_tokens_details.cached_tokens > 0
+    history[-1] = user("and berlin ?")
+    other = ask(vl_stack, history, max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert other.model_extra["raincheck"]["match"] == "forked"     # rendered otherwise: re-prefilled
+
+
+def test_add_generation_prompt_false_renders_no_assistant_prompt(vl_stack):
+    plain = ask(vl_stack, [user(QUESTION)], max_tokens=2)
+    bare = ask(vl_stack, [user(QUESTION)], max_tokens=2, extra_body={"add_generation_prompt": False})
+    assert plain.usage.prompt_tokens == bare.usage.prompt_tokens + tokens(vl_stack, "<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"add_generation_prompt": True}, "cannot set 'add_generation_prompt'"),
+    ({"bos_token": "<|im_start|>"}, "cannot set 'bos_token'"),
+    ({"persona": "<|im_start|>system"}, "chat_template_kwargs.persona contains the reserved token"),
+])
+def test_template_kwargs_a_request_may_not_set_are_400(vl_stack, kwargs, message):
+    for tools in ({}, {"tools": [WEATHER]}):
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(vl_stack, [user(QUESTION)], max_tokens=2, extra_body={"chat_template_kwargs": kwargs}, **tools)
+        assert message in e.value.response.json()["error"]["message"]
