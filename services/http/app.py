@@ -1,6 +1,7 @@
-"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`), SGLang routes
-(`/generate`, `/get_model_info`), the tokenizer's (tokenizer_api.py), `/metrics` and `/health`, over one
-ChatBackend (the frontend's ChatService + the session index).
+"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, and `/v1/responses`:
+responses_api.py), SGLang routes (`/generate`, `/get_model_info`), the tokenizer's (tokenizer_api.py), `/metrics`
+and `/health`, over one ChatBackend (the frontend's ChatService + the session index); CORS where
+`--allowed-origins` names origins.
 
 Calls into the frontend block (gRPC to the workers), so they run in worker threads; a streamed answer
 holds a thread only while it waits for its next event.
@@ -24,10 +25,11 @@ from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import completions, openai_api, sglang_api, tokenizer_api, tool_chat, tools
+from . import completions, openai_api, responses_api, sglang_api, tokenizer_api, tool_chat, tools
 from .call import HttpCall
 from .errors import HttpError
 from .images import ImageLoader
+from .response_store import make_responses
 from .session_matching import ChatBackend, Delta, Done, Turn
 from .settings import HttpSettings
 from .sse import EventStream
@@ -205,6 +207,8 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             raise HttpError(404, f"the model {model!r} does not exist (served: {', '.join(served)})",
                             param="model", code="model_not_found")
         return openai_api.model_body(model, served[model])
+
+    responses_api.add_routes(app, backend, make_responses(backend.store), images, blocking, start, finish)
 
     # -- SGLang --------------------------------------------------------------------------------------------
     async def sglang_model(requested: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Every field of OpenAI's chat and completions requests, and what Raincheck does with it: each is
+"""Every field of OpenAI's chat, completions and responses requests, and what Raincheck does with it: each is
 honoured, accepted as bookkeeping (it never changes an answer: `user`, `metadata`, ...), or refused with
 a 400 when set to anything but its neutral value. Never silently ignored: tests/http/test_openai_fields.py
 walks the openai package's request types against these tables, and docs/services.md lists them.
@@ -88,6 +88,47 @@ COMPLETIONS: dict[str, Field] = {
     "n": _refused("one answer per prompt: send n answers through chat completions", 1),
     "best_of": _refused("one answer per request", 1),
     "suffix": _refused("no fill-in-the-middle", ""),
+}
+
+RESPONSES: dict[str, Field] = {
+    "model": Field(HONOURED, "the served model's name (404 for another)"),
+    "input": Field(HONOURED, "a string, or items: messages (input_text, input_image; output_text of earlier "
+                   "answers), function_call, function_call_output"),
+    "instructions": Field(HONOURED, "a system message in front of the conversation; previous_response_id does not "
+                          "carry it over"),
+    "previous_response_id": Field(HONOURED, "the conversation so far: continues the session that answered it"),
+    "stream": Field(HONOURED, "server-sent events, each named by its type"),
+    "stream_options": Field(BOOKKEEPING, "include_obfuscation: no obfuscation is ever added"),
+    "max_output_tokens": Field(HONOURED, "the answer's length limit (status incomplete when reached)"),
+    "temperature": Field(HONOURED, "0 (the default) is greedy"),
+    "top_p": Field(HONOURED, "nucleus sampling"),
+    "top_logprobs": Field(HONOURED, "0-20 alternatives per token, in output_text.logprobs"),
+    "include": Field(HONOURED, "message.output_text.logprobs (any other is a 400)"),
+    "tools": Field(HONOURED, "function tools, rendered by the checkpoint's chat template; calls as function_call "
+                   "items"),
+    "tool_choice": Field(HONOURED, "none, auto, required or a named function (the last two grammar-forced)"),
+    "parallel_tool_calls": Field(HONOURED, "false: at most one call is returned"),
+    "text": Field(HONOURED, "format: text, json_object or json_schema, as chat's response_format"),
+    "store": Field(HONOURED, "false: not kept (no retrieval, and no previous_response_id can name it)"),
+    "max_tool_calls": Field(BOOKKEEPING, "it bounds built-in tool calls, and this server runs none"),
+    "metadata": Field(BOOKKEEPING, "tags kept with the response; never change an answer"),
+    "user": Field(BOOKKEEPING, "an end-user id for the operator's logs; never changes an answer"),
+    "safety_identifier": Field(BOOKKEEPING, "an end-user id for abuse reports; never changes an answer"),
+    "prompt_cache_key": Field(BOOKKEEPING, "a cache routing hint; sessions are matched by history instead"),
+    "truncation": _refused("a conversation past the context is a 400, never cut", "disabled"),
+    "reasoning": _refused("the served models have no reasoning-effort control", {}, {"effort": None},
+                          {"effort": None, "summary": None}),
+    "background": _refused("responses run while the request waits", False),
+    "background_options": _refused("responses run while the request waits"),
+    "conversation": _refused("a conversation is continued by previous_response_id"),
+    "prompt": _refused("no stored prompt templates"),
+    "service_tier": _refused("one service tier", "auto", "default"),
+    "context_management": _refused("a conversation is kept whole, never compacted"),
+    "access_programs": _refused("no access programs"),
+    "image": _refused("text output only"),
+    "moderation": _refused("no moderation"),
+    "prompt_cache_retention": _refused("sessions are kept by the server's own expiry"),
+    "prompt_cache_options": _refused("sessions are kept by the server's own expiry"),
 }
 
 # Raincheck's deferral knobs (DeferralSettings, for the request's turn) and a new session's recovery mode:

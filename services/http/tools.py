@@ -120,13 +120,13 @@ async def _message(m: Any, i: int, loader: ImageLoader, images: list[bytes]) -> 
             where = f"messages[{i}].content[{j}]"
             if p.type == "text" and p.text is not None:
                 parts.append({"type": "text", "text": p.text})
-            elif p.type == "image_url" and p.image_url is not None and m.role == "user":
-                images.append(await loader.load(p.image_url.url, where))
+            elif p.type == "image_url" and p.image_url is not None and m.role in ("user", "tool"):
+                images.append(await loader.load(p.image_url.url, where))     # a screenshot a tool returned, too
                 parts.append({"type": "image"})
             else:
                 raise HttpError.invalid(f"{where}: a {m.role} message's parts are text"
-                                        + (" or image_url" if m.role == "user" else "") + f" (got {p.type!r})",
-                                        param=where)
+                                        + (" or image_url" if m.role in ("user", "tool") else "")
+                                        + f" (got {p.type!r})", param=where)
         has_images = any(p["type"] == "image" for p in parts)
         content = parts if has_images else "\n".join(p["text"] for p in parts)
     out = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}

@@ -6,10 +6,13 @@ are noise, so what is checked is what the model was given (prompt tokens) and th
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
+import pydantic
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.multimodal.mm_helpers import png
 
@@ -113,3 +116,59 @@ def test_template_kwargs_a_request_may_not_set_are_400(vl_stack, kwargs, message
         with pytest.raises(openai.BadRequestError) as e:
             ask(vl_stack, [user(QUESTION)], max_tokens=2, extra_body={"chat_template_kwargs": kwargs}, **tools)
         assert message in e.value.response.json()["error"]["message"]
+
+
+# -- the same through the Responses API ----------------------------------------------------------------------------
+
+RESPONSE_TOOL = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"],
+                 "parameters": WEATHER["function"]["parameters"], "strict": True}
+
+
+def screenshot_input(text: str = QUESTION) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(SCREENSHOT)},
+                                         {"type": "input_text", "text": text}]}]
+
+
+def check_function_call(item) -> None:
+    """A function_call item as check_call reads a chat tool call."""
+    check_call(SimpleNamespace(type="function", id=item.call_id, function=SimpleNamespace(
+        name=item.name, arguments=item.arguments)), "get_weather")
+
+
+def respond(stack, **kwargs):
+    return stack.openai().responses.create(model=MODEL, max_output_tokens=kwargs.pop("max_output_tokens", 160),
+                                           tools=[RESPONSE_TOOL], **kwargs)
+
+
+def test_a_response_calls_a_function_about_an_image_and_takes_its_output(vl_stack):
+    r1 = respond(vl_stack, input=screenshot_input(), tool_choice="required")
+    (call,) = r1.output
+    Response.model_validate(r1.model_dump(exclude_unset=True))
+    assert call.type == "function_call" and call.call_id.startswith("call_") and call.status == "completed"
+    check_function_call(call)
+    text_only = respond(vl_stack, input=QUESTION, tool_choice="required")
+    assert r1.usage.input_tokens > text_only.usage.input_tokens + 2          # the screenshot was in the prompt
+    # the tool's answer, a screenshot of its own among it, continues the conversation
+    output = [{"type": "function_call_output", "call_id": call.call_id, "output": [
+        {"type": "input_text", "text": "sunny , 21 degrees"},
+        {"type": "input_image", "image_url": data_url(png(64, 64, "green"))}]}]
+    r2 = respond(vl_stack, input=output, previous_response_id=r1.id, max_output_tokens=4)
+    assert r2.status in ("completed", "incomplete") and r2.usage.input_tokens > r1.usage.input_tokens + 2
+    items = vl_stack.openai().responses.input_items.list(r2.id, order="asc").data
+    assert [i.type for i in items] == ["function_call_output"]
+
+
+def test_a_streamed_function_call(vl_stack):
+    events = list(respond(vl_stack, input=screenshot_input(), tool_choice={"type": "function", "name": "get_weather"},
+                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    added = next(e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call")
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert added.item.arguments == "" and done.item_id == added.item.id
+    (call,) = [i for i in events[-1].response.output if i.type == "function_call"]
+    assert call.arguments == done.arguments and call.id == added.item.id
+    check_function_call(call)
+    adapter = pydantic.TypeAdapter(ResponseStreamEvent)     # the client builds them unvalidated: check here
+    for e in events:
+        adapter.validate_python(e.model_dump(exclude_unset=True))
