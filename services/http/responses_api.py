@@ -24,6 +24,7 @@ limit. Streamed, as named server-sent events: `response.created`, `response.in_p
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -33,7 +34,7 @@ from typing import Any
 import pydantic
 from fastapi import FastAPI, Request
 from pydantic import Field as PydanticField
-from starlette.concurrency import iterate_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from ..common.grpc_util import ServiceError
 from ..common.store import digest
@@ -107,7 +108,7 @@ class Conversation:
 
 
 async def conversation(r: ResponsesRequest, previous: StoredResponse | None, loader: ImageLoader,
-                       blob: Callable[[str], bytes | None]) -> Conversation:
+                       blob: Callable[[str], Awaitable[bytes | None]]) -> Conversation:
     """The request's input after the previous response's conversation (400 for what cannot be an input)."""
     if r.input is None and previous is None:
         raise HttpError(400, "input is required (or previous_response_id with input)", param="input",
@@ -115,7 +116,7 @@ async def conversation(r: ResponsesRequest, previous: StoredResponse | None, loa
     conv = Conversation(list(previous.messages) if previous is not None else [], [], [])
     for m in conv.history:
         for ref in _image_refs(m):
-            data = blob(ref.removeprefix(IMAGE_REF))
+            data = await blob(ref.removeprefix(IMAGE_REF))
             if data is None:
                 raise HttpError(404, f"previous_response_id {r.previous_response_id!r}: an image of its conversation "
                                 "has expired from the store; send the conversation as input instead",
@@ -415,12 +416,16 @@ async def _stream(r: ResponsesRequest, rid: str, created: int, pieces: AsyncIter
         yield ev("response.failed", response=response_body(rid, r, created, "failed", [],
                                                            error={"code": code, "message": err.message}))
         return
+    streamed, full = "".join(shown), result.text or ""
+    if full != streamed:        # text held back while it could have been a call: what was not is shown now
+        rest = full[len(streamed):] if full.startswith(streamed) else ""
+        result = dataclasses.replace(result, text=streamed + rest if streamed or rest else result.text)
     output = _output(result, message_id)
     if output[0]["type"] == "message":
         if not opened:
             for e in open_message():
                 yield e
-        if rest := (result.text or "")[len("".join(shown)):]:     # held back until it was not a call after all
+        if rest := (result.text or "")[len(streamed):]:
             yield delta(rest, [])
         item = output[0]
         part = item["content"][0]
@@ -439,7 +444,7 @@ async def _stream(r: ResponsesRequest, rid: str, created: int, pieces: AsyncIter
                  name=item["name"], arguments=item["arguments"])
         yield ev("response.output_item.done", output_index=index, item=item)
     body = response_body(rid, r, created, _status(result), output, result)
-    save(body, result)
+    await run_in_threadpool(save, body, result)      # stored before the client hears it is done
     yield ev(f"response.{body['status']}", response=body)
 
 
@@ -468,7 +473,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
 
     async def owned(request: Request, response_id: str, param: str | None = None) -> StoredResponse:
         owner = await blocking(backend.owner, HttpCall.of(request))
-        found = responses.get(response_id)
+        found = await blocking(responses.get, response_id)
         if found is None or found.owner != owner:      # another key's is as good as none
             raise HttpError(404, f"no response with id {response_id!r} (it may have expired, been deleted or not "
                             "been stored)", param=param, code="not_found")
@@ -492,7 +497,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
         previous = None
         if body.previous_response_id is not None:
             previous = await owned(request, body.previous_response_id, "previous_response_id")
-        conv = await conversation(body, previous, images, store.blob)
+        conv = await conversation(body, previous, images, lambda digest: blocking(store.blob, digest))
         chat = chat_request(body, conv)
         rid, created, save = _id("resp"), int(time.time()), saver(body, owner, conv)
         if tools.uses_tools(chat):
@@ -513,7 +518,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
                                            lambda: _session_outcome(dones[0]), save), turn.close, typed=True)
             outcome = _session_outcome((await finish(turn))[0])
         reply = response_body(rid, body, created, _status(outcome), _output(outcome, _id("msg")), outcome)
-        save(reply, outcome)
+        await blocking(save, reply, outcome)
         return reply
 
     @app.get("/v1/responses/{response_id}")
@@ -526,7 +531,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request):
         await owned(request, response_id)
-        responses.delete(response_id)
+        await blocking(responses.delete, response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @app.post("/v1/responses/{response_id}/cancel")
@@ -541,7 +546,8 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
         if order not in ("asc", "desc") or not 1 <= limit <= 100:
             raise HttpError.invalid("order is asc or desc, limit 1-100", param="order" if order not in
                                     ("asc", "desc") else "limit")
-        items = [_readable(item, store.blob) for item in (await owned(request, response_id)).input_items]
+        stored = await owned(request, response_id)
+        items = await blocking(lambda: [_readable(item, store.blob) for item in stored.input_items])
         items = items[::-1] if order == "desc" else items
         ids = [item["id"] for item in items]
         begin = ids.index(after) + 1 if after in ids else 0

@@ -64,6 +64,13 @@ def test_skip_special_tokens_false_keeps_the_special_tokens_generated(stack):
     chunks = list(ask(stack, [user(Q[0])], max_tokens=3, logit_bias=push, stream=True,
                       extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == marker * 3
+    # SGLang's /generate takes the same switch in its sampling_params
+    text = f"<|im_start|>user\n{Q[0]}<|im_end|>\n<|im_start|>assistant\n"
+    params = {"max_new_tokens": 3, "temperature": 0, "logit_bias": push}
+    said = [httpx.post(stack.http.url + "/generate", headers=AUTH, timeout=60, json={
+        "text": text, "sampling_params": {**params, "skip_special_tokens": skip}}).json()["text"]
+        for skip in (True, False)]
+    assert said == ["", marker * 3]
     # an answer that ends on its stop token does not show it
     ended = ask(stack, [user(Q[1], IMAGE)], extra_body={"skip_special_tokens": False})
     assert ended.choices[0].finish_reason == "stop" and "<|im_end|>" not in ended.choices[0].message.content
