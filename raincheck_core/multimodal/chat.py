@@ -127,12 +127,26 @@ class ChatFormatter:
         """This turn's new text, with one `<|image_pad|>` / `<|video_pad|>` per image / video (unexpanded)."""
         new = {"role": message.role, "content": _content(message)}
         kwargs = self.template_kwargs_of(message.render)
+        vision_tokens = (image_pad, video_pad, vision_start, vision_end)
+
+        def render(messages: list[dict]) -> str:
+            try:
+                return self._render(messages, vision_tokens, kwargs)
+            except Exception as e:
+                if not kwargs:          # the checkpoint's own template failing on a plain turn: the server's fault
+                    raise
+                raise InvalidInputError(f"the chat template cannot render this turn with its chat_template_kwargs: "
+                                        f"{e}") from None
+
         if first_turn:
-            return self._render([new], (image_pad, video_pad, vision_start, vision_end), kwargs)
+            return render([new])
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}, new]
-        full = self._render(probe, (image_pad, video_pad, vision_start, vision_end), kwargs)
+        full = render(probe)
         cut = full.find(_SENTINEL) + len(_SENTINEL)   # the probe's answer precedes the new message
         if not full.startswith(self.turn_end, cut):
+            if kwargs:
+                raise InvalidInputError("with these chat_template_kwargs the chat template does not close an "
+                                        "assistant turn where a session's next turn can continue")
             raise UnsupportedModelError(
                 f"the chat template does not close an assistant turn with {self.turn_end!r} right after "
                 f"the answer, so a later turn cannot continue from the kept stop token "

@@ -153,3 +153,16 @@ def test_what_a_whole_chat_cannot_render_is_refused(vl, text_only, vision, tmp_p
         kw["tools"] = [WEATHER]
     with pytest.raises(InvalidInputError, match=message):
         fmt.chat_prompt(messages, images, **kw)
+
+
+def test_template_kwargs_the_template_fails_on_are_a_client_error(tmp_path):
+    """A value the template cannot take (it raises) is the request's fault: InvalidInputError, not a crash."""
+    template = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+                "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' + persona }}{%- endif %}")
+    fmt = ChatFormatter.from_checkpoint(save_tokenizer(tmp_path / "t", template))
+    assert fmt.render_turn(Message("hi", render=RenderOptions(template_kwargs={"persona": "a"})),
+                           first_turn=True).endswith("assistant\na")
+    for first_turn in (True, False):
+        with pytest.raises(InvalidInputError, match="cannot render this turn with its chat_template_kwargs"):
+            fmt.render_turn(Message("hi", render=RenderOptions(template_kwargs={"persona": 7})),
+                            first_turn=first_turn)
