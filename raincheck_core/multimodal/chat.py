@@ -238,8 +238,10 @@ class ChatFormatter:
         fps = self._fps(render)
         encoded: list[VisualInput] = []
         if images:
-            lo, hi = self._pixels(render, vision)
-            encoded = vision.encode_images(images, min_pixels=lo, max_pixels=hi, signals=signals)
+            pixels = {}               # only where asked: a layout-only encoder (raincheck_demo.data) takes none
+            if render.min_pixels is not None or render.max_pixels is not None:
+                pixels = dict(zip(("min_pixels", "max_pixels"), self._pixels(render, vision), strict=True))
+            encoded = vision.encode_images(images, signals=signals, **pixels)
         clips = [(vision.encode_video(frames, signals=signals), len(frames)) for frames in videos]
         expanded, visuals = self._expand(text, encoded, clips, vision, *pads, fps=fps)
         return Prompt(self.encode(expanded), visuals)
@@ -311,7 +313,7 @@ class ChatFormatter:
                 per_patch = h * w // vision.merge**2
                 # Qwen3-VL: each temporal patch is "<t seconds>" + its own vision_start/end block (nested
                 # inside the template's vision_start/end, exactly as transformers' processor writes it).
-                stamps = vision.video_timestamps(num_frames, fps)
+                stamps = vision.video_timestamps(num_frames, fps) if fps else vision.video_timestamps(num_frames)
                 if len(stamps) != t:
                     raise UnsupportedModelError(f"{num_frames} frames, {len(stamps)} timestamps, grid t={t}")
                 out.append("".join(f"<{s:.1f} seconds>{vs}{video_pad * per_patch}{ve}" for s in stamps))

@@ -492,6 +492,12 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
 
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
+        try:
+            return await create(body, request)
+        except HttpError as e:
+            raise _named_as_responses(e) from None
+
+    async def create(body: ResponsesRequest, request: Request):
         owner = await blocking(backend.owner, HttpCall.of(request))
         openai_fields.check(body, openai_fields.RESPONSES)
         previous = None
@@ -554,6 +560,21 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
         page = items[begin:begin + limit]
         return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None, "has_more": begin + limit < len(items)}
+
+
+# the chat fields a response's fields become, by the response's names (for the errors the chat paths raise)
+_CHAT_NAMES = {"response_format": "text.format", "logprobs": "include", "max_completion_tokens": "max_output_tokens",
+               "messages": "input"}
+
+
+def _named_as_responses(e: HttpError) -> HttpError:
+    """An error of the chat paths, naming the responses field the chat field came from."""
+    name = (e.param or "").split("[")[0].split(".")[0]
+    if name not in _CHAT_NAMES:
+        return e
+    ours = _CHAT_NAMES[name]
+    message = e.message if name == "messages" else e.message.replace(name, ours, 1)
+    return HttpError(e.status, message, type=e.type, code=e.code, param=ours if name != "messages" else "input")
 
 
 def _readable(item: dict, blob: Callable[[str], bytes | None]) -> dict:

@@ -172,3 +172,12 @@ def test_a_streamed_function_call(vl_stack):
     adapter = pydantic.TypeAdapter(ResponseStreamEvent)     # the client builds them unvalidated: check here
     for e in events:
         adapter.validate_python(e.model_dump(exclude_unset=True))
+
+
+def test_what_a_response_with_tools_cannot_do_names_the_responses_field(vl_stack):
+    for extra, param in (({"text": {"format": {"type": "json_object"}}}, "text.format"),
+                         ({"include": ["message.output_text.logprobs"]}, "include")):
+        with pytest.raises(openai.BadRequestError) as e:
+            respond(vl_stack, input=QUESTION, **extra)
+        err = e.value.response.json()["error"]
+        assert err["param"] == param and f"{param} cannot be combined with tools" in err["message"]
