@@ -15,13 +15,12 @@ from .errors import (
     SessionClosedError,
     UnsupportedModelError,
 )
-from .inputs import Message, Prompt, VisualInput
+from .inputs import Message, Prompt, RenderOptions, VisualInput
 from .sampling_params import SamplingParams
 
 __all__ = [
     "CheckpointError", "DeferralConfig", "Engine", "EngineConfig", "GrammarError", "InvalidInputError", "Message",
-    "ModelConfig",
-    "OutOfPagesError", "Prompt", "RaincheckError", "RequestTooLargeError", "SamplingError", "SamplingParams", "Session",
-    "SessionBusyError",
+    "ModelConfig", "OutOfPagesError", "Prompt", "RaincheckError", "RenderOptions", "RequestTooLargeError",
+    "SamplingError", "SamplingParams", "Session", "SessionBusyError",
     "SessionClosedError", "TokenEvent", "TurnEnd", "TurnMetrics", "UnsupportedModelError", "VisualInput",
 ]

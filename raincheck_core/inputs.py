@@ -82,6 +82,18 @@ class Prompt:
     visuals: list[VisualInput] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RenderOptions:
+    """How a message is rendered into its prompt (None, empty: the checkpoint's defaults): extra variables of
+    the chat template (e.g. `{"enable_thinking": False}`), and its visuals' preprocessing: the pixel range an
+    image is resized into, the rate its videos' frames were sampled at. `ChatFormatter` checks them."""
+
+    template_kwargs: dict = field(default_factory=dict)
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    fps: float | None = None
+
+
 @dataclass
 class Message:
     """One user message: text plus images (PIL images, encoded bytes or file paths) and videos (lists of frames)."""
@@ -90,3 +102,4 @@ class Message:
     images: list[object] = field(default_factory=list)
     videos: list[list[object]] = field(default_factory=list)
     role: str = "user"
+    render: RenderOptions = field(default_factory=RenderOptions)

@@ -88,17 +88,31 @@ class Video(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class UserMessage(_message.Message):
-    __slots__ = ("text", "images", "videos")
+    __slots__ = ("text", "images", "videos", "render")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    RENDER_FIELD_NUMBER: _ClassVar[int]
     text: str
     images: _containers.RepeatedScalarFieldContainer[bytes]
     videos: _containers.RepeatedCompositeFieldContainer[Video]
-    def __init__(self, text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ...) -> None: ...
+    render: RenderOptions
+    def __init__(self, text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ..., render: _Optional[_Union[RenderOptions, _Mapping]] = ...) -> None: ...
+
+class RenderOptions(_message.Message):
+    __slots__ = ("template_kwargs_json", "min_pixels", "max_pixels", "fps")
+    TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MIN_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    template_kwargs_json: str
+    min_pixels: int
+    max_pixels: int
+    fps: float
+    def __init__(self, template_kwargs_json: _Optional[str] = ..., min_pixels: _Optional[int] = ..., max_pixels: _Optional[int] = ..., fps: _Optional[float] = ...) -> None: ...
 
 class SamplingOptions(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "logprobs", "top_logprobs", "grammar", "n")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "logprobs", "top_logprobs", "grammar", "n", "skip_special_tokens", "spaces_between_special_tokens")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +137,8 @@ class SamplingOptions(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -140,7 +156,9 @@ class SamplingOptions(_message.Message):
     top_logprobs: int
     grammar: str
     n: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., grammar: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., grammar: _Optional[str] = ..., n: _Optional[int] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "token")
@@ -265,7 +283,7 @@ class ChatEvent(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., token: _Optional[_Union[TokenDelta, _Mapping]] = ..., metrics: _Optional[_Union[TurnMetrics, _Mapping]] = ..., recovery: _Optional[_Union[RecoveryProgress, _Mapping]] = ..., final: _Optional[_Union[TurnFinal, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., prompt: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs", "messages_json", "tools_json", "continue_final_message")
+    __slots__ = ("model", "text", "token_ids", "sampling", "echo", "prompt_logprobs", "messages_json", "tools_json", "continue_final_message", "images", "render", "add_generation_prompt")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +293,9 @@ class CompleteRequest(_message.Message):
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    RENDER_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -284,7 +305,10 @@ class CompleteRequest(_message.Message):
     messages_json: str
     tools_json: str
     continue_final_message: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    render: RenderOptions
+    add_generation_prompt: bool
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., echo: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., continue_final_message: _Optional[bool] = ..., images: _Optional[_Iterable[bytes]] = ..., render: _Optional[_Union[RenderOptions, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
 
 class PromptTokens(_message.Message):
     __slots__ = ("tokens", "text")
@@ -327,6 +351,18 @@ class DetokenizeResponse(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class TokenizerInfoRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class TokenizerInfoResponse(_message.Message):
+    __slots__ = ("info_json",)
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    info_json: str
+    def __init__(self, info_json: _Optional[str] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)

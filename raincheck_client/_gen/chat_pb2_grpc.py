@@ -79,6 +79,11 @@ class ChatServiceStub:
                 request_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.TokenizerInfo = channel.unary_unary(
+                '/raincheck.v1.ChatService/TokenizerInfo',
+                request_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizerInfoRequest.SerializeToString,
+                response_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizerInfoResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -144,6 +149,13 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TokenizerInfo(self, request, context):
+        """The model's tokenizer as a client would load it: its settings, special tokens and chat template.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +203,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.FromString,
                     response_serializer=raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'TokenizerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.TokenizerInfo,
+                    request_deserializer=raincheck_dot_v1_dot_chat__pb2.TokenizerInfoRequest.FromString,
+                    response_serializer=raincheck_dot_v1_dot_chat__pb2.TokenizerInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +453,33 @@ class ChatService:
             '/raincheck.v1.ChatService/Detokenize',
             raincheck_dot_v1_dot_chat__pb2.DetokenizeRequest.SerializeToString,
             raincheck_dot_v1_dot_chat__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenizerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raincheck.v1.ChatService/TokenizerInfo',
+            raincheck_dot_v1_dot_chat__pb2.TokenizerInfoRequest.SerializeToString,
+            raincheck_dot_v1_dot_chat__pb2.TokenizerInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,6 +15,10 @@ e.g. strip `<think>` blocks from past answers) and tokenization does not merge a
 probe's own SENTINEL, the first occurrence in the render: the templates render messages in order, so
 nothing in the new message (which comes after it) can move the cut.
 
+A message's `RenderOptions` give the template extra variables (`enable_thinking`, ...) and its images a
+pixel range and its videos a frame rate; they are checked here (`InvalidInputError` naming the option).
+`chat_prompt` renders a whole chat at once (tools, tool results, images), for completions outside sessions.
+
 Control tokens in user text are refused (`InvalidInputError` naming the token): Hugging Face tokenizers
 match every special or added token (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|image_pad|>`, …)
 inside plain text, so a message containing one could forge a system or assistant turn, or a visual
@@ -25,13 +29,16 @@ tokenizes next to the template's text.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import InvalidInputError, UnsupportedModelError
-from ..inputs import Message, Prompt, VisualInput
+from ..inputs import Message, Prompt, RenderOptions, VisualInput
 from .vision import VisionEncoder
 
 TURN_END = "<|im_end|>"
@@ -119,12 +126,27 @@ class ChatFormatter:
                     vision_end: str = "<|vision_end|>") -> str:
         """This turn's new text, with one `<|image_pad|>` / `<|video_pad|>` per image / video (unexpanded)."""
         new = {"role": message.role, "content": _content(message)}
+        kwargs = self.template_kwargs_of(message.render)
+        vision_tokens = (image_pad, video_pad, vision_start, vision_end)
+
+        def render(messages: list[dict]) -> str:
+            try:
+                return self._render(messages, vision_tokens, kwargs)
+            except Exception as e:
+                if not kwargs:          # the checkpoint's own template failing on a plain turn: the server's fault
+                    raise
+                raise InvalidInputError(f"the chat template cannot render this turn with its chat_template_kwargs: "
+                                        f"{e}") from None
+
         if first_turn:
-            return self._render([new], (image_pad, video_pad, vision_start, vision_end))
+            return render([new])
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}, new]
-        full = self._render(probe, (image_pad, video_pad, vision_start, vision_end))
+        full = render(probe)
         cut = full.find(_SENTINEL) + len(_SENTINEL)   # the probe's answer precedes the new message
         if not full.startswith(self.turn_end, cut):
+            if kwargs:
+                raise InvalidInputError("with these chat_template_kwargs the chat template does not close an "
+                                        "assistant turn where a session's next turn can continue")
             raise UnsupportedModelError(
                 f"the chat template does not close an assistant turn with {self.turn_end!r} right after "
                 f"the answer, so a later turn cannot continue from the kept stop token "
@@ -132,12 +154,59 @@ class ChatFormatter:
             )
         return full[cut + len(self.turn_end):]
 
-    def _render(self, messages: list[dict], vision_tokens: tuple[str, str, str, str]) -> str:
+    def _render(self, messages: list[dict], vision_tokens: tuple[str, str, str, str], kwargs: dict | None = None,
+                *, tools: list | None = None, add_generation_prompt: bool = True, continue_final: bool = False) -> str:
         template = self.chat_template or chatml_template(vision_tokens=vision_tokens)
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True,
-            **self.template_kwargs,
+            messages, tools=tools, chat_template=template, tokenize=False,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
+            **{**self.template_kwargs, **(kwargs or {})},
         )
+
+    # -- render options ----------------------------------------------------------------------------------
+
+    def template_kwargs_of(self, render: RenderOptions) -> dict:
+        """`render`'s template variables, checked: not one of the template's own arguments or the special
+        tokens it reads (they would change what the template is, not how it renders a chat), and no control
+        token in any of their strings (a template may print them)."""
+        kwargs = render.template_kwargs
+        if not kwargs:
+            return {}
+        if not isinstance(kwargs, dict):
+            raise InvalidInputError("chat_template_kwargs is an object of template variables")
+        reserved = {*inspect.signature(self.tokenizer.apply_chat_template).parameters,
+                    *getattr(self.tokenizer, "SPECIAL_TOKENS_ATTRIBUTES", ()), *self.tokenizer.special_tokens_map,
+                    "conversation", "messages", "tools", "documents", "additional_special_tokens"}
+        for name, value in kwargs.items():
+            if not (isinstance(name, str) and name.isidentifier()) or name in reserved:
+                raise InvalidInputError(f"chat_template_kwargs cannot set {name!r}: it is not a template variable "
+                                        "a request may set")
+            for text in _strings(value):
+                found = self._control.search(text) if self._control is not None else None
+                if found is not None:
+                    raise InvalidInputError(f"chat_template_kwargs.{name} contains the reserved token "
+                                            f"{found.group()!r}: the chat template's control tokens cannot be sent")
+        return dict(kwargs)
+
+    @staticmethod
+    def _pixels(render: RenderOptions, vision: VisionEncoder) -> tuple[int | None, int | None]:
+        """The pixel range images are resized into (None: the checkpoint's), checked against the checkpoint's
+        own largest: a request may shrink images or enlarge small ones, never past what the model takes."""
+        lo, hi = render.min_pixels, render.max_pixels
+        most = vision.image_processor.size.longest_edge
+        for name, value in (("min_pixels", lo), ("max_pixels", hi)):
+            if value is not None and not 0 < value <= most:
+                raise InvalidInputError(f"mm_processor_kwargs.{name} must be in [1, {most}] (this model's "
+                                        f"max_pixels); got {value}")
+        if lo is not None and hi is not None and lo > hi:
+            raise InvalidInputError(f"mm_processor_kwargs.min_pixels ({lo}) is more than max_pixels ({hi})")
+        return lo, hi
+
+    @staticmethod
+    def _fps(render: RenderOptions) -> float | None:
+        if render.fps is not None and not (math.isfinite(render.fps) and render.fps > 0):
+            raise InvalidInputError(f"mm_processor_kwargs.fps must be positive; got {render.fps}")
+        return render.fps
 
     # -- prompt -------------------------------------------------------------------------------------------
 
@@ -159,16 +228,70 @@ class ChatFormatter:
         image_pad, video_pad, vs, ve = pads
         text = self.render_turn(message, first_turn=first_turn, image_pad=image_pad, video_pad=video_pad,
                                 vision_start=vs, vision_end=ve)
-        signals = selection_signals
-        images = vision.encode_images(message.images, signals=signals) if message.images else []
-        videos = [(vision.encode_video(frames, signals=signals), len(frames)) for frames in message.videos]
-        expanded, visuals = self._expand(text, images, videos, vision, image_pad, video_pad, vs, ve)
+        return self._visual_prompt(text, message.images, message.videos, vision, pads, message.render,
+                                   selection_signals)
+
+    def _visual_prompt(self, text: str, images: Sequence[object], videos: Sequence[Sequence[object]],
+                       vision: VisionEncoder, pads: tuple[str, str, str, str], render: RenderOptions,
+                       signals: bool = False) -> Prompt:
+        """`text` (one placeholder per visual) with the visuals encoded and each placeholder expanded."""
+        fps = self._fps(render)
+        encoded: list[VisualInput] = []
+        if images:
+            pixels = {}               # only where asked: a layout-only encoder (raincheck_demo.data) takes none
+            if render.min_pixels is not None or render.max_pixels is not None:
+                pixels = dict(zip(("min_pixels", "max_pixels"), self._pixels(render, vision), strict=True))
+            encoded = vision.encode_images(images, signals=signals, **pixels)
+        clips = [(vision.encode_video(frames, signals=signals), len(frames)) for frames in videos]
+        expanded, visuals = self._expand(text, encoded, clips, vision, *pads, fps=fps)
         return Prompt(self.encode(expanded), visuals)
+
+    # -- a whole chat ---------------------------------------------------------------------------------------
+
+    def chat_prompt(self, messages: list[dict], images: Sequence[object], *, vision: VisionEncoder | None,
+                    image_token_id: int | None, video_token_id: int | None, vision_start_id: int | None,
+                    vision_end_id: int | None, tools: list | None = None, render: RenderOptions | None = None,
+                    continue_final: bool = False, add_generation_prompt: bool = True) -> Prompt:
+        """A whole chat (OpenAI-style messages: system, user, assistant with tool_calls, tool results; an image
+        as a `{"type": "image"}` content part, `images` the images in their order) and the tools it may call,
+        as the template renders it, ready for the assistant's answer (`continue_final`: to continue its last,
+        assistant message; `add_generation_prompt` false: no assistant prompt). InvalidInputError for control
+        tokens in any text, a template that renders the tools or the images not at all, or fails."""
+        render = render or RenderOptions()
+        ids = (image_token_id, video_token_id, vision_start_id, vision_end_id)
+        pads = () if None in ids else tuple(self.tokenizer.convert_ids_to_tokens(list(ids)))
+        texts, image_parts = _check_chat(messages, continue_final)
+        for text in [*texts, *_strings(tools or [])]:
+            self.check_text(text, pads)
+        if image_parts != len(images):
+            raise InvalidInputError(f"the chat has {image_parts} image parts for {len(images)} images")
+        if images and (vision is None or not pads):
+            raise InvalidInputError("this model has no vision encoder: images cannot be sent")
+        kwargs = self.template_kwargs_of(render)
+        vision_tokens = pads or ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+        def render_with(offered: list | None) -> str:
+            try:
+                return self._render(messages, vision_tokens, kwargs, tools=offered, continue_final=continue_final,
+                                    add_generation_prompt=add_generation_prompt and not continue_final)
+            except Exception as e:      # the template's own refusals (raise_exception) and malformed messages
+                raise InvalidInputError(f"the chat template cannot render this chat: {e}") from None
+
+        text = render_with(tools)
+        if tools and text == render_with(None):
+            raise InvalidInputError("this model's chat template does not render tools: it cannot be offered any")
+        if not images:
+            return Prompt(self.encode(text), [])
+        shown = text.count(pads[0])
+        if shown != len(images):
+            raise InvalidInputError(f"this model's chat template renders {shown} of the chat's {len(images)} images"
+                                    + (" next to tools" if tools else "") + ": it cannot take them in this chat")
+        return self._visual_prompt(text, images, (), vision, pads, render)
 
     @staticmethod
     def _expand(text: str, images: list[VisualInput], videos: list[tuple[VisualInput, int]],
-                vision: VisionEncoder | None, image_pad: str, video_pad: str, vs: str, ve: str
-                ) -> tuple[str, list[VisualInput]]:
+                vision: VisionEncoder | None, image_pad: str, video_pad: str, vs: str, ve: str,
+                fps: float | None = None) -> tuple[str, list[VisualInput]]:
         """Replace placeholders in template order, as transformers' Qwen3VLProcessor does."""
         parts = re.split(f"({re.escape(image_pad)}|{re.escape(video_pad)})", text)
         n_img = sum(p == image_pad for p in parts[1::2])
@@ -190,7 +313,7 @@ class ChatFormatter:
                 per_patch = h * w // vision.merge**2
                 # Qwen3-VL: each temporal patch is "<t seconds>" + its own vision_start/end block (nested
                 # inside the template's vision_start/end, exactly as transformers' processor writes it).
-                stamps = vision.video_timestamps(num_frames)
+                stamps = vision.video_timestamps(num_frames, fps) if fps else vision.video_timestamps(num_frames)
                 if len(stamps) != t:
                     raise UnsupportedModelError(f"{num_frames} frames, {len(stamps)} timestamps, grid t={t}")
                 out.append("".join(f"<{s:.1f} seconds>{vs}{video_pad * per_patch}{ve}" for s in stamps))
@@ -208,6 +331,40 @@ def _content(message: Message) -> str | list[dict]:
     if message.text:
         content.append({"type": "text", "text": message.text})
     return content
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value (keys of objects included)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+def _check_chat(messages: Any, continue_final: bool) -> tuple[list[str], int]:
+    """A chat's shape (a list of messages, each an object; a final assistant message to continue); its texts
+    (string contents, text parts, the strings of tool calls) and how many image parts it has."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise InvalidInputError("the chat's messages are a non-empty list of objects")
+    if continue_final and messages[-1].get("role") != "assistant":
+        raise InvalidInputError("continue_final_message needs a final assistant message")
+    texts, images = [], 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        texts += _strings(m.get("tool_calls") or [])
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image":
+                images += 1
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+    return texts, images
 
 
 def _find_template(tokenizer, folder: Path) -> str | None:

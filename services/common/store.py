@@ -38,6 +38,7 @@ class WorkerInfo:
     active_turns: int = 0
     free_pages: int = 0
     total_pages: int = 0
+    started_at: float = 0.0    # when it loaded its model (seconds since the epoch)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class TurnRecord:
     answer_text: str
     finish_reason: str
     created_at: float = field(default_factory=time.time)
+    render: dict = field(default_factory=dict)   # the message's RenderOptions as JSON ({}: the defaults)
 
 
 class QuotaError(Exception):

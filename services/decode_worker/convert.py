@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 
 import grpc
@@ -13,6 +14,7 @@ from raincheck_core import (
     Message,
     OutOfPagesError,
     RaincheckError,
+    RenderOptions,
     SamplingParams,
     SessionBusyError,
     SessionClosedError,
@@ -42,7 +44,20 @@ def status_for(error: BaseException) -> grpc.StatusCode:
 
 def to_message(m: chat_pb2.UserMessage) -> Message:
     return Message(text=m.text, images=[bytes(i) for i in m.images],
-                   videos=[[bytes(f) for f in v.frames] for v in m.videos])
+                   videos=[[bytes(f) for f in v.frames] for v in m.videos], render=to_render(m.render))
+
+
+def to_render(r: chat_pb2.RenderOptions) -> RenderOptions:
+    """The message's render options (the formatter checks their values)."""
+    kwargs = {}
+    if r.template_kwargs_json:
+        try:
+            kwargs = json.loads(r.template_kwargs_json)
+        except json.JSONDecodeError as e:
+            raise InvalidInputError(f"chat_template_kwargs is not JSON: {e}") from None
+    return RenderOptions(template_kwargs=kwargs, min_pixels=r.min_pixels if r.HasField("min_pixels") else None,
+                         max_pixels=r.max_pixels if r.HasField("max_pixels") else None,
+                         fps=r.fps if r.HasField("fps") else None)
 
 
 _OPTIONAL = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "presence_penalty", "frequency_penalty",

@@ -25,11 +25,12 @@ from ..common.metrics import (
 )
 from ..common.recovery_modes import MODES
 from ..common.settings import WorkerSettings
-from . import completions
+from . import chats, completions
 from .convert import from_deferral, to_deferral, to_mode
 from .eviction import admit
 from .recovery import ColocatedRecovery, RecoveryBackend
 from .sessions import WorkerSession
+from .special_tokens import keep_special_tokens
 from .turns import run_turn, start_turn
 
 log = logging.getLogger(__name__)
@@ -176,14 +177,16 @@ class WorkerRuntime:
                 self._turn_rpcs -= 1
             self.on_change()
 
-        return run_turn(ws, stream, request, backend, alive), rpc_ended
+        return keep_special_tokens(self.engine, request.sampling, run_turn(ws, stream, request, backend, alive)), \
+            rpc_ended
 
     def complete(self, request: chat_pb2.CompleteRequest) -> Iterator[chat_pb2.ChatEvent]:
         """A completion outside sessions (completions.py): checked and admitted now, run by the returned
         stream."""
         self._check_serving()
-        return completions.complete(self.engine, request, self.settings.max_new_tokens,
-                                    lambda action: admit(self, action))
+        answer = chats.complete_chat if chats.renders_here(request) else completions.complete
+        events = answer(self.engine, request, self.settings.max_new_tokens, lambda action: admit(self, action))
+        return keep_special_tokens(self.engine, request.sampling, events)
 
     def _check_serving(self) -> None:
         if self.draining:

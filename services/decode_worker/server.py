@@ -49,6 +49,7 @@ class DecodeWorkerServer:
         spec = settings.model_spec()
         engine, self.model = load_engine(spec), model_name(spec)
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.started_at = time.time()       # when its model loaded (OpenAI's `created` of the model)
         if backends is None:
             backends = recovery_backends(settings, self.model, self.worker_id)
         self.runtime = WorkerRuntime(engine, settings, self.worker_id, backends)
@@ -75,7 +76,7 @@ class DecodeWorkerServer:
         stats = self.runtime.stats()
         return WorkerInfo(self.worker_id, self.address, self.model, list(self.runtime.backends),
                           sessions=stats.sessions, active_turns=stats.active_turns, free_pages=stats.free_pages,
-                          total_pages=stats.total_pages)
+                          total_pages=stats.total_pages, started_at=self.started_at)
 
     def register(self) -> None:
         """Create or refresh this worker's registration, with its current load."""

@@ -12,6 +12,7 @@ from ..common.grpc_util import ServiceError, rpc
 from . import completions
 from .convert import status_for
 from .runtime import DrainingError, ModeUnavailableError, SessionExistsError, WorkerRuntime
+from .tokenizer_info import tokenizer_info
 
 
 def _translate(error: BaseException) -> ServiceError | None:
@@ -72,3 +73,7 @@ class DecodeWorkerServicer(worker_pb2_grpc.DecodeWorkerServicer):
     @worker_rpc
     def Detokenize(self, request, context):
         return completions.detokenize(self.runtime.engine, request)
+
+    @worker_rpc
+    def TokenizerInfo(self, request, context):
+        return tokenizer_info(self.runtime.engine)

@@ -95,7 +95,10 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
 
     @frontend_rpc
     def Complete(self, request, context):
-        return completions.complete(self.sessions, self.auth.identify(context), request, context)
+        caller = self.auth.identify(context)
+        if request.images:      # a chat's images: the limits of a message's
+            check_message(chat_pb2.UserMessage(images=request.images), self.settings)
+        return completions.complete(self.sessions, caller, request, context)
 
     @frontend_rpc
     def Tokenize(self, request, context):
@@ -106,6 +109,11 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     def Detokenize(self, request, context):
         self.auth.identify(context)
         return completions.ask(self.sessions, "Detokenize", request, self.timeout_s)
+
+    @frontend_rpc
+    def TokenizerInfo(self, request, context):
+        self.auth.identify(context)
+        return completions.ask(self.sessions, "TokenizerInfo", request, self.timeout_s)
 
     def _describe(self, record: SessionRecord) -> chat_pb2.SessionInfo:
         return self.sessions.describe(record, self._ask_worker(record, "GetSession"))

@@ -137,7 +137,8 @@ class Sessions:
             return blob
 
         message = chat_pb2.UserMessage(text=turn.text, images=[data(d) for d in turn.images],
-                                       videos=[chat_pb2.Video(frames=[data(d) for d in v]) for v in turn.videos])
+                                       videos=[chat_pb2.Video(frames=[data(d) for d in v]) for v in turn.videos],
+                                       render=json_format.ParseDict(turn.render, chat_pb2.RenderOptions()))
         return worker_pb2.HistoryTurn(message=message, answer_token_ids=turn.answer_token_ids,
                                       finish_reason=turn.finish_reason, answer_text=turn.answer_text)
 
@@ -149,6 +150,7 @@ class Sessions:
             text=message.text, images=[digest(i) for i in message.images],
             videos=[[digest(f) for f in v.frames] for v in message.videos],
             answer_token_ids=list(final.token_ids), answer_text=final.text, finish_reason=final.finish_reason,
+            render=json_format.MessageToDict(message.render),
         ), blobs)
 
     def describe(self, record: SessionRecord, live: worker_pb2.WorkerSession | None) -> chat_pb2.SessionInfo:

@@ -1,6 +1,7 @@
-"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`), SGLang routes
-(`/generate`, `/get_model_info`), the tokenizer's (tokenizer_api.py), `/metrics` and `/health`, over one
-ChatBackend (the frontend's ChatService + the session index).
+"""The ASGI app: OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, and `/v1/responses`:
+responses_api.py), SGLang routes (`/generate`, `/get_model_info`), the tokenizer's (tokenizer_api.py), `/metrics`
+and `/health`, over one ChatBackend (the frontend's ChatService + the session index); CORS where
+`--allowed-origins` names origins.
 
 Calls into the frontend block (gRPC to the workers), so they run in worker threads; a streamed answer
 holds a thread only while it waits for its next event.
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -23,10 +25,11 @@ from starlette.exceptions import HTTPException
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
-from . import completions, openai_api, sglang_api, tokenizer_api, tool_chat, tools
+from . import completions, openai_api, responses_api, sglang_api, tokenizer_api, tool_chat, tools
 from .call import HttpCall
 from .errors import HttpError
 from .images import ImageLoader
+from .response_store import make_responses
 from .session_matching import ChatBackend, Delta, Done, Turn
 from .settings import HttpSettings
 from .sse import EventStream
@@ -73,6 +76,24 @@ class BodyLimit:
             await refusal(scope, receive, send)
 
 
+# pydantic's error type -> the error's code (OpenAI's names)
+_VALIDATION_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
+                     "json_invalid": "invalid_json", "model_attributes_type": "invalid_json"}   # not an object
+
+
+def invalid_body(errors: list[dict]) -> HttpError:
+    """A request body that does not validate: every problem in the message, the first named as param and code
+    (`unknown_parameter` for a field no list declares, `missing_required_parameter`, `invalid_json`, else
+    `invalid_type`)."""
+    def where(err: dict) -> str:
+        return ".".join(str(x) for x in err["loc"][1:])
+
+    problems = "; ".join(f"{where(err) or 'body'}: {err['msg']}" for err in errors)
+    first = errors[0] if errors else {"type": "", "loc": ()}
+    return HttpError.invalid(f"invalid request: {problems}", param=where(first) or None,
+                             code=_VALIDATION_CODES.get(first["type"], "invalid_type"))
+
+
 def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int, max_body_bytes: int) -> FastAPI:
     images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
 
@@ -83,6 +104,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     app = FastAPI(title="Raincheck Serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if settings.allowed_origins:    # outermost: a refusal (401, 413, ...) carries the headers too
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"], max_age=600)
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):
@@ -90,9 +114,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'][1:]) or 'body'}: {err['msg']}"
-                             for err in e.errors())
-        return JSONResponse(HttpError.invalid(f"invalid request: {problems}").body(), status_code=400)
+        return JSONResponse(invalid_body(e.errors()).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _starlette(request: Request, e: HTTPException):
@@ -144,9 +166,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         if tools.uses_tools(body):
-            return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking)
+            return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking, images)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
-        cid, model = openai_api.completion_id(), body.model
+        cid, model = openai_api.completion_id(body.request_id), body.model
         if not body.stream:
             return openai_api.completion_body(cid, model, await finish(turn), bool(body.logprobs))
         created, usage_chunk = int(time.time()), openai_api.include_usage(body)
@@ -171,7 +193,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.get("/v1/models")
     async def list_models(request: Request):
         await blocking(backend.owner, HttpCall.of(request))
-        return openai_api.models_body(await blocking(backend.models))
+        return openai_api.models_body(await blocking(backend.model_times))
 
     @app.post("/v1/completions")
     async def create_completion(body: completions.CompletionRequest, request: Request):
@@ -180,11 +202,13 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str, request: Request):
         await blocking(backend.owner, HttpCall.of(request))
-        served = await blocking(backend.models)
+        served = await blocking(backend.model_times)
         if model not in served:
             raise HttpError(404, f"the model {model!r} does not exist (served: {', '.join(served)})",
                             param="model", code="model_not_found")
-        return openai_api.models_body([model])["data"][0]
+        return openai_api.model_body(model, served[model])
+
+    responses_api.add_routes(app, backend, make_responses(backend.store), images, blocking, start, finish)
 
     # -- SGLang --------------------------------------------------------------------------------------------
     async def sglang_model(requested: str | None) -> str:

@@ -142,8 +142,8 @@ class Completion:
         return {"index": self.index, "text": self.text, "finish_reason": self.finish_reason, "logprobs": lp}
 
 
-def completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"
+def completion_id(request_id: str | None = None) -> str:
+    return f"cmpl-{request_id or uuid.uuid4().hex}"
 
 
 def body(cid: str, model: str, runs: list[Completion]) -> dict:
@@ -172,12 +172,12 @@ async def respond(r: CompletionRequest, call: Callable[[], HttpCall], servicer,
     try:
         for i, one in enumerate(wanted):
             c = call()
-            runs.append(Completion(i, c, await blocking(servicer.Complete, one, c), StopMatcher(stop),
-                                   r.logprobs is not None))
+            runs.append(Completion(i, c, await blocking(servicer.Complete, one, c),
+                                   StopMatcher(stop, keep=r.include_stop_str_in_output), r.logprobs is not None))
     except BaseException:
         _end(runs)
         raise
-    cid = completion_id()
+    cid = completion_id(r.request_id)
     if not r.stream:
         try:
             async with anyio.create_task_group() as group:

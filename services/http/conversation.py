@@ -7,8 +7,10 @@ ends with the assistant's answer; the last messages are the new turn.
 
 A history's digest chains one digest per turn over what the session saw: the user text, the sha256 of
 each image, and the answer as the model produced it (surrounding whitespace ignored: clients trim). The
-root binds the chain to the API key, the model and the requested recovery mode, so no other key's or
-model's session can match. The same digest is computed from a session's turn log.
+root binds the chain to the API key, the model, the requested recovery mode and the render options (the
+chat template's variables, the images' preprocessing: a session renders every turn with the same ones), so
+no other key's or model's session, nor one rendered otherwise, can match. The same digest is computed from a
+session's turn log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+
+from google.protobuf import json_format
 
 from raincheck_client._gen import chat_pb2
 
@@ -38,8 +42,8 @@ class UserInput:
     def image_hashes(self) -> list[str]:
         return [digest(i) for i in self.images]
 
-    def proto(self) -> chat_pb2.UserMessage:
-        return chat_pb2.UserMessage(text=self.text, images=list(self.images))
+    def proto(self, render: chat_pb2.RenderOptions | None = None) -> chat_pb2.UserMessage:
+        return chat_pb2.UserMessage(text=self.text, images=list(self.images), render=render)
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,12 @@ class Conversation:
     message: UserInput                     # the new turn
     digests: list[str] = field(default_factory=list)   # root, then one per history turn (see `bind`)
 
-    def bind(self, owner: str, model: str, recovery_mode: str) -> None:
-        """Compute the digest chain under this key, model and recovery mode."""
-        root = _sha({"v": 1, "owner": owner, "model": model, "recovery_mode": recovery_mode})
+    def bind(self, owner: str, model: str, recovery_mode: str, render: chat_pb2.RenderOptions | None = None) -> None:
+        """Compute the digest chain under this key, model, recovery mode and render options."""
+        bound = {"v": 1, "owner": owner, "model": model, "recovery_mode": recovery_mode}
+        if render is not None:
+            bound["render"] = json_format.MessageToDict(render)
+        root = _sha(bound)
         self.digests = [root]
         for turn in self.history:
             self.digests.append(next_digest(self.digests[-1], turn.user.text, turn.user.image_hashes, [],

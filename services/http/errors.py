@@ -1,5 +1,7 @@
 """Errors as OpenAI-shaped bodies (`{"error": {"message", "type", "param", "code"}}`) with the HTTP status
-that matches the frontend's gRPC status."""
+that matches the frontend's gRPC status. Every error has a `code` (a client can branch on it without reading
+the message): the frontend's status name for what came from it, else one by what went wrong
+(`unsupported_parameter`, `unknown_parameter`, `invalid_value`, ...), else one by the HTTP status."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ _FROM_GRPC: dict[grpc.StatusCode, tuple[int, str]] = {
 RETRY_AFTER_S = 1
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+# the code of an error that names none, by HTTP status
+_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "permission_denied", 404: "not_found",
+          405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 415: "unsupported_media_type",
+          422: "invalid_request", 429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable",
+          504: "timeout"}
 
 
 class HttpError(Exception):
@@ -32,12 +39,17 @@ class HttpError(Exception):
         self.status = status
         self.message = message
         self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        self.code = code
+        self.code = code or _CODES.get(status, "invalid_request" if status < 500 else "server_error")
         self.param = param
 
     @classmethod
-    def invalid(cls, message: str, param: str | None = None) -> HttpError:
-        return cls(400, message, param=param)
+    def invalid(cls, message: str, param: str | None = None, code: str = "invalid_value") -> HttpError:
+        return cls(400, message, param=param, code=code)
+
+    @classmethod
+    def unsupported(cls, message: str, param: str) -> HttpError:
+        """400 for a field this server does not honour (set to a value that asks for something)."""
+        return cls(400, message, param=param, code="unsupported_parameter")
 
     @classmethod
     def from_service(cls, error: ServiceError) -> HttpError:

@@ -19,13 +19,15 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..common.redis_store import RedisStore
 from ..common.store import MemoryStore, Store
 
 EVICT_CANDIDATES = 16                      # least recently used sessions looked at per eviction
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -167,10 +169,16 @@ class RedisIndex:
         return _evict(self, candidates, forget)
 
 
-def make_index(store: Store) -> SessionIndex:
-    """The index beside `store`: in Redis for a RedisStore, in this process for the in-process store."""
+def beside(store: Store, in_memory: Callable[[MemoryStore], T], in_redis: Callable[[RedisStore], T]) -> T:
+    """What the HTTP API keeps beside `store`: in Redis for a RedisStore, in this process for the in-process
+    store."""
     if isinstance(store, RedisStore):
-        return RedisIndex(store)
+        return in_redis(store)
     if isinstance(store, MemoryStore):
-        return MemoryIndex(store.session_ttl_s)
-    raise TypeError(f"no session index for a {type(store).__name__}")
+        return in_memory(store)
+    raise TypeError(f"the HTTP API keeps nothing beside a {type(store).__name__}")
+
+
+def make_index(store: Store) -> SessionIndex:
+    """The index beside `store`."""
+    return beside(store, lambda s: MemoryIndex(s.session_ttl_s), RedisIndex)

@@ -23,7 +23,7 @@ from .images import ImageLoader
 from .logprobs import chat_logprobs
 from .openai_fields import RaincheckExtras, deferral_of
 from .response_format import grammar_of
-from .sampling_fields import sampling_options, stop_strings
+from .sampling_fields import render_options, sampling_options, stop_strings
 from .session_matching import Done, TurnSpec
 
 
@@ -100,7 +100,8 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     sampling.grammar = grammar_of(r) or ""
     if r.n is not None:
         sampling.n = r.n
-    return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop_strings(r.stop))
+    return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop_strings(r.stop),
+                    r.include_stop_str_in_output, render_options(r))
 
 
 def max_tokens(r: ChatCompletionRequest) -> int | None:
@@ -136,8 +137,9 @@ async def _role_message(m: Message, i: int, images: ImageLoader) -> RoleMessage:
 
 # -- responses ------------------------------------------------------------------------------------------
 
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def completion_id(request_id: str | None = None) -> str:
+    """A chat completion's id: vLLM's `request_id` when the request gives one."""
+    return f"chatcmpl-{request_id or uuid.uuid4().hex}"
 
 
 def usage_body(dones: Sequence[Done]) -> dict:
@@ -165,6 +167,10 @@ def chunk_body(cid: str, model: str, created: int, delta: dict | None, finish_re
             "choices": choices, **extra}
 
 
-def models_body(names: list[str]) -> dict:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "raincheck"}
-                                       for n in names]}
+def model_body(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "raincheck"}
+
+
+def models_body(models: dict[str, int]) -> dict:
+    """`/v1/models`: each served model with when it was first loaded (`created`)."""
+    return {"object": "list", "data": [model_body(name, created) for name, created in models.items()]}

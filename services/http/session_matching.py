@@ -52,6 +52,7 @@ class TurnSpec:
     recovery_mode: str | None = None                     # for a new session; None: the frontend's default
     stop: Sequence[str] = ()
     keep_stop: bool = False
+    render: chat_pb2.RenderOptions | None = None         # chat template variables, image preprocessing
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,20 @@ class ChatBackend:
     def models(self) -> list[str]:
         return sorted({w.model for w in self.store.workers()})
 
+    def model_times(self) -> dict[str, int]:
+        """Each served model, with when its longest-serving worker loaded it (seconds since the epoch)."""
+        times: dict[str, float] = {}
+        for w in self.store.workers():
+            times[w.model] = min(times.get(w.model, w.started_at), w.started_at)
+        return {name: int(times[name]) for name in sorted(times)}
+
     def start(self, call: HttpCall, owner: str, spec: TurnSpec) -> Turn:
         """Match the history and start the turn (errors raise here as ServiceError, before any output)."""
         served = self.models()
         if spec.model not in served:
             raise ServiceError.not_found(f"the model {spec.model!r} does not exist (served: {', '.join(served)})")
         conv = spec.conversation
-        conv.bind(owner, spec.model, spec.recovery_mode or "")
+        conv.bind(owner, spec.model, spec.recovery_mode or "", spec.render)
         if not conv.history:
             return self._new(call, owner, spec)
         tip = self.index.claim(conv.digests[-1])
@@ -149,8 +157,10 @@ class ChatBackend:
         conv = spec.conversation
         records = self._logged_prefix(conv)
         logged = len(records)
+        render = json_format.MessageToDict(spec.render) if spec.render is not None else {}
         records += [TurnRecord(text=t.user.text, images=t.user.image_hashes, videos=[], answer_token_ids=[],
-                               answer_text=t.answer, finish_reason="stop") for t in conv.history[len(records):]]
+                               answer_text=t.answer, finish_reason="stop", render=render)
+                    for t in conv.history[len(records):]]
         self._mode(spec)
         self._make_room(call, owner)
         record = SessionRecord(uuid.uuid4().hex, owner, spec.model, "", json_format.MessageToDict(
@@ -193,7 +203,7 @@ class ChatBackend:
 
     def _chat(self, call: HttpCall, session_id: str, spec: TurnSpec,
               deferral: chat_pb2.DeferralSettings | None) -> Iterator[chat_pb2.ChatEvent]:
-        request = chat_pb2.ChatRequest(session_id=session_id, message=spec.conversation.message.proto(),
+        request = chat_pb2.ChatRequest(session_id=session_id, message=spec.conversation.message.proto(spec.render),
                                        sampling=spec.sampling, deferral=deferral)
         return self.servicer.Chat(request, call)
 

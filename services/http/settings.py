@@ -19,6 +19,9 @@ class HttpSettings:
                                "server then fetches whatever clients name)", flag="--http-image-urls")
     image_fetch_timeout_s: float = setting(10.0, "RAINCHECK_HTTP_IMAGE_TIMEOUT_S", "time limit of fetching one "
                                            "image URL", flag="--http-image-timeout-s", gt=0)
+    allowed_origins: tuple[str, ...] = setting((), "RAINCHECK_HTTP_ALLOWED_ORIGINS", "comma-separated origins whose "
+                                               "browser pages may call the HTTP API (CORS; * for any)",
+                                               flag="--allowed-origins", shown="none: no CORS headers")
     threads: int = Field(64, gt=0)               # blocking calls into the frontend at once (an answer holds one)
     sglang_max_new_tokens: int = Field(128, gt=0)   # SGLang's default, for /generate requests that do not say
 

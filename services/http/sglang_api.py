@@ -6,8 +6,9 @@
 `<|vision_start|><|image_pad|><|vision_end|>` per image, and `image_data` holding the images in order
 (base64, a data URL, or an http(s) URL where allowed). It is parsed into turns and matched to sessions
 exactly like a chat completion. `sampling_params` follow SGLang's names: the penalties, `min_p`,
-`min_new_tokens`, `stop_token_ids`, `logit_bias` and `json_schema` are honoured as in the OpenAI API; those a
-session cannot honour (`n`, regex, ebnf, structural tags, ...) are refused unless neutral. Requests with
+`min_new_tokens`, `stop_token_ids`, `logit_bias`, `json_schema` and the special tokens' decoding are honoured as
+in the OpenAI API; those a session cannot honour (`n`, regex, ebnf, structural tags, ...) are refused unless
+neutral. Requests with
 `max_new_tokens: 0` (SGLang's "cache this prefix") are answered without running anything: the prefix is
 prefilled with its turn. Batches (`text` as a list), `input_ids` and logprobs are not supported.
 """
@@ -36,11 +37,11 @@ GENERATION_PROMPT = "<|im_start|>assistant\n"
 _MESSAGE = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>\n?", re.S)
 # SGLang sampling parameters a session cannot honour, with the value that means "off"
 _NEUTRAL: dict[str, Any] = {"n": 1, "stop_regex": None, "regex": None, "ebnf": None, "structural_tag": None,
-                            "skip_special_tokens": True, "custom_params": None}
-_IGNORED = ("spaces_between_special_tokens", "stream_interval")
+                            "custom_params": None}
+_IGNORED = ("stream_interval",)
 _USED = ("max_new_tokens", "stop", "temperature", "top_p", "top_k", "ignore_eos", "no_stop_trim", "sampling_seed",
          "min_new_tokens", "stop_token_ids", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-         "json_schema", "logit_bias")
+         "json_schema", "logit_bias", "skip_special_tokens", "spaces_between_special_tokens")
 # SGLang's names of the engine's sampling rules (SamplingOptions fields)
 _RULES = {"min_new_tokens": "min_tokens", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
           "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty"}
@@ -115,10 +116,11 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
     for name, value in p.items():
         if name in _NEUTRAL:
             if value not in (None, [], {}, "") and value != _NEUTRAL[name]:
-                raise HttpError.invalid(f"sampling_params.{name} = {value!r} is not supported",
-                                        param=f"sampling_params.{name}")
+                raise HttpError.unsupported(f"sampling_params.{name} = {value!r} is not supported",
+                                            param=f"sampling_params.{name}")
         elif name not in _IGNORED and name not in _USED:
-            raise HttpError.invalid(f"unknown sampling parameter {name!r}", param=f"sampling_params.{name}")
+            raise HttpError.invalid(f"unknown sampling parameter {name!r}", param=f"sampling_params.{name}",
+                                    code="unknown_parameter")
     top_k = p.get("top_k")
     options = chat_pb2.SamplingOptions(
         temperature=p.get("temperature", 1.0), top_p=p.get("top_p"), seed=p.get("sampling_seed"),
@@ -127,6 +129,9 @@ def _sampling(p: dict[str, Any], default_max_new_tokens: int) -> tuple[chat_pb2.
     for name, field in _RULES.items():
         if p.get(name) is not None:
             setattr(options, field, p[name])
+    if p.get("skip_special_tokens") is False:    # the worker decodes the answer again, special tokens kept
+        options.skip_special_tokens = False
+        options.spaces_between_special_tokens = p.get("spaces_between_special_tokens") is not False
     options.stop_token_ids.extend(p.get("stop_token_ids") or [])
     options.logit_bias.update(logit_bias(p.get("logit_bias") or {}))
     if p.get("json_schema"):
@@ -160,5 +165,13 @@ def prefill_only_body(rid: str | None) -> dict:
                                       "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
 
 
+# SGLang's name of the chat template `/generate` reads (what `text` must be rendered with)
+CHAT_TEMPLATE = "qwen2-vl"
+
+
 def model_info(model: str) -> dict:
-    return {"model_path": model, "tokenizer_path": model, "is_generation": True}
+    """`/get_model_info`. `RuntimeEndpoint` picks its chat template by matching `model_path` against model names
+    (`qwen.*vl` is qwen2-vl), so `model_path` is the template's name, the one `/generate` parses; the served
+    model's name is `served_model_name`."""
+    return {"model_path": CHAT_TEMPLATE, "tokenizer_path": CHAT_TEMPLATE, "served_model_name": model,
+            "chat_template": CHAT_TEMPLATE, "is_generation": True}

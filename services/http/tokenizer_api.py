@@ -1,8 +1,10 @@
-"""The tokenizer over HTTP: `/tokenize` and `/detokenize`, in vLLM's and SGLang's shapes (the frontend's
-Tokenize and Detokenize, answered by a worker serving the model)."""
+"""The tokenizer over HTTP: `/tokenize` and `/detokenize`, in vLLM's and SGLang's shapes, and `GET
+/tokenizer_info` (vLLM's: what lm-eval and SGLang read instead of loading the tokenizer locally); the
+frontend's Tokenize, Detokenize and TokenizerInfo, answered by a worker serving the model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -42,3 +44,9 @@ def add_routes(app: FastAPI, servicer: ChatServicer, blocking: Callable[..., Awa
         reply = await blocking(servicer.Detokenize, chat_pb2.DetokenizeRequest(model=body.model, token_ids=body.tokens),
                                HttpCall.of(request))
         return {"prompt": reply.text, "text": reply.text}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request, model: str = ""):
+        reply = await blocking(servicer.TokenizerInfo, chat_pb2.TokenizerInfoRequest(model=model),
+                               HttpCall.of(request))
+        return json.loads(reply.info_json) | ({"model": model} if model else {})

@@ -4,8 +4,12 @@ messages, through the checkpoint's chat template and a parser for the Qwen famil
 
 A chat with tools runs as a stateless completion of the whole rendered chat (the frontend's Complete RPC;
 no session: a session's turns are user messages, and the template renders tools and tool results around
-them). `tool_choice`: `none` renders no tools; `auto` renders them and parses any calls in the answer;
-`required` and a named function also hold the answer to a call's grammar (llguidance: the tag, then JSON
+them). Its user messages may hold images (a screenshot next to the tools, say): each becomes a
+`{"type": "image"}` part, its bytes sent beside the chat, and the worker renders them where the template
+puts them (a template that renders no images refuses them).
+
+`tool_choice`: `none` renders no tools; `auto` renders them and parses any calls in the answer; `required`
+and a named function also hold the answer to a call's grammar (llguidance: the tag, then JSON
 of one of the functions' names with arguments its parameter schema accepts), so the call always parses.
 A structured output (response_format.py) holds the content: with `none` the whole answer, with `auto` the
 answer is that content or tool calls (a grammar of both); a forced call has no content, so its grammar alone
@@ -24,12 +28,13 @@ import llguidance
 
 from . import openai_fields
 from .errors import HttpError
+from .images import ImageLoader
 from .response_format import Structured, structured_of
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
-# request fields a stateless, text-only tool chat cannot honour
-NOT_WITH_TOOLS = ("logprobs", "top_logprobs", *openai_fields.CHAT_ONLY[:-1])
+# request fields a stateless tool chat cannot honour
+NOT_WITH_TOOLS = ("logprobs", "top_logprobs", *openai_fields.SESSION_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -40,16 +45,20 @@ class ToolChat:
                                   # output's (none), or that of either (auto)
     parallel: bool                # more than one call may be returned
     continue_final: bool = False  # the answer continues the last (assistant) message
+    images: tuple[bytes, ...] = ()   # the messages' {"type": "image"} parts, in order
+    echo: str = ""                # vLLM's echo: what goes in front of the answer
 
 
 def uses_tools(r: Any) -> bool:
-    """The request runs as a stateless chat: tools in any form, or a final assistant message to continue."""
+    """The request runs as a stateless chat: tools in any form, a final assistant message to continue, or a
+    chat rendered without the assistant prompt."""
     return (bool(r.tools) or r.tool_choice is not None or r.parallel_tool_calls is not None
-            or r.continue_final_message or any(m.role == "tool" or m.tool_calls for m in r.messages))
+            or r.continue_final_message or not r.add_generation_prompt
+            or any(m.role == "tool" or m.tool_calls for m in r.messages))
 
 
-def tool_chat(r: Any) -> ToolChat:
-    """The request as a chat to render (400 for what a tool chat cannot do)."""
+async def tool_chat(r: Any, loader: ImageLoader) -> ToolChat:
+    """The request as a chat to render, its images loaded (400 for what a tool chat cannot do)."""
     openai_fields.check(r, openai_fields.CHAT)
     for name in NOT_WITH_TOOLS:
         if getattr(r, name) not in (None, False, {"type": "text"}):
@@ -78,7 +87,8 @@ def tool_chat(r: Any) -> ToolChat:
         raise HttpError.invalid("tool_choice needs tools", param="tool_choice")
     if r.parallel_tool_calls is not None and not tools:
         raise HttpError.invalid("parallel_tool_calls needs tools", param="parallel_tool_calls")
-    messages = [_message(m, i) for i, m in enumerate(r.messages)]
+    images: list[bytes] = []
+    messages = [await _message(m, i, loader, images) for i, m in enumerate(r.messages)]
     parallel = r.parallel_tool_calls is not False
     structured = structured_of(r)
     if forced:
@@ -90,7 +100,18 @@ def tool_chat(r: Any) -> ToolChat:
     else:
         grammar = structured.grammar()
     return ToolChat(json.dumps(messages), json.dumps(offered) if offered else "", grammar, parallel,
-                    r.continue_final_message)
+                    r.continue_final_message, tuple(images), _echo(r, messages))
+
+
+def _echo(r: Any, messages: list[dict]) -> str:
+    """vLLM's chat `echo`: the final message's text goes in front of the answer where it has the answer's role
+    (assistant, or, with add_generation_prompt false, whatever the final message's is)."""
+    last = messages[-1]
+    role = "assistant" if r.add_generation_prompt and not r.continue_final_message else last["role"]
+    if not r.echo or last["role"] != role:
+        return ""
+    content = last["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
 
 
 def _tool(t: Any, i: int) -> dict:
@@ -104,12 +125,24 @@ def _tool(t: Any, i: int) -> dict:
     return {"type": "function", "function": fn}
 
 
-def _message(m: Any, i: int) -> dict:
+async def _message(m: Any, i: int, loader: ImageLoader, images: list[bytes]) -> dict:
+    """One message as the template reads it: text as a string; with images, typed parts in their order."""
     content = m.content
     if isinstance(content, list):
-        if any(p.type != "text" for p in content):
-            raise HttpError.invalid(f"messages[{i}]: a tool chat is text only", param=f"messages[{i}]")
-        content = "\n".join(p.text or "" for p in content)
+        parts = []
+        for j, p in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            if p.type == "text" and p.text is not None:
+                parts.append({"type": "text", "text": p.text})
+            elif p.type == "image_url" and p.image_url is not None and m.role in ("user", "tool"):
+                images.append(await loader.load(p.image_url.url, where))     # a screenshot a tool returned, too
+                parts.append({"type": "image"})
+            else:
+                raise HttpError.invalid(f"{where}: a {m.role} message's parts are text"
+                                        + (" or image_url" if m.role in ("user", "tool") else "")
+                                        + f" (got {p.type!r})", param=where)
+        has_images = any(p["type"] == "image" for p in parts)
+        content = parts if has_images else "\n".join(p["text"] for p in parts)
     out = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
     if m.tool_calls:
         out["tool_calls"] = m.tool_calls

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.random_model import save_random_model
 from services.common.store import MemoryStore
 from tests.demo.helpers import FOLDER
 from tests.services.conftest import redis_prefix  # noqa: F401  (the fixture, reused)
 
-from .helpers import Stack
+from .helpers import Stack, random_model_stack
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +28,7 @@ def stack():
 def tool_stack(tmp_path_factory):
     """A stack on a tiny random checkpoint (every printable ASCII character is a token; answers are noise),
     its chat template rendering tools in Qwen's format (data/qwen_tool_format.jinja)."""
-    from transformers import AutoTokenizer
-
-    folder = save_random_model(tmp_path_factory.mktemp("tool-model"), "tiny")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    tokenizer.chat_template = (Path(__file__).parent / "data" / "qwen_tool_format.jinja").read_text()
-    tokenizer.save_pretrained(folder)
-    stack = Stack(MemoryStore(), folder=folder)
+    stack = random_model_stack(tmp_path_factory.mktemp("tool-model"),
+                               Path(__file__).parent / "data" / "qwen_tool_format.jinja")
     yield stack
     stack.close()

@@ -80,6 +80,20 @@ class Stack:
         self.store.close()
 
 
+def random_model_stack(folder: Path, chat_template: Path) -> Stack:
+    """A stack serving a tiny random checkpoint saved in `folder`, its tokenizer given `chat_template`."""
+    from transformers import AutoTokenizer
+
+    from services.common.random_model import save_random_model
+    from services.common.store import MemoryStore
+
+    save_random_model(folder, "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.chat_template = chat_template.read_text()
+    tokenizer.save_pretrained(folder)
+    return Stack(MemoryStore(), folder=folder)
+
+
 def dialogue(seed: int, turns: int = 3) -> Dialogue:
     return make_dialogue(random.Random(seed), turns=turns)
 

@@ -104,6 +104,7 @@ def test_a_refused_completions_field_is_400(stack, name):
     with pytest.raises(openai.BadRequestError) as e:
         stack.openai().post("/completions", body=body, cast_to=object)
     assert e.value.response.json()["error"]["param"] == name
+    assert e.value.response.json()["error"]["code"] == "unsupported_parameter"
 
 
 @pytest.mark.parametrize("name", [k for k in COMPLETION_KEYS
@@ -124,8 +125,11 @@ def test_docs_table_lists_every_field():
 @pytest.mark.parametrize("name", openai_fields.CHAT_ONLY)
 def test_a_chat_only_extra_is_400_on_completions(stack, name):
     value = {"policy": "full", "selector": "uniform", "recovery_mode": "colocated", "retention": 0.5,
-             "tpot_slo": 1.5}.get(name, True if name in ("continue_final_message", "deterministic") else 7)
+             "tpot_slo": 1.5, "add_generation_prompt": False, "chat_template_kwargs": {"enable_thinking": False},
+             "mm_processor_kwargs": {"max_pixels": 4096}}.get(
+        name, True if name in ("continue_final_message", "deterministic") else 7)
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, name: value}
     with pytest.raises(openai.BadRequestError) as e:
         stack.openai().post("/completions", body=body, cast_to=object)
     assert e.value.response.json()["error"]["param"] == name
+    assert e.value.response.json()["error"]["code"] == "unsupported_parameter"

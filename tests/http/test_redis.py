@@ -13,7 +13,7 @@ from services.common.store import MemoryStore
 from services.http.index import MemoryIndex, RedisIndex, Tip, make_index
 from tests.services.conftest import REDIS_URL, redis_store
 
-from .helpers import MAX_TOKENS, MODEL, Stack, assistant, dialogue, user
+from .helpers import MAX_TOKENS, MODEL, Stack, assistant, data_url, dialogue, user
 
 
 def test_a_conversation_moves_between_frontends(redis_prefix):
@@ -37,6 +37,30 @@ def test_a_conversation_moves_between_frontends(redis_prefix):
         assert len(tips) == 1 and len(turns) == 3
         assert 0 < client.pttl(tips[0]) <= stack.store.session_ttl_ms
         client.close()
+    finally:
+        stack.close()
+
+
+def test_a_responses_conversation_moves_between_frontends(redis_prefix):
+    """previous_response_id names a response any frontend sharing the Redis can continue, with its images."""
+    stack = Stack(redis_store(redis_prefix))
+    try:
+        other = stack.another_http()
+        d = dialogue(seed=9)
+        q = [x.text for x in d.questions]
+        first = [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(d.scene.png())},
+                                              {"type": "input_text", "text": q[0]}]}]
+        r1 = stack.openai().responses.create(model=MODEL, input=first, max_output_tokens=MAX_TOKENS)
+        r2 = stack.openai(server=other).responses.create(model=MODEL, input=q[1], previous_response_id=r1.id,
+                                                         max_output_tokens=MAX_TOKENS)
+        assert r2.model_extra["raincheck"]["match"] == "continued" and r2.usage.input_tokens_details.cached_tokens > 0
+        assert stack.openai(server=other).responses.retrieve(r1.id).output_text == r1.output_text
+        client = redis.Redis.from_url(REDIS_URL)
+        (key,) = [k for k in client.scan_iter(match=redis_prefix + "http:response:*") if r1.id in k.decode()]
+        assert 0 < client.pttl(key) <= stack.store.session_ttl_ms
+        client.close()
+        stack.openai(server=other).responses.delete(r1.id)
+        assert stack.store.redis.get(key) is None
     finally:
         stack.close()
 

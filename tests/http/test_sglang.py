@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import re
 
 import httpx
 import pytest
@@ -54,9 +55,13 @@ def generate_stream(stack, text: str, image: bytes) -> tuple[str, dict]:
     return answer, meta
 
 
-def test_model_info(stack):
+def test_model_info_names_the_chat_template_runtime_endpoint_picks(stack):
+    """RuntimeEndpoint picks its chat template by matching model_path against model names (SGLang's
+    `match_chat_ml`: `qwen.*vl` is qwen2-vl); a bare "demo" matched none, and it fell back to the wrong one."""
     r = httpx.get(stack.http.url + "/get_model_info", headers=HEADERS)
-    assert r.status_code == 200 and r.json()["model_path"] == MODEL and r.json()["is_generation"]
+    info = r.json()
+    assert r.status_code == 200 and info["is_generation"] and info["served_model_name"] == MODEL
+    assert re.search(r"qwen.*vl", info["model_path"], re.IGNORECASE) and info["chat_template"] == "qwen2-vl"
 
 
 @pytest.mark.parametrize("stream", [False, True])

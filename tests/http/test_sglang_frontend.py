@@ -26,7 +26,8 @@ def test_sgl_function_runs_across_turns_on_one_session(stack, tmp_path, stream):
     d = dialogue(seed=16)
     path = tmp_path / "scene.png"
     path.write_bytes(d.scene.png())
-    backend = sgl.RuntimeEndpoint(stack.http.url, api_key=KEYS[0], chat_template_name="qwen2-vl")
+    backend = sgl.RuntimeEndpoint(stack.http.url, api_key=KEYS[0])     # /get_model_info picks qwen2-vl
+    assert backend.chat_template.name == "qwen2-vl"
     continued = REGISTRY.get_sample_value("raincheck:http_session_matches_total", {"result": "continued"}) or 0
     state = image_chat.run(image_path=str(path), questions=[q.text for q in d.questions], backend=backend,
                            stream=stream)
