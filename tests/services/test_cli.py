@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -260,7 +261,17 @@ def test_a_taken_port_is_named_before_anything_loads(capsys, flag):
     assert "loading" not in capsys.readouterr().out
 
 
-def test_ctrl_c_while_an_answer_streams_cancels_the_turn_and_the_chat_goes_on(embedded, capsys):
+@pytest.fixture
+def default_sigint():
+    """Ctrl-C as a fresh `raincheck chat` process gets it: KeyboardInterrupt in the main thread. A library
+    loaded earlier in the same test process (a Ray driver, a server's shutdown handler) may have replaced
+    the handler, and then interrupt_main() raised nothing and the turn ran to its end."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_while_an_answer_streams_cancels_the_turn_and_the_chat_goes_on(embedded, capsys, default_sigint):
     _, frontend, _ = embedded
     client = Client(frontend.address)
     session = client.create_session()
