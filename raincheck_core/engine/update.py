@@ -19,8 +19,9 @@ import torch
 
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
-from .plan import CHUNKS, RESTORING, Kind, StepPlan, StepSessions
+from .plan import CHUNKS, RESTORING, Kind, StepPlan
 from .runner import StepOutputs
+from .step_sessions import StepSessions
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
