@@ -29,6 +29,7 @@ from . import completions, openai_api, responses_api, sglang_api, tokenizer_api,
 from .call import HttpCall
 from .errors import HttpError
 from .images import ImageLoader
+from .response_format import naming_field
 from .response_store import make_responses
 from .session_matching import ChatBackend, Delta, Done, Turn
 from .settings import HttpSettings
@@ -139,7 +140,10 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         try:
             owner = await blocking(backend.owner, call)
             spec = await spec_of()
-            return await blocking(backend.start, call, owner, spec)
+            try:
+                return await blocking(backend.start, call, owner, spec)
+            except HttpError as e:
+                raise naming_field(e, spec.grammar_field) from None
         except BaseException:
             call.end()
             raise

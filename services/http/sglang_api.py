@@ -84,7 +84,8 @@ async def to_spec(r: GenerateRequest, model: str, images: ImageLoader, default_m
     loaded = [await images.load(ref, f"image_data[{i}]", bare_base64=True) for i, ref in enumerate(refs)]
     messages = parse_chatml(r.text, loaded)
     sampling, stop, keep_stop = _sampling(r.sampling_params or {}, default_max_new_tokens)
-    return TurnSpec(model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop, keep_stop)
+    return TurnSpec(model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop, keep_stop,
+                    grammar_field="sampling_params.json_schema" if sampling.grammar else None)
 
 
 def parse_chatml(text: str, images: list[bytes]) -> list[RoleMessage]:
