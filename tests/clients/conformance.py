@@ -26,20 +26,22 @@ import importlib.metadata
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))      # bench.local_server (standard library only): this venv lacks the project
+from bench.local_server import local_server  # noqa: E402
+
 TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 MODEL = "demo"
 QUESTIONS = ("list the objects in row two .", "what colour is the object in row nine column four ?",
@@ -120,43 +122,6 @@ class Server:
         text = urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode()
         return sum(int(float(m.group(1))) for m in
                    re.finditer(r'^raincheck:requests_total\{code="5\d\d",[^}]*service="http"\} (\S+)$', text, re.M))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def started(python: str, timeout_s: float = 300) -> Iterator[Server]:
-    """`raincheck serve` on the demo model, on free loopback ports, until health says it serves."""
-    port = free_port()
-    log = Path(tempfile.mkstemp(prefix="raincheck-serve-", suffix=".log")[1])
-    with log.open("wb") as out:       # the child holds its own copy of the file
-        process = subprocess.Popen([python, "-m", "services.cli", "serve", "--port", "0", "--http-port", str(port),
-                                    "--metrics-port", "-1"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"raincheck serve exited with {process.returncode}; its log: {log}")
-            try:
-                if json.load(urllib.request.urlopen(server.url + "/health", timeout=5)).get("models"):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"raincheck serve was not ready in {timeout_s:.0f} s; its log: {log}")
-            time.sleep(0.5)
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def scene(python: str, path: Path) -> None:
@@ -482,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         image = args.image or Path(tmp) / "scene.png"
         if args.image is None:
             scene(args.server_python, image)
-        with (started(args.server_python) if args.server_python else nullserver(args.url)) as server:
-            checks = Checks(server, image)
+        with local_server(args.server_python) if args.server_python else nullcontext(args.url) as url:
+            checks = Checks(Server(url.rstrip("/")), image)
             for name in args.clients:
                 if name == "lm_eval":
                     checks.lm_eval(args.sessions)
@@ -496,11 +461,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in checks.results if not r.ok]
     print(f"{len(checks.results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
-
-
-@contextmanager
-def nullserver(url: str) -> Iterator[Server]:
-    yield Server(url.rstrip("/"))
 
 
 if __name__ == "__main__":
