@@ -227,6 +227,8 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     @app.post("/generate")
     async def generate(body: sglang_api.GenerateRequest, request: Request):
+        if sglang_api.scoring(body):
+            return await score(body, request)
         if sglang_api.prefill_only(body):
             await blocking(backend.owner, HttpCall.of(request))
             sglang_api.check(body)
@@ -244,6 +246,19 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             return [sglang_api.partial_body("".join(text), rid)]
 
         return stream(turn, chunks)
+
+    async def score(body: sglang_api.GenerateRequest, request: Request) -> dict | list[dict]:
+        """SGLang's scoring: each prompt's logprobs by a stateless completion of its own, one after another."""
+        wanted = sglang_api.score_requests(body, await sglang_model(body.model))
+        answers = []
+        for one in wanted:
+            call = HttpCall.of(request)
+            try:
+                events = await blocking(backend.servicer.Complete, one, call)
+                answers.append(sglang_api.score_body(await blocking(sglang_api.prompt_of, events), body))
+            finally:
+                call.end()
+        return answers if sglang_api.batched(body) else answers[0]
 
     @app.get("/get_model_info")
     async def get_model_info(request: Request, model: str | None = None):

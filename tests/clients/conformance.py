@@ -366,19 +366,25 @@ class Checks:
                 return f"template {backend.chat_template.name}, 3 answers"
             return check
 
-        def select() -> str:
+        def select() -> str:     # each choice scored by a batch of prompts with return_logprob
             state = pick.run(question=QUESTIONS[1], backend=sgl.RuntimeEndpoint(self.server.url))
+            expect(state.error() is None, state.error())
             expect(state["colour"] in ("red", "green", "blue"), f"selected {state['colour']!r}")
-            return f"selected {state['colour']!r}"
+            scores = state.get_meta_info("colour")["normalized_prompt_logprobs"]
+            return f"selected {state['colour']!r} (normalized logprobs {', '.join(f'{x:.2f}' for x in scores)})"
 
         def openai_backend() -> str:
+            # the backend loads tiktoken's cl100k_base, which tiktoken downloads; litellm ships the file and points
+            # tiktoken at it when this module is imported (this machine reaches no download site)
+            import litellm.litellm_core_utils.default_encoding  # noqa: F401
+
             backend = sgl.OpenAI(MODEL, is_chat_model=True, base_url=self.server.v1, api_key="none")
             state = image_chat.run(image_path=str(self.image_path), questions=QUESTIONS[:2], backend=backend)
             expect(state["answer_0"] and state["answer_1"], "empty answers")
             return "2 answers"
 
         for name, fn in [("RuntimeEndpoint, image, 3 turns", runtime(False)),
-                         ("RuntimeEndpoint, streamed", runtime(True)), ("sgl.select (logprobs)", select),
+                         ("RuntimeEndpoint, streamed", runtime(True)), ("sgl.select (batched scoring)", select),
                          ("OpenAI backend, image, 2 turns", openai_backend)]:
             self.run("sglang", "sglang", name, fn)
 
