@@ -14,8 +14,10 @@ interpreter; with `--url` it uses a server already running.
 Every check: no request gets a 5xx (the server's own request counter, read from /metrics around each check,
 so the openai client's silent retries of a 500 count too); a refusal is a 4xx whose message names the field.
 The demo model's vocabulary cannot write JSON and its chat template renders no tools, so there structured
-outputs and tools are refusals up front. Prints a table (client, version, check, result), writes it as
-Markdown with --markdown, and exits 1 on any failure.
+outputs and tools are refusals up front. Then (with --server-python) a second server on a tiny random
+checkpoint whose vocabulary writes JSON and whose template renders tools and images, where each client's
+structured output and tool call must come back parsed. Prints a table (client, version, check, result),
+writes it as Markdown with --markdown, and exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))      # bench.local_server (standard library only): this venv lacks the project
@@ -51,14 +53,16 @@ os.environ.update(LITELLM_LOCAL_MODEL_COST_MAP="True", HF_HUB_OFFLINE="1", HF_DA
                   TOKENIZERS_PARALLELISM="false")
 
 
-class Person(BaseModel):
-    name: str
-    age: int
+class Person(BaseModel):        # bounded: a random model's strings could otherwise run to max_tokens
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=150)
 
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"enum": ["paris", "rome"]}}}}}
+TOOL_MODEL = "tiny-tools"
 
 
 @dataclass
@@ -129,6 +133,19 @@ def scene(python: str, path: Path) -> None:
     subprocess.run([python, "-c", "import random, sys; from raincheck_demo.world import random_scene; "
                     "open(sys.argv[1], 'wb').write(random_scene(random.Random(0)).png())", str(path)],
                    cwd=ROOT, check=True)
+
+
+def tool_model(python: str, folder: Path) -> None:
+    """A tiny random checkpoint whose vocabulary writes every printable ASCII character, its chat template
+    rendering tools and images in Qwen3-VL's shape (tests/http/data/qwen_vl_tool_format.jinja): its answers are
+    noise, which the grammar mask holds to a schema or a call, so the clients' structured outputs and tools get
+    answers to parse."""
+    template = ROOT / "tests" / "http" / "data" / "qwen_vl_tool_format.jinja"
+    subprocess.run([python, "-c", "import sys; from pathlib import Path; from transformers import AutoTokenizer; "
+                    "from services.common.random_model import save_random_model; "
+                    "folder = save_random_model(sys.argv[1], 'tiny'); t = AutoTokenizer.from_pretrained(str(folder)); "
+                    "t.chat_template = Path(sys.argv[2]).read_text(); t.save_pretrained(folder)",
+                    str(folder), str(template)], cwd=ROOT, check=True)
 
 
 def version(distribution: str) -> str:
@@ -388,6 +405,62 @@ class Checks:
                          ("OpenAI backend, image, 2 turns", openai_backend)]:
             self.run("sglang", "sglang", name, fn)
 
+    # -- structured outputs and tools, on a model that can write them ---------------------------------
+    def tools_and_schemas(self, server: Server) -> None:
+        """Each client's structured output and tool call answered (TOOL_MODEL on `server`), with an image where
+        the client sends one."""
+        import instructor
+        import litellm
+        from langchain_core.messages import HumanMessage
+        from langchain_openai import ChatOpenAI
+        from openai import OpenAI
+
+        client = OpenAI(base_url=server.v1, api_key="none")
+        ask = [self.user("what is the weather in paris ?", image=True)]
+
+        def called(calls: list, name: str = "get_weather") -> str:
+            expect(calls and calls[0].function.name == name, f"calls {calls}")
+            return f"called {name}({calls[0].function.arguments})"
+
+        def chat(**kwargs) -> ChatOpenAI:
+            return ChatOpenAI(model=TOOL_MODEL, base_url=server.v1, api_key="none", max_tokens=200, **kwargs)
+
+        image = HumanMessage(content=[{"type": "text", "text": "what is the weather in paris ?"},
+                                      {"type": "image_url", "image_url": {"url": self.image_url}}])
+        checks = [
+            ("openai", "openai", ".parse(response_format=Model)", lambda: parsed(client.chat.completions.parse(
+                model=TOOL_MODEL, messages=ask, response_format=Person, max_tokens=200).choices[0].message.parsed)),
+            ("openai", "openai", "tools, required (with an image)", lambda: called(client.chat.completions.create(
+                model=TOOL_MODEL, messages=ask, tools=[WEATHER], tool_choice="required",
+                max_tokens=200).choices[0].message.tool_calls)),
+            ("openai", "openai", ".stream(response_format=Model)", lambda: streamed_parse(client, ask)),
+            ("openai", "openai", "responses + tools, required", lambda: responses_call(client, ask)),
+            ("litellm", "litellm", "response_format=Model", lambda: parsed(Person.model_validate_json(
+                litellm.completion(model=f"openai/{TOOL_MODEL}", api_base=server.v1, api_key="none", messages=ask,
+                                   response_format=Person, max_tokens=200).choices[0].message.content))),
+            ("litellm", "litellm", "tools, required", lambda: called(litellm.completion(
+                model=f"openai/{TOOL_MODEL}", api_base=server.v1, api_key="none", messages=ask, tools=[WEATHER],
+                tool_choice="required", max_tokens=200).choices[0].message.tool_calls)),
+            ("langchain", "langchain-openai", "with_structured_output(Model)",
+             lambda: parsed(chat().with_structured_output(Person).invoke([image]))),
+            ("langchain", "langchain-openai", "with_structured_output, function_calling",
+             lambda: parsed(chat().with_structured_output(Person, method="function_calling").invoke([image]))),
+            ("langchain", "langchain-openai", "bind_tools (with an image)", lambda: tool_called(
+                chat().bind_tools([WEATHER], tool_choice="get_weather").invoke([image]).tool_calls)),
+        ]
+        for mode in (instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS):
+            checks.append(("instructor", "instructor", f"response_model, Mode.{mode.name}",
+                           lambda mode=mode: parsed(instructor.from_openai(client, mode=mode).chat.completions.create(
+                               model=TOOL_MODEL, messages=ask, response_model=Person, max_tokens=200,
+                               max_retries=0))))
+        previous = self.server
+        self.server = server              # the 5xx count is the tool model's server's
+        try:
+            for name, distribution, check, fn in checks:
+                self.run(name, distribution, f"{TOOL_MODEL}: {check}", fn)
+        finally:
+            self.server = previous
+
     # -- lm-eval-harness ------------------------------------------------------------------------------
     def lm_eval(self, after_sessions: int) -> None:
         completions = (f"model={MODEL},base_url={self.server.v1}/completions,tokenizer_backend=huggingface,"
@@ -412,6 +485,35 @@ class Checks:
         self.run("lm-eval", "lm-eval", f"multiple_choice after {after_sessions} sessions", after_idle_sessions)
 
 
+def streamed_parse(client, messages: list[dict]) -> str:
+    with client.chat.completions.stream(model=TOOL_MODEL, messages=messages, response_format=Person,
+                                        max_tokens=200) as stream:
+        return parsed(stream.get_final_completion().choices[0].message.parsed)
+
+
+def parsed(value: object) -> str:
+    expect(isinstance(value, Person), f"not a Person: {value!r}")
+    return f"parsed {value!r}"[:90]
+
+
+def responses_call(client, messages: list[dict]) -> str:
+    """The Responses API's flat function tool, its image as an input_image part."""
+    text, image = messages[0]["content"][1]["text"], messages[0]["content"][0]["image_url"]["url"]
+    content = [{"type": "input_image", "image_url": image}, {"type": "input_text", "text": text}]
+    r = client.responses.create(model=TOOL_MODEL, max_output_tokens=200, tool_choice="required",
+                                input=[{"role": "user", "content": content}],
+                                tools=[{"type": "function", **WEATHER["function"]}])
+    calls = [item for item in r.output if item.type == "function_call"]
+    expect(calls and calls[0].name == "get_weather", f"output {r.output}")
+    return f"function_call get_weather({calls[0].arguments})"
+
+
+def tool_called(calls: list[dict]) -> str:
+    """langchain's tool calls (dicts with parsed args)."""
+    expect(calls and calls[0]["name"] == "get_weather", f"calls {calls}")
+    return f"called get_weather({calls[0]['args']})"
+
+
 def harness(model: str, model_args: str, task: str, *extra: str) -> str:
     """lm-eval's command line on one vendored task, run to its end; its metric as the detail."""
     with tempfile.TemporaryDirectory() as out:
@@ -433,7 +535,8 @@ def markdown(results: list[Result]) -> str:
     return "\n".join(rows) + "\n"
 
 
-CLIENTS = ("openai", "litellm", "langchain", "instructor", "sglang", "lm_eval")
+# "tools": structured outputs and tool calls answered, on a tiny random model (TOOL_MODEL) started after the demo
+CLIENTS = ("openai", "litellm", "langchain", "instructor", "sglang", "lm_eval", "tools")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,8 +561,13 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.clients:
                 if name == "lm_eval":
                     checks.lm_eval(args.sessions)
-                else:
+                elif name != "tools":
                     getattr(checks, name)()
+        if args.server_python and "tools" in args.clients:
+            tool_model(args.server_python, Path(tmp) / "tool-model")
+            with local_server(args.server_python, "--model", str(Path(tmp) / "tool-model"),
+                              "--model-name", TOOL_MODEL) as url:
+                checks.tools_and_schemas(Server(url))
     table = markdown(checks.results)
     print("\n" + table)
     if args.markdown:
