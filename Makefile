@@ -36,7 +36,7 @@ $(CLIENTS)/.installed: requirements/clients.txt requirements/constraints.txt
 	touch $@
 
 test-clients: setup $(CLIENTS)/.installed   ## the field's clients (openai, litellm, langchain, instructor, SGLang, lm-eval) against a started server
-	$(CLIENTS)/bin/python tests/clients/conformance.py --server-python $(PY) --markdown $(CLIENTS)/conformance.md
+	$(CLIENTS)/bin/python tests/clients/conformance.py --server-python $(PY) --markdown
 
 lint: setup
 	$(PY) -m ruff check .

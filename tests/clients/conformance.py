@@ -2,7 +2,7 @@
 instructor, SGLang's frontend language and lm-eval-harness, each as its users call it.
 
     make test-clients                                   # the venv (.venv-clients), a server, this script
-    python tests/clients/conformance.py --server-python .venv/bin/python [--markdown out.md]
+    python tests/clients/conformance.py --server-python .venv/bin/python [--markdown [PATH]]
     python tests/clients/conformance.py --url http://127.0.0.1:8000 --image scene.png
 
 It runs in the clients' own venv (requirements/clients.txt), apart from the server's: these packages pin
@@ -17,7 +17,8 @@ The demo model's vocabulary cannot write JSON and its chat template renders no t
 outputs and tools are refusals up front. Then (with --server-python) a second server on a tiny random
 checkpoint whose vocabulary writes JSON and whose template renders tools and images, where each client's
 structured output and tool call must come back parsed. Prints a table (client, version, check, result),
-writes it as Markdown with --markdown, and exits 1 on any failure.
+writes it as Markdown with --markdown (by default into this venv, as conformance.markdown), and exits 1 on any
+failure.
 """
 
 from __future__ import annotations
@@ -548,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                         "rendered with --server-python)")
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
     parser.add_argument("--sessions", type=int, default=100, help="idle chat sessions before lm-eval runs again")
-    parser.add_argument("--markdown", type=Path, help="write the table here")
+    parser.add_argument("--markdown", type=Path, nargs="?", const=Path(sys.prefix) / "conformance.markdown",
+                        help="write the table here (no path: conformance.markdown in this venv)")
     args = parser.parse_args(argv)
     if args.image is None and args.server_python is None:
         parser.error("--url needs --image")
