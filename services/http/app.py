@@ -232,7 +232,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         if sglang_api.prefill_only(body):
             await blocking(backend.owner, HttpCall.of(request))
             sglang_api.check(body)
-            return sglang_api.prefill_only_body(body.rid)
+            count = sglang_api.count_request(body, await sglang_model(body.model))
+            tokens = await blocking(backend.servicer.Tokenize, count, HttpCall.of(request)) if count else None
+            return sglang_api.prefill_only_body(body.rid, len(tokens.token_ids) if tokens else 0)
         model = await sglang_model(body.model)
         turn = await start(request, lambda: sglang_api.to_spec(body, model, images, settings.sglang_max_new_tokens))
         if not body.stream:

@@ -229,9 +229,16 @@ def partial_body(text: str, rid: str) -> dict:
     return {"text": text, "meta_info": {"id": rid, "finish_reason": None}}
 
 
-def prefill_only_body(rid: str | None) -> dict:
+def count_request(r: GenerateRequest, model: str) -> chat_pb2.TokenizeRequest | None:
+    """What counts a prefill-only request's tokens (sgl.select scores from its `prompt_tokens` on), as scoring
+    tokenizes them; None with images, whose tokens only the worker's image processor counts."""
+    return None if r.image_data else chat_pb2.TokenizeRequest(model=model, text=r.text)
+
+
+def prefill_only_body(rid: str | None, prompt_tokens: int) -> dict:
+    """`prompt_tokens`: the text's tokens (0 with images: see count_request)."""
     return {"text": "", "meta_info": {"id": rid or uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
-                                      "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
+                                      "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0}}
 
 
 # SGLang's name of the chat template `/generate` reads (what `text` must be rendered with)

@@ -134,6 +134,10 @@ def test_scoring_answers_sgl_select_with_the_prompts_logprobs(stack):
     one = httpx.post(stack.http.url + "/generate", headers=HEADERS, timeout=120, json={**body, "text": program}).json()
     prefix = answers[0]["meta_info"]["input_token_logprobs"][:-1]        # one prompt: its object, not a list
     assert [t[1:] for t in one["meta_info"]["input_token_logprobs"]] == [t[1:] for t in prefix]
+    # select's first request caches the program and reads where scoring starts from its prompt_tokens
+    cached = httpx.post(stack.http.url + "/generate", headers=HEADERS, timeout=120,
+                        json={"text": program, "sampling_params": {"max_new_tokens": 0}}).json()
+    assert cached["meta_info"]["prompt_tokens"] == one["meta_info"]["prompt_tokens"] == len(prefix) + 3
     assert stack.worker.runtime.stats().sessions == sessions
 
 
