@@ -38,8 +38,12 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from openai import OpenAI
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))      # bench.local_server (standard library only): this venv lacks the project
@@ -84,9 +88,9 @@ def expect(condition: object, message: str) -> None:
         raise Failed(message)
 
 
-def refusal(error: BaseException) -> tuple[int, str] | None:
-    """(HTTP status, the error body's message and param) of the first HTTP error in `error`'s chain, as the
-    openai client (and so langchain, instructor) and litellm carry it."""
+def refusal(error: BaseException) -> tuple[int, str, str | None] | None:
+    """(HTTP status, message, param) of the first HTTP error in `error`'s chain, as the openai client (and so
+    langchain, instructor) and litellm carry it."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
@@ -95,8 +99,8 @@ def refusal(error: BaseException) -> tuple[int, str] | None:
         if isinstance(status, int):
             body = getattr(e, "body", None)
             if isinstance(body, dict) and "message" in body:
-                return status, f"{body['message']} (param: {body.get('param')})"
-            return status, str(getattr(e, "message", None) or e)
+                return status, body["message"], body.get("param")
+            return status, str(getattr(e, "message", None) or e), None
         e = e.__cause__ or e.__context__ or getattr(e, "last_exception", None)
     return None
 
@@ -109,10 +113,10 @@ def refused(call: Callable[[], object], field: str) -> str:
         found = refusal(e)
         if found is None:
             raise Failed(f"{type(e).__name__} without an HTTP status: {e}") from e
-        status, message = found
+        status, message, param = found
         expect(400 <= status < 500, f"{status}: {message}")
-        expect(field in message, f"{status} not naming {field}: {message}")
-        return f"{status}: {message.split(' (param')[0][:90]}"
+        expect(field in message, f"{status} not naming {field}: {message} (param {param})")
+        return f"{status}: {message[:90]}"
     raise Failed(f"not refused (expected a 4xx naming {field})")
 
 
@@ -486,7 +490,7 @@ class Checks:
         self.run("lm-eval", "lm-eval", f"multiple_choice after {after_sessions} sessions", after_idle_sessions)
 
 
-def streamed_parse(client, messages: list[dict]) -> str:
+def streamed_parse(client: OpenAI, messages: list[dict]) -> str:
     with client.chat.completions.stream(model=TOOL_MODEL, messages=messages, response_format=Person,
                                         max_tokens=200) as stream:
         return parsed(stream.get_final_completion().choices[0].message.parsed)
@@ -497,7 +501,7 @@ def parsed(value: object) -> str:
     return f"parsed {value!r}"[:90]
 
 
-def responses_call(client, messages: list[dict]) -> str:
+def responses_call(client: OpenAI, messages: list[dict]) -> str:
     """The Responses API's flat function tool, its image as an input_image part."""
     text, image = messages[0]["content"][1]["text"], messages[0]["content"][0]["image_url"]["url"]
     content = [{"type": "input_image", "image_url": image}, {"type": "input_text", "text": text}]
