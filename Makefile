@@ -1,8 +1,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SETUP_INPUTS := scripts/setup.sh pyproject.toml setup.py raincheck_client/pyproject.toml $(wildcard requirements/*.txt)
+# requirements/clients.txt is the clients' venv's, not this one's
+SETUP_INPUTS := scripts/setup.sh pyproject.toml setup.py raincheck_client/pyproject.toml \
+	$(filter-out requirements/clients.txt,$(wildcard requirements/*.txt))
 
-.PHONY: setup demo test test-kernels lint bench protos wheels clean
+.PHONY: setup demo test test-kernels test-clients lint bench protos wheels clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +25,19 @@ test-kernels: setup  ## fla's Triton kernels on the CPU (TRITON_INTERPRET=1): th
 	$(PY) -m pip install -q --no-deps -c requirements/constraints.txt --target $(KERNELS) -r requirements/accel.txt
 	TRITON_INTERPRET=1 PYTHONPATH=$(abspath $(KERNELS)) $(PY) -m pytest -q tests/kernels
 
+CLIENTS ?= .venv-clients
+PYTHON ?= python3
+CLIENTS_PIP := $(CLIENTS)/bin/python -m pip --disable-pip-version-check -q
+$(CLIENTS)/.installed: requirements/clients.txt requirements/constraints.txt
+	$(PYTHON) -m venv $(CLIENTS)
+	$(CLIENTS_PIP) install --upgrade pip
+	$(CLIENTS_PIP) install -c requirements/constraints.txt "torch==2.13.0"
+	$(CLIENTS_PIP) install --no-deps -c requirements/constraints.txt -r requirements/clients.txt
+	touch $@
+
+test-clients: setup $(CLIENTS)/.installed   ## the field's clients (openai, litellm, langchain, instructor, SGLang, lm-eval) against a started server
+	$(CLIENTS)/bin/python tests/clients/conformance.py --server-python $(PY) --markdown
+
 lint: setup
 	$(PY) -m ruff check .
 
@@ -36,4 +51,4 @@ wheels: setup        ## dist/: raincheck-client (the SDK: grpcio + protobuf) and
 	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist ./raincheck_client .
 
 clean:
-	rm -rf $(VENV) $(KERNELS) .pytest_cache .ruff_cache build dist raincheck_client/build
+	rm -rf $(VENV) $(KERNELS) $(CLIENTS) .pytest_cache .ruff_cache build dist raincheck_client/build

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -27,16 +26,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import OpenAI
 
 from bench.determinism import http_run, sdk_run
+from bench.local_server import free_port
 from raincheck_client import Client
 from raincheck_demo.world import make_dialogue
 
 POLICY = dict(policy="raincheck", retention=0.3)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _grpc_serving(address: str) -> bool:
@@ -65,7 +59,7 @@ def _wait(ready: Callable[[], bool], process: subprocess.Popen, timeout_s: float
 
 
 def one_start(path: str, model: str, questions: list[str], image: bytes, timeout_s: float) -> dict:
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     command = [sys.executable, "-m", "services.cli", "serve", "--model", model, "--port", str(port),
                "--http-port", str(http_port), "--metrics-port", "-1"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

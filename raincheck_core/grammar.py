@@ -40,6 +40,9 @@ import torch
 
 from .errors import GrammarError, InvalidInputError
 
+# how a refusal up front begins (`GrammarMatcher.check`): the HTTP frontend names its request's field before it
+UNWRITABLE = "the model's vocabulary cannot write any answer this grammar accepts"
+
 if TYPE_CHECKING:
     import llguidance
 
@@ -305,7 +308,7 @@ class TokenConstraint:
     def _dead_end(self, forced: bytes | None, written: bytes, refusing: bool = False) -> str:
         """What the vocabulary cannot write where an answer that has written `written` cannot go on (`refusing`:
         on every way from the start, found before the turn runs)."""
-        head = ("the model's vocabulary cannot write any answer this grammar accepts: " if refusing else
+        head = (f"{UNWRITABLE}: " if refusing else
                 "the model's vocabulary cannot finish this answer: ")
         at = f"after {_shown(written[-SHOWN_BYTES:])}" if written else "at the start"
         where = self.vocabulary.unwritable(forced) if forced else None

@@ -29,6 +29,7 @@ from . import completions, openai_api, responses_api, sglang_api, tokenizer_api,
 from .call import HttpCall
 from .errors import HttpError
 from .images import ImageLoader
+from .response_format import naming_field
 from .response_store import make_responses
 from .session_matching import ChatBackend, Delta, Done, Turn
 from .settings import HttpSettings
@@ -139,7 +140,10 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         try:
             owner = await blocking(backend.owner, call)
             spec = await spec_of()
-            return await blocking(backend.start, call, owner, spec)
+            try:
+                return await blocking(backend.start, call, owner, spec)
+            except HttpError as e:
+                raise naming_field(e, spec.grammar_field) from None
         except BaseException:
             call.end()
             raise
@@ -223,10 +227,14 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
 
     @app.post("/generate")
     async def generate(body: sglang_api.GenerateRequest, request: Request):
+        if sglang_api.scoring(body):
+            return await score(body, request)
         if sglang_api.prefill_only(body):
             await blocking(backend.owner, HttpCall.of(request))
             sglang_api.check(body)
-            return sglang_api.prefill_only_body(body.rid)
+            count = sglang_api.count_request(body, await sglang_model(body.model))
+            tokens = await blocking(backend.servicer.Tokenize, count, HttpCall.of(request)) if count else None
+            return sglang_api.prefill_only_body(body.rid, len(tokens.token_ids) if tokens else 0)
         model = await sglang_model(body.model)
         turn = await start(request, lambda: sglang_api.to_spec(body, model, images, settings.sglang_max_new_tokens))
         if not body.stream:
@@ -240,6 +248,19 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
             return [sglang_api.partial_body("".join(text), rid)]
 
         return stream(turn, chunks)
+
+    async def score(body: sglang_api.GenerateRequest, request: Request) -> dict | list[dict]:
+        """SGLang's scoring: each prompt's logprobs by a stateless completion of its own, one after another."""
+        wanted = sglang_api.score_requests(body, await sglang_model(body.model))
+        answers = []
+        for one in wanted:
+            call = HttpCall.of(request)
+            try:
+                events = await blocking(backend.servicer.Complete, one, call)
+                answers.append(sglang_api.score_body(await blocking(sglang_api.prompt_of, events), body))
+            finally:
+                call.end()
+        return answers if sglang_api.batched(body) else answers[0]
 
     @app.get("/get_model_info")
     async def get_model_info(request: Request, model: str | None = None):

@@ -22,7 +22,7 @@ from .errors import HttpError
 from .images import ImageLoader
 from .logprobs import chat_logprobs
 from .openai_fields import RaincheckExtras, deferral_of
-from .response_format import grammar_of
+from .response_format import structured_of
 from .sampling_fields import render_options, sampling_options, stop_strings
 from .session_matching import Done, TurnSpec
 
@@ -97,11 +97,12 @@ async def to_spec(r: ChatCompletionRequest, images: ImageLoader) -> TurnSpec:
     openai_fields.check(r, openai_fields.CHAT)
     messages = [await _role_message(m, i, images) for i, m in enumerate(r.messages)]
     sampling = sampling_options(r, max_tokens(r), bool(r.logprobs), r.top_logprobs or 0)
-    sampling.grammar = grammar_of(r) or ""
+    structured = structured_of(r)
+    sampling.grammar = structured.grammar() if structured else ""
     if r.n is not None:
         sampling.n = r.n
     return TurnSpec(r.model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop_strings(r.stop),
-                    r.include_stop_str_in_output, render_options(r))
+                    r.include_stop_str_in_output, render_options(r), structured.field if structured else None)
 
 
 def max_tokens(r: ChatCompletionRequest) -> int | None:

@@ -6,8 +6,8 @@ fields `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, and `st
 
 A request sets at most one of them. Each is checked here (a malformed one, or one that does not compile, is
 a 400 naming its field); the worker then refuses, also with a 400, one the model's vocabulary cannot write,
-saying what it cannot write (`GrammarError`), and a dead end met while answering ends that answer with the
-same message (an error event when streamed).
+saying what it cannot write (`GrammarError`; `naming_field` puts the field before it), and a dead end met
+while answering ends that answer with the same message (an error event when streamed).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from raincheck_core.grammar import choice_lark, grammar_from
+from raincheck_core.grammar import UNWRITABLE, choice_lark, grammar_from
 
 from .errors import HttpError
 
@@ -77,6 +77,14 @@ def grammar_of(r: Any) -> str | None:
     """The grammar the request's answer is held to (None: free text)."""
     s = structured_of(r)
     return s.grammar() if s is not None else None
+
+
+def naming_field(error: HttpError, field: str | None) -> HttpError:
+    """The worker's refusal up front of a grammar its vocabulary cannot write, as a 400 naming `field`, the
+    request's field that asked for the grammar (the worker sees only the grammar); any other error as it is."""
+    if field is None or error.status != 400 or not error.message.startswith(UNWRITABLE):
+        return error
+    return HttpError.invalid(f"{field}: {error.message}", param=field)
 
 
 def _response_format(response_format: Any) -> Structured | None:

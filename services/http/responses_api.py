@@ -573,7 +573,8 @@ def _named_as_responses(e: HttpError) -> HttpError:
     if name not in _CHAT_NAMES:
         return e
     ours = _CHAT_NAMES[name]
-    message = e.message if name == "messages" else e.message.replace(name, ours, 1)
+    # the whole chat path: a schema's path inside response_format has no counterpart in text.format
+    message = e.message if name == "messages" else e.message.replace(e.param or name, ours, 1)
     return HttpError(e.status, message, type=e.type, code=e.code, param=ours if name != "messages" else "input")
 
 

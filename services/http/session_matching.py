@@ -53,6 +53,7 @@ class TurnSpec:
     stop: Sequence[str] = ()
     keep_stop: bool = False
     render: chat_pb2.RenderOptions | None = None         # chat template variables, image preprocessing
+    grammar_field: str | None = None                     # the request's field that set sampling.grammar
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ exactly like a chat completion. `sampling_params` follow SGLang's names: the pen
 in the OpenAI API; those a session cannot honour (`n`, regex, ebnf, structural tags, ...) are refused unless
 neutral. Requests with
 `max_new_tokens: 0` (SGLang's "cache this prefix") are answered without running anything: the prefix is
-prefilled with its turn. Batches (`text` as a list), `input_ids` and logprobs are not supported.
+prefilled with its turn. With `return_logprob` too they are scoring (`sgl.select` scores each choice so): each
+prompt, a text or token ids, alone or in a batch, is a stateless completion that echoes its tokens' logprobs
+(the worker's Complete, as lm-eval's loglikelihood through /v1/completions). Otherwise batches, `input_ids`
+and logprobs are not supported.
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
+import grpc
 from pydantic import BaseModel, ConfigDict
 
 from raincheck_client._gen import chat_pb2
 from raincheck_core.grammar import json_schema_grammar
 
+from ..common.events import read
+from ..common.grpc_util import ServiceError
+from .completions import MAX_PROMPTS
 from .conversation import RoleMessage, group_turns
 from .errors import HttpError
 from .images import ImageLoader
@@ -56,6 +64,9 @@ class _Generate(BaseModel):
     stream: bool = False
     rid: str | None = None
     return_logprob: bool | None = None
+    logprob_start_len: int = -1           # scoring: the first prompt position whose logprob is returned (-1: none)
+    return_text_in_logprobs: bool = False
+    top_logprobs_num: int = 0
     # Raincheck's own
     model: str | None = None              # needed only where several models are served
 
@@ -73,9 +84,66 @@ def prefill_only(r: GenerateRequest) -> bool:
 
 def check(r: GenerateRequest) -> None:
     if r.input_ids is not None or not isinstance(r.text, str):
-        raise HttpError.invalid("text must be one string (input_ids and batches are not supported)", param="text")
+        raise HttpError.invalid("text must be one string (input_ids and batches are scored only: max_new_tokens 0 "
+                                "with return_logprob)", param="text")
     if r.return_logprob:
-        raise HttpError.invalid("logprobs are not supported", param="return_logprob")
+        raise HttpError.invalid("return_logprob needs max_new_tokens 0 (scoring): answers' logprobs are not "
+                                "supported", param="return_logprob")
+
+
+def scoring(r: GenerateRequest) -> bool:
+    """SGLang's scoring request: no new tokens, the prompts' logprobs."""
+    return prefill_only(r) and bool(r.return_logprob)
+
+
+def score_requests(r: GenerateRequest, model: str) -> list[chat_pb2.CompleteRequest]:
+    """One stateless completion per prompt (a text, token ids, or a batch of either) that generates nothing and
+    echoes each prompt token with its logprob; 400 naming the field for what scoring cannot take."""
+    if r.image_data:
+        raise HttpError.unsupported("image_data cannot be scored: scoring takes text or token ids", "image_data")
+    if r.top_logprobs_num:
+        raise HttpError.unsupported("top_logprobs_num is not supported in scoring", "top_logprobs_num")
+    if (r.text is None) == (r.input_ids is None):
+        raise HttpError.invalid("scoring takes text or input_ids", param="text")
+    field, value = ("text", r.text) if r.text is not None else ("input_ids", r.input_ids)
+    prompts = value if batched(r) else [value]
+    if not (isinstance(prompts, list) and 0 < len(prompts) <= MAX_PROMPTS and all(
+            (isinstance(p, str) and p) if field == "text" else
+            (isinstance(p, list) and p and all(isinstance(t, int) for t in p)) for p in prompts)):
+        raise HttpError.invalid(f"{field} is one prompt or a batch of 1-{MAX_PROMPTS} non-empty prompts"
+                                + (" (token ids)" if field == "input_ids" else ""), param=field)
+    sampling = chat_pb2.SamplingOptions(max_new_tokens=0, temperature=0)
+    return [chat_pb2.CompleteRequest(model=model, sampling=sampling, echo=True, prompt_logprobs=0,
+                                     **({"text": p} if field == "text" else {"token_ids": p})) for p in prompts]
+
+
+def batched(r: GenerateRequest) -> bool:
+    """A batch of prompts (answered by a list, one prompt by its object, as SGLang does)."""
+    if r.text is not None:
+        return isinstance(r.text, list)
+    return isinstance(r.input_ids, list) and bool(r.input_ids) and isinstance(r.input_ids[0], list)
+
+
+def prompt_of(events: Iterable[chat_pb2.ChatEvent]) -> chat_pb2.PromptTokens:
+    """A scoring completion's prompt tokens with their logprobs (its stream run to the end)."""
+    prompt = None
+    for part in read(events):
+        if isinstance(part, chat_pb2.PromptTokens):
+            prompt = part
+    if prompt is None:
+        raise ServiceError(grpc.StatusCode.INTERNAL, "the scoring completion ended without its prompt's tokens")
+    return prompt
+
+
+def score_body(prompt: chat_pb2.PromptTokens, r: GenerateRequest) -> dict:
+    """One prompt's scoring answer: `input_token_logprobs` from `logprob_start_len` on, each (logprob, token id,
+    its text when asked); the first prompt token has no logprob (None), as in SGLang."""
+    start = len(prompt.tokens) if r.logprob_start_len < 0 else r.logprob_start_len
+    logprobs = [[t.logprob if i else None, t.token_id, t.token if r.return_text_in_logprobs else None]
+                for i, t in enumerate(prompt.tokens) if i >= start]
+    return {"text": "", "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
+                                      "prompt_tokens": len(prompt.tokens), "completion_tokens": 0, "cached_tokens": 0,
+                                      "input_token_logprobs": logprobs, "output_token_logprobs": []}}
 
 
 async def to_spec(r: GenerateRequest, model: str, images: ImageLoader, default_max_new_tokens: int) -> TurnSpec:
@@ -84,7 +152,8 @@ async def to_spec(r: GenerateRequest, model: str, images: ImageLoader, default_m
     loaded = [await images.load(ref, f"image_data[{i}]", bare_base64=True) for i, ref in enumerate(refs)]
     messages = parse_chatml(r.text, loaded)
     sampling, stop, keep_stop = _sampling(r.sampling_params or {}, default_max_new_tokens)
-    return TurnSpec(model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop, keep_stop)
+    return TurnSpec(model, group_turns(messages), sampling, deferral_of(r), r.recovery_mode, stop, keep_stop,
+                    grammar_field="sampling_params.json_schema" if sampling.grammar else None)
 
 
 def parse_chatml(text: str, images: list[bytes]) -> list[RoleMessage]:
@@ -160,9 +229,16 @@ def partial_body(text: str, rid: str) -> dict:
     return {"text": text, "meta_info": {"id": rid, "finish_reason": None}}
 
 
-def prefill_only_body(rid: str | None) -> dict:
+def count_request(r: GenerateRequest, model: str) -> chat_pb2.TokenizeRequest | None:
+    """What counts a prefill-only request's tokens (sgl.select scores from its `prompt_tokens` on), as scoring
+    tokenizes them; None with images, whose tokens only the worker's image processor counts."""
+    return None if r.image_data else chat_pb2.TokenizeRequest(model=model, text=r.text)
+
+
+def prefill_only_body(rid: str | None, prompt_tokens: int) -> dict:
+    """`prompt_tokens`: the text's tokens (0 with images: see count_request)."""
     return {"text": "", "meta_info": {"id": rid or uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
-                                      "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
+                                      "prompt_tokens": prompt_tokens, "completion_tokens": 0, "cached_tokens": 0}}
 
 
 # SGLang's name of the chat template `/generate` reads (what `text` must be rendered with)

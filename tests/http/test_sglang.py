@@ -102,16 +102,68 @@ def test_prefill_only_requests_are_answered_without_running(stack):
     assert stack.worker.runtime.stats().sessions == sessions
 
 
+CHOICES = ["red", "green", "blue"]
+
+
+def test_scoring_answers_sgl_select_with_the_prompts_logprobs(stack):
+    """What `RuntimeEndpoint.select` sends for `sgl.select(choices=...)`: a batch of the program plus each choice,
+    max_new_tokens 0, return_logprob from logprob_start_len. Each prompt's logprobs are the stateless completion's
+    (/v1/completions with echo, lm-eval's loglikelihood), by text and by token ids, and no session is opened."""
+    program = SYSTEM + user("what colour is the object in row one column two ?") + GENERATION_PROMPT
+    sessions = stack.worker.runtime.stats().sessions
+    body = {"text": [program + c for c in CHOICES], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": 3}
+    r = httpx.post(stack.http.url + "/generate", json=body, headers=HEADERS, timeout=120)
+    assert r.status_code == 200, r.text
+    answers = r.json()
+    assert len(answers) == len(CHOICES)
+    for choice, answer in zip(CHOICES, answers, strict=True):
+        meta = answer["meta_info"]
+        echo = httpx.post(stack.http.url + "/v1/completions", headers=HEADERS, timeout=120, json={
+            "model": MODEL, "prompt": program + choice, "max_tokens": 0, "echo": True, "logprobs": 0}).json()
+        expected = echo["choices"][0]["logprobs"]
+        assert meta["prompt_tokens"] == len(expected["tokens"]) and meta["output_token_logprobs"] == []
+        assert [t for _, _, t in meta["input_token_logprobs"]] == expected["tokens"][3:]
+        assert [lp for lp, _, _ in meta["input_token_logprobs"]] == pytest.approx(expected["token_logprobs"][3:])
+        assert meta["input_token_logprobs"][-1][2] == choice
+    ids = [[i for _, i, _ in a["meta_info"]["input_token_logprobs"]] for a in answers]
+    by_ids = httpx.post(stack.http.url + "/generate", headers=HEADERS, timeout=120, json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0})
+    scored = [a["meta_info"]["input_token_logprobs"] for a in by_ids.json()]
+    assert [[i for _, i, _ in s] for s in scored] == ids and all(s[0][0] is None and s[0][2] is None for s in scored)
+    one = httpx.post(stack.http.url + "/generate", headers=HEADERS, timeout=120, json={**body, "text": program}).json()
+    prefix = answers[0]["meta_info"]["input_token_logprobs"][:-1]        # one prompt: its object, not a list
+    assert [t[1:] for t in one["meta_info"]["input_token_logprobs"]] == [t[1:] for t in prefix]
+    # select's first request caches the program and reads where scoring starts from its prompt_tokens
+    cached = httpx.post(stack.http.url + "/generate", headers=HEADERS, timeout=120,
+                        json={"text": program, "sampling_params": {"max_new_tokens": 0}}).json()
+    assert cached["meta_info"]["prompt_tokens"] == one["meta_info"]["prompt_tokens"] == len(prefix) + 3
+    assert stack.worker.runtime.stats().sessions == sessions
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"text": [], "image_data": "aGk="}, "image_data"),
+    ({"text": ["a"], "top_logprobs_num": 2}, "top_logprobs_num"),
+    ({"text": ["a", ""]}, "text"),
+    ({"input_ids": [[1, 2], []]}, "input_ids"),
+    ({}, "text"),
+])
+def test_what_scoring_cannot_take_is_a_400_naming_the_field(stack, body, field):
+    r = httpx.post(stack.http.url + "/generate", headers=HEADERS, json={
+        "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ({"text": "The capital of France is"}, "generation prompt"),
     ({"text": "hello " + user("hi") + GENERATION_PROMPT}, "not a ChatML conversation"),
     ({"text": user(IMAGE + "what is this ?") + GENERATION_PROMPT}, "1 image placeholders"),
-    ({"text": [user("a") + GENERATION_PROMPT] * 2}, "one string"),
-    ({"input_ids": [1, 2, 3]}, "one string"),
+    ({"text": [user("a") + GENERATION_PROMPT] * 2}, "batches are scored only"),
+    ({"input_ids": [1, 2, 3]}, "batches are scored only"),
     ({"text": user("hi") + GENERATION_PROMPT, "sampling_params": {"regex": "[a-z]+"}}, "regex"),
     ({"text": user("hi") + GENERATION_PROMPT, "sampling_params": {"n": 2}}, "sampling_params.n"),
     ({"text": user("hi") + GENERATION_PROMPT, "sampling_params": {"beam_width": 4}}, "unknown sampling parameter"),
-    ({"text": user("hi") + GENERATION_PROMPT, "return_logprob": True}, "logprobs"),
+    ({"text": user("hi") + GENERATION_PROMPT, "return_logprob": True}, "return_logprob needs max_new_tokens 0"),
     ({"text": user("hi") + GENERATION_PROMPT, "image_data": "%%%"}, "not valid base64"),
     ({"text": "<|im_start|>assistant\n" + IMAGE + "<|im_end|>\n" + GENERATION_PROMPT, "image_data": "aGk="},
      "only user messages hold images"),

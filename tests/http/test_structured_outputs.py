@@ -84,6 +84,34 @@ def test_parse_on_the_demo_model_is_one_400_naming_what_it_cannot_write(stack):
     assert """the grammar requires '{"name":"', and no token writes '{'""" in message and len(sent) == 1
 
 
+OBJECT = Person.model_json_schema()
+PROMPT = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": [user(QUESTION)], "max_tokens": 8, "response_format": schema_format(OBJECT)},
+     "response_format.json_schema.schema"),
+    ("/v1/chat/completions", {"messages": [user(QUESTION)], "max_tokens": 8,
+                              "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"messages": [user(QUESTION)], "max_tokens": 8, "guided_json": OBJECT}, "guided_json"),
+    ("/v1/chat/completions", {"messages": [user(QUESTION)], "max_tokens": 8, "structured_outputs": {"json": OBJECT}},
+     "structured_outputs.json"),
+    ("/v1/responses", {"input": QUESTION, "max_output_tokens": 8,
+                       "text": {"format": {"type": "json_schema", "name": "p", "schema": OBJECT}}},
+     "text.format"),
+    ("/generate", {"text": PROMPT, "sampling_params": {"json_schema": json.dumps(OBJECT), "max_new_tokens": 8}},
+     "sampling_params.json_schema"),
+])
+def test_a_schema_the_vocabulary_cannot_write_is_a_400_naming_its_field(stack, path, body, field):
+    """What the field's clients show of the refusal is the message: it names the request's field (the worker
+    that found the schema unwritable sees only its grammar), and so does `param`."""
+    r = httpx.post(stack.http.url + path, json={"model": MODEL, **body}, timeout=120,
+                   headers={"authorization": f"Bearer {KEYS[0]}"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == field, error
+    assert error["message"].startswith(f"{field}: the model's vocabulary cannot write any answer"), error
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(("extra", "check"), [
     ({"guided_json": Person.model_json_schema()}, lambda t: Person.model_validate_json(t)),
