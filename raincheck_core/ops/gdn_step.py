@@ -8,9 +8,12 @@ The runner splits the step's sequences into two groups (`GDNStep`):
 The step's op set (ops/backend.py) then prepares its op (`GDNStep.op`, a `GDNLayerOp`) and the buffers
 the op writes: on the native path both groups in one kernel call per layer, the joins between them
 (`FusedGDN`); otherwise the groups one after the other, each by the implementation that takes it
-(`GroupedGDN`). New states are not written back by the layers: they go to `GDNOutputs` (buffers that
-hold every layer's rows, `[rows, layers, ...]`) and the engine's update applies them, so a forward that
-fails half-way leaves every state as it was.
+(`GroupedGDN`). Each sequence reads its state from its slot's current pool row and writes its new one
+into the other row of its slot (the rows its layout names: `PackedSequences.out_row`), which the engine's
+update makes current (cache/gdn_state.py): a forward that fails half-way leaves every current state as
+it was, and nothing is copied back. What has no pool row of its own (a joined chunk's state after its
+lead, `S_lead'`, and the joins' corrected live states) goes to `GDNOutputs` (buffers that hold every
+layer's rows, `[rows, layers, ...]`).
 """
 
 from __future__ import annotations
@@ -65,10 +68,11 @@ class GDNSingle:
 
 @dataclass
 class GDNOutputs:
-    """The step's new GDN states, every layer's rows side by side, and the one-row sequences' factors."""
+    """The step's new GDN states that have no pool row (`PackedSequences.out_row`), every layer's rows side
+    by side, and the one-row sequences' factors."""
 
     multi: GDNBuffers | None = None         # finals, tails, split states and tails, corrected live states
-    single: GDNBuffers | None = None        # finals, tails
+    single: GDNBuffers | None = None        # finals, tails (none where every decode row writes its pool row)
     x: torch.Tensor | None = None           # [layers, R, C] step rows' [q | k | v] (native, tracked rows)
     # per layer: u, k, v, g, beta of the one-row sequences
     factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
@@ -129,11 +133,11 @@ class FusedGDN:
                                None if step.single is None else step.single.layout.seqs)
         out, c = buffers(step.pool, seqs), step.corrections
         self.kernel = GDNKernel(
-            seqs, step.pool.conv, step.pool.ssm, key_heads, out,
+            seqs, step.pool.conv.rows, step.pool.ssm.rows, key_heads, out,
             extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
             maps=(c.p, c.s_ref) if c is not None else None,
             seeds=(out.tails, out.corrected) if seqs.seed_state_at is not None else (None, None))
-        multi, single = out.split(0 if step.multi is None else step.multi.layout.num_seqs)
+        multi, single = out.split(0 if step.multi is None else step.multi.layout.seqs.buffered)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
         self.factors = step.single is not None and step.single.keep is not None
@@ -162,7 +166,7 @@ class GroupedGDN:
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
         i, c = layer, step.corrections
-        conv_pool, ssm_pool = step.pool.conv[:, i], step.pool.ssm[:, i]
+        conv_pool, ssm_pool = step.pool.conv.rows[:, i], step.pool.ssm.rows[:, i]
         if step.multi is not None:
             extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
             maps = (c.p[:, i], c.s_ref[:, i]) if c is not None else None

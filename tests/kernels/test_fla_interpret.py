@@ -31,8 +31,8 @@ def _inputs(n: int, seed: int) -> tuple[torch.Tensor, ...]:
 def test_recurrent_kernel_step_matches_the_torch_step(rows):
     q, k, v, g, beta, state = _inputs(rows, rows)
     want_state, got_state = state.clone(), state.clone()
-    want = gated_delta_step(q, k, v, g, beta, want_state)
-    got = fla_adapter.step_rule(fla_adapter.triton_kernels())(q, k, v, g, beta, got_state)
+    want, want_state = gated_delta_step(q, k, v, g, beta, want_state)
+    got, got_state = fla_adapter.step_rule(fla_adapter.triton_kernels())(q, k, v, g, beta, got_state)
     assert float((got - want).abs().max()) <= 1e-5
     assert float((got_state - want_state).abs().max()) <= 1e-5
 
@@ -51,7 +51,7 @@ def test_recurrent_kernel_varlen_with_initial_states_matches_torch():
     for s, n in enumerate(lengths):
         st = state[s:s + 1].clone()
         for t in range(row, row + n):
-            want = gated_delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], st)
+            want, _ = gated_delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], st)
             assert float((fla_adapter.from_fla(o)[t] - want[0]).abs().max()) <= 1e-5
         assert float((finals[s] - st[0]).abs().max()) <= 1e-5
         row += n
