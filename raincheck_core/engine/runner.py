@@ -30,6 +30,7 @@ from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
@@ -68,6 +69,7 @@ class StepOutputs:
     writes: list[StateWrite] = field(default_factory=list)
     joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
     tracked: list[Tracked] = field(default_factory=list)
+    gdn_traffic: GDNTraffic | None = None      # bytes of GDN state the step moved and had to (None: no GDN)
 
     def detached(self) -> StepOutputs:
         """A copy owning its tensors (outputs read from a graph's buffers, which the next replay rewrites)."""
@@ -78,7 +80,7 @@ class StepOutputs:
             [StateWrite(list(w.slots), own(w.conv), own(w.ssm)) for w in self.writes],
             [(seg, s.clone()) for seg, s in self.joined],
             [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
-             for t in self.tracked])
+             for t in self.tracked], self.gdn_traffic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -362,6 +364,10 @@ class ModelRunner:
             out.joined = [(seg, mo.finals[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None and inputs.keep:
             out.tracked = self._tracked(inputs, res.factors)
+        # what the update copies: the writes, and the join's records of S_lead' and of the lead's states
+        copies = sum(t.nbytes for w in out.writes for t in (w.conv, w.ssm) if t is not None)
+        copies += sum(s.nbytes for _, s in out.joined) + sum(t.state.nbytes for t in out.tracked if t.state is not None)
+        out.gdn_traffic = step_traffic(step, 2 * copies)
         if inputs.inputs:
             with torch.inference_mode():
                 out.tracked += self._tracked_inputs(inputs)

@@ -26,8 +26,13 @@ import torch
 from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
+from . import gdn_kernel
 from .gdn_kernel import GDNBuffers, GDNKernel
 from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+
+# the ops whose kernel reads and writes the pool's rows in place (the native kernel's): the others
+# gather states out of the pool and place the new ones back (ops/gdn_varlen.py `place`)
+IN_PLACE_OPS = frozenset({gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows})
 
 # one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
 # native kernel's of the same names in ops/gdn_kernel.py)
@@ -81,6 +86,10 @@ class GDNOutputs:
 
 
 class GDNLayerOp(Protocol):
+    # per group (multi, single): whether its kernel reads and writes the pool's rows in place, or the
+    # states are gathered out of the pool and placed back by copies (ops/gdn_traffic.py counts them)
+    in_place: tuple[bool, bool]
+
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
         """GDN layer `layer`'s token mixing of `step`: its pre-conv rows `u [R, C]`, gates `g, beta [R, H]`
@@ -140,6 +149,7 @@ class FusedGDN:
         multi, single = out.split(0 if step.multi is None else step.multi.layout.seqs.buffered)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
+        self.in_place = (True, True)
         self.factors = step.single is not None and step.single.keep is not None
         if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
             step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
@@ -160,6 +170,7 @@ class GroupedGDN:
     def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp):
         self.key_heads, self.key_dim = key_heads, step.pool.ssm.shape[3]
         self.varlen, self.rows = varlen, rows
+        self.in_place = (varlen in IN_PLACE_OPS, rows in IN_PLACE_OPS)
         step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
         step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
 
