@@ -45,8 +45,6 @@ class GDNTraffic:
         return GDNTraffic(self.required + other.required, self.moved + other.moved, self.copied + other.copied)
 
 
-NONE = GDNTraffic(0, 0, 0)
-
 
 def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
     """The traffic of `step`, prepared by its op set (`step.op`), whose update copies `copies` bytes of
@@ -80,7 +78,8 @@ class StateCopies(TorchDispatchMode):
     of or into `pool` (an op that reads its storage into a tensor of its own, or writes it; each byte read
     and written counts, as in `GDNTraffic`), and the bytes of state-shaped tensors they allocate (outputs
     ending in a slot's recurrent-state or conv-history shape). Views and the native kernels (not torch
-    ops) are not seen. A state-shaped tensor has rows: `[rows, (layers,) H, Dk, Dv]`, `[rows, (layers,) K-1, C]`."""
+    ops) are not seen. A state-shaped tensor has rows: `[rows, (layers,) H, Dk, Dv]` or `[rows, (layers,)
+    K-1, C]`."""
 
     def __init__(self, pool: GDNStatePool):
         super().__init__()
@@ -96,14 +95,15 @@ class StateCopies(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func._schema.is_mutable or not any(r.alias_info for r in func._schema.returns):
+        if not func.is_view:
+            in_place = torch.Tag.inplace in func.tags
             tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
             outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
-            if func._schema.is_mutable and tensors and self._in_pool(tensors[0]):     # written into the pool
+            if in_place and tensors and self._in_pool(tensors[0]):      # written into the pool
                 self.copied += 2 * sum(t.nbytes for t in tensors[1:] if t.is_floating_point())
-            elif any(self._in_pool(t) for t in tensors):                               # read out of it
+            elif any(self._in_pool(t) for t in tensors):                # read out of it
                 self.copied += 2 * sum(t.nbytes for t in outs if not self._in_pool(t))
-            if not func._schema.is_mutable:
+            if not in_place:
                 self.allocated += sum(t.nbytes for t in outs if not self._in_pool(t) and any(
                     t.dim() > len(s) and tuple(t.shape[-len(s):]) == s for s in self.shapes))
         return out
