@@ -26,13 +26,21 @@ import torch
 from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
-from . import gdn_kernel
 from .gdn_kernel import GDNBuffers, GDNKernel
 from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
 
-# the ops whose kernel reads and writes the pool's rows in place (the native kernel's): the others
-# gather states out of the pool and place the new ones back (ops/gdn_varlen.py `place`)
-IN_PLACE_OPS = frozenset({gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows})
+
+@dataclass(frozen=True)
+class InPlace:
+    """Which states of a group its kernels read and write in the pool's rows, by index; the others are
+    gathered out of the pool and the new ones placed back by copies (ops/gdn_varlen.py `place`;
+    ops/gdn_traffic.py counts them)."""
+
+    conv: bool
+    state: bool
+
+
+COPIED, IN_PLACE = InPlace(False, False), InPlace(True, True)
 
 # one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
 # native kernel's of the same names in ops/gdn_kernel.py)
@@ -86,9 +94,7 @@ class GDNOutputs:
 
 
 class GDNLayerOp(Protocol):
-    # per group (multi, single): whether its kernel reads and writes the pool's rows in place, or the
-    # states are gathered out of the pool and placed back by copies (ops/gdn_traffic.py counts them)
-    in_place: tuple[bool, bool]
+    in_place: tuple[InPlace, InPlace]     # per group (multi, single)
 
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
@@ -149,7 +155,7 @@ class FusedGDN:
         multi, single = out.split(0 if step.multi is None else step.multi.layout.seqs.buffered)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
-        self.in_place = (True, True)
+        self.in_place = (IN_PLACE, IN_PLACE)
         self.factors = step.single is not None and step.single.keep is not None
         if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
             step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
@@ -167,10 +173,11 @@ class GroupedGDN:
     then the one-row sequences (`rows`); those of a turn whose chunk joined in this step start from the
     corrected state (and, within the lead, the chunk's conv tail): the layout's seed rows."""
 
-    def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp):
+    def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp,
+                 in_place: tuple[InPlace, InPlace] = (COPIED, COPIED)):
         self.key_heads, self.key_dim = key_heads, step.pool.ssm.shape[3]
         self.varlen, self.rows = varlen, rows
-        self.in_place = (varlen in IN_PLACE_OPS, rows in IN_PLACE_OPS)
+        self.in_place = in_place        # what `varlen` and `rows` do with the pool's rows
         step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
         step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
 

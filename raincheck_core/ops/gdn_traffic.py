@@ -50,8 +50,8 @@ def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
     """The traffic of `step`, prepared by its op set (`step.op`), whose update copies `copies` bytes of
     state besides (engine/runner.py counts them)."""
     pool = step.pool
-    state = pool.ssm[0].nbytes                  # one slot's recurrent state, every layer
-    slot = state + pool.conv[0].nbytes
+    state, hist = pool.ssm[0].nbytes, pool.conv[0].nbytes     # one slot's, every layer
+    slot = state + hist
     layers, heads, dk = pool.ssm.shape[1:4]
     map_bytes = layers * heads * dk * dk * 4    # a join's P, fp32
     required = moved = copied = 0
@@ -64,12 +64,13 @@ def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
         joins = seqs.joins * (3 * state + map_bytes)     # live state, P and S_lead read; corrected written
         required += reads + writes + joins
         moved += reads + writes + joins
-        if not in_place:    # gathered out of the pool (the joins' live states too), placed into it
-            placed = 0 if seqs.out_row is None else slot * (
-                int((seqs.out_row >= 0).sum()) + int((seqs.split_out_row >= 0).sum()))
-            extra = 2 * (reads + placed + seqs.joins * state)
-            moved += extra
-            copied += extra
+        # what is gathered out of the pool (the joins' live states too) and placed into it by copies
+        each = (0 if in_place.conv else hist) + (0 if in_place.state else state)
+        placed = 0 if seqs.out_row is None else \
+            int((seqs.out_row >= 0).sum()) + int((seqs.split_out_row >= 0).sum())
+        extra = 2 * (each * (seqs.count + placed) + (0 if in_place.state else seqs.joins * state))
+        moved += extra
+        copied += extra
     return GDNTraffic(required, moved + copies, copied + copies)
 
 
@@ -80,6 +81,8 @@ class StateCopies(TorchDispatchMode):
     ending in a slot's recurrent-state or conv-history shape). Views and the native kernels (not torch
     ops) are not seen. A state-shaped tensor has rows: `[rows, (layers,) H, Dk, Dv]` or `[rows, (layers,)
     K-1, C]`."""
+
+    supports_higher_order_operators = True      # FlexAttention passes through, run as it is
 
     def __init__(self, pool: GDNStatePool):
         super().__init__()
@@ -95,7 +98,7 @@ class StateCopies(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not func.is_view:
+        if not getattr(func, "is_view", True):      # aten ops; higher-order ones (FlexAttention) have no flag
             in_place = torch.Tag.inplace in func.tags
             tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
             outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]

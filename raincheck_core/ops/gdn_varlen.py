@@ -24,6 +24,7 @@ State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -31,6 +32,16 @@ from . import gdn_state_map
 from .gdn import split_qkv
 from .gdn_layout import VarlenLayout
 from .gdn_varlen_torch import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
+
+
+@dataclass(frozen=True)
+class PooledKernels:
+    """One-token kernels on the pool's rows in place, by row index (ops/gdn_triton.py `POOLED`): the short
+    convolution, `conv(u, weight, conv_pool, read, write) -> out`, and the delta rule, `step(q, k, v, g,
+    beta, ssm_pool, read, write) -> o`."""
+
+    conv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+    step: Callable[..., Tensor]
 
 
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
@@ -83,6 +94,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                         ssm_pool: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor,
                         seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False,
                         step: Callable[..., tuple[Tensor, Tensor]] = gated_delta_step,
+                        pooled: PooledKernels | None = None,
                         ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """`gated_deltanet_varlen` for one-row sequences (decode rows): sequence s is step row
     `layout.seqs.source[s]` and starts from pool slot `layout.seqs.slot[s]`, or from row
@@ -91,24 +103,41 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
     outputs to `out` and their new states to the pool rows the layout names; returns (the histories and
     states after each row it names none for, see `place`, and with `factors` the rows' k per key head `[N,
     key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is modified. `step`:
-    the one-token delta rule (another backend's takes the same arguments).
+    the one-token delta rule (another backend's takes the same arguments). `pooled`, where the layout
+    names a pool row for every new state: one-token kernels on the pool's rows in place instead, which
+    read each history and state from the row the layout names and write the new ones into its output
+    row; nothing is gathered or placed (a seeded row's seed is put in its output row and read there).
 
     One batched recurrent step."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
-    hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
-    for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
-        if at is not None:
-            target[at[0]] = seed[at[1]].to(target.dtype)
     rows = layout.step_rows
     us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
-    conv, new_hist = conv_step(us, conv_weight, hist)
-    q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o, state = step(q, k, v, gs, bs, state)      # `state` is a gathered copy, which it may update in place
+    if pooled is not None and layout.seqs.out_row is not None and not layout.seqs.buffered:
+        write = layout.targets[0].pool_rows     # every sequence's, in order
+        reads = []
+        for pool, seed, at in zip((conv_pool, ssm_pool), seeds, layout.seed_rows, strict=True):
+            read = layout.slots
+            if at is not None:
+                pool[write[at[0]]] = seed[at[1]].to(pool.dtype)
+                read = read.clone()
+                read[at[0]] = write[at[0]]
+            reads.append(read)
+        q, k, v = split_qkv(pooled.conv(us, conv_weight, conv_pool, reads[0], write), key_heads, key_dim, heads, dv)
+        o = pooled.step(q, k, v, gs, bs, ssm_pool, reads[1], write)
+        finals, tails = ssm_pool[:0], conv_pool[:0]       # none outside the pool
+    else:
+        hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
+        for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
+            if at is not None:
+                target[at[0]] = seed[at[1]].to(target.dtype)
+        conv, new_hist = conv_step(us, conv_weight, hist)
+        q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
+        o, state = step(q, k, v, gs, bs, state)      # `state` is a gathered copy, which it may update in place
+        finals, _, tails, _ = place(layout, conv_pool, ssm_pool, state, None, new_hist, None)
     if rows is None:
         out.copy_(o)
     else:
         out[rows] = o.to(out.dtype)
-    finals, _, tails, _ = place(layout, conv_pool, ssm_pool, state, None, new_hist, None)
     return tails, finals, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
 
 
