@@ -125,7 +125,8 @@ class PrefixCache:
             if slots:
                 layers, lead, width = conv
                 _, heads, dk, dv = ssm
-                self.slab = GDNStatePool(slots, layers, width, lead + 1, heads, dk, dv, torch.float32, gdn.conv.device)
+                self.slab = GDNStatePool(slots, layers, width, lead + 1, heads, dk, dv, torch.float32, gdn.conv.device,
+                                         rows_per_slot=1)
         self.lookups = self.hits = self.hit_tokens = 0
         pool.cached = self.held
         pool.reclaim = self.reclaim

@@ -113,7 +113,8 @@ class GDNJoin:
         held += [t for t in (self._k,) if t is not None]
         if self.behind is not None:
             held += [t for t in (self.behind.at_prefix, self.behind.at_lead) if t is not None]
-        slot = self.pool.conv[0].nbytes + self.pool.ssm[0].nbytes if self.prefix is not None else 0
+        # a slot's memory is all of its rows (two in the live pool, used in turn: cache/gdn_state.py)
+        slot = self.pool.rows_per_slot * self.pool.slot_bytes if self.prefix is not None else 0
         return sum(t.nbytes for t in held) + slot
 
     def snapshot(self, gdn_ops: GDNOps) -> JoinSnapshot:

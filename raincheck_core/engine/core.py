@@ -30,6 +30,7 @@ from ..errors import SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
+from ..ops.gdn_traffic import GDNTraffic
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
@@ -143,12 +144,12 @@ class EngineCore:
         """Call `hook(cache, recovery)` when a recovery is complete, before its prefix state is released."""
         return self.hooks.add(self.hooks.recovery, hook)
 
-    def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None:
+    def stepped(self, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> None:
         """A step ran: teach the TPOT objective (a step that did not fail) and tell the hooks."""
         if not failed:
             self.scheduler.account(plan, seconds, self.turn)
         if self.hooks.step:
-            stats = StepStats.of(plan, seconds, failed)
+            stats = StepStats.of(plan, seconds, failed, gdn_traffic)
             for hook in self.hooks.step:
                 hook(stats)
 

@@ -12,6 +12,7 @@ from .plan import Kind, StepPlan
 
 if TYPE_CHECKING:
     from ..deferral.recovery import Recovery
+    from ..ops.gdn_traffic import GDNTraffic
     from .session_cache import SessionCache
 
 
@@ -29,12 +30,13 @@ class StepStats:
     sessions: int
     seconds: float              # the engine's clock, as the TPOT objective sees it
     failed: bool                # the forward raised (the step was re-run session by session, or failed a turn)
+    gdn_traffic: GDNTraffic | None = None   # bytes of GDN state moved and required (ops/gdn_traffic.py)
 
     @classmethod
-    def of(cls, plan: StepPlan, seconds: float, failed: bool) -> StepStats:
+    def of(cls, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> StepStats:
         return cls(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
                    plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL), plan.rows_of(Kind.HANDOFF),
-                   sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed)
+                   sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed, gdn_traffic)
 
 
 class Hooks:

@@ -30,6 +30,7 @@ from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
@@ -37,9 +38,11 @@ from .plan import Kind, Segment, StepPlan
 
 @dataclass
 class StateWrite:
-    """New GDN states for `slots`, every layer's; conv or ssm may be None (left as they are)."""
+    """New GDN states the update copies into `slots`' current rows, every layer's; conv or ssm may be None
+    (left as they are). Only what no kernel wrote into a slot's other row: a join's corrected live state
+    where no decode row of its turn ran in the step, and a hand-off's states."""
 
-    slots: torch.Tensor
+    slots: list[int]
     conv: torch.Tensor | None     # [N, layers, K-1, conv dim]
     ssm: torch.Tensor | None      # [N, layers, H, Dk, Dv] fp32
 
@@ -61,19 +64,23 @@ class Tracked:
 @dataclass
 class StepOutputs:
     logits: torch.Tensor                                  # [sampled segments, vocab] fp32, in plan order
+    # the GDN slots whose new states the forward wrote into their other rows: the update makes them current
+    committed: list[int] = field(default_factory=list)
     writes: list[StateWrite] = field(default_factory=list)
     joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
     tracked: list[Tracked] = field(default_factory=list)
+    gdn_traffic: GDNTraffic | None = None      # bytes of GDN state the step moved and had to (None: no GDN)
 
     def detached(self) -> StepOutputs:
         """A copy owning its tensors (outputs read from a graph's buffers, which the next replay rewrites)."""
         def own(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.clone()
         return StepOutputs(
-            self.logits.clone(), [StateWrite(w.slots.clone(), own(w.conv), own(w.ssm)) for w in self.writes],
+            self.logits.clone(), list(self.committed),
+            [StateWrite(list(w.slots), own(w.conv), own(w.ssm)) for w in self.writes],
             [(seg, s.clone()) for seg, s in self.joined],
             [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
-             for t in self.tracked])
+             for t in self.tracked], self.gdn_traffic)
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,12 +222,19 @@ class ModelRunner:
             lengths, splits, source = [], [], []
             extra_u, extra_g, extra_b, join_seqs = [], [], [], []
             appended = 0
+            # each sequence reads its slot's current row and writes the other; a joined chunk's state after
+            # its lead (S_lead') has no slot and goes to the step's buffers, its state at the split (the new
+            # prefix state) to its slot's other row
+            rows = self.gdn.rows(p.segment.gdn_slot for p in multi)
+            outs, split_outs = [], []
             for j, p in enumerate(multi):
                 s = p.segment
                 lengths.append(s.rows + s.lead)
                 source.extend(range(p.start, p.start + s.rows))
+                outs.append(-1 - len(join_seqs) if s.joins else rows.write[j])
                 if s.joins:
                     splits.append(s.rows)
+                    split_outs.append(rows.write[j])
                     join_seqs.append(j)
                     if s.lead:
                         jn = s.join_inputs
@@ -231,15 +245,16 @@ class ModelRunner:
                         extra_b.append(jn.lead_beta)
                 else:
                     splits.append(None)
+            live = self.gdn.rows(s.live_slot for s in joins).read
             step.multi = GDNMulti(varlen_layout(
-                lengths, self.kernel, splits, device=dev, source=source, slots=[p.segment.gdn_slot for p in multi],
-                joins=[(j, s.live_slot) for j, s in zip(join_seqs, joins, strict=True)]))
+                lengths, self.kernel, splits, device=dev, source=source, slots=rows.read,
+                joins=list(zip(join_seqs, live, strict=True)), out_rows=(outs, split_outs)))
             if joins:
                 for j, k in enumerate(_decode_of(s, single) for s in joins):
                     if k >= 0:
                         seed_state[k] = j
                         if joins[j].join_inputs.in_lead:
-                            seed_hist[k] = join_seqs[j]
+                            seed_hist[k] = j     # the joined chunk's history after its lead: buffer row j
                 step.corrections = GDNCorrections(
                     p=_batched([s.join_inputs.p_rest for s in joins]),
                     s_ref=_batched([s.join_inputs.s_lead for s in joins]),
@@ -249,11 +264,11 @@ class ModelRunner:
                 )
         if single:
             keep_at = [k for k, s in enumerate(single) if s.tracked]
+            rows = self.gdn.rows(s.gdn_slot for s in single)
             step.single = GDNSingle(
                 layout=varlen_layout([1] * len(single), self.kernel, device=dev,
-                                     source=[p.start for p in placed if not p.multi],
-                                     slots=[s.gdn_slot for s in single],
-                                     seeds=(seed_hist, seed_state) if joins else None),
+                                     source=[p.start for p in placed if not p.multi], slots=rows.read,
+                                     seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
                 keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
             )
         inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
@@ -302,14 +317,13 @@ class ModelRunner:
                 run = gdn_ops.replay(jn.lead_u[i], jn.lead_g[i], jn.lead_beta[i], layer.conv1d.weight[:, 0], conv,
                                      state, layer.hk, seg.lead)
                 conv, state = run.history, run.states[-1]
-            lives.append(gdn_ops.join(pool.ssm[seg.live_slot, i], jn.p_rest[i], state - jn.s_lead[i]))
+            lives.append(gdn_ops.join(pool.ssm[seg.live_slot][i], jn.p_rest[i], state - jn.s_lead[i]))
             leads.append(state)
             convs.append(conv)
-        prefix = torch.tensor([seg.gdn_slot], device=self.device)
-        live = torch.tensor([seg.live_slot], device=self.device)
-        out.writes.append(StateWrite(prefix, conv0[None], ssm0[None]))
+        out.writes.append(StateWrite([seg.gdn_slot], conv0[None], ssm0[None]))
         # while the lead is incomplete the live conv window still reaches back across the boundary
-        out.writes.append(StateWrite(live, torch.stack(convs)[None] if jn.in_lead else None, torch.stack(lives)[None]))
+        out.writes.append(StateWrite([seg.live_slot], torch.stack(convs)[None] if jn.in_lead else None,
+                                     torch.stack(lives)[None]))
         out.joined.append((seg, torch.stack(leads)))
 
     # ---------------------------------------------------------------- the forward
@@ -326,41 +340,34 @@ class ModelRunner:
         return out
 
     def _collect(self, inputs: StepInputs, out: StepOutputs) -> None:
-        """Layer-by-layer GDN results -> state writes per slot, in the order to apply. Whole-step tensors
-        stay per layer (the update writes each into its layer); only the few rows the join's bookkeeping
-        needs are stacked across layers."""
+        """Layer-by-layer GDN results -> the slots to commit (their new states are in their other rows)
+        and the few state writes no kernel made, in the order to apply. Only the few rows the join's
+        bookkeeping needs are stacked across layers."""
         res, step = inputs.batch.gdn.out, inputs.batch.gdn
-        if step.multi is not None:
+        # every sequence wrote its slot's other row (a joined chunk: its prefix slot's); padding rows
+        # wrote the scratch slot's, which stays as it is
+        out.committed = [p.segment.gdn_slot for p in inputs.placed if p.segment.kind is not Kind.PADDING]
+        if inputs.joins:
             mo = res.multi
-            plain = [k for k, s in enumerate(inputs.multi) if not s.joins]
-            if len(plain) == len(inputs.multi):
-                out.writes.append(StateWrite(step.multi.layout.slots, mo.tails, mo.finals))
-            elif plain:
-                at = torch.tensor(plain, device=self.device)
-                out.writes.append(StateWrite(step.multi.layout.slots[at], mo.tails[at], mo.finals[at]))
-            if inputs.joins:
-                seqs, live_slots = step.multi.layout.join_seqs, step.multi.layout.join_slots
-                prefix = torch.tensor([s.gdn_slot for s in inputs.joins], device=self.device)
-                out.writes.append(StateWrite(prefix, mo.split_tails, mo.split_states))
-                # a join's corrected live state (and, within the lead, its conv history) is written only
-                # where no decode row of its turn in this step starts from it and writes its own state
-                decoding = {seg.session for seg in inputs.single if seg.kind is Kind.DECODE}
-                alone = [j for j, seg in enumerate(inputs.joins) if seg.session not in decoding]
-                if alone:
-                    at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
-                    out.writes.append(StateWrite(live_slots if at is None else live_slots[at], None,
-                                                 mo.corrected if at is None else mo.corrected[at]))
-                repair = [j for j in alone if inputs.joins[j].join_inputs.in_lead]
-                if repair:
-                    at = torch.tensor(repair, device=self.device)
-                    out.writes.append(StateWrite(live_slots[at], mo.tails[seqs[at]], None))
-                seq_of = [k for k, s in enumerate(inputs.multi) if s.joins]
-                out.joined = [(seg, mo.finals[k]) for k, seg in zip(seq_of, inputs.joins, strict=True)]
-        if step.single is not None:
-            so = res.single
-            out.writes.append(StateWrite(step.single.layout.slots, so.tails, so.finals))
-            if inputs.keep:
-                out.tracked = self._tracked(inputs, res.factors, so.finals)
+            # a join's corrected live state (and, within the lead, its conv history) is written only
+            # where no decode row of its turn in this step starts from it and writes its own state
+            decoding = {seg.session for seg in inputs.single if seg.kind is Kind.DECODE}
+            alone = [j for j, seg in enumerate(inputs.joins) if seg.session not in decoding]
+            if alone:
+                at = None if len(alone) == len(inputs.joins) else torch.tensor(alone, device=self.device)
+                out.writes.append(StateWrite([inputs.joins[j].live_slot for j in alone], None,
+                                             mo.corrected if at is None else mo.corrected[at]))
+            repair = [j for j in alone if inputs.joins[j].join_inputs.in_lead]
+            if repair:      # buffer row j: joined chunk j's history after its lead
+                out.writes.append(StateWrite([inputs.joins[j].live_slot for j in repair],
+                                             mo.tails[torch.tensor(repair, device=self.device)], None))
+            out.joined = [(seg, mo.finals[j]) for j, seg in enumerate(inputs.joins)]
+        if step.single is not None and inputs.keep:
+            out.tracked = self._tracked(inputs, res.factors)
+        # what the update copies: the writes, and the join's records of S_lead' and of the lead's states
+        copies = sum(t.nbytes for w in out.writes for t in (w.conv, w.ssm) if t is not None)
+        copies += sum(s.nbytes for _, s in out.joined) + sum(t.state.nbytes for t in out.tracked if t.state is not None)
+        out.gdn_traffic = step_traffic(step, 2 * copies)
         if inputs.inputs:
             with torch.inference_mode():
                 out.tracked += self._tracked_inputs(inputs)
@@ -381,8 +388,7 @@ class ModelRunner:
                     for j in range(seg.rows)]
         return out
 
-    def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]], finals: torch.Tensor
-                 ) -> list[Tracked]:
+    def _tracked(self, inputs: StepInputs, factors: list[tuple[torch.Tensor, ...]]) -> list[Tracked]:
         """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
         lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked. k
         stays per key head: the join widens it to value heads once per fold, not per token."""
@@ -410,10 +416,9 @@ class ModelRunner:
             k = xs[..., kd:2 * kd].unflatten(-1, (self.key_heads, dk))
             v = xs[..., 2 * kd:].unflatten(-1, (heads, dv)) if audit else None
         states: list[torch.Tensor | None] = [None] * len(segs)
-        if lead:    # only lead tokens need the state after them: stacking all would copy every state
-            rows = keep[torch.tensor(lead, device=self.device)]
-            for j, s in zip(lead, finals[rows], strict=True):
-                states[j] = s
+        # only lead tokens need the state after them: the row their step wrote (current once committed)
+        for j, row in zip(lead, self.gdn.rows(segs[j].gdn_slot for j in lead).write, strict=True):
+            states[j] = self.gdn.ssm.rows[row]
         return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
                 for j, seg in enumerate(segs)]
 

@@ -32,6 +32,7 @@ from .update import StepResult, apply_step, chunk_carriers
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
     from ..ops.backend import GDNOps
+    from ..ops.gdn_traffic import GDNTraffic
     from .hooks import Hooks
     from .runner import ModelRunner
     from .scheduler import Scheduler
@@ -52,7 +53,8 @@ class StepCore(StepSessions, Protocol):
 
     def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
 
-    def stepped(self, plan: StepPlan, seconds: float, failed: bool) -> None: ...
+    def stepped(self, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None
+                ) -> None: ...
 
     def cancel(self, plan: StepPlan) -> None: ...
 
@@ -67,8 +69,8 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
     plan = core.scheduler.schedule(only)
     if not plan:
         return False
-    error = _run(core, plan)
-    core.stepped(plan, core.clock() - t0, failed=error is not None)
+    error, traffic = _run(core, plan)
+    core.stepped(plan, core.clock() - t0, failed=error is not None, gdn_traffic=traffic)
     if error is None:
         return True
     sessions = plan.sessions()
@@ -79,7 +81,7 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
     for sid in sessions:
         cache = core.cache(sid)
         alone = core.scheduler.schedule(only, solo=cache)
-        if alone and (e := _run(core, alone)) is not None:
+        if alone and (e := _run(core, alone)[0]) is not None:
             core.step_failed(cache, e)
     return True
 
@@ -89,19 +91,20 @@ def run_handoff(core: StepCore, cache: SessionCache) -> None:
     pending rows (call under the engine lock). StepFailedError, with nothing applied, if it fails."""
     t0 = core.clock()
     plan = core.scheduler.handoff(cache)
-    error = _run(core, plan)
+    error, _ = _run(core, plan)
     core.stepped(plan, core.clock() - t0, failed=error is not None)
     if error is not None:
         raise StepFailedError(f"joining the deferred worker's result failed: {error}") from error
 
 
-def _run(core: StepCore, plan: StepPlan) -> Exception | None:
+def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic | None]:
     """Run the plan's passes; what their updates found ended is settled once, after the last pass that
-    ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks)."""
+    ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks).
+    Returns the error, if a pass raised, and the GDN state traffic of the passes (None: no GDN layers)."""
     passes = plan.passes()
     restoring = chunk_carriers(plan)
     result = StepResult()
-    error = None
+    error, traffic = None, None
     ops = core.runner.ops()     # once per step: every pass, the joins' folds and the update run on it
     for i, part in enumerate(passes):
         try:
@@ -114,6 +117,8 @@ def _run(core: StepCore, plan: StepPlan) -> Exception | None:
                 core.cancel(rest)
             error = e
             break
+        if out.gdn_traffic is not None:
+            traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
         result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring))
     core.settle(result)
-    return error
+    return error, traffic

@@ -78,13 +78,17 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             grown = cache.fill(seg.rows)
         if grown:
             result.grown.append(cache)
-    # 2. new GDN states, in order (a decode row's state supersedes the join that preceded it)
+    # 2. new GDN states: those the forward wrote into their slots' other rows become current (nothing is
+    # copied), then what no kernel wrote is copied in (no slot is both: see `ModelRunner.collect`)
     if gdn is not None:
-        for w in out.writes:     # every layer's state of a slot in one copy
-            if w.conv is not None:
-                gdn.conv.index_copy_(0, w.slots, w.conv.to(gdn.conv.dtype))
-            if w.ssm is not None:
-                gdn.ssm.index_copy_(0, w.slots, w.ssm.to(gdn.ssm.dtype))
+        gdn.commit(out.committed)
+        for w in out.writes:
+            for slot, conv, ssm in zip(w.slots, _rows(w.conv, len(w.slots)), _rows(w.ssm, len(w.slots)),
+                                       strict=True):
+                if conv is not None:
+                    gdn.conv[slot].copy_(conv)
+                if ssm is not None:
+                    gdn.ssm[slot].copy_(ssm)
         _join_bookkeeping(out, sessions, gdn_ops)
     # 3. cursors
     if restoring is None:
@@ -130,6 +134,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
     return result
+
+
+def _rows(t: torch.Tensor | None, n: int) -> list[torch.Tensor | None]:
+    return [None] * n if t is None else list(t.unbind(0))
 
 
 def text_row_key(token: int, position: int) -> np.ndarray:

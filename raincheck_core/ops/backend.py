@@ -28,7 +28,7 @@ from . import fla_adapter, gdn_kernel, gdn_state_map, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
 from .flex_attention import flex_layout, flex_varlen_attention
 from .gdn import Replayed, replay
-from .gdn_step import FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
+from .gdn_step import COPIED, IN_PLACE, FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 
 # With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
@@ -83,7 +83,8 @@ def prepare_native(step: GDNStep, key_heads: int) -> GDNLayerOp:
     if step.multi is None or torch.get_num_threads() == 1 \
             or step.multi.layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED:
         return FusedGDN(step, key_heads)
-    return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows)
+    return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows,
+                      in_place=(COPIED, IN_PLACE))
 
 
 def prepare_torch(step: GDNStep, key_heads: int) -> GDNLayerOp:
@@ -134,8 +135,16 @@ def accelerated_backend() -> str:
 
 def fla_gdn(kernels: fla_adapter.FlaKernels | None = None) -> GDNOps:
     """GDN on fla's kernels (`kernels`, default its Triton ones; an error naming the extra where triton is
-    not there) through ops/fla_adapter.py; the short convolution, state map, join and replay stay torch."""
+    not there) through ops/fla_adapter.py; the short convolution, state map, join and replay stay torch.
+    With fla's Triton kernels, decode rows take this project's own Triton kernels on the pool's rows in
+    place (ops/gdn_triton.py): fla 0.6 takes no state indices."""
+    pooled = kernels is None and fla_adapter.available()     # triton is there: so are this project's kernels
     kernels = kernels or fla_adapter.triton_kernels()
     varlen = partial(gdn_varlen.gated_deltanet_varlen, rule=fla_adapter.chunk_rule(kernels))
     rows = partial(gdn_varlen.gated_deltanet_rows, step=fla_adapter.step_rule(kernels))
-    return GDNOps("fla", varlen, rows, lambda step, key_heads: GroupedGDN(step, key_heads, varlen, rows))
+    in_place = (COPIED, COPIED)
+    if pooled:
+        from .gdn_triton import POOLED  # imports triton: only where fla's kernels did
+        rows = partial(rows, pooled=POOLED)
+        in_place = (COPIED, IN_PLACE)
+    return GDNOps("fla", varlen, rows, lambda step, key_heads: GroupedGDN(step, key_heads, varlen, rows, in_place))

@@ -118,16 +118,16 @@ def chunk_rule(kernels: FlaKernels) -> Callable[..., tuple[Tensor, Tensor, Tenso
     return rule
 
 
-def step_rule(kernels: FlaKernels) -> Callable[..., Tensor]:
+def step_rule(kernels: FlaKernels) -> Callable[..., tuple[Tensor, Tensor]]:
     """`gated_delta_step` (ops/gdn_varlen_torch.py) on fla's recurrent kernel: one token for each of N
-    sequences, `state [N, H, Dk, Dv]` updated in place; returns o `[N, H, Dv]` fp32."""
+    sequences from `state [N, H, Dk, Dv]` (not modified); returns (o `[N, H, Dv]` fp32, the new states fp32,
+    fla's own tensor: no copy back). q, k, v go in the model's dtype (the kernel computes in fp32)."""
 
-    def rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
-        o, final = kernels.recurrent(q=q[:, None].float(), k=k[:, None].float(), v=v[:, None].float(),
-                                     g=g[:, None].float(), beta=beta[:, None].float(), scale=1.0,
-                                     initial_state=state, output_final_state=True)
-        state.copy_(final)
-        return o[:, 0].float()
+    def rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        o, final = kernels.recurrent(q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None].float(),
+                                     beta=beta[:, None].float(), scale=1.0, initial_state=state,
+                                     output_final_state=True)
+        return o[:, 0].float(), final.float()
 
     return rule
 
@@ -136,8 +136,9 @@ def _run(kernel: Kernel, qkvgb: tuple[Tensor, ...], initial: Tensor, rows: Tenso
          ) -> Tensor:
     """One varlen call over the runs at packed `rows` (`cu`: fla's cu_seqlens) from `initial` states;
     writes their outputs into `o` at those rows and returns the final states `[N, H, Dk, Dv]` fp32."""
-    q, k, v, g, beta = (to_fla(t[rows].float()) for t in qkvgb)
-    out, finals = kernel(q=q, k=k, v=v, g=g, beta=beta, scale=1.0, initial_state=initial.float().contiguous(),
+    # q, k, v in the model's dtype, gates and states fp32, as fla's kernels take them (they compute in fp32)
+    q, k, v, g, beta = (to_fla(t[rows]) for t in qkvgb)
+    out, finals = kernel(q=q, k=k, v=v, g=g.float(), beta=beta.float(), scale=1.0, initial_state=initial,
                          output_final_state=True, cu_seqlens=cu)
     o[rows] = from_fla(out).float()
     return finals.float()

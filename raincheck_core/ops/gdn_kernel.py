@@ -39,6 +39,7 @@ class GDNBuffers:
     """What the GDN kernel writes for one group of sequences, every layer's rows side by side (`[rows,
     layers, ...]`, fp32): the update then writes all layers' new states of a row with one copy."""
 
+    # the rows of the states that do not go straight into the pool (`PackedSequences.out_row`)
     finals: torch.Tensor                  # [N, L, H, Dk, Dv] state after each sequence
     tails: torch.Tensor                   # [N, L, K-1, C] conv history after each sequence
     split_states: torch.Tensor | None     # [S, L, H, Dk, Dv] … after the first split_row rows
@@ -50,9 +51,9 @@ class GDNBuffers:
               device: torch.device | str = "cpu") -> GDNBuffers:
         def new(rows: int, shape: tuple[int, ...]) -> torch.Tensor:
             return torch.empty(rows, layers, *shape, dtype=torch.float32, device=device)
-        return cls(new(seqs.count, state_shape), new(seqs.count, hist_shape),
-                   new(seqs.splits, state_shape) if seqs.splits else None,
-                   new(seqs.splits, hist_shape) if seqs.splits else None,
+        return cls(new(seqs.buffered, state_shape), new(seqs.buffered, hist_shape),
+                   new(seqs.split_buffered, state_shape) if seqs.split_buffered else None,
+                   new(seqs.split_buffered, hist_shape) if seqs.split_buffered else None,
                    new(seqs.joins, state_shape) if seqs.joins else None)
 
     def layer(self, i: int) -> tuple[torch.Tensor | None, ...]:
@@ -61,7 +62,7 @@ class GDNBuffers:
                                                                 self.split_tails, self.corrected))
 
     def split(self, n: int) -> tuple[GDNBuffers, GDNBuffers]:
-        """The buffers of the first n sequences (with every split and join, which only they have) and of
+        """The first n buffer rows (the first group's, with every split and join, which only it has) and
         the rest, as views."""
         return (GDNBuffers(self.finals[:n], self.tails[:n], self.split_states, self.split_tails, self.corrected),
                 GDNBuffers(self.finals[n:], self.tails[n:], None, None, None))
@@ -78,7 +79,7 @@ class GDNBuffers:
 _LAYER_POINTERS = ("xu", "xg", "xb", "hist", "state_in", "seed_state", "seed_hist", "p", "s_ref", "state_out",
                    "split_out", "tails", "split_tails", "corrected")
 _SEQUENCE_POINTERS = ("source", "start", "len", "split_row", "split_index", "slot", "seed_state_at",
-                      "seed_hist_at", "join_seq", "live_slot")
+                      "seed_hist_at", "join_seq", "live_slot", "out_row", "split_out_row")
 
 
 class GDNArgs(ctypes.Structure):
@@ -96,9 +97,10 @@ class GDNArgs(ctypes.Structure):
 class GDNKernel:
     """One step's calls of the native GDN kernel (csrc/gated_deltanet.c) over one group of packed
     sequences, one call per layer. What the layers share is checked and laid out once: the sequences,
-    the pools `conv_pool [slots, L, K-1, C]` and `ssm_pool [slots, L, H, Dk, Dv]` (read in place, never
-    written), the appended rows `extra` = (u `[L, T, C]`, g, beta `[L, T, H]`), the joins' `maps` = (P
-    `[J, L, H, Dk, Dk]`, S_lead `[J, L, H, Dk, Dv]`), the `seeds` = (histories `[M, L, K-1, C]`, states
+    the pools' rows `conv_pool [rows, L, K-1, C]` and `ssm_pool [rows, L, H, Dk, Dv]` (read in place, and
+    written in place where the sequences name a pool row for their new state: `PackedSequences.out_row`),
+    the appended rows `extra` = (u `[L, T, C]`, g, beta `[L, T, H]`), the joins' `maps` = (P `[J, L, H, Dk,
+    Dk]`, S_lead `[J, L, H, Dk, Dv]`), the `seeds` = (histories `[M, L, K-1, C]`, states
     `[M', L, H, Dk, Dv]`) sequences may start from, and the output buffers; a layer's part of each is
     found by pointer arithmetic, so a layer's call passes only its own rows (its wrapper was ~40 µs of
     checks and allocations per layer, more than the kernel at one row)."""
@@ -141,9 +143,10 @@ class GDNKernel:
             if needed and (seed is None or not _blocks_of(seed, inner) or seed.shape[0] < needed
                            or seed.shape[1:] != (layers, *shape)):
                 raise ValueError("gated_deltanet: seed rows, or their shapes, do not match")
-        for buf, rows, shape in ((out.finals, seqs.count, ssm_pool.shape[2:]), (out.tails, seqs.count, hist_shape),
-                                 (out.split_states, seqs.splits, ssm_pool.shape[2:]),
-                                 (out.split_tails, seqs.splits, hist_shape),
+        for buf, rows, shape in ((out.finals, seqs.buffered, ssm_pool.shape[2:]),
+                                 (out.tails, seqs.buffered, hist_shape),
+                                 (out.split_states, seqs.split_buffered, ssm_pool.shape[2:]),
+                                 (out.split_tails, seqs.split_buffered, hist_shape),
                                  (out.corrected, seqs.joins, ssm_pool.shape[2:])):
             if rows and (buf is None or not buf.is_contiguous() or buf.dtype != torch.float32
                          or buf.shape != (rows, layers, *shape)):
@@ -159,7 +162,8 @@ class GDNKernel:
                                                  ("p_stride", p), ("ref_stride", s_ref)) if t is not None},
             **{name: t.data_ptr() for name, t in zip(_SEQUENCE_POINTERS, (
                 seqs.source, seqs.seq_start, seqs.seq_len, seqs.split_row, seqs.split_index, seqs.slot,
-                seqs.seed_state_at, seqs.seed_hist_at, seqs.join_seq, seqs.join_live), strict=True) if t is not None})
+                seqs.seed_state_at, seqs.seed_hist_at, seqs.join_seq, seqs.join_live, seqs.out_row,
+                seqs.split_out_row), strict=True) if t is not None})
         self._address = ctypes.addressof(args)
         # what each call sets: (field, base pointer, bytes from one layer's part to the next) of each shared
         # tensor there is (the others stay NULL)

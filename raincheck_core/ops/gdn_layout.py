@@ -32,34 +32,43 @@ class PackedSequences:
     seq_len: torch.Tensor       # [N]
     split_row: torch.Tensor     # [N] rows before the sequence's split, -1: none
     split_index: torch.Tensor   # [N] its index among the splits, -1: none
-    slot: torch.Tensor          # [N] the state-pool slot each sequence starts from
+    slot: torch.Tensor          # [N] the state-pool row each sequence starts from
     join_seq: torch.Tensor      # [J] the sequence whose final state drives each join
     join_live: torch.Tensor     # [J] the pool slot of the live state each join corrects
     seed_hist_at: torch.Tensor | None    # [N] row of the seed histories a sequence starts from, -1: its slot's
     seed_state_at: torch.Tensor | None   # [N] row of the seed states a sequence starts from, -1: its slot's
+    # where each sequence's final state and history go: pool row out_row[s] >= 0 (the other row of its slot,
+    # cache/gdn_state.py), or row -1 - out_row[s] of the step's buffers; None: buffer row s, for every s
+    out_row: torch.Tensor | None
+    split_out_row: torch.Tensor | None   # [S] the same for the states at the splits, by split index
     step_rows_needed: int       # 1 + the largest step row read
     appended: int               # appended rows read
     splits: int
     longest: int                # rows of the longest sequence
-    slots_needed: int           # 1 + the largest pool slot read (sequences' and joins' live slots)
+    slots_needed: int           # 1 + the largest pool row read or written
     seed_hists_needed: int = 0  # 1 + the largest seed row read
     seed_states_needed: int = 0
     count: int = 0              # sequences
     joins: int = 0
     joins_after: int = 0        # the joins run once this many sequences are done (those after may seed from them)
+    buffered: int = 0           # rows of the step's buffers for final states and histories
+    split_buffered: int = 0     # … for the states and histories at the splits
     in_order: bool = False      # packed row r is step row r, for every r
 
 
 def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
                      slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
                      seeds: tuple[list[int] | None, list[int] | None] | None = None,
-                     joins_after: int | None = None) -> PackedSequences:
-    """`source` None: packed row r is step row r. `slots`: the pool slot each sequence starts from (None:
-    slot s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live slot) of
-    each join. `seeds`: per sequence, the row of the seed histories and of the seed states it starts
-    from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many sequences
-    are done (default: all), and join only sequences before it. Built from Python lists (a step's few sequences): a
-    handful of small tensors, no reductions over them."""
+                     joins_after: int | None = None,
+                     out_rows: tuple[list[int], list[int]] | None = None) -> PackedSequences:
+    """`source` None: packed row r is step row r. `slots`: the pool row each sequence starts from (None:
+    row s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live state's pool
+    row) of each join. `seeds`: per sequence, the row of the seed histories and of the seed states it
+    starts from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many
+    sequences are done (default: all), and join only sequences before it. `out_rows`: where each
+    sequence's and each split's new state goes (see `PackedSequences.out_row`; None: the step's buffers,
+    in order). Built from Python lists (a step's few sequences): a handful of small tensors, no
+    reductions over them."""
     total = sum(lengths)
     if source is None:
         rows = list(range(total))
@@ -88,21 +97,36 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
     for at in (seed_hists, seed_states):
         if at is not None and len(at) != len(lengths):
             raise ValueError("one seed row (or -1) per sequence")
+    outs, split_outs = out_rows if out_rows is not None else ([], [])
+    if out_rows is not None and (len(outs) != len(lengths) or len(split_outs) != count
+                                 or _not_dense([-1 - r for r in outs if r < 0])
+                                 or _not_dense([-1 - r for r in split_outs if r < 0])):
+        raise ValueError("one output row per sequence and split, buffer rows 0, 1, ... in order")
     # every array in one tensor (one allocation and copy per step, not ten), handed out as views
     parts = [rows, starts, lengths, [-1 if p is None else p for p in splits], split_index, slots,
-             [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or []]
+             [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or [],
+             outs, split_outs]
     flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
     (source_t, start_t, len_t, split_t, index_t, slot_t, join_t, live_t, hist_t,
-     state_t) = flat.split([len(part) for part in parts])
+     state_t, out_t, split_out_t) = flat.split([len(part) for part in parts])
     return PackedSequences(
         source=source_t, seq_start=start_t, seq_len=len_t, split_row=split_t, split_index=index_t, slot=slot_t,
         join_seq=join_t, join_live=live_t, seed_hist_at=None if seed_hists is None else hist_t,
         seed_state_at=None if seed_states is None else state_t,
+        out_row=None if out_rows is None else out_t, split_out_row=None if out_rows is None else split_out_t,
         step_rows_needed=max(rows, default=-1) + 1, appended=sum(r < 0 for r in rows), splits=count,
-        longest=max(lengths, default=0), slots_needed=max([*slots, *(live for _, live in joins)], default=-1) + 1,
+        longest=max(lengths, default=0),
+        slots_needed=max([*slots, *(live for _, live in joins), *outs, *split_outs], default=-1) + 1,
         seed_hists_needed=max(seed_hists or [], default=-1) + 1,
         seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
-        joins_after=joins_after, in_order=rows == list(range(total)))
+        joins_after=joins_after, in_order=rows == list(range(total)),
+        buffered=len(lengths) if out_rows is None else sum(r < 0 for r in outs),
+        split_buffered=count if out_rows is None else sum(r < 0 for r in split_outs))
+
+
+def _not_dense(rows: list[int]) -> bool:
+    """Buffer rows are 0, 1, ... in order of first use, each once."""
+    return rows != list(range(len(rows)))
 
 
 def fused_sequences(first: PackedSequences | None, then: PackedSequences | None) -> PackedSequences:
@@ -111,20 +135,27 @@ def fused_sequences(first: PackedSequences | None, then: PackedSequences | None)
     `first`'s sequences come first, and its corrected states, the joins' own)."""
     if then is not None and (then.joins or then.appended):
         raise ValueError("fused_sequences: the sequences after the joins have none of their own, nor appended rows")
-    lengths, splits, source, slots = [], [], [], []
+    lengths, splits, source, slots, outs, split_outs = [], [], [], [], [], []
+    buffered = 0
     for part in (first, then):
         if part is not None:
             lengths += part.seq_len.tolist()
             splits += [None if r < 0 else r for r in part.split_row.tolist()]
             source += part.source.tolist()
             slots += part.slot.tolist()
+            out = part.out_row.tolist() if part.out_row is not None else [-1 - s for s in range(part.count)]
+            outs += [r if r >= 0 else r - buffered for r in out]     # `then`'s buffer rows after `first`'s
+            buffered += part.buffered
+            split_outs += part.split_out_row.tolist() if part.split_out_row is not None \
+                else [-1 - j for j in range(part.splits)]
     joins = [] if first is None else list(zip(first.join_seq.tolist(), first.join_live.tolist(), strict=True))
     before = 0 if first is None else first.count
     seeds = (None, None)
     if then is not None:
         seeds = tuple(None if at is None else [-1] * before + at.tolist()
                       for at in (then.seed_hist_at, then.seed_state_at))
-    return packed_sequences(lengths, splits, source, slots, joins, seeds, joins_after=before)
+    return packed_sequences(lengths, splits, source, slots, joins, seeds, joins_after=before,
+                            out_rows=(outs, split_outs))
 
 @dataclass
 class BlockLayout:
@@ -162,6 +193,26 @@ class SplitRuns:
     rest_seqs: Tensor               # [M] those with rows after their split
     rest_rows: Tensor               # [R2]
     rest_cu: Tensor                 # [M + 1]
+
+
+@dataclass
+class Targets:
+    """Where the new states of some outputs (sequences, or splits) go, split by destination: `pool_at`
+    of them into pool rows `pool_rows`, `buffer_at` into rows `buffer_rows` of the step's buffers."""
+
+    pool_at: Tensor
+    pool_rows: Tensor
+    buffer_at: Tensor
+    buffer_rows: Tensor
+
+
+def targets(out_row: Tensor | None, n: int, device: torch.device | str) -> Targets:
+    """`PackedSequences.out_row` (or `split_out_row`) of `n` outputs as `Targets`."""
+    if out_row is None:
+        every = torch.arange(n, device=device)
+        return Targets(every[:0], every[:0], every, every)
+    pool, buffer = (out_row >= 0).nonzero().flatten(), (out_row < 0).nonzero().flatten()
+    return Targets(pool.to(device), out_row[pool].to(device), buffer.to(device), (-1 - out_row[buffer]).to(device))
 
 
 @dataclass
@@ -220,6 +271,12 @@ class VarlenLayout:
         return self.seqs.slot.to(self.device)
 
     @cached_property
+    def targets(self) -> tuple[Targets, Targets]:
+        """Where the sequences' and the splits' new states go (`targets`), on the layout's device."""
+        return (targets(self.seqs.out_row, self.seqs.count, self.device),
+                targets(self.seqs.split_out_row, self.seqs.splits, self.device))
+
+    @cached_property
     def join_seqs(self) -> Tensor:
         """`seqs.join_seq` on the layout's device: the sequence whose final state drives each join."""
         return self.seqs.join_seq.to(self.device)
@@ -269,18 +326,20 @@ def cumulative(lengths: Tensor) -> Tensor:
 def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | None = None,
                   chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None,
                   slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
-                  seeds: tuple[list[int] | None, list[int] | None] | None = None) -> VarlenLayout:
+                  seeds: tuple[list[int] | None, list[int] | None] | None = None,
+                  out_rows: tuple[list[int], list[int]] | None = None) -> VarlenLayout:
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
     `source` says where each packed row is read from (see `PackedSequences.source`; default: step row r);
-    `slots` the state-pool slot each sequence starts from (default: slot s); `joins` (sequence, live
-    slot) of each join (see ops/gdn_varlen.py `gated_deltanet_varlen`); `seeds` the seed rows sequences
-    start from (see `gated_deltanet_rows` there)."""
+    `slots` the state-pool row each sequence starts from (default: row s); `joins` (sequence, live
+    state's row) of each join (see ops/gdn_varlen.py `gated_deltanet_varlen`); `seeds` the seed rows
+    sequences start from (see `gated_deltanet_rows` there); `out_rows` where the new states go
+    (`PackedSequences.out_row`)."""
     splits = splits or [None] * len(lengths)
     for s, split in enumerate(splits):
         if split == 0:      # the state after zero rows would be the initial one
             raise ValueError(f"split after 0 rows is not supported (sequence {s})")
     return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
-                        seqs=packed_sequences(lengths, splits, source, slots, joins, seeds),
+                        seqs=packed_sequences(lengths, splits, source, slots, joins, seeds, out_rows=out_rows),
                         chunk_size=chunk_size, device=device)
 
 

@@ -8,9 +8,12 @@ The runner splits the step's sequences into two groups (`GDNStep`):
 The step's op set (ops/backend.py) then prepares its op (`GDNStep.op`, a `GDNLayerOp`) and the buffers
 the op writes: on the native path both groups in one kernel call per layer, the joins between them
 (`FusedGDN`); otherwise the groups one after the other, each by the implementation that takes it
-(`GroupedGDN`). New states are not written back by the layers: they go to `GDNOutputs` (buffers that
-hold every layer's rows, `[rows, layers, ...]`) and the engine's update applies them, so a forward that
-fails half-way leaves every state as it was.
+(`GroupedGDN`). Each sequence reads its state from its slot's current pool row and writes its new one
+into the other row of its slot (the rows its layout names: `PackedSequences.out_row`), which the engine's
+update makes current (cache/gdn_state.py): a forward that fails half-way leaves every current state as
+it was, and nothing is copied back. What has no pool row of its own (a joined chunk's state after its
+lead, `S_lead'`, and the joins' corrected live states) goes to `GDNOutputs` (buffers that hold every
+layer's rows, `[rows, layers, ...]`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ from torch import Tensor
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
 from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Which states of a group its kernels read and write in the pool's rows, by index; the others are
+    gathered out of the pool and the new ones placed back by copies (ops/gdn_varlen.py `place`;
+    ops/gdn_traffic.py counts them)."""
+
+    conv: bool
+    state: bool
+
+
+COPIED, IN_PLACE = InPlace(False, False), InPlace(True, True)
 
 # one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
 # native kernel's of the same names in ops/gdn_kernel.py)
@@ -65,10 +81,11 @@ class GDNSingle:
 
 @dataclass
 class GDNOutputs:
-    """The step's new GDN states, every layer's rows side by side, and the one-row sequences' factors."""
+    """The step's new GDN states that have no pool row (`PackedSequences.out_row`), every layer's rows side
+    by side, and the one-row sequences' factors."""
 
     multi: GDNBuffers | None = None         # finals, tails, split states and tails, corrected live states
-    single: GDNBuffers | None = None        # finals, tails
+    single: GDNBuffers | None = None        # finals, tails (none where every decode row writes its pool row)
     x: torch.Tensor | None = None           # [layers, R, C] step rows' [q | k | v] (native, tracked rows)
     # per layer: u, k, v, g, beta of the one-row sequences
     factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
@@ -77,6 +94,8 @@ class GDNOutputs:
 
 
 class GDNLayerOp(Protocol):
+    in_place: tuple[InPlace, InPlace]     # per group (multi, single)
+
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
         """GDN layer `layer`'s token mixing of `step`: its pre-conv rows `u [R, C]`, gates `g, beta [R, H]`
@@ -129,13 +148,14 @@ class FusedGDN:
                                None if step.single is None else step.single.layout.seqs)
         out, c = buffers(step.pool, seqs), step.corrections
         self.kernel = GDNKernel(
-            seqs, step.pool.conv, step.pool.ssm, key_heads, out,
+            seqs, step.pool.conv.rows, step.pool.ssm.rows, key_heads, out,
             extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
             maps=(c.p, c.s_ref) if c is not None else None,
             seeds=(out.tails, out.corrected) if seqs.seed_state_at is not None else (None, None))
-        multi, single = out.split(0 if step.multi is None else step.multi.layout.num_seqs)
+        multi, single = out.split(0 if step.multi is None else step.multi.layout.seqs.buffered)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
+        self.in_place = (IN_PLACE, IN_PLACE)
         self.factors = step.single is not None and step.single.keep is not None
         if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
             step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
@@ -153,16 +173,18 @@ class GroupedGDN:
     then the one-row sequences (`rows`); those of a turn whose chunk joined in this step start from the
     corrected state (and, within the lead, the chunk's conv tail): the layout's seed rows."""
 
-    def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp):
+    def __init__(self, step: GDNStep, key_heads: int, varlen: VarlenOp, rows: RowsOp,
+                 in_place: tuple[InPlace, InPlace] = (COPIED, COPIED)):
         self.key_heads, self.key_dim = key_heads, step.pool.ssm.shape[3]
         self.varlen, self.rows = varlen, rows
+        self.in_place = in_place        # what `varlen` and `rows` do with the pool's rows
         step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
         step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
 
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
         i, c = layer, step.corrections
-        conv_pool, ssm_pool = step.pool.conv[:, i], step.pool.ssm[:, i]
+        conv_pool, ssm_pool = step.pool.conv.rows[:, i], step.pool.ssm.rows[:, i]
         if step.multi is not None:
             extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
             maps = (c.p[:, i], c.s_ref[:, i]) if c is not None else None

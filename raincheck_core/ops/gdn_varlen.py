@@ -1,9 +1,11 @@
 """Gated DeltaNet kernels over packed sequences (the layout flash-linear-attention calls `cu_seqlens`).
 
 A step packs the rows of many sequences one after another; each sequence starts from its own conv
-history and recurrent state (read from the engine's pools by slot, never written) and ends with its
-own. Nothing here loops over sequences in Python. Where the rows go is the step's `VarlenLayout`
-(ops/gdn_layout.py), built once per step. The ops over it are one layer's, by backend: here the torch
+history and recurrent state (read from the engine's pools by row) and ends with its own, which goes
+into the pool row the layout names for it (the other row of its slot, which the step's update makes
+current: cache/gdn_state.py) or, where it names none, is returned (`place`). Nothing here loops over
+sequences in Python. Where the rows go is the step's `VarlenLayout` (ops/gdn_layout.py), built once
+per step. The ops over it are one layer's, by backend: here the torch
 path, `gated_deltanet_varlen` for multi-row sequences with the deferred joins (the short convolution as
 K gathered multiply-adds over all rows, and the chunked delta rule, which batches every block of every
 sequence and scans only over block *steps*: the longest sequence's block count; ops/gdn_varlen_torch.py)
@@ -22,6 +24,7 @@ State layout as in ops/gdn.py: `S [H, Dk, Dv]` fp32, a token acts as `S ← e^g 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -29,6 +32,16 @@ from . import gdn_state_map
 from .gdn import split_qkv
 from .gdn_layout import VarlenLayout
 from .gdn_varlen_torch import causal_conv1d_varlen, chunk_gated_delta_rule_varlen, conv_step, gated_delta_step
+
+
+@dataclass(frozen=True)
+class PooledKernels:
+    """One-token kernels on the pool's rows in place, by row index (ops/gdn_triton.py `POOLED`): the short
+    convolution, `conv(u, weight, conv_pool, read, write) -> out`, and the delta rule, `step(q, k, v, g,
+    beta, ssm_pool, read, write) -> o`."""
+
+    conv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+    step: Callable[..., Tensor]
 
 
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
@@ -45,10 +58,11 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     `ssm_pool [slots, H, Dk, Dv]` (read, never written); `key_heads` key heads of `key_dim`. Each join j
     of the layout corrects the live state in pool slot `join_live[j]` by the final state of sequence
     `join_seq[j]` (its chunk run from the prefix state with the lead appended: S_lead'): `live + P_j
-    (S_lead' − S_lead_j)`, with `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`). Returns (final
-    states, states at the splits or None, histories after each sequence, histories at the splits or
-    None, corrected live states or None); inputs are not modified. `rule`: the delta rule over the packed
-    rows (another backend's, ops/fla_adapter.py, takes the same arguments).
+    (S_lead' − S_lead_j)`, with `maps` = (P `[J, H, Dk, Dk]`, S_lead `[J, H, Dk, Dv]`). New states go
+    to the pool rows the layout names (`PackedSequences.out_row`); returns the others: (final states,
+    states at the splits or None, histories after each sequence, histories at the splits or None, in
+    buffer-row order, see `place`; corrected live states or None); nothing else is modified. `rule`: the
+    delta rule over the packed rows (another backend's, ops/fla_adapter.py, takes the same arguments).
 
     The torch ops with the chunked rule. The native kernel's version (ops/gdn_kernel.py, token by token,
     reading the rows and the pools' states where they lie) is 5-8x faster at 10-1,000 rows on one thread,
@@ -73,35 +87,76 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
         p, s_ref = maps
         live = ssm_pool.index_select(0, layout.join_slots)
         corrected = gdn_state_map.join_state(live.float(), p, finals[layout.join_seqs] - s_ref)
-    return finals, split_states, tails, split_tails, corrected
+    return (*place(layout, conv_pool, ssm_pool, finals, split_states, tails, split_tails), corrected)
 
 
 def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, conv_pool: Tensor,
                         ssm_pool: Tensor, layout: VarlenLayout, key_heads: int, key_dim: int, out: Tensor,
                         seeds: tuple[Tensor | None, Tensor | None] = (None, None), factors: bool = False,
-                        step: Callable[..., Tensor] = gated_delta_step,
+                        step: Callable[..., tuple[Tensor, Tensor]] = gated_delta_step,
+                        pooled: PooledKernels | None = None,
                         ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """`gated_deltanet_varlen` for one-row sequences (decode rows): sequence s is step row
     `layout.seqs.source[s]` and starts from pool slot `layout.seqs.slot[s]`, or from row
     `seed_hist_at[s]` / `seed_state_at[s]` of `seeds` = (histories `[M, K-1, C]`, states `[M', H, Dk,
     Dv]`) where the layout names one (a live state a join corrected in this step). Writes the rows'
-    outputs to `out`; returns (the histories and states after each row, and with `factors` the rows' k
-    per key head `[N, key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is
-    modified. `step`: the one-token delta rule (another backend's takes the same arguments).
+    outputs to `out` and their new states to the pool rows the layout names; returns (the histories and
+    states after each row it names none for, see `place`, and with `factors` the rows' k per key head `[N,
+    key_heads, Dk]` and v `[N, H, Dv]` as the delta rule read them). Nothing else is modified. `step`:
+    the one-token delta rule (another backend's takes the same arguments). `pooled`, where the layout
+    names a pool row for every new state: one-token kernels on the pool's rows in place instead, which
+    read each history and state from the row the layout names and write the new ones into its output
+    row; nothing is gathered or placed (a seeded row's seed is put in its output row and read there).
 
     One batched recurrent step."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
-    hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
-    for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
-        if at is not None:
-            target[at[0]] = seed[at[1]].to(target.dtype)
     rows = layout.step_rows
     us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
-    conv, new_hist = conv_step(us, conv_weight, hist)
-    q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
-    o = step(q, k, v, gs, bs, state)      # `state` is a gathered copy: updated in place
+    if pooled is not None and layout.seqs.out_row is not None and not layout.seqs.buffered:
+        write = layout.targets[0].pool_rows     # every sequence's, in order
+        reads = []
+        for pool, seed, at in zip((conv_pool, ssm_pool), seeds, layout.seed_rows, strict=True):
+            read = layout.slots
+            if at is not None:
+                pool[write[at[0]]] = seed[at[1]].to(pool.dtype)
+                read = read.clone()
+                read[at[0]] = write[at[0]]
+            reads.append(read)
+        q, k, v = split_qkv(pooled.conv(us, conv_weight, conv_pool, reads[0], write), key_heads, key_dim, heads, dv)
+        o = pooled.step(q, k, v, gs, bs, ssm_pool, reads[1], write)
+        finals, tails = ssm_pool[:0], conv_pool[:0]       # none outside the pool
+    else:
+        hist, state = conv_pool.index_select(0, layout.slots), ssm_pool.index_select(0, layout.slots)
+        for target, seed, at in zip((hist, state), seeds, layout.seed_rows, strict=True):
+            if at is not None:
+                target[at[0]] = seed[at[1]].to(target.dtype)
+        conv, new_hist = conv_step(us, conv_weight, hist)
+        q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
+        o, state = step(q, k, v, gs, bs, state)      # `state` is a gathered copy, which it may update in place
+        finals, _, tails, _ = place(layout, conv_pool, ssm_pool, state, None, new_hist, None)
     if rows is None:
         out.copy_(o)
     else:
         out[rows] = o.to(out.dtype)
-    return new_hist, state, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
+    return tails, finals, (k[:, ::heads // key_heads], v) if factors else None   # split_qkv repeated k per value head
+
+
+def place(layout: VarlenLayout, conv_pool: Tensor, ssm_pool: Tensor, finals: Tensor, split_states: Tensor | None,
+          tails: Tensor, split_tails: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """The new states of the layout's sequences and splits, computed here as tensors: those it names a pool
+    row for are written there (a layer's views of the pools, `conv_pool [rows, K-1, C]`, `ssm_pool [rows,
+    H, Dk, Dv]`), the others returned in buffer-row order (`PackedSequences.out_row`; all of them, in
+    order, where the layout names no rows)."""
+    if layout.seqs.out_row is None:
+        return finals, split_states, tails, split_tails
+    kept = []
+    for target, (state, hist) in zip(layout.targets, ((finals, tails), (split_states, split_tails)), strict=True):
+        if state is None:
+            kept += [None, None]
+            continue
+        if len(target.pool_at):
+            every = not len(target.buffer_at)      # then pool_at is every output, in order
+            ssm_pool[target.pool_rows] = state if every else state[target.pool_at]
+            conv_pool[target.pool_rows] = (hist if every else hist[target.pool_at]).to(conv_pool.dtype)
+        kept += [state[target.buffer_at], hist[target.buffer_at]]
+    return kept[0], kept[2], kept[1], kept[3]

@@ -93,9 +93,10 @@ def chunk_gated_delta_rule_varlen(q: Tensor, k: Tensor, v: Tensor, g: Tensor, be
     return out, S, split_states
 
 
-def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> Tensor:
-    """One token for each of N sequences, updating `state [N, H, Dk, Dv]` (fp32, contiguous) IN PLACE:
-    q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`. Returns o `[N, H, Dv]` fp32.
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One token for each of N sequences from `state [N, H, Dk, Dv]` (fp32, contiguous), which it updates
+    IN PLACE: q, k `[N, H, Dk]` (prepared), v `[N, H, Dv]`, g, beta `[N, H]`. Returns (o `[N, H, Dv]` fp32,
+    the new states: `state` itself; another backend's step may return a tensor of its own instead).
     (The callers pass states gathered from the pool, which are private copies.)"""
     n, h, dk = k.shape
     dv = v.shape[-1]
@@ -105,7 +106,7 @@ def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
     read = torch.bmm(kf, S)                                                # Sᵀk as [NH, 1, Dv]
     delta = (v.float().reshape(n * h, 1, dv) - read).mul_(beta.float().reshape(n * h, 1, 1))
     S.addcmul_(kf.mT, delta)                                               # rank-1 write k ⊗ delta
-    return torch.bmm(q.float().reshape(n * h, 1, dk), S).view(n, h, dv)
+    return torch.bmm(q.float().reshape(n * h, 1, dk), S).view(n, h, dv), state
 
 
 def conv_step(x: Tensor, weight: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:

@@ -35,16 +35,20 @@ def test_select_takes_each_kernel_where_it_is_built_and_takes_the_tensors(monkey
     assert names("cpu", F32, F32, (F32, F32)) == ("torch", "torch")
 
 
-def _step(gen: torch.Generator) -> tuple[GDNStep, int]:
+def _step(gen: torch.Generator, in_place: bool = False) -> tuple[GDNStep, int]:
     """A fused step's GDN work: a deferred chunk of 5 rows with its 3-row lead appended, joining the live
     state in slot 4, and a plain 4-row chunk; then two tracked decode rows, the first of the joining turn
-    (from the corrected state and the chunk's conv tail), the second from its slot."""
+    (from the corrected state and the chunk's conv tail), the second from its slot. `in_place`: new states
+    go to their slots' other rows (as the engine runs it: the joined chunk's state after its lead to the
+    buffers), else all of them to the buffers."""
     pool = GDNStatePool(6, LAYERS, C, K, HEADS, DK, DV, F32, "cpu")
-    pool.conv.copy_(torch.randn(pool.conv.shape, generator=gen))
-    pool.ssm.copy_(torch.randn(pool.ssm.shape, generator=gen) / DK)
-    multi = varlen_layout([8, 4], K, [5, None], source=[0, 1, 2, 3, 4, -1, -2, -3, 5, 6, 7, 8], slots=[0, 1],
-                          joins=[(0, 4)])
-    single = varlen_layout([1, 1], K, source=[9, 10], slots=[2, 3], seeds=([0, -1], [0, -1]))
+    pool.conv.rows.copy_(torch.randn(pool.conv.rows.shape, generator=gen))
+    pool.ssm.rows.copy_(torch.randn(pool.ssm.rows.shape, generator=gen) / DK)
+    rows, decode, live = pool.rows([0, 1]), pool.rows([2, 3]), pool.rows([4]).read[0]
+    multi = varlen_layout([8, 4], K, [5, None], source=[0, 1, 2, 3, 4, -1, -2, -3, 5, 6, 7, 8], slots=rows.read,
+                          joins=[(0, live)], out_rows=([-1, rows.write[1]], [rows.write[0]]) if in_place else None)
+    single = varlen_layout([1, 1], K, source=[9, 10], slots=decode.read, seeds=([0, -1], [0, -1]),
+                           out_rows=(decode.write, []) if in_place else None)
     corrections = GDNCorrections(
         p=torch.randn(1, LAYERS, HEADS, DK, DK, generator=gen) / DK,
         s_ref=torch.randn(1, LAYERS, HEADS, DK, DV, generator=gen),
@@ -53,9 +57,10 @@ def _step(gen: torch.Generator) -> tuple[GDNStep, int]:
     return GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, keep=torch.tensor([0, 1]))), 11
 
 
-def _run(ops: backend.GDNOps, seed: int = 0) -> tuple[type, dict[str, torch.Tensor]]:
+def _run(ops: backend.GDNOps, seed: int = 0, in_place: bool = False) -> tuple[type, dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
-    step, rows = _step(gen)
+    step, rows = _step(gen, in_place)
+    before = step.pool.ssm.rows.clone(), step.pool.conv.rows.clone()
     op = ops.prepare(step, KEY_HEADS)
     outs, ks = [], []
     for layer in range(LAYERS):
@@ -69,6 +74,13 @@ def _run(ops: backend.GDNOps, seed: int = 0) -> tuple[type, dict[str, torch.Tens
             k = step.out.x[layer][[9, 10], 2 * DK:4 * DK].view(2, KEY_HEADS, DK)
         ks.append(k)
     m, s = step.out.multi, step.out.single
+    if in_place:    # the new states in the other rows (slot s: rows 2s and 2s + 1), the current ones as they were
+        ssm, conv = step.pool.ssm.rows, step.pool.conv.rows
+        assert torch.equal(ssm[0::2], before[0][0::2]) and torch.equal(conv[0::2], before[1][0::2])
+        return type(op), dict(out=torch.stack(outs), finals=torch.stack([m.finals[0], ssm[3]]),
+                              tails=torch.stack([m.tails[0], conv[3]]), split_states=ssm[1][None],
+                              split_tails=conv[1][None], corrected=m.corrected, decode_finals=ssm[[5, 7]],
+                              decode_tails=conv[[5, 7]], k=torch.stack(ks))
     return type(op), dict(out=torch.stack(outs), finals=m.finals, tails=m.tails, split_states=m.split_states,
                           split_tails=m.split_tails, corrected=m.corrected, decode_finals=s.finals,
                           decode_tails=s.tails, k=torch.stack(ks))
@@ -87,6 +99,24 @@ def test_a_steps_gdn_op_gives_the_same_by_every_backend(monkeypatch):
     for got in (fused, mixed):
         for name, t in expected.items():
             assert not t.isnan().any() and float((got[name] - t).abs().max()) <= 1e-5, name
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["torch", "native", "mixed", "fla"])
+def test_new_states_written_into_the_pools_other_rows_are_the_same(monkeypatch, name):
+    """As the engine runs a step: each sequence reads its slot's current row and writes the other (the
+    update then flips), by every backend: the same states as into the step's buffers, and no current row
+    is written."""
+    from tests.ops.fla_naive import naive_kernels
+
+    ops = {"torch": backend.TORCH_GDN, "native": backend.NATIVE_GDN, "mixed": backend.NATIVE_GDN}.get(name)
+    if name == "mixed":     # long chunks through torch, decode rows native
+        monkeypatch.setattr(backend, "NATIVE_MAX_ROWS_THREADED", 4)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    _, expected = _run(backend.TORCH_GDN)
+    _, got = _run(ops or backend.fla_gdn(naive_kernels()), in_place=True)
+    for key, t in expected.items():
+        assert not t.isnan().any() and float((got[key] - t).abs().max()) <= 1e-5, key
 
 
 def test_the_fla_gdn_op_gives_the_same_as_the_torch_op():

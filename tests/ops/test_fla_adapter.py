@@ -45,8 +45,8 @@ def test_chunk_rule_matches_the_torch_rule_with_splits(kernels, lengths, splits)
 def test_step_rule_matches_the_torch_step(kernels):
     q, k, v, g, beta, state = _inputs(5, 5, 1)
     want_state, got_state = state.clone(), state.clone()
-    want = gated_delta_step(q, k, v, g, beta, want_state)
-    got = fla_adapter.step_rule(kernels)(q, k, v, g, beta, got_state)
+    want, want_state = gated_delta_step(q, k, v, g, beta, want_state)
+    got, got_state = fla_adapter.step_rule(kernels)(q, k, v, g, beta, got_state)
     assert float((got - want).abs().max()) <= 1e-5
     assert float((got_state - want_state).abs().max()) <= 1e-5
 

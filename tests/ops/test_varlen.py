@@ -199,7 +199,8 @@ def test_conv_over_packed_sequences_equals_each_alone():
 def test_batched_recurrent_step_equals_each_alone_and_updates_in_place():
     q, k, v, g, beta, s0 = _gdn_inputs(7, 7, seed=3)
     state = s0.clone()
-    out = gated_delta_step(q, k, v, g, beta, state)
+    out, new = gated_delta_step(q, k, v, g, beta, state)
+    assert new is state
     for i in range(7):
         ref_o, ref_s = recurrent_gated_delta_rule(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], s0[i])
         assert float((out[i] - ref_o[0]).abs().max()) <= 1e-5

@@ -11,11 +11,14 @@
    from). Sequence s has len[s] packed rows from start[s]. It starts from the conv history and state of
    pool slot slot[s] (hist + slot[s] * hist_stride, state_in + slot[s] * state_stride: the pools are read
    in place), or, where seed_hist_at[s] / seed_state_at[s] >= 0, from that row of seed_hist [., K-1, C] /
-   seed_state [., H, Dk, Dv] (a live state a join corrected in this step). It leaves its history in
-   tails[s] and its state in state_out[s]; when split_row[s] >= 0 the history and state after its first
-   split_row[s] rows are also written to split_tails / split_out at split_index[s]. Once the first
+   seed_state [., H, Dk, Dv] (a live state a join corrected in this step). It leaves its history and
+   state in pool row out_row[s] when that is >= 0 (the other row of its slot: the engine's update then
+   makes it current, cache/gdn_state.py), else in row -1 - out_row[s] of tails / state_out (row s when
+   out_row is NULL); when split_row[s] >= 0 the history and state after its first split_row[s] rows are
+   also written, at split index i = split_index[s], to pool row split_out_row[i] or to split_tails /
+   split_out (the same rule). Every pool row written is one no sequence reads. Once the first
    joins_after sequences are done (all of them when joins_after >= n), each of the `joins` joins j
-   corrects the live state of pool slot live_slot[j] by the sequence join_seq[j] < joins_after (which ran
+   corrects the live state in pool row live_slot[j] by the sequence join_seq[j] < joins_after (which ran
    from the prefix state with the lead appended, so its final state is S_lead'):
    corrected[j] = live + P_j (S_lead' - s_ref_j), P_j = p + j * p_stride [H, Dk, Dk] and
    s_ref_j = s_ref + j * ref_stride [H, Dk, Dv]; the sequences after them (a joining turn's decode row)
@@ -133,11 +136,13 @@ typedef struct {
     const float *g, *beta, *conv_w;
     float *o, *x_out;
     /* the layer's part of what the step's layers share */
-    const float *xu, *xg, *xb, *hist, *state_in, *seed_state, *seed_hist, *p, *s_ref;
+    const float *xu, *xg, *xb;
+    float *hist, *state_in;     /* the pools: read at slot[], written at out_row[] and split_out_row[] */
+    const float *seed_state, *seed_hist, *p, *s_ref;
     float *state_out, *split_out, *tails, *split_tails, *corrected;
     /* the step's sequences and joins */
     const int64_t *source, *start, *len, *split_row, *split_index, *slot, *seed_state_at, *seed_hist_at,
-        *join_seq, *live_slot;
+        *join_seq, *live_slot, *out_row, *split_out_row;
     int64_t n, joins, joins_after;
     /* row strides, in floats */
     int64_t hist_stride, state_stride, seed_state_stride, seed_hist_stride, p_stride, ref_stride,
@@ -149,13 +154,15 @@ typedef struct {
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
 int gated_deltanet_f32(const gdn_args *args) {
     const float *u = args->u, *g = args->g, *beta = args->beta, *conv_w = args->conv_w, *xu = args->xu,
-                *xg = args->xg, *xb = args->xb, *hist = args->hist, *state_in = args->state_in,
-                *seed_state = args->seed_state, *seed_hist = args->seed_hist, *p = args->p, *s_ref = args->s_ref;
-    float *o = args->o, *x_out = args->x_out, *state_out = args->state_out, *split_out = args->split_out,
-          *tails = args->tails, *split_tails = args->split_tails, *corrected = args->corrected;
+                *xg = args->xg, *xb = args->xb, *seed_state = args->seed_state, *seed_hist = args->seed_hist,
+                *p = args->p, *s_ref = args->s_ref;
+    float *hist = args->hist, *state_in = args->state_in, *o = args->o, *x_out = args->x_out,
+          *state_out = args->state_out, *split_out = args->split_out, *tails = args->tails,
+          *split_tails = args->split_tails, *corrected = args->corrected;
     const int64_t *source = args->source, *start = args->start, *len = args->len, *split_row = args->split_row,
                   *split_index = args->split_index, *slot = args->slot, *seed_state_at = args->seed_state_at,
-                  *seed_hist_at = args->seed_hist_at, *join_seq = args->join_seq, *live_slot = args->live_slot;
+                  *seed_hist_at = args->seed_hist_at, *join_seq = args->join_seq, *live_slot = args->live_slot,
+                  *out_row = args->out_row, *split_out_row = args->split_out_row;
     const int64_t ld_u = args->ld_u, n = args->n, joins = args->joins, joins_after = args->joins_after,
                   hist_stride = args->hist_stride, state_stride = args->state_stride,
                   seed_state_stride = args->seed_state_stride, seed_hist_stride = args->seed_hist_stride,
@@ -173,12 +180,20 @@ int gated_deltanet_f32(const gdn_args *args) {
     float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv, *diff = dropped + dv;
     for (int64_t c = 0; c < C; c++)
         for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
+    /* where sequence s's (and split i's) new state and history go: a pool row, or a row of the buffers */
+#define OUT(rows, s, pool, pool_stride, buf, buf_stride)                                                 \
+    ((rows) && (rows)[s] >= 0 ? (pool) + (rows)[s] * (pool_stride)                                    \
+                              : (buf) + ((rows) ? -1 - (rows)[s] : (s)) * (buf_stride))
+#define FINAL(s) OUT(out_row, s, state_in, state_stride, state_out, out_state_stride)
+#define TAIL(s) OUT(out_row, s, hist, hist_stride, tails, out_hist_stride)
+#define SPLIT_FINAL(i) OUT(split_out_row, i, state_in, state_stride, split_out, out_state_stride)
+#define SPLIT_TAIL(i) OUT(split_out_row, i, hist, hist_stride, split_tails, out_hist_stride)
     /* the joins run once the first joins_after sequences are done: later sequences (a joining turn's
        decode row) may start from the states they correct */
 #define RUN_JOINS()                                                                                        \
     for (int64_t j = 0; j < joins; j++)                                                                   \
         join_heads(corrected + j * out_state_stride, state_in + live_slot[j] * state_stride, p + j * p_stride, \
-                   state_out + join_seq[j] * out_state_stride, s_ref + j * ref_stride, diff, heads, dk, dv)
+                   FINAL(join_seq[j]), s_ref + j * ref_stride, diff, heads, dk, dv)
     for (int64_t s = 0; s < n; s++) {
         if (s == joins_after) RUN_JOINS();
         const int64_t first = start[s], end = start[s] + len[s];
@@ -190,7 +205,8 @@ int gated_deltanet_f32(const gdn_args *args) {
         /* a packed row of this sequence, or before its first row, its history (oldest first) */
 #define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
                                  : h0 + (hist_rows - (first - (pos))) * C)
-        memcpy(state_out + s * out_state_stride, s0, sizeof(float) * (size_t)(heads * state_size));
+        float *const S0 = FINAL(s);
+        memcpy(S0, s0, sizeof(float) * (size_t)(heads * state_size));
         for (int64_t t = first; t < end; t++) {
             /* taps in order, oldest row first, as the torch path accumulates them */
             const float *r0 = ROW(t - hist_rows);
@@ -213,23 +229,28 @@ int gated_deltanet_f32(const gdn_args *args) {
             const float *bt = src >= 0 ? beta + src * heads : xb + (-1 - src) * heads;
             for (int64_t h = 0; h < heads; h++) {
                 const int64_t a = h / rep;
-                float *S = state_out + s * out_state_stride + h * state_size;
+                float *S = S0 + h * state_size;
                 delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(gt[h]), bt[h],
                            src >= 0 ? o + (src * heads + h) * dv : dropped, delta, dk, dv);
                 if (split_row[s] >= 0 && t - first + 1 == split_row[s])
-                    memcpy(split_out + split_index[s] * out_state_stride + h * state_size, S, sizeof(float) * (size_t)state_size);
+                    memcpy(SPLIT_FINAL(split_index[s]) + h * state_size, S, sizeof(float) * (size_t)state_size);
             }
         }
         for (int64_t i = 0; i < hist_rows; i++) {
-            memcpy(tails + s * out_hist_stride + i * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
+            memcpy(TAIL(s) + i * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
             if (split_row[s] >= 0)
-                memcpy(split_tails + split_index[s] * out_hist_stride + i * C, ROW(first + split_row[s] - hist_rows + i),
+                memcpy(SPLIT_TAIL(split_index[s]) + i * C, ROW(first + split_row[s] - hist_rows + i),
                        sizeof(float) * (size_t)C);
         }
 #undef ROW
     }
     if (joins_after >= n) RUN_JOINS();
 #undef RUN_JOINS
+#undef SPLIT_TAIL
+#undef SPLIT_FINAL
+#undef TAIL
+#undef FINAL
+#undef OUT
     free(wt);
     return 0;
 }
