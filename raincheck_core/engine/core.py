@@ -57,7 +57,8 @@ class EngineCore:
         self.model_config = cfg
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
-        memory = reserve(cfg, config, self.device, self.dtype)
+        # a tensor-parallel rank's pools hold only its heads
+        memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=memory.align)

@@ -120,7 +120,7 @@ class ModelRunner:
         self.kv = kv
         self.gdn = gdn
         self.kernel = kernel
-        self.key_heads = model.config.linear_num_key_heads
+        self.key_heads = model.rank_config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
         self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)

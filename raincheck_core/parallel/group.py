@@ -1,0 +1,82 @@
+"""The ranks of one tensor-parallel engine, on torch.distributed: gloo on the CPU, NCCL on CUDA.
+
+The layers only reduce (`all_reduce`, after a row-parallel projection or the experts) and gather
+(`all_gather`, the vocabulary-parallel LM head's logits); `broadcast_object` carries plain data from rank
+0. Every collective has the group's timeout: a rank that died makes the others fail with
+`RankFailedError` instead of waiting for it forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidInputError, RankFailedError
+from .shard import Shard
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place among the engine's ranks, and their collectives."""
+
+    rank: int
+    world: int
+    group: Any = None        # a torch.distributed ProcessGroup; None: the default one
+
+    @property
+    def shard(self) -> Shard:
+        return Shard(self.rank, self.world)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of `t`, in place."""
+        try:
+            dist.all_reduce(t, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"all-reduce across {self.world} ranks failed: {e}") from e
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's `t` (all the same shape), concatenated along `dim` in rank order."""
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        try:
+            dist.all_gather(parts, t.contiguous(), group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"all-gather across {self.world} ranks failed: {e}") from e
+        return torch.cat(parts, dim=dim)
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        """`obj` as rank `src` has it (pickled: plain data only)."""
+        box = [obj]
+        try:
+            dist.broadcast_object_list(box, src=src, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"broadcast from rank {src} failed: {e}") from e
+        return box[0]
+
+
+def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
+    """Join the engine's `world` ranks at `address` (`tcp://host:port`, rank 0 listening) and return this
+    process's group. NCCL for CUDA devices, gloo otherwise."""
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return RankGroup(rank, world)
+
+
+def joined_group(world: int) -> RankGroup:
+    """This process's rank group, when it is one of `world` ranks already joined (`init_rank_group`)."""
+    if not dist.is_initialized():
+        raise InvalidInputError(
+            f"tensor_parallel_size {world}: this process is not a rank of an initialised group; start the ranks "
+            "with raincheck_core.parallel.launch.spawn (the engine does not start them itself yet)")
+    if dist.get_world_size() != world:
+        raise InvalidInputError(f"tensor_parallel_size {world}, but this process's group has "
+                                f"{dist.get_world_size()} ranks")
+    return RankGroup(dist.get_rank(), world)
