@@ -40,3 +40,38 @@ def answer_logits(group: RankGroup | None, folder: str, expert_parallel: bool = 
 def answer_logits_of(group: RankGroup | None, jobs: list[tuple[str, bool]]) -> list[list[torch.Tensor]]:
     """`answer_logits` for each (folder, expert_parallel) of `jobs`, in one process (one start-up)."""
     return [answer_logits(group, folder, ep) for folder, ep in jobs]
+
+
+def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool = False) -> dict[str, torch.Tensor]:
+    """The logits of one image turn under each deferral setting of the identity tests (tests/deferral), and
+    of a second turn after the first one's recovery: `full`, `retention1` (raincheck keeping every visual
+    token), `fused` and `serial` (chunks of 7 riding on decode steps, or in passes of their own; on a GDN
+    model each chunk's state change is joined into the live state), `turn2` (after the barrier recovered
+    the rest of D). No prefix cache: every run prefills in the same steps."""
+    from raincheck_core.deferral.policy import DeferralConfig
+    from tests.deferral.helpers import image_prompt
+
+    engine = Engine.from_pretrained(folder, tensor_parallel_size=1 if group is None else group.world,
+                                    expert_parallel=expert_parallel, num_pages=64, max_gdn_slots=8, prefix_cache=False)
+    prompt = image_prompt(engine, seed=4)
+    settings = {
+        "full": DeferralConfig("full"),
+        "retention1": DeferralConfig("raincheck", tpot_slo=None, retention=1.0, guard=0),
+        "fused": DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7),
+        "serial": DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, fused=False),
+    }
+    out = {}
+    for name, cfg in settings.items():
+        session = engine.open_session(deferral=cfg)
+        events = session.turn(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True), return_logits=True).tokens()
+        out[name] = torch.stack([e.logits for e in events])
+        if name == "fused":      # 3 chunks rode on the answer, the rest waits for the barrier before turn 2
+            events = session.turn(Prompt([11, 12]), SamplingParams(max_new_tokens=4, ignore_eos=True),
+                                  return_logits=True).tokens()
+            out["turn2"] = torch.stack([e.logits for e in events])
+        session.close()
+    return out
+
+
+def deferral_logits_of(group: RankGroup | None, jobs: list[tuple[str, bool]]) -> list[dict[str, torch.Tensor]]:
+    return [deferral_logits(group, folder, ep) for folder, ep in jobs]
