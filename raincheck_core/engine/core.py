@@ -26,7 +26,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
-from ..errors import SamplingError, StepFailedError
+from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
@@ -384,7 +384,9 @@ class EngineCore:
         retried, and the recovery given up after `MAX_RECOVERY_FAILURES`."""
         req = self.turns.get(cache.session)
         if req is not None:
-            self.fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
+            # a tensor-parallel rank that died is the server's fault, not the turn's: its own error says so
+            self.fail_turn(req, error if isinstance(error, RankFailedError) else
+                           StepFailedError(f"the forward pass running this turn failed: {error}"))
             return
         work = self.scratches.get(cache.session)
         if work is not None:

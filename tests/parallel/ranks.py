@@ -75,3 +75,21 @@ def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool 
 
 def deferral_logits_of(group: RankGroup | None, jobs: list[tuple[str, bool]]) -> list[dict[str, torch.Tensor]]:
     return [deferral_logits(group, folder, ep) for folder, ep in jobs]
+
+
+def turn_after_peer_died(group: RankGroup, folder: str, report: str) -> None:
+    """Rank 1 dies once both ranks loaded; rank 0 then runs a turn and writes what it raised to `report`."""
+    import os
+
+    engine = engine_for(group, folder)
+    group.broadcast_object("loaded")
+    if group.rank == 1:
+        os._exit(3)
+    session = engine.open_session()
+    try:
+        session.turn(Prompt([5, 6, 7]), SamplingParams(max_new_tokens=2)).result()
+        outcome = "no error"
+    except Exception as e:
+        outcome = type(e).__name__
+    with open(report, "w") as f:
+        f.write(outcome)

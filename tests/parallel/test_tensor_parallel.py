@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from raincheck_core.errors import RankFailedError
 from raincheck_core.parallel.launch import spawn
 from tests.parallel import ranks
 
@@ -35,3 +38,11 @@ def test_deferral_identities_hold_at_tp2(tiny_checkpoints):
         want = ranks.deferral_logits(None, folder, ep)
         for name, logits in want.items():
             assert float((got[name] - logits).abs().max()) <= TOL, (folder, name)
+
+
+def test_a_dead_rank_fails_the_turn_with_a_typed_error(tiny_checkpoints, tmp_path):
+    report = tmp_path / "rank0.txt"
+    with pytest.raises(RankFailedError, match="rank 1: exited with code 3"):
+        spawn(ranks.turn_after_peer_died, 2, str(tiny_checkpoints["qwen3_5"][1]), str(report), threads=1,
+              timeout_s=30)
+    assert report.read_text() == "RankFailedError"
