@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from raincheck_core.errors import RankFailedError
 from raincheck_core.parallel.launch import spawn
+from tests import tiny
 from tests.parallel import ranks
 
 TOL = 1e-5
@@ -46,3 +48,17 @@ def test_a_dead_rank_fails_the_turn_with_a_typed_error(tiny_checkpoints, tmp_pat
         spawn(ranks.turn_after_peer_died, 2, str(tiny_checkpoints["qwen3_5"][1]), str(report), threads=1,
               timeout_s=30)
     assert report.read_text() == "RankFailedError"
+
+
+def test_fewer_kv_heads_than_ranks_and_a_tied_head(tmp_path):
+    """One KV head at TP = 2: each rank holds a copy of it (its query heads read it); the LM head tied to
+    the vocabulary-parallel embedding."""
+    import transformers
+
+    cfg = tiny.build_config("qwen3_5", tie=True)
+    cfg.text_config.num_key_value_heads = 1
+    torch.manual_seed(1)
+    folder = tiny.save_model(transformers.Qwen3_5ForConditionalGeneration(cfg).eval(), tmp_path)
+    rank0, _ = spawn(ranks.answer_logits_of, 2, [(str(folder), False)], threads=1)
+    for got, want in zip(rank0[0], ranks.answer_logits(None, str(folder)), strict=True):
+        assert float((got - want).abs().max()) <= TOL
