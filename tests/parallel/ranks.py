@@ -7,16 +7,20 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.parallel import RankGroup
-from tests.engine.reference import image_tokens, random_visual
+from tests.engine.reference import image_tokens, random_visual, video_tokens
 
 GRID = (1, 4, 6)
+VIDEO_GRID = (2, 4, 4)
 STEPS = 21          # the prefill's token, then 20 decode steps
 
 
 def prompts(engine: Engine) -> list[Prompt]:
+    """A text prompt, an image prompt and a video prompt (two frames with their timestamps)."""
     cfg = engine.model_config
-    visual = random_visual("image", GRID, cfg.hidden_size, cfg.deepstack_levels, seed=4)
-    return [Prompt([5, 6, 7, 8, 9, 10, 11, 3]), Prompt([5, 6, *image_tokens(GRID), 7, 8], [visual])]
+    image = random_visual("image", GRID, cfg.hidden_size, cfg.deepstack_levels, seed=4)
+    video = random_visual("video", VIDEO_GRID, cfg.hidden_size, cfg.deepstack_levels, seed=5)
+    return [Prompt([5, 6, 7, 8, 9, 10, 11, 3]), Prompt([5, 6, *image_tokens(GRID), 7, 8], [image]),
+            Prompt([5, *video_tokens(VIDEO_GRID, [11, 12]), 7], [video])]
 
 
 def engine_for(group: RankGroup | None, folder: str, expert_parallel: bool = False) -> Engine:
@@ -93,3 +97,19 @@ def turn_after_peer_died(group: RankGroup, folder: str, report: str) -> None:
         outcome = type(e).__name__
     with open(report, "w") as f:
         f.write(outcome)
+
+
+def prefix_hit(group: RankGroup | None, folder: str) -> list[tuple[int, torch.Tensor]]:
+    """The same image prompt (a 20-token system prompt first) in two sessions, with the prefix cache:
+    per run, the prompt rows served from the cache and the answer's logits."""
+    engine = engine_for(group, folder)
+    prompt = prompts(engine)[1]
+    prompt = Prompt(list(range(20, 40)) + prompt.token_ids, prompt.visuals)
+    out = []
+    for _ in range(2):
+        session = engine.open_session()
+        stream = session.turn(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True), return_logits=True)
+        logits = torch.stack([e.logits for e in stream.tokens()])
+        out.append((stream.end.metrics.cached_prompt_tokens, logits))
+        session.close()
+    return out

@@ -15,7 +15,7 @@ MOE = ("qwen3_vl_moe", "qwen3_5_moe")
 
 
 def test_tp2_logits_equal_tp1_for_all_families(tiny_checkpoints):
-    """Text and image prompts, the prefill's token then 20 decode steps; the MoE families with the
+    """Text, image and video prompts, the prefill's token then 20 decode steps; the MoE families with the
     experts' width split (TP) and with the experts split (EP)."""
     jobs = [(str(tiny_checkpoints[f][1]), ep) for f in ("qwen3_vl", "qwen3_5", *MOE)
             for ep in ((False, True) if f in MOE else (False,))]
@@ -62,3 +62,14 @@ def test_fewer_kv_heads_than_ranks_and_a_tied_head(tmp_path):
     rank0, _ = spawn(ranks.answer_logits_of, 2, [(str(folder), False)], threads=1)
     for got, want in zip(rank0[0], ranks.answer_logits(None, str(folder)), strict=True):
         assert float((got - want).abs().max()) <= TOL
+
+
+def test_a_prefix_cache_hit_at_tp2_is_its_cold_run(tiny_checkpoints):
+    """Qwen3.5: the hit resumes from the GDN checkpoint each rank kept of its own heads."""
+    folder = str(tiny_checkpoints["qwen3_5"][1])
+    rank0, rank1 = spawn(ranks.prefix_hit, 2, folder, threads=1)
+    (cold_hits, cold), (hits, warm) = rank0
+    assert cold_hits == 0 and hits > 0
+    assert rank1[1][0] == hits
+    assert float((warm - cold).abs().max()) == 0.0
+    assert float((cold - ranks.prefix_hit(None, folder)[0][1]).abs().max()) <= TOL
