@@ -134,6 +134,8 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
         """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
+        if self.model.tp is not None:       # tensor-parallel ranks must run the same step (parallel/)
+            self.model.tp.check_same(plan.fingerprint(), "the step's plan")
         if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
         bucket = bucket_of(plan) if self.graphs is not None else None

@@ -50,6 +50,16 @@ class RankGroup:
             raise RankFailedError(f"all-gather across {self.world} ranks failed: {e}") from e
         return torch.cat(parts, dim=dim)
 
+    def check_same(self, value: int, what: str) -> None:
+        """Every rank passed the same `value` (a digest of `what`); RankFailedError where they differ."""
+        t = torch.tensor([value, -value], dtype=torch.int64)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"comparing {what} across {self.world} ranks failed: {e}") from e
+        if int(t[0]) != -int(t[1]):
+            raise RankFailedError(f"the {self.world} ranks disagree on {what}")
+
     def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """`obj` as rank `src` has it (pickled: plain data only)."""
         box = [obj]

@@ -113,3 +113,17 @@ def prefix_hit(group: RankGroup | None, folder: str) -> list[tuple[int, torch.Te
         out.append((stream.end.metrics.cached_prompt_tokens, logits))
         session.close()
     return out
+
+
+def diverging_turns(group: RankGroup, folder: str) -> str:
+    """Rank 1's pool hands out other pages (one is taken first), so its plan writes other slots: what the
+    turn raised."""
+    engine = engine_for(group, folder)
+    if group.rank == 1:
+        engine.kv.allocate(1)
+    session = engine.open_session()
+    try:
+        session.turn(Prompt([5, 6, 7]), SamplingParams(max_new_tokens=2)).result()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

@@ -73,3 +73,8 @@ def test_a_prefix_cache_hit_at_tp2_is_its_cold_run(tiny_checkpoints):
     assert rank1[1][0] == hits
     assert float((warm - cold).abs().max()) == 0.0
     assert float((cold - ranks.prefix_hit(None, folder)[0][1]).abs().max()) <= TOL
+
+
+def test_ranks_whose_plans_diverge_fail_the_turn_instead_of_mixing_collectives(tiny_checkpoints):
+    results = spawn(ranks.diverging_turns, 2, str(tiny_checkpoints["qwen3_vl"][1]), threads=1, timeout_s=30)
+    assert results == ["RankFailedError: the 2 ranks disagree on the step's plan"] * 2
