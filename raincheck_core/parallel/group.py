@@ -27,6 +27,7 @@ class RankGroup:
 
     rank: int
     world: int
+    device: str = "cpu"      # where the group's own tensors live (NCCL reduces CUDA tensors only)
     group: Any = None        # a torch.distributed ProcessGroup; None: the default one
 
     @property
@@ -52,7 +53,7 @@ class RankGroup:
 
     def check_same(self, value: int, what: str) -> None:
         """Every rank passed the same `value` (a digest of `what`); RankFailedError where they differ."""
-        t = torch.tensor([value, -value], dtype=torch.int64)
+        t = torch.tensor([value, -value], dtype=torch.int64, device=self.device)
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         except (RuntimeError, dist.DistBackendError) as e:
@@ -74,14 +75,17 @@ def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
     """Join the engine's `world` ranks at `address` (`tcp://host:port`, rank 0 listening) and return this
     process's group. NCCL for CUDA devices, gloo otherwise."""
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
+    cuda = torch.device(device).type == "cuda"
+    if cuda:        # one GPU per rank, by rank: "cuda" then means this rank's device
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=address, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return RankGroup(rank, world)
+    return RankGroup(rank, world, "cuda" if cuda else "cpu")
 
 
-def joined_group(world: int) -> RankGroup:
-    """This process's rank group, when it is one of `world` ranks already joined (`init_rank_group`)."""
+def joined_group(world: int, device: str = "cpu") -> RankGroup:
+    """This process's rank group on `device`, when it is one of `world` ranks already joined
+    (`init_rank_group`)."""
     if not dist.is_initialized():
         raise InvalidInputError(
             f"tensor_parallel_size {world}: this process is not a rank of an initialised group; start the ranks "
@@ -89,4 +93,4 @@ def joined_group(world: int) -> RankGroup:
     if dist.get_world_size() != world:
         raise InvalidInputError(f"tensor_parallel_size {world}, but this process's group has "
                                 f"{dist.get_world_size()} ranks")
-    return RankGroup(dist.get_rank(), world)
+    return RankGroup(dist.get_rank(), world, "cuda" if torch.device(device).type == "cuda" else "cpu")
