@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from tests import tiny
 from tests.parallel import ranks
 
 TOL = 1e-5
+MODELS = Path(__file__).resolve().parents[2] / "models"
 MOE = ("qwen3_vl_moe", "qwen3_5_moe")
 
 
@@ -78,3 +81,15 @@ def test_a_prefix_cache_hit_at_tp2_is_its_cold_run(tiny_checkpoints):
 def test_ranks_whose_plans_diverge_fail_the_turn_instead_of_mixing_collectives(tiny_checkpoints):
     results = spawn(ranks.diverging_turns, 2, str(tiny_checkpoints["qwen3_vl"][1]), threads=1, timeout_s=30)
     assert results == ["RankFailedError: the 2 ranks disagree on the step's plan"] * 2
+
+
+@pytest.mark.skipif(not (MODELS / "demo-v2" / "model.safetensors").is_file(), reason="no demo-v2 checkpoint")
+def test_the_demo_model_answers_the_same_at_tp2():
+    """A trained checkpoint, a real image through the vision tower replicated on both ranks, a vocabulary
+    that splits unevenly: the same answers, the same logits."""
+    folder = str(MODELS / "demo-v2")
+    rank0, rank1 = spawn(ranks.demo_dialogue, 2, folder, threads=1)
+    for (ids, logits), (ids1, _), (want_ids, want) in zip(rank0, rank1, ranks.demo_dialogue(None, folder),
+                                                          strict=True):
+        assert ids == ids1 == want_ids
+        assert float((logits - want).abs().max()) <= TOL
