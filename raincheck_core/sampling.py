@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def row_maxima(logits: torch.Tensor) -> list[tuple[float, int]]:
+    """Each row's largest logit and the index of its first occurrence (as `torch.argmax` picks), for a
+    step's `[rows, vocab]` logits in one reduction instead of one per row."""
+    values, indices = logits.max(dim=-1)
+    return list(zip(values.tolist(), indices.tolist(), strict=True))
+
+
 class Sampler:
     """Draws one token from the logits `[vocab]`; owns the turn's random generator and logit rules.
 
@@ -47,6 +54,19 @@ class Sampler:
             self.generator.seed()
         self.fallback: str | None = None     # what the latest draw did differently from what was asked
         self._warned: set[str] = set()
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no rule, grammar or logprobs: the draw is the row's first largest logit."""
+        return self.params.greedy and self.rules is None and self.constraint is None and not self.params.logprobs
+
+    def from_maximum(self, maximum: tuple[float, int]) -> int | None:
+        """The draw, when the row's largest logit and its index (`row_maxima`, found for a whole step at
+        once) decide it: a plain greedy draw on finite logits; None: call the sampler on the row."""
+        if self.plain_greedy and math.isfinite(maximum[0]):
+            self.fallback = None
+            return maximum[1]
+        return None
 
     def __call__(self, logits: torch.Tensor) -> int:
         self.fallback = None

@@ -271,3 +271,25 @@ def test_the_cycle_check_finds_a_typing_only_cycle(tmp_path, monkeypatch):
     (tmp_path / "raincheck_core" / "engine" / "plan.py").write_text("from . import step\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     assert import_cycles("raincheck_core") == [["raincheck_core.engine.core", "raincheck_core.engine.step"]]
+
+
+SESSION_MODULES = {"raincheck_core.engine.session", "raincheck_core.engine.session_cache",
+                   "raincheck_core.engine.request", "raincheck_core.engine.core",
+                   "raincheck_core.engine.scheduler", "raincheck_core.engine.update"}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_the_runner_reaches_no_session_object():
+    """Its inputs are the plan and the pools: neither it nor anything it imports (typing imports included)
+    can name a session, a turn or the core that holds them."""
+    graph = _import_graph("raincheck_core")
+    for stage in ("raincheck_core.engine.runner", "raincheck_core.engine.graphs"):
+        assert _reachable(graph, stage) & SESSION_MODULES == set(), stage

@@ -26,6 +26,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .gdn_state import GDNStatePool
@@ -53,16 +54,18 @@ class PrefixStats:
 
 
 class PrefixChain:
-    """A session's row descriptions and the hashes of its full pages, while its slots are describable."""
+    """A session's row descriptions and the hashes of its full pages, while its slots are describable.
+    The descriptions are a numpy array: a decode step writes one row per session, and a numpy row write
+    costs a tenth of a tensor's on the host."""
 
     def __init__(self, page_size: int):
         self.page_size = page_size
         self.hashes: list[bytes] = []         # of each full page, in order
-        self.keys = torch.zeros(0, ROW_KEY_WIDTH, dtype=torch.long)
+        self.keys = np.zeros((0, ROW_KEY_WIDTH), dtype=np.int64)
         self.described = 0                    # slots described (a prefix of the session's slots)
         self.open = True                      # False from the first slot that cannot be described
 
-    def extend(self, start: int, keys: torch.Tensor | None) -> int:
+    def extend(self, start: int, keys: torch.Tensor | np.ndarray | None) -> int:
         """Slots from `start` were filled with rows described by `keys` (None: not describable). Returns
         how many pages this completed."""
         if not self.open or keys is None or start != self.described:
@@ -70,7 +73,7 @@ class PrefixChain:
             return 0
         end = start + len(keys)
         if self.keys.shape[0] < end:
-            grown = torch.zeros(max(2 * self.keys.shape[0], end, 64), ROW_KEY_WIDTH, dtype=torch.long)
+            grown = np.zeros((max(2 * self.keys.shape[0], end, 64), ROW_KEY_WIDTH), dtype=np.int64)
             grown[: self.described] = self.keys[: self.described]
             self.keys = grown
         self.keys[start:end] = keys
@@ -85,7 +88,7 @@ class PrefixChain:
     def adopt(self, hit: Hit, keys: torch.Tensor) -> None:
         """An empty session starts on `hit`'s pages, whose rows `keys` describes."""
         self.hashes = list(hit.hashes)
-        self.keys = keys.clone()
+        self.keys = np.array(keys, dtype=np.int64)
         self.described = len(keys)
         self.open = True
 
@@ -97,8 +100,8 @@ class PrefixChain:
         del self.hashes[self.described // self.page_size:]
 
 
-def page_hash(previous: bytes, keys: torch.Tensor) -> bytes:
-    return hashlib.blake2b(previous + keys.contiguous().numpy().tobytes(), digest_size=16).digest()
+def page_hash(previous: bytes, keys: torch.Tensor | np.ndarray) -> bytes:
+    return hashlib.blake2b(previous + np.ascontiguousarray(keys, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
 class PrefixCache:

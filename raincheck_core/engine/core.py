@@ -33,11 +33,12 @@ from ..ops.backend import GDNOps
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
-from .plan import JoinInputs, Kind, ScratchWork, Segment, StepPlan, Tracking
+from .plan import JoinInputs, Kind, Segment, StepPlan, Tracking
 from .request import Admission, TurnRequest
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
+from .step_sessions import ScratchWork
 from .update import StepResult
 
 log = logging.getLogger(__name__)

@@ -15,15 +15,13 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
     from ..deferral.handoff import ResidualResult
     from ..multimodal.turn_input import TurnInput
-    from .request import TurnRequest
-    from .session_cache import SessionCache
 
 
 class Kind(StrEnum):
@@ -147,34 +145,6 @@ class Segment:
         the update never sees them (engine/padding.py)."""
         slots = slot.reshape(1).expand(rows)
         return cls(Kind.PADDING, "", rows, slots, slots, gdn_slot)
-
-
-@dataclass(eq=False)
-class ScratchWork:
-    """A scratch session (no turn, no recovery) and its rows: a deferred worker's residual, prefilled
-    through the ordinary step from `cursor` on, or a session-free forward's rows; `error` is set when a
-    step holding only them fails."""
-
-    cache: SessionCache
-    input: TurnInput
-    cursor: int = 0
-    error: Exception | None = None
-
-    @property
-    def pending(self) -> int:
-        return len(self.input) - self.cursor
-
-
-class StepSessions(Protocol):
-    """What the update reads a plan's sessions through (the engine core implements it)."""
-
-    def cache(self, session: str) -> SessionCache: ...
-
-    def turn(self, session: str) -> TurnRequest | None: ...
-
-    def scratch(self, session: str) -> ScratchWork | None:
-        """A scratch session's rows and how far the step has prefilled them (None: not a scratch session)."""
-        ...
 
 
 @dataclass

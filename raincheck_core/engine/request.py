@@ -143,6 +143,13 @@ class TurnRequest:
         if not self.decoding:
             self.cursor += n
 
+    def sample(self, logits: torch.Tensor, maximum: tuple[float, int]) -> int:
+        """The next token from this turn's row of the step's logits; `maximum` (the row's largest logit and
+        its index) is the whole draw for a plain greedy sampler. A sampler swapped for another callable
+        is always called."""
+        token = self.sampler.from_maximum(maximum) if isinstance(self.sampler, Sampler) else None
+        return self.sampler(logits) if token is None else token
+
     def accept(self, token: int, logits: torch.Tensor, now: float, restoring: bool) -> None:
         """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk):
         emit its event, and end the turn on a stop token or the length limit."""

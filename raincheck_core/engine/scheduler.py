@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
-from .plan import Kind, ScratchWork, Segment, StepPlan
+from .plan import Kind, Segment, StepPlan
+from .step_sessions import ScratchWork
 
 if TYPE_CHECKING:
     import torch

@@ -17,6 +17,7 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..cache.gdn_state import GDNStatePool
@@ -54,8 +55,10 @@ class SessionCache:
         self.recovery: Recovery | None = None   # deferred input being restored, while any is left
         self.queued: Recovery | None = None     # the next turn's, while `recovery` is a previous turn's
         self.last_recovery_s: float | None = None   # post-answer completion time of the last recovery
-        self._turn_of = torch.zeros(0, dtype=torch.int32)      # per slot: the turn that wrote it
-        self._generated = torch.zeros(0, dtype=torch.bool)   # per slot: a token that turn generated
+        # per slot: the turn that wrote it, and whether it is a token that turn generated; numpy, since a
+        # decode step labels one slot per session and a numpy write costs a tenth of a tensor's on the host
+        self._turn_of = np.zeros(0, dtype=np.int32)
+        self._generated = np.zeros(0, dtype=np.bool_)
         self.deterministic = False        # the latest turn's steps run apart from other sessions' rows
         self._claimed = 0                 # slots claimed by the step being planned
         self.chain = PrefixChain(kv.page_size)   # what its slots hold, for the prefix cache
@@ -107,14 +110,14 @@ class SessionCache:
         ids = self.table.reserved_slots(0, end)
         if deferred_of is None:
             return ids
-        return ids[deferred_visible(self._turn_of[:end], self._generated[:end], deferred_of)]
+        return ids[self._deferred_visible(end, deferred_of)]
 
     def cancel_claims(self) -> None:
         self._claimed = 0
 
     # ---------------------------------------------------------------- applying a step
     def fill(self, n: int, *, tokens: list[int] | None = None, next_position: int | None = None,
-             keys: torch.Tensor | None = None) -> int:
+             keys: torch.Tensor | np.ndarray | None = None) -> int:
         """The first `n` claimed slots now hold K/V. `tokens`: the ids fed in them (a turn's input or
         answer rows; deferred rows are not part of the token stream), `next_position`: the position id of
         the next token after them, `keys`: what the rows are, when each saw every slot before it and every
@@ -151,7 +154,7 @@ class SessionCache:
         self.tokens = list(parent.tokens)
         self.next_position = parent.next_position
         self.turns = parent.turns
-        self._turn_of, self._generated = parent._turn_of.clone(), parent._generated.clone()
+        self._turn_of, self._generated = parent._turn_of.copy(), parent._generated.copy()
         self.deterministic = parent.deterministic
         if self.gdn is not None:
             self.gdn.conv[self.gdn_slot].copy_(self.gdn.conv[parent.gdn_slot])
@@ -162,14 +165,17 @@ class SessionCache:
         if self.recovery is None:
             return torch.empty(0, dtype=torch.long)
         n = self.length
-        hidden = ~torch.isin(torch.arange(n), deferred_visible(self._turn_of[:n], self._generated[:n],
-                                                                self.recovery.turn))
+        hidden = ~torch.isin(torch.arange(n), self._deferred_visible(n, self.recovery.turn))
         return self.table.slots(0, n)[hidden]
 
     def visible_slots(self) -> torch.Tensor:
         """Slot ids of the filled slots the pending recovery's rows may read, in order."""
         n = self.length
-        return self.table.slots(0, n)[deferred_visible(self._turn_of[:n], self._generated[:n], self.recovery.turn)]
+        return self.table.slots(0, n)[self._deferred_visible(n, self.recovery.turn)]
+
+    def _deferred_visible(self, end: int, turn: int) -> torch.Tensor:
+        """Positions among the first `end` slots that deferred rows of `turn` may read."""
+        return deferred_visible(torch.from_numpy(self._turn_of[:end]), torch.from_numpy(self._generated[:end]), turn)
 
     def end_recovery(self) -> None:
         """The recovery is complete (or given up): its prefix state is released; the queued recovery of
@@ -226,7 +232,7 @@ class SessionCache:
             self.gdn_slot = None
 
 
-def _grown(labels: torch.Tensor, size: int) -> torch.Tensor:
-    out = torch.zeros(size, dtype=labels.dtype)
+def _grown(labels: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, dtype=labels.dtype)
     out[: labels.shape[0]] = labels
     return out

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import StepFailedError
-from .plan import StepPlan, StepSessions
+from .plan import StepPlan
+from .step_sessions import StepSessions
 from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:

@@ -15,12 +15,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
-from .plan import CHUNKS, RESTORING, Kind, StepPlan, StepSessions
+from ..sampling import row_maxima
+from .plan import CHUNKS, RESTORING, Kind, StepPlan
 from .runner import StepOutputs
+from .step_sessions import StepSessions
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
@@ -105,12 +108,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample
-    for seg, logits in zip([s for s in plan.segments if s.sample], out.logits, strict=True):
+    sampled = [s for s in plan.segments if s.sample]
+    maxima = row_maxima(out.logits) if sampled else []
+    for seg, logits, maximum in zip(sampled, out.logits, maxima, strict=True):
         req = sessions.turn(seg.session)
         if req.finished:
             continue
         try:
-            token = req.sampler(logits)
+            token = req.sample(logits, maximum)
         except Exception as e:   # this turn's sampling only: the others in the step go on
             result.failed.append((req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")))
             continue
@@ -127,12 +132,9 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     return result
 
 
-def text_row_key(token: int, position: int) -> torch.Tensor:
+def text_row_key(token: int, position: int) -> np.ndarray:
     """The prefix cache's description of a text row (as `turn_input.row_keys` writes it)."""
-    key = torch.zeros(1, ROW_KEY_WIDTH, dtype=torch.long)
-    key[0, 0] = token
-    key[0, 1:4] = position
-    return key
+    return np.array([(token, position, position, position, *[0] * (ROW_KEY_WIDTH - 4))], dtype=np.int64)
 
 
 def chunk_carriers(plan: StepPlan) -> set[str]:

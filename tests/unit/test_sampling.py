@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raincheck_core.errors import InvalidInputError, SamplingError
-from raincheck_core.sampling import Sampler
+from raincheck_core.sampling import Sampler, row_maxima
 from raincheck_core.sampling_params import MIN_TEMPERATURE, MIN_TOP_P, SamplingParams
 
 
@@ -87,3 +87,22 @@ def test_infinite_logits_fall_back_to_greedy():
 def test_no_usable_logit_is_a_typed_error(logits, params):
     with pytest.raises(SamplingError, match="no usable logit"):
         Sampler(params)(torch.tensor(logits))
+
+
+def test_a_steps_row_maxima_are_each_plain_greedy_draw():
+    """One reduction over a step's logits gives what each row's own draw gives: the first largest logit
+    on ties; a NaN or +inf row, a rule or logprobs send the row back to the sampler."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    logits[1, [3, 7]] = 9.0                     # a tie: the first index, as torch.argmax
+    logits[2, 5] = float("nan")
+    logits[3, 4] = float("inf")
+    maxima = row_maxima(logits)
+    plain = Sampler(SamplingParams())
+    for row, maximum in zip(logits, maxima, strict=True):
+        token = plain.from_maximum(maximum)
+        assert token is None or token == plain(row)
+    assert [plain.from_maximum(m) is None for m in maxima] == [False, False, True, True, False, False]
+    assert maxima[1][1] == 3
+    assert Sampler(SamplingParams(logprobs=True)).from_maximum(maxima[0]) is None
+    assert Sampler(SamplingParams(repetition_penalty=1.2), context=[1]).from_maximum(maxima[0]) is None
+    assert Sampler(SamplingParams(temperature=0.7)).from_maximum(maxima[0]) is None

@@ -1,0 +1,172 @@
+"""Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
+
+    python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--profile] [--json PATH]
+
+On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
+host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
+either hides behind it or sets the step's time. This measures that part on the CPU, where it costs the
+same host time: B sessions each start a 64-token text turn (distinct ids, prefix cache on, as served),
+then the engine steps until all have ended; every steady step (all B decoding) is timed in thread CPU
+time, and so is the model's forward inside it (a hook on the decoder module: its Python and its
+arithmetic), and the host time is the difference. The random `bench` checkpoint's arithmetic is small,
+but only the difference is reported. 20th percentile and median over the steady steps of the rounds.
+`--profile` adds cProfile's top functions of the largest B by time spent outside the forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from raincheck_core import Engine, Prompt, SamplingParams
+
+from .common import FAMILIES, STEP_QUANTILE, build_engine, quantile, setup_torch
+
+TEXT = 64
+GOAL_MS = 1.0           # issue 39: host time per decode step outside the forward at B = 64
+
+
+@contextmanager
+def forward_timer(model: torch.nn.Module) -> Iterator[list[float]]:
+    """Thread CPU seconds of each call of `model` (the decoder's whole forward), appended as they end."""
+    spent: list[float] = []
+    start: list[float] = []
+    pre = model.register_forward_pre_hook(lambda _m, _a: start.append(time.thread_time()))
+    post = model.register_forward_hook(lambda _m, _a, _o: spent.append(time.thread_time() - start.pop()))
+    try:
+        yield spent
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def prompts(b: int, seed: int = 0) -> list[Prompt]:
+    g = torch.Generator().manual_seed(seed)
+    return [Prompt(torch.randint(16, 2000, (TEXT,), generator=g).tolist()) for _ in range(b)]
+
+
+def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int,
+               profiler: cProfile.Profile | None = None) -> tuple[list[float], list[float]]:
+    """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns."""
+    sessions = [engine.open_session() for _ in batch]
+    params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    steps, forwards = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        with forward_timer(engine.model) as spent:
+            turns = [s.turn(p, params).request for s, p in zip(sessions, batch, strict=True)]
+            while not all(t.finished for t in turns):
+                steady = all(t.decoding and not t.finished for t in turns)
+                calls = len(spent)
+                if steady and profiler is not None:
+                    profiler.enable()
+                cpu = time.thread_time()
+                engine.step()
+                cpu = time.thread_time() - cpu
+                if profiler is not None:
+                    profiler.disable()
+                if steady:
+                    steps.append(cpu)
+                    forwards.append(sum(spent[calls:]))
+    finally:
+        gc.enable()
+        for s in sessions:
+            s.close()
+    return steps, forwards
+
+
+def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str) -> dict[int, dict]:
+    host_steps(engine, prompts(4, seed=99), 8)      # warm-up: allocations, first-use paths
+    pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
+    with tqdm(total=repeats * len(bs), desc=desc, leave=False) as bar:
+        for r in range(repeats):
+            for b in bs if r % 2 == 0 else bs[::-1]:
+                steps, forwards = host_steps(engine, prompts(b, seed=r), max_new)
+                pooled[b][0].extend(steps)
+                pooled[b][1].extend(forwards)
+                bar.update()
+    out = {}
+    for b, (steps, forwards) in pooled.items():
+        host = [s - f for s, f in zip(steps, forwards, strict=True)]
+        out[b] = dict(steps=len(steps), host_ms_p20=1e3 * quantile(host, STEP_QUANTILE),
+                      host_ms_median=1e3 * statistics.median(host),
+                      step_ms_median=1e3 * statistics.median(steps),
+                      forward_ms_median=1e3 * statistics.median(forwards))
+        out[b]["host_us_per_row"] = 1e3 * out[b]["host_ms_median"] / b
+    return out
+
+
+def profile_outside(engine: Engine, b: int, max_new: int, top: int = 25) -> str:
+    """cProfile's top functions by internal time over the steady steps of one batch of `b` turns (the
+    forward's own functions are listed too: read the engine's)."""
+    profiler = cProfile.Profile()
+    host_steps(engine, prompts(b, seed=7), max_new, profiler)
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("tottime").print_stats(top)
+    return stream.getvalue()
+
+
+def table(results: dict[str, dict[int, dict]]) -> str:
+    lines = ["| family | B | host ms / step, p20 | median | µs per row | forward ms (median) | step ms (median) |",
+             "|---|---|---|---|---|---|---|"]
+    for family, by_b in results.items():
+        for b, r in by_b.items():
+            lines.append(f"| {family} | {b} | {r['host_ms_p20']:.2f} | {r['host_ms_median']:.2f} | "
+                         f"{r['host_us_per_row']:.0f} | {r['forward_ms_median']:.2f} | {r['step_ms_median']:.2f} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 16 new tokens (~1 min)")
+    ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--max-new", type=int, default=None)
+    ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.max_new = args.max_new or (16 if args.quick else 32)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_torch(1)
+    results, profiles = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in args.families.split(","):
+            engine = build_engine(family, Path(tmp), prefix_cache=True)
+            results[family] = measure(engine, args.bs, args.repeats, args.max_new, family)
+            if args.profile:
+                profiles[family] = profile_outside(engine, max(args.bs), args.max_new)
+    cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
+    print(f"\n`{cmd}`: {TEXT}-token text turns, {args.max_new} new tokens, one thread, {args.repeats} rounds; "
+          f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
+    print(table(results))
+    for family, text in profiles.items():
+        print(f"\ncProfile, {family}, B = {max(args.bs)} (the forward's own functions included):\n{text}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dict(command=cmd, results=results), indent=2))
+
+
+if __name__ == "__main__":
+    main()
