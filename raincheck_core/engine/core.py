@@ -67,7 +67,7 @@ class EngineCore:
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla"):
             self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
-        self.clock: Callable[[], float] = time.perf_counter
+        self.clock: Callable[[], float] = self._clock(time.perf_counter)
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
@@ -128,8 +128,13 @@ class EngineCore:
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure with `clock` from now on (thread CPU time in a benchmark, a simulated clock in a test),
         with a fresh step-cost model: its samples must share one clock."""
-        self.clock = clock
+        self.clock = self._clock(clock)
         self.scheduler.cost = StepCostModel()
+
+    def _clock(self, clock: Callable[[], float]) -> Callable[[], float]:
+        """`clock`, or on a tensor-parallel rank rank 0's reading of it: ranks must take the same
+        scheduling decisions, which depend on measured times (parallel/group.py `shared`)."""
+        return clock if self.model.tp is None else self.model.tp.shared(clock)
 
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """Call `hook(plan)` before each forward of a step (each pass, each solo re-run). A hook that

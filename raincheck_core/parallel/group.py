@@ -9,6 +9,7 @@ The layers only reduce (`all_reduce`, after a row-parallel projection or the exp
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,20 @@ class RankGroup:
             raise RankFailedError(f"comparing {what} across {self.world} ranks failed: {e}") from e
         if int(t[0]) != -int(t[1]):
             raise RankFailedError(f"the {self.world} ranks disagree on {what}")
+
+    def shared(self, clock: Callable[[], float]) -> Callable[[], float]:
+        """`clock` as rank 0 reads it, on every rank. The engine measures with it (step costs, the TPOT
+        objective, turn metrics), so ranks running the same calls schedule the same steps whatever their
+        own timings. Each reading is a collective: every rank must read it at the same points, as ranks
+        running the same calls on one thread do."""
+        def read() -> float:
+            t = torch.tensor([clock() if self.rank == 0 else 0.0], dtype=torch.float64, device=self.device)
+            try:
+                dist.broadcast(t, src=0, group=self.group)
+            except (RuntimeError, dist.DistBackendError) as e:
+                raise RankFailedError(f"reading rank 0's clock failed: {e}") from e
+            return float(t[0])
+        return read
 
     def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """`obj` as rank `src` has it (pickled: plain data only)."""

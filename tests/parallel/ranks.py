@@ -148,3 +148,24 @@ def demo_dialogue(group: RankGroup | None, folder: str) -> list[tuple[list[int],
         out.append(([e.token_id for e in events], torch.stack([e.logits for e in events])))
     session.close()
     return out
+
+
+def objective_turn(group: RankGroup, folder: str) -> tuple[list[int], float, float, torch.Tensor]:
+    """A raincheck turn under the default TPOT objective (its decisions read measured step times), rank 1
+    given a clock 1000 times faster than rank 0's and jittery: the answer's ids, TTFT, TPOT and logits."""
+    import random
+    import time
+
+    from raincheck_core.deferral.policy import DeferralConfig
+    from tests.deferral.helpers import image_prompt
+
+    engine = engine_for(group, folder)
+    jitter = random.Random(group.rank)
+    engine.use_clock(time.perf_counter if group.rank == 0 else lambda: 1000 * time.perf_counter() + jitter.random())
+    session = engine.open_session(deferral=DeferralConfig("raincheck", selector="uniform", chunk_size=7, guard=2))
+    stream = session.turn(image_prompt(engine, seed=6), SamplingParams(max_new_tokens=12, ignore_eos=True),
+                          return_logits=True)
+    events = stream.tokens()
+    m = stream.end.metrics
+    session.close()
+    return [e.token_id for e in events], m.ttft_s, m.tpot_s, torch.stack([e.logits for e in events])

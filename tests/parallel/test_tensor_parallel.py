@@ -93,3 +93,11 @@ def test_the_demo_model_answers_the_same_at_tp2():
                                                           strict=True):
         assert ids == ids1 == want_ids
         assert float((logits - want).abs().max()) <= TOL
+
+
+def test_ranks_measure_with_rank_0s_clock_so_the_tpot_objective_decides_alike(tiny_checkpoints):
+    """Rank 1's own clock is ignored: both ranks report rank 0's times and took the same steps (a
+    different decision would have failed the step's plan digest)."""
+    rank0, rank1 = spawn(ranks.objective_turn, 2, str(tiny_checkpoints["qwen3_5"][1]), threads=1)
+    assert rank0[:3] == rank1[:3]
+    assert torch.equal(rank0[3], rank1[3])
