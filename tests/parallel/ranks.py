@@ -169,3 +169,31 @@ def objective_turn(group: RankGroup, folder: str) -> tuple[list[int], float, flo
     m = stream.end.metrics
     session.close()
     return [e.token_id for e in events], m.ttft_s, m.tpot_s, torch.stack([e.logits for e in events])
+
+
+def handoff_turns(group: RankGroup | None, folder: str, remote: bool) -> dict:
+    """Turn 1 (an image turn whose deferred rows are pending after its answer), its recovery either
+    finished locally or handed to a second engine (what a deferred worker runs; at TP = 2 both are
+    tensor-parallel, each rank shipping its own heads), then turn 2: its ids and logits, and per rank the
+    KV heads and GDN value heads the payload carried."""
+    from raincheck_core.deferral.policy import DeferralConfig
+    from tests.deferral.helpers import image_prompt
+
+    engine = engine_for(group, folder)
+    worker = engine_for(group, folder) if remote else None
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
+    session = engine.open_session(deferral=cfg)
+    session.turn(image_prompt(engine, seed=31), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    shipped = {}
+    if worker is not None:
+        ticket = engine.hold_residual(session)
+        payload = engine.export_residual(session, ticket)
+        shipped = {"kv_heads": payload.context_k.shape[2],
+                   "gdn_heads": None if payload.prefix_ssm is None else payload.prefix_ssm.shape[1]}
+        engine.apply_residual(session, ticket, worker.prefill_residual(payload))
+    else:
+        session.complete_recovery()
+    events = session.turn(Prompt([11, 12, 13]), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                          return_logits=True).tokens()
+    session.close()
+    return {"ids": [e.token_id for e in events], "logits": torch.stack([e.logits for e in events]), **shipped}

@@ -101,3 +101,18 @@ def test_ranks_measure_with_rank_0s_clock_so_the_tpot_objective_decides_alike(ti
     rank0, rank1 = spawn(ranks.objective_turn, 2, str(tiny_checkpoints["qwen3_5"][1]), threads=1)
     assert rank0[:3] == rank1[:3]
     assert torch.equal(rank0[3], rank1[3])
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_a_handoff_at_tp2_gives_tp1s_answers(tiny_checkpoints, family):
+    """Each rank ships its own KV and GDN heads to its peer in the deferred worker's group; the next
+    turn equals TP = 1's, handed off or finished locally."""
+    folder = str(tiny_checkpoints[family][1])
+    rank0, rank1 = spawn(ranks.handoff_turns, 2, folder, True, threads=1)
+    full = ranks.handoff_turns(None, folder, True)
+    local = ranks.handoff_turns(None, folder, False)
+    for got in (rank0, rank1):
+        assert got["ids"] == full["ids"] == local["ids"]
+        assert float((got["logits"] - full["logits"]).abs().max()) <= TOL
+        assert got["kv_heads"] == full["kv_heads"] // 2
+        assert got["gdn_heads"] == (None if full["gdn_heads"] is None else full["gdn_heads"] // 2)
