@@ -50,8 +50,9 @@ def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool 
     """The logits of one image turn under each deferral setting of the identity tests (tests/deferral), and
     of a second turn after the first one's recovery: `full`, `retention1` (raincheck keeping every visual
     token), `fused` and `serial` (chunks of 7 riding on decode steps, or in passes of their own; on a GDN
-    model each chunk's state change is joined into the live state), `turn2` (after the barrier recovered
-    the rest of D). No prefix cache: every run prefills in the same steps."""
+    model each chunk's state change is joined into the live state), `hard` (D never seen), `post_answer`
+    (D restored after the answer), and `…_turn2`, a second turn after the barrier restored the rest of D.
+    No prefix cache: every run prefills in the same steps."""
     from raincheck_core.deferral.policy import DeferralConfig
     from tests.deferral.helpers import image_prompt
 
@@ -63,16 +64,18 @@ def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool 
         "retention1": DeferralConfig("raincheck", tpot_slo=None, retention=1.0, guard=0),
         "fused": DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7),
         "serial": DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, fused=False),
+        "hard": DeferralConfig("hard", selector="uniform"),
+        "post_answer": DeferralConfig("post_answer", selector="uniform"),
     }
     out = {}
     for name, cfg in settings.items():
         session = engine.open_session(deferral=cfg)
         events = session.turn(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True), return_logits=True).tokens()
         out[name] = torch.stack([e.logits for e in events])
-        if name == "fused":      # 3 chunks rode on the answer, the rest waits for the barrier before turn 2
+        if name in ("fused", "post_answer"):     # what was not restored during the answer, the barrier restores
             events = session.turn(Prompt([11, 12]), SamplingParams(max_new_tokens=4, ignore_eos=True),
                                   return_logits=True).tokens()
-            out["turn2"] = torch.stack([e.logits for e in events])
+            out[f"{name}_turn2"] = torch.stack([e.logits for e in events])
         session.close()
     return out
 

@@ -33,7 +33,8 @@ def test_tp2_logits_equal_tp1_for_all_families(tiny_checkpoints):
 
 def test_deferral_identities_hold_at_tp2(tiny_checkpoints):
     """At TP = 2: retention 1 is the full prefill, fused chunks (with the GDN join on Qwen3.5) equal serial
-    ones, and every setting, and a second turn after the barrier, gives TP = 1's logits."""
+    ones, and every setting (hard and post-answer too), and a second turn after the barrier, gives TP = 1's
+    logits (which tests/deferral checks against transformers)."""
     jobs = [(str(tiny_checkpoints["qwen3_vl"][1]), False), (str(tiny_checkpoints["qwen3_5"][1]), False),
             (str(tiny_checkpoints["qwen3_5_moe"][1]), True)]
     rank0, _ = spawn(ranks.deferral_logits_of, 2, jobs, threads=1)
