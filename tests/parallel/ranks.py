@@ -118,38 +118,21 @@ def prefix_hit(group: RankGroup | None, folder: str) -> list[tuple[int, torch.Te
     return out
 
 
-def diverging_turns(group: RankGroup, folder: str) -> str:
-    """Rank 1's pool hands out other pages (one is taken first), so its plan writes other slots: what the
-    turn raised."""
+def diverging_turns(group: RankGroup, folder: str) -> list[str]:
+    """What two turns raised where the ranks diverge: rank 1 given another prompt of the same length
+    (its ids differ), then rank 1's pool handing out other pages (its plan writes other slots)."""
     engine = engine_for(group, folder)
-    if group.rank == 1:
-        engine.kv.allocate(1)
-    session = engine.open_session()
-    try:
-        session.turn(Prompt([5, 6, 7]), SamplingParams(max_new_tokens=2)).result()
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
-def demo_dialogue(group: RankGroup | None, folder: str) -> list[tuple[list[int], torch.Tensor]]:
-    """The shipped demo model (Qwen3.5, a vocabulary of 435: blocks of 218 and 217 rows) on a rendered
-    scene through its vision tower and chat template: per turn (the image question, then a follow-up),
-    the greedy answer's token ids and logits."""
-    import random
-
-    from raincheck_core import Message
-    from raincheck_demo.world import make_dialogue
-
-    engine = engine_for(group, folder)
-    dialogue = make_dialogue(random.Random(11))
-    session = engine.open_session()
     out = []
-    for message in (Message(dialogue.questions[0].text, images=[dialogue.scene.png()]),
-                    Message(dialogue.questions[1].text)):
-        events = session.turn(message, SamplingParams(max_new_tokens=12), return_logits=True).tokens()
-        out.append(([e.token_id for e in events], torch.stack([e.logits for e in events])))
-    session.close()
+    for prompt in ([5, 6, 7 + group.rank], [5, 6, 7]):
+        if prompt == [5, 6, 7] and group.rank == 1:
+            engine.kv.allocate(1)
+        session = engine.open_session()
+        try:
+            session.turn(Prompt(prompt), SamplingParams(max_new_tokens=2)).result()
+            out.append("no error")
+        except Exception as e:
+            out.append(f"{type(e).__name__}: {e}")
+        session.close()
     return out
 
 

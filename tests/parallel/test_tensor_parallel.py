@@ -79,9 +79,10 @@ def test_a_prefix_cache_hit_at_tp2_is_its_cold_run(tiny_checkpoints):
     assert float((cold - ranks.prefix_hit(None, folder)[0][1]).abs().max()) <= TOL
 
 
-def test_ranks_whose_plans_diverge_fail_the_turn_instead_of_mixing_collectives(tiny_checkpoints):
+def test_ranks_given_other_ids_or_plans_fail_the_turn_instead_of_mixing_collectives(tiny_checkpoints):
     results = spawn(ranks.diverging_turns, 2, str(tiny_checkpoints["qwen3_vl"][1]), threads=1, timeout_s=30)
-    assert results == ["RankFailedError: the 2 ranks disagree on the step's plan"] * 2
+    assert results == [["RankFailedError: the 2 ranks disagree on a turn's input ids",
+                        "RankFailedError: the 2 ranks disagree on the step's plan"]] * 2
 
 
 @pytest.mark.skipif(not (MODELS / "demo-v2" / "model.safetensors").is_file(), reason="no demo-v2 checkpoint")
