@@ -1,9 +1,10 @@
 """The ranks of one tensor-parallel engine, on torch.distributed: gloo on the CPU, NCCL on CUDA.
 
 The layers only reduce (`all_reduce`, after a row-parallel projection or the experts) and gather
-(`all_gather`, the vocabulary-parallel LM head's logits); `broadcast_object` carries plain data from rank
-0. Every collective has the group's timeout: a rank that died makes the others fail with
-`RankFailedError` instead of waiting for it forever.
+(`all_gather`, the vocabulary-parallel LM head's logits). The engine compares digests across ranks
+(`check_same`: of each step's plan, of each turn's input ids) and measures with rank 0's clock
+(`shared`); `broadcast_object` carries plain data from rank 0. Every collective has the group's
+timeout: a rank that died makes the others fail with `RankFailedError` instead of waiting for it forever.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ from __future__ import annotations
 import pickle
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from ..errors import RankFailedError
@@ -26,8 +28,6 @@ def free_port() -> int:
 
 def _rank_main(rank: int, world: int, address: str, device: str, timeout_s: float, threads: int | None,
                fn: Callable[..., Any], args: tuple, results: Any) -> None:
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
     try:
@@ -54,6 +54,7 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", t
         p.start()
     got: dict[int, Any] = {}
     failed: dict[int, str] = {}
+    deadline = None     # once a rank failed: when the others, if still running, are stopped
     # results are read while the ranks run: a result larger than the pipe's buffer blocks its rank until read
     while len(got) + len(failed) < world:
         try:
@@ -62,6 +63,14 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, device: str = "cpu", t
             for rank, p in enumerate(procs):
                 if rank not in got and rank not in failed and not p.is_alive() and results.empty():
                     failed[rank] = f"exited with code {p.exitcode}"
+            if failed and deadline is None:
+                deadline = time.monotonic() + timeout_s
+            if deadline is not None and time.monotonic() > deadline:
+                # their collectives time out by then: a rank still running is stuck outside them
+                for rank, p in enumerate(procs):
+                    if rank not in got and rank not in failed:
+                        p.terminate()
+                        failed[rank] = f"stopped {timeout_s:.0f} s after another rank failed"
             continue
         if ok:
             got[rank] = pickle.loads(value)
