@@ -64,7 +64,9 @@ class EngineCore:
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=memory.align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
-        if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla"):
+        # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
+        if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
+                and model.tp is None:
             self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
         self.clock: Callable[[], float] = self._clock(time.perf_counter)

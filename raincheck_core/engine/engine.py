@@ -159,7 +159,7 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         model_config = ModelConfig.from_folder(folder)
         # a tensor-parallel rank builds and loads only its shard
-        tp = joined_group(config.tensor_parallel_size, config.device) if config.tensor_parallel_size > 1 else None
+        tp = joined_group(config.tensor_parallel_size) if config.tensor_parallel_size > 1 else None
         model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
                                                                            dtype=config.torch_dtype)
         others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)

@@ -29,8 +29,10 @@ class RankGroup:
 
     rank: int
     world: int
-    device: str = "cpu"      # where the group's own tensors live (NCCL reduces CUDA tensors only)
-    group: Any = None        # a torch.distributed ProcessGroup; None: the default one
+    group: Any = None        # the activations' torch.distributed ProcessGroup; None: the default one
+    # the group of the host-side checks (digests, clock readings, objects): gloo over the CPU, so on GPUs
+    # they neither move to the device nor wait for it (None: the default group, already gloo on CPUs)
+    control: Any = None
 
     @property
     def shard(self) -> Shard:
@@ -55,9 +57,9 @@ class RankGroup:
 
     def check_same(self, value: int, what: str) -> None:
         """Every rank passed the same `value` (a digest of `what`); RankFailedError where they differ."""
-        t = torch.tensor([value, -value], dtype=torch.int64, device=self.device)
+        t = torch.tensor([value, -value], dtype=torch.int64)
         try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
         except (RuntimeError, dist.DistBackendError) as e:
             raise RankFailedError(f"comparing {what} across {self.world} ranks failed: {e}") from e
         if int(t[0]) != -int(t[1]):
@@ -69,9 +71,9 @@ class RankGroup:
         own timings. Each reading is a collective: every rank must read it at the same points, as ranks
         running the same calls on one thread do."""
         def read() -> float:
-            t = torch.tensor([clock() if self.rank == 0 else 0.0], dtype=torch.float64, device=self.device)
+            t = torch.tensor([clock() if self.rank == 0 else 0.0], dtype=torch.float64)
             try:
-                dist.broadcast(t, src=0, group=self.group)
+                dist.broadcast(t, src=0, group=self.control)
             except (RuntimeError, dist.DistBackendError) as e:
                 raise RankFailedError(f"reading rank 0's clock failed: {e}") from e
             return float(t[0])
@@ -81,7 +83,7 @@ class RankGroup:
         """`obj` as rank `src` has it (pickled: plain data only)."""
         box = [obj]
         try:
-            dist.broadcast_object_list(box, src=src, group=self.group)
+            dist.broadcast_object_list(box, src=src, group=self.control)
         except (RuntimeError, dist.DistBackendError) as e:
             raise RankFailedError(f"broadcast from rank {src} failed: {e}") from e
         return box[0]
@@ -90,18 +92,31 @@ class RankGroup:
 def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
     """Join the engine's `world` ranks at `address` (`tcp://host:port`, rank 0 listening) and return this
-    process's group. NCCL for CUDA devices, gloo otherwise."""
+    process's group: NCCL for CUDA devices (one GPU per rank, by rank, with a gloo group for the host-side
+    checks), gloo otherwise."""
     cuda = torch.device(device).type == "cuda"
-    if cuda:        # one GPU per rank, by rank: "cuda" then means this rank's device
+    if cuda:        # "cuda" then means this rank's device
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if cuda else "gloo", init_method=address, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return RankGroup(rank, world, "cuda" if cuda else "cpu")
+    _joined["group"] = RankGroup(rank, world, control=_control_group(timeout_s))
+    return _joined["group"]
 
 
-def joined_group(world: int, device: str = "cpu") -> RankGroup:
-    """This process's rank group on `device`, when it is one of `world` ranks already joined
-    (`init_rank_group`)."""
+def _control_group(timeout_s: float) -> Any:
+    """A gloo group beside an NCCL default group (a collective call: every rank makes it); None on gloo."""
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+# this process's group, as init_rank_group made it (one process is one rank)
+_joined: dict[str, RankGroup] = {}
+
+
+def joined_group(world: int) -> RankGroup:
+    """This process's rank group, when it is one of `world` ranks already joined (`init_rank_group`, or a
+    default group initialised by the caller)."""
     if not dist.is_initialized():
         raise InvalidInputError(
             f"tensor_parallel_size {world}: this process is not a rank of an initialised group; start the ranks "
@@ -109,4 +124,6 @@ def joined_group(world: int, device: str = "cpu") -> RankGroup:
     if dist.get_world_size() != world:
         raise InvalidInputError(f"tensor_parallel_size {world}, but this process's group has "
                                 f"{dist.get_world_size()} ranks")
-    return RankGroup(dist.get_rank(), world, "cuda" if torch.device(device).type == "cuda" else "cpu")
+    if "group" not in _joined:
+        _joined["group"] = RankGroup(dist.get_rank(), world, control=_control_group(DEFAULT_TIMEOUT_S))
+    return _joined["group"]
