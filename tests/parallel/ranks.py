@@ -136,6 +136,27 @@ def diverging_turns(group: RankGroup, folder: str) -> list[str]:
     return out
 
 
+def demo_dialogue(group: RankGroup | None, folder: str) -> list[tuple[list[int], torch.Tensor]]:
+    """The shipped demo model (Qwen3.5, a vocabulary of 435: blocks of 218 and 217 rows) on a rendered
+    scene through its vision tower and chat template: per turn (the image question, then a follow-up),
+    the greedy answer's token ids and logits."""
+    import random
+
+    from raincheck_core import Message
+    from raincheck_demo.world import make_dialogue
+
+    engine = engine_for(group, folder)
+    dialogue = make_dialogue(random.Random(11))
+    session = engine.open_session()
+    out = []
+    for message in (Message(dialogue.questions[0].text, images=[dialogue.scene.png()]),
+                    Message(dialogue.questions[1].text)):
+        events = session.turn(message, SamplingParams(max_new_tokens=12), return_logits=True).tokens()
+        out.append(([e.token_id for e in events], torch.stack([e.logits for e in events])))
+    session.close()
+    return out
+
+
 def objective_turn(group: RankGroup, folder: str) -> tuple[list[int], float, float, torch.Tensor]:
     """A raincheck turn under the default TPOT objective (its decisions read measured step times), rank 1
     given a clock 1000 times faster than rank 0's and jittery: the answer's ids, TTFT, TPOT and logits."""
