@@ -200,6 +200,15 @@ def default_backend() -> str:
     return os.environ.get("RAINCHECK_BACKEND") or "auto"
 
 
+def default_tensor_parallel_size() -> int:
+    """`EngineConfig.tensor_parallel_size` when none is given: RAINCHECK_TENSOR_PARALLEL_SIZE, else 1."""
+    value = os.environ.get("RAINCHECK_TENSOR_PARALLEL_SIZE") or "1"
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(f"RAINCHECK_TENSOR_PARALLEL_SIZE must be an integer, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving knobs of one Engine (one device, many sessions)."""
@@ -226,12 +235,17 @@ class EngineConfig:
     encoder_cache_bytes: int = 256 << 20   # vision tower outputs by image content (0: off)
     backend: str = field(default_factory=default_backend)   # one of BACKENDS
     cuda_graphs: bool = True         # on CUDA with a non-native backend: decode steps bucketed and graph-captured
+    # tensor parallelism (raincheck_core/parallel): the ranks the decoder's heads, widths and vocabulary are
+    # split over (1: one process holds the whole model, nothing else changes), and whether MoE experts are
+    # split across them (expert parallelism) rather than each expert's width
+    tensor_parallel_size: int = field(default_factory=default_tensor_parallel_size)
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("page_size", "num_pages", "max_pages_per_session", "max_gdn_slots", "max_rows_per_step",
-                     "deferred_budget", "recovery_chunk", "gdn_checkpoint_every"):
+        for name in ("tensor_parallel_size", "page_size", "num_pages", "max_pages_per_session", "max_gdn_slots",
+                     "max_rows_per_step", "deferred_budget", "recovery_chunk", "gdn_checkpoint_every"):
             if getattr(self, name) <= 0:
                 raise InvalidInputError(f"{name} must be positive, got {getattr(self, name)}")
         if self.prefix_cache_pages is not None and self.prefix_cache_pages <= 0:

@@ -91,6 +91,11 @@ class StepFailedError(RaincheckError):
     undone: the session's cache is as it was before the turn started."""
 
 
+class RankFailedError(RaincheckError):
+    """A collective of a tensor-parallel engine failed or timed out: another rank died or stopped
+    answering. The engine cannot serve until its ranks are restarted."""
+
+
 class TurnAbortedError(RaincheckError):
     """The turn was stopped and undone (`Session.abort`): nobody was left to read its answer."""
 

@@ -26,7 +26,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
-from ..errors import SamplingError, StepFailedError
+from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
@@ -59,15 +59,18 @@ class EngineCore:
         self.model_config = cfg
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype
-        memory = reserve(cfg, config, self.device, self.dtype)
+        # a tensor-parallel rank's pools hold only its heads
+        memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=memory.align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
-        if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla"):
+        # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
+        if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
+                and model.tp is None:
             self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
-        self.clock: Callable[[], float] = time.perf_counter
+        self.clock: Callable[[], float] = self._clock(time.perf_counter)
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
@@ -128,8 +131,13 @@ class EngineCore:
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure with `clock` from now on (thread CPU time in a benchmark, a simulated clock in a test),
         with a fresh step-cost model: its samples must share one clock."""
-        self.clock = clock
+        self.clock = self._clock(clock)
         self.scheduler.cost = StepCostModel()
+
+    def _clock(self, clock: Callable[[], float]) -> Callable[[], float]:
+        """`clock`, or on a tensor-parallel rank rank 0's reading of it: ranks must take the same
+        scheduling decisions, which depend on measured times (parallel/group.py `shared`)."""
+        return clock if self.model.tp is None else self.model.tp.shared(clock)
 
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """Call `hook(plan)` before each forward of a step (each pass, each solo re-run). A hook that
@@ -385,7 +393,9 @@ class EngineCore:
         retried, and the recovery given up after `MAX_RECOVERY_FAILURES`."""
         req = self.turns.get(cache.session)
         if req is not None:
-            self.fail_turn(req, StepFailedError(f"the forward pass running this turn failed: {error}"))
+            # a tensor-parallel rank that died is the server's fault, not the turn's: its own error says so
+            self.fail_turn(req, error if isinstance(error, RankFailedError) else
+                           StepFailedError(f"the forward pass running this turn failed: {error}"))
             return
         work = self.scratches.get(cache.session)
         if work is not None:

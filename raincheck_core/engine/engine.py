@@ -31,6 +31,7 @@ from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import TurnInput, build_turn_input
+from ..parallel.group import joined_group
 from ..pruning.settings import load_selector_options
 from . import residual
 from .core import EngineCore
@@ -157,7 +158,10 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_config = ModelConfig.from_folder(folder)
-        model = build_decoder(model_config).to(device=config.device, dtype=config.torch_dtype)
+        # a tensor-parallel rank builds and loads only its shard
+        tp = joined_group(config.tensor_parallel_size) if config.tensor_parallel_size > 1 else None
+        model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
+                                                                           dtype=config.torch_dtype)
         others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
         vision = None
         if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):

@@ -12,6 +12,7 @@ reads the plan and the pools, never a session.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -166,6 +167,19 @@ class StepPlan:
 
     def count(self, kind: Kind) -> int:
         return sum(1 for s in self.segments if s.kind is kind)
+
+    def fingerprint(self) -> int:
+        """A digest of what the step runs (kinds, counts, slots, tokens, flags; not session ids, which
+        each process draws itself): tensor-parallel ranks compare it before a forward, so ranks whose
+        schedulers diverged fail with a typed error instead of mixing each other's collectives."""
+        digest = 0
+        for s in self.segments:
+            head = (s.kind.value, s.rows, s.first, s.token, s.position, s.gdn_slot, s.sample, s.tracked, s.serial,
+                    s.lead, s.live_slot)
+            digest = zlib.crc32(repr(head).encode(), digest)
+            for slots in (s.write_slots, s.read_slots):
+                digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)
+        return digest
 
     def passes(self) -> list[StepPlan]:
         """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on

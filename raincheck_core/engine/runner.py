@@ -127,7 +127,7 @@ class ModelRunner:
         self.kv = kv
         self.gdn = gdn
         self.kernel = kernel
-        self.key_heads = model.config.linear_num_key_heads
+        self.key_heads = model.rank_config.linear_num_key_heads
         self.device = model.embed_tokens.weight.device
         self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
@@ -141,6 +141,8 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
         """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""
+        if self.model.tp is not None:       # tensor-parallel ranks must run the same step (parallel/)
+            self.model.tp.check_same(plan.fingerprint(), "the step's plan")
         if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
         bucket = bucket_of(plan) if self.graphs is not None else None

@@ -14,28 +14,57 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from ..parallel.group import RankGroup
 from .batch import ForwardBatch
 from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
+from .parallel import RowParallelLinear, Target, copy_into, rows_of
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, cfg: ModelConfig, gdn_index: int):
+    """With a rank group (tensor parallelism) this rank holds a block of the key heads and the value heads
+    that read them: their rows of the input projections and conv channels, their decays, and its conv
+    and recurrent states hold only them (the state pool, the join and the checkpoints follow); out_proj is
+    row-parallel: one all-reduce."""
+
+    def __init__(self, cfg: ModelConfig, gdn_index: int, tp: RankGroup | None = None):
         super().__init__()
         self.gdn_index = gdn_index
-        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        keys, values = range(hk), range(hv)
+        if tp is not None:
+            keys, values = tp.shard.even(hk, "the GDN key heads"), tp.shard.even(hv, "the GDN value heads")
+        self.hk, self.hv = len(keys), len(values)
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         conv_dim = 2 * self.key_dim + self.value_dim
         kernel = cfg.linear_conv_kernel
         h = cfg.hidden_size
-        self.in_proj = MergedLinear(h, {"in_proj_qkv": conv_dim, "in_proj_z": self.value_dim,
-                                        "in_proj_b": self.hv, "in_proj_a": self.hv})
+        # the checkpoint's conv channels are [q | k | v] over all heads: this rank's rows of each
+        channels = [range(keys.start * dk, keys.stop * dk), range((hk + keys.start) * dk, (hk + keys.stop) * dk),
+                    range(2 * hk * dk + values.start * dv, 2 * hk * dk + values.stop * dv)]
+        value_rows = [range(values.start * dv, values.stop * dv)]
+        full_conv = 2 * hk * dk + hv * dv
+        parts = {"in_proj_qkv": full_conv, "in_proj_z": hv * dv, "in_proj_b": hv, "in_proj_a": hv}
+        self.in_proj = MergedLinear(h, parts, select=None if tp is None else {
+            "in_proj_qkv": channels, "in_proj_z": value_rows, "in_proj_b": [values], "in_proj_a": [values]})
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, bias=False, padding=kernel - 1)
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
-        self.out_proj = Linear(self.value_dim, h, bias=False)
+        if tp is None:
+            self.out_proj = Linear(self.value_dim, h, bias=False)
+        else:
+            self.out_proj = RowParallelLinear(hv * dv, h, value_rows[0], tp)
+        self.shards = (full_conv, hv, channels, values)
+
+    def checkpoint_targets(self) -> dict[str, Target]:
+        """The conv channels and decays this rank holds (all of them without a rank group)."""
+        full_conv, hv, channels, values = self.shards
+        kernel = self.conv1d.weight.shape[2]
+        return {"conv1d.weight": Target(((full_conv, 1, kernel),), copy_into(self.conv1d.weight), rows_of(channels)),
+                "A_log": Target(((hv,),), copy_into(self.A_log), rows_of([values])),
+                "dt_bias": Target(((hv,),), copy_into(self.dt_bias), rows_of([values]))}
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         r = x.shape[0]

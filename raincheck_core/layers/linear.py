@@ -82,16 +82,22 @@ class Linear(nn.Linear):
 
 
 class MergedLinear(nn.Module):
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False):
+    """`parts`: each projection's output rows as the checkpoint stores them. `select` (tensor parallelism:
+    a column-parallel projection) names the row ranges of each part this rank holds; None: all of them."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False,
+                 select: dict[str, list[range]] | None = None):
         super().__init__()
-        self.parts = dict(parts)
-        self.sizes = list(parts.values())
+        self.full = dict(parts)
+        self.select = {p: select[p] if select is not None else [range(n)] for p, n in parts.items()}
+        self.parts = {p: sum(len(r) for r in self.select[p]) for p in parts}
+        self.sizes = list(self.parts.values())
         total = sum(self.sizes)
         self.weight = nn.Parameter(torch.empty(total, in_features))
         self.bias = nn.Parameter(torch.zeros(total)) if bias else None
         self._offsets: dict[str, int] = {}
         offset = 0
-        for name, size in parts.items():
+        for name, size in self.parts.items():
             self._offsets[name] = offset
             offset += size
 
@@ -103,7 +109,8 @@ class MergedLinear(nn.Module):
                                                                  else ("weight",))]
 
     def part_shape(self, part: str, leaf: str) -> tuple[int, ...]:
-        rows = self.parts[part]
+        """The part's shape in the checkpoint (all its rows, whatever this rank holds)."""
+        rows = self.full[part]
         return (rows, self.weight.shape[1]) if leaf == "weight" else (rows,)
 
     def load_part(self, part: str, leaf: str, tensor: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import ModelConfig
+from ..parallel.group import RankGroup
 from .decoder import DecoderLM
 from .moe import Qwen3VLMoeDecoder, Qwen35MoeDecoder
 from .qwen3_5 import Qwen35Decoder
@@ -12,8 +13,9 @@ REGISTRY: dict[str, type[DecoderLM]] = {"qwen3_vl": Qwen3VLDecoder, "qwen3_5": Q
                                          "qwen3_vl_moe": Qwen3VLMoeDecoder, "qwen3_5_moe": Qwen35MoeDecoder}
 
 
-def build_decoder(cfg: ModelConfig) -> DecoderLM:
-    return REGISTRY[cfg.family](cfg)
+def build_decoder(cfg: ModelConfig, tp: RankGroup | None = None, expert_parallel: bool = False) -> DecoderLM:
+    """The family's decoder; with a rank group of more than one rank, this rank's shard of it."""
+    return REGISTRY[cfg.family](cfg, tp, expert_parallel)
 
 
 __all__ = ["REGISTRY", "DecoderLM", "build_decoder"]

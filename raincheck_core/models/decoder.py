@@ -16,7 +16,10 @@ from ..layers.batch import ForwardBatch
 from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU
 from ..layers.moe import SparseMoE
+from ..layers.parallel import VocabParallelEmbedding, VocabParallelHead
 from ..ops.rope import inverse_frequencies, mrope_axes, rope_cos_sin
+from ..parallel.group import RankGroup
+from ..parallel.shard import rank_config
 
 
 class DecoderBlock(nn.Module):
@@ -41,13 +44,26 @@ class DecoderLM(nn.Module):
 
     norm_cls: type[nn.Module]
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: RankGroup | None = None, expert_parallel: bool = False):
+        """`tp`: this rank's group when the engine runs tensor-parallel (None: one process holds the whole
+        model, as built without it); `expert_parallel`: MoE experts split across the ranks rather than each
+        expert's width."""
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tp = tp if tp is not None and tp.world > 1 else None
+        self.expert_parallel = expert_parallel
+        if self.tp is None:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
+                                                       self.tp.shard.block(cfg.vocab_size), self.tp)
         self.layers = nn.ModuleList(self.build_layers(cfg))
         self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if self.tp is None:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        else:
+            self.lm_head = VocabParallelHead(cfg.hidden_size, cfg.vocab_size, self.tp.shard.block(cfg.vocab_size),
+                                             self.tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", inverse_frequencies(cfg.rotary_dim, cfg.rope_theta), persistent=False)
@@ -56,10 +72,15 @@ class DecoderLM(nn.Module):
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         raise NotImplementedError
 
+    @property
+    def rank_config(self) -> ModelConfig:
+        """The config with this rank's head counts: what its pools and runner are sized by."""
+        return rank_config(self.config, None if self.tp is None else self.tp.shard)
+
     def build_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
         """Layer `layer`'s MLP: the dense SwiGLU; MoE families return their sparse block where the
         config puts one."""
-        return SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        return SwiGLU(cfg.hidden_size, cfg.intermediate_size, self.tp)
 
     def gdn_layers(self) -> list[nn.Module]:
         """The Gated DeltaNet token mixers, in layer order (empty for full-attention models)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..layers.linear import MergedLinear
+from ..layers.parallel import Target, copy_into, rows_of
 
 # Prefixes under which checkpoints store the text decoder, newest first. The LM head sits at the top.
 TEXT_PREFIXES = ("model.language_model.", "model.", "language_model.model.")
@@ -35,13 +35,6 @@ def checkpoint_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {folder}")
 
 
-def iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    for path in checkpoint_files(folder):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
-
-
 def _local_name(name: str) -> str | None:
     """Our parameter name for a checkpoint tensor name; None for tensors we do not own."""
     if name in HEAD_NAMES:
@@ -54,35 +47,31 @@ def _local_name(name: str) -> str | None:
     return name
 
 
-Target = tuple[tuple[tuple[int, ...], ...], Callable[[torch.Tensor], None]]   # (accepted shapes, writer)
-
-
 def _targets(model: nn.Module) -> dict[str, Target]:
-    """Checkpoint-side parameter name -> (accepted shapes, writer). Merged projections expose one name
-    per part (`…self_attn.q_proj.weight`), exactly as checkpoints store them; modules with
-    `checkpoint_targets` (MoE experts, layers/moe.py) their own names and layouts."""
+    """Checkpoint-side parameter name -> how to read and write it (layers/parallel.py `Target`). Merged
+    projections expose one name per part (`…self_attn.q_proj.weight`), exactly as checkpoints store them;
+    modules with `checkpoint_targets` (MoE experts, tensor-parallel layers) their own names, layouts and
+    the slices this rank reads."""
     targets: dict[str, Target] = {}
     merged = {name: m for name, m in model.named_modules() if isinstance(m, MergedLinear)}
     for name, module in merged.items():
         parent = name.rsplit(".", 1)[0]
         for part_leaf in module.part_names():
             part, leaf = part_leaf.split(".")
-            targets[f"{parent}.{part_leaf}"] = (
+            targets[f"{parent}.{part_leaf}"] = Target(
                 (module.part_shape(part, leaf),),
                 lambda t, m=module, p=part, lf=leaf: m.load_part(p, lf, t),
+                rows_of(module.select[part]),
             )
     custom = {name: m for name, m in model.named_modules() if hasattr(m, "checkpoint_targets")}
     for name, module in custom.items():
-        targets.update({f"{name}.{local}": target for local, target in module.checkpoint_targets().items()})
+        prefix = f"{name}." if name else ""
+        targets.update({prefix + local: target for local, target in module.checkpoint_targets().items()})
     for name, param in model.named_parameters(remove_duplicate=False):
         if name.rsplit(".", 1)[0] in merged.keys() | custom.keys():
             continue
-
-        def write(t: torch.Tensor, param: torch.Tensor = param) -> None:
-            with torch.no_grad():
-                param.copy_(t.to(param.dtype))
-
-        targets[name] = ((tuple(param.shape),), write)
+        # a module's checkpoint_targets may name its children's parameters (a GDN layer's conv weight)
+        targets.setdefault(name, Target((tuple(param.shape),), copy_into(param)))
     return targets
 
 
@@ -99,21 +88,27 @@ def load_decoder_weights(model: nn.Module, folder: Path, tied: bool) -> dict[str
     seen: set[str] = set()
     unexpected: list[str] = []
     others: dict[str, torch.Tensor] = {}
-    for name, tensor in iter_tensors(folder):
-        local = _local_name(name)
-        if local is None:
-            others[name] = tensor
-            continue
-        if local == "lm_head.weight" and tied:
-            continue  # some tied checkpoints still store the head; it equals the embedding
-        if local not in targets:
-            unexpected.append(name)
-            continue
-        shapes, write = targets[local]
-        if tuple(tensor.shape) not in shapes:
-            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, the config expects {shapes[0]}")
-        write(tensor)
-        seen.add(local)
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                local = _local_name(name)
+                if local is None:
+                    others[name] = f.get_tensor(name)
+                    continue
+                if local == "lm_head.weight" and tied:
+                    continue  # some tied checkpoints still store the head; it equals the embedding
+                if local not in targets:
+                    unexpected.append(name)
+                    continue
+                target = targets[local]
+                # a slice: a tensor-parallel rank reads only its part of the tensor
+                part = f.get_slice(name)
+                shape = tuple(part.get_shape())
+                if shape not in target.shapes:
+                    raise CheckpointError(f"tensor {name} has shape {shape}, the config expects {target.shapes[0]}")
+                if target.write is not None:
+                    target.write(target.read(part))
+                seen.add(local)
     missing = sorted(expected - seen)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {folder} does not match its config", missing, unexpected)

@@ -16,10 +16,10 @@ class Qwen35Decoder(DecoderLM):
         layers, n_attn, n_gdn = [], 0, 0
         for i, kind in enumerate(cfg.layer_types):
             if kind == "full_attention":
-                mixer, name = Attention(cfg, n_attn, OffsetRMSNorm, gated=True), "self_attn"
+                mixer, name = Attention(cfg, n_attn, OffsetRMSNorm, gated=True, tp=self.tp), "self_attn"
                 n_attn += 1
             else:
-                mixer, name = GatedDeltaNet(cfg, n_gdn), "linear_attn"
+                mixer, name = GatedDeltaNet(cfg, n_gdn, self.tp), "linear_attn"
                 n_gdn += 1
             layers.append(DecoderBlock(cfg, mixer, OffsetRMSNorm, name, self.build_mlp(cfg, i)))
         return layers

@@ -13,6 +13,7 @@ class Qwen3VLDecoder(DecoderLM):
 
     def build_layers(self, cfg: ModelConfig) -> list[DecoderBlock]:
         return [
-            DecoderBlock(cfg, Attention(cfg, i, RMSNorm, gated=False), RMSNorm, "self_attn", self.build_mlp(cfg, i))
+            DecoderBlock(cfg, Attention(cfg, i, RMSNorm, gated=False, tp=self.tp), RMSNorm, "self_attn",
+                         self.build_mlp(cfg, i))
             for i in range(cfg.num_layers)
         ]

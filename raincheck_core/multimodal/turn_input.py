@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,11 @@ def build_turn_input(
         text_prefix=text_prefix,
     )
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    if model.tp is not None:
+        # tensor-parallel ranks embed together (a collective): ranks given other ids fail here, typed,
+        # rather than summing each other's rows or mismatching the collective's sizes
+        digest = zlib.crc32(torch.tensor(token_ids, dtype=torch.long).numpy().tobytes())
+        model.tp.check_same(digest, "a turn's input ids")
     ids = torch.tensor(token_ids, dtype=torch.long, device=device)
     with torch.no_grad():
         embeds = model.embed_tokens(ids)
