@@ -76,7 +76,7 @@ class PrefixChain:
             grown = np.zeros((max(2 * self.keys.shape[0], end, 64), ROW_KEY_WIDTH), dtype=np.int64)
             grown[: self.described] = self.keys[: self.described]
             self.keys = grown
-        self.keys[start:end] = keys
+        self.keys[start:end] = row_keys(keys)
         self.described = end
         before = len(self.hashes)
         ps = self.page_size
@@ -88,7 +88,7 @@ class PrefixChain:
     def adopt(self, hit: Hit, keys: torch.Tensor) -> None:
         """An empty session starts on `hit`'s pages, whose rows `keys` describes."""
         self.hashes = list(hit.hashes)
-        self.keys = np.array(keys, dtype=np.int64)
+        self.keys = row_keys(keys).copy()
         self.described = len(keys)
         self.open = True
 
@@ -100,8 +100,13 @@ class PrefixChain:
         del self.hashes[self.described // self.page_size:]
 
 
+def row_keys(keys: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Row descriptions as an int64 numpy array (a view of a CPU tensor's memory where it can be)."""
+    return np.ascontiguousarray(keys.numpy() if isinstance(keys, torch.Tensor) else keys, dtype=np.int64)
+
+
 def page_hash(previous: bytes, keys: torch.Tensor | np.ndarray) -> bytes:
-    return hashlib.blake2b(previous + np.ascontiguousarray(keys, dtype=np.int64).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(previous + row_keys(keys).tobytes(), digest_size=16).digest()
 
 
 class PrefixCache:
