@@ -34,8 +34,10 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-# Query rows per tile of a multi-row group: a partly used tile computes its padded rows too, so this bounds
-# the padded work of a segment (at most Q_TILE - 1 rows); a smaller tile makes the kernel's GEMMs smaller.
+# Query rows per tile of a multi-row group: an eighth of the query bucket, at most Q_TILE. A partly used
+# tile computes its padded rows too; a segment of n rows is in the bucket q with q / 2 < n <= q, so it pads
+# at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
+# GEMMs larger and its K/V re-reads (once per tile) fewer.
 Q_TILE = 8
 # one compiled kernel per (segments bucket, query bucket, heads, dtype): more than dynamo's default of 8
 # per function when a process serves several models or shapes (the test suite)
@@ -66,6 +68,9 @@ class SlotTables:
         self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.step = 0
+        # block-list columns per tile: the most pages a segment has read, as a power of two. It only grows,
+        # because the compiled kernel is specialised on the block lists' strides: steady decoding keeps one
+        self.cols = 1
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -217,7 +222,7 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
            device: torch.device | str) -> FlexGroup:
     """The group of segments `ids` (query bucket `q`), padded to a power of two of segments."""
     n = bucket(len(ids))
-    tile = 1 if q == 1 else min(q, Q_TILE)
+    tile = min(Q_TILE, max(1, q // 8))
     tiles = q // tile
     sel = torch.tensor(ids, dtype=torch.long)
     where = torch.full((segs.q_len.shape[0],), -1, dtype=torch.long)
@@ -235,10 +240,11 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
     listed = (lo < n_rows[:, None]) & ((last_rank - count + 1)[:, None] < base + hi)
     full = listed & (count == tables.page_size)[:, None] & (last_rank[:, None] < base + lo + 1)
     pages = tables.slots // tables.page_size
-    partial_num, partial_idx, p_cols = _block_lists(listed & ~full, pos, page, n, tiles, pages)
-    full_num, full_idx, f_cols = _block_lists(full, pos, page, n, tiles, pages, bucket(p_cols))
-    if p_cols != f_cols:        # both lists share one column count: the BlockMask views them alike
-        partial_num, partial_idx, p_cols = _block_lists(listed & ~full, pos, page, n, tiles, pages, f_cols)
+    per_tile = torch.bincount((pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(listed)[listed],
+                              minlength=n * tiles)
+    tables.cols = max(tables.cols, bucket(max(1, int(per_tile.max()))))
+    partial_num, partial_idx = _block_lists(listed & ~full, pos, page, n, tiles, pages, tables.cols)
+    full_num, full_idx = _block_lists(full, pos, page, n, tiles, pages, tables.cols)
 
     def pad(t: Tensor, fill: int) -> Tensor:
         out = torch.full((n,), fill, dtype=t.dtype)
@@ -256,27 +262,26 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
         stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
         rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
         partial_num=partial_num.to(device), partial_idx=partial_idx.to(device), full_num=full_num.to(device),
-        full_idx=full_idx.to(device), q=q, tile=tile, cols=p_cols)
+        full_idx=full_idx.to(device), q=q, tile=tile, cols=tables.cols)
 
 
 def _block_lists(use: Tensor, pos: Tensor, page: Tensor, n: int, tiles: int, pages: int,
-                 cols: int = 1) -> tuple[Tensor, Tensor, int]:
-    """`kv_num_blocks [n, 1, tiles]` and the flat buffer of `kv_indices` for the runs `use [runs, tiles]`
-    marks (runs in order within each segment `pos`), and its columns per tile (a bucket, at least `cols`).
+                 cols: int) -> tuple[Tensor, Tensor]:
+    """`kv_num_blocks [n, 1, tiles]` and the flat buffer of `kv_indices` (`cols` per tile) for the runs
+    `use [runs, tiles]` marks (runs in order within each segment `pos`).
     The indices' last dimension must span the pool's pages (FlexAttention checks the key length against
     it), but the kernel reads only each tile's first `kv_num_blocks` entries: the indices are a strided
     view (`FlexGroup.block_mask`) over `n * tiles * cols` entries plus the tail the view's last row spans,
     so the buffer grows with the blocks listed, not with the pool."""
     tile_of = (pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(use)[use]
     counts = torch.bincount(tile_of, minlength=n * tiles)
-    cols = max(cols, bucket(max(1, int(counts.max()))))
     # each listed run's column: its rank among the listed runs of its (segment, tile), in run order
     order = torch.argsort(tile_of, stable=True)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.shape[0]) - (counts.cumsum(0) - counts)[tile_of[order]]
     buf = torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
     buf[tile_of * cols + rank] = page[:, None].expand_as(use)[use].to(torch.int32)
-    return counts.to(torch.int32).view(n, 1, tiles), buf, cols
+    return counts.to(torch.int32).view(n, 1, tiles), buf
 
 
 def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -292,15 +297,29 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     for g in layout.groups:
         n = g.stamp.shape[0]
         qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
-        res = compiled()(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
+        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
                          kernel_options=options)
         out[g.real_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d)[g.real].to(q.dtype)
     return out
 
 
-@cache
 def compiled():
-    """The process's compiled `flex_attention` (compiled on first use, per shape)."""
+    """The process's compiled `flex_attention` (compiled on first use, per shape). Past dynamo's recompile
+    limit a call would run FlexAttention's unfused eager path, which materialises the scores: the limit is
+    raised (set again at each call: code elsewhere may reset dynamo's config) and hitting it is an error."""
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+    return _compiled_flex()
+
+
+def _flex(*args: object, **kwargs: object) -> Tensor:
+    # past the recompile limit dynamo would run FlexAttention's eager path, which does not give the compiled
+    # kernel's result over these strided block lists (tests/ops/test_flex_attention.py would fail on it):
+    # an error, never a silent fallback
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        return compiled()(*args, **kwargs)
+
+
+@cache
+def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
