@@ -9,6 +9,7 @@ import torch
 
 from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
+from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
 from raincheck_core.ops.flex_attention import flex_layout, flex_varlen_attention
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
@@ -121,3 +122,19 @@ def test_two_chunks_that_disagree_on_a_slot_are_refused():
     with pytest.raises(ValueError, match="disagree"):
         flex_layout([2, 2], [torch.cat([past[1:], c1]), torch.cat([past[:1], past[2:], c1, c2])],
                     torch.cat([c1, c2]), "cpu", pool)
+
+
+def test_a_decode_step_allocates_no_copy_of_the_keys_it_reads():
+    """16 sessions decoding over ~400 slots each: what the attention call allocates (outputs, the query
+    gather) is under a tenth of the K/V bytes it reads; the old path copied them all per layer."""
+    pool = _pool(512)
+    sessions = [_session(pool, 380 + 3 * i) for i in range(16)]
+    writes = [t.ahead(0, 1) for t in sessions]
+    reads = [t.reserved_slots(0, t.length + 1) for t in sessions]
+    layout = _run(pool, [1] * 16, reads, writes)
+    acc = flex_accounting(layout, KV, D, 4)
+    assert acc.kv_ratio <= 1.1 and acc.score_ratio <= 1.25
+    q = torch.randn(16, HEADS, D)
+    k, v = torch.randn(16, KV, D), torch.randn(16, KV, D)
+    allocated = allocated_bytes(lambda: flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout))
+    assert allocated <= 0.1 * acc.kv_read, (allocated, acc.kv_read)
