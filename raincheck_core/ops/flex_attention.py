@@ -38,7 +38,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 # tile computes its padded rows too; a segment of n rows is in the bucket q with q / 2 < n <= q, so it pads
 # at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
 # GEMMs larger and its K/V re-reads (once per tile) fewer.
-Q_TILE = 8
+Q_TILE = 16
 # one compiled kernel per (segments bucket, query bucket, heads, dtype): more than dynamo's default of 8
 # per function when a process serves several models or shapes (the test suite)
 RECOMPILE_LIMIT = 64
