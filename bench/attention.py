@@ -62,7 +62,7 @@ def decode_steps(workdir: Path, sessions: int, repeats: int) -> dict:
     g = torch.Generator().manual_seed(0)
     for engine in engines.values():
         streams = [engine.open_session().turn(Prompt(torch.randint(16, 2000, (CONTEXT,), generator=g).tolist()),
-                                              SamplingParams(max_new_tokens=10_000, ignore_eos=True),
+                                              SamplingParams(max_new_tokens=1000, ignore_eos=True),
                                               deferral=DeferralConfig("full")) for _ in range(sessions)]
         while any(s.request.input_remaining for s in streams):      # prefill every session
             engine.step()
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--skip-decode", action="store_true", help="the accounting table only")
+    p.add_argument("--skip-accounting", action="store_true", help="the decode steps only")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     setup_torch(args.threads)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                 result["decode"].append(row)
     g = torch.Generator().manual_seed(0)
     batches, contexts = ((1, 16), (1024,)) if args.quick else ((1, 16, 64), (1024, 2048, 4096))
-    for kind in ("decode", "fused", "prefill"):
+    for kind in () if args.skip_accounting else ("decode", "fused", "prefill"):
         for sessions in batches:
             for context in contexts:
                 if kind == "prefill" and sessions * (context + 1024) > 64 * 2048:

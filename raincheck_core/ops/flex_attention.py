@@ -169,7 +169,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     keys, counts = torch.unique_consecutive(seg_of * (pages + 1) + flat // page_size, return_counts=True)
     runs = Runs(seg=keys // (pages + 1), page=keys % (pages + 1), count=counts,
                 last_rank=counts.cumsum(0) - 1 - k_start[keys // (pages + 1)])
-    filtered = _hide(tables, step, flat, seg_of, k_len, last, runs)
+    filtered = _hide(tables, step, flat, k_len, last, runs)
     segs = Segments(q_len, k_len, stamps, last, filtered)
     groups = [_group([s for s, n in enumerate(q_lens) if bucket(n) == q], q, segs, runs, step, tables, device)
               for q in sorted({bucket(n) for n in q_lens})]
@@ -195,8 +195,7 @@ class Segments:
     filtered: Tensor        # the list skips slots on its pages
 
 
-def _hide(tables: SlotTables, step: int, flat: Tensor, seg_of: Tensor, k_len: Tensor, last: Tensor,
-          runs: Runs) -> Tensor:
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, last: Tensor, runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
@@ -205,12 +204,13 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, seg_of: Tensor, k_len: Te
     pages = torch.bincount(runs.seg, minlength=k_len.shape[0])
     filtered = k_len != (pages - 1) * page_size + last % page_size + 1
     dev = tables.hidden.device
+    run_start, k_start = (pages.cumsum(0) - pages).tolist(), (k_len.cumsum(0) - k_len).tolist()
     listed = {}
-    for s in filtered.nonzero().flatten().tolist():
-        own_pages = runs.page[runs.seg == s]
+    for s in filtered.nonzero().flatten().tolist():     # runs and keys are in segment order: slices
+        own_pages = runs.page[run_start[s]:run_start[s] + int(pages[s])]
         every = (own_pages[:, None] * page_size + torch.arange(page_size)[None]).flatten()
         every = every[:int((every == last[s]).nonzero()[0]) + 1]
-        listed[s] = flat[seg_of == s]
+        listed[s] = flat[k_start[s]:k_start[s] + int(k_len[s])]
         tables.hidden[every[~torch.isin(every, listed[s])].to(dev)] = step
     # the table holds one view per slot and step: two chunks of one session in one step must agree on it
     if any(bool((tables.hidden[ls.to(dev)] == step).any()) for ls in listed.values()):
