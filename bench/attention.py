@@ -11,7 +11,8 @@
   with its decode row, per session) and prefill (a 1,024-row chunk over the context) steps at B = 1, 16,
   64 and 1-4K contexts, from the layout alone (ops/attention_accounting.py), with the host time of the
   layout; and what one attention layer's call allocates against the K/V bytes it reads.
-`--quick` runs B = 1 and 16 at 1K only in the accounting table.
+`--quick` runs B = 1 and 16 at 1K only in the accounting table. `python -m bench.gpu` runs the accounting
+table on its device too (the quick one with `--tiny`).
 """
 
 from __future__ import annotations
@@ -100,11 +101,12 @@ def _sessions(pool: KVPool, n: int, context: int, g: torch.Generator) -> list[Pa
     return tables
 
 
-def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator) -> dict:
+def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, device: str = "cpu") -> dict:
     """One step's layout of `kind` over `sessions` sessions of `context` slots, its accounting, the host
-    time of building it, and what one layer's call allocates over the K/V bytes it reads."""
+    time of building it, and what one layer's call allocates over the K/V bytes it reads (on the CPU;
+    elsewhere the profiler's CPU memory says nothing of the device's, and the column is left out)."""
     pages = sessions * (context + 1100) // PAGE + 8
-    pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, "cpu")
+    pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, device)
     tables = _sessions(pool, sessions, context, g)
     q_lens, reads, writes = [], [], []
     for t in tables:
@@ -125,20 +127,39 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator) -> d
             reads.append(t.reserved_slots(0, t.length + 1024))
             q_lens.append(1024)
     t0 = time.perf_counter()
-    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool)
+    layout = flex_layout(q_lens, reads, torch.cat(writes), device, pool)
     host_ms = 1e3 * (time.perf_counter() - t0)
     acc = flex_accounting(layout, KV_HEADS, HEAD_DIM, 4)
     rows = sum(q_lens)
-    q = torch.randn(rows, HEADS, HEAD_DIM, generator=g)
-    k, v = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g), torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g)
+    q = torch.randn(rows, HEADS, HEAD_DIM, generator=g).to(device)
+    k = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g).to(device)
+    v = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=g).to(device)
 
     def call() -> torch.Tensor:
         return flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
 
     call()
-    alloc = allocated_bytes(call)
-    return {"kind": kind, "sessions": sessions, "context": context, "layout_host_ms": round(host_ms, 2),
-            "alloc_over_kv_read": round(alloc / acc.kv_read, 4), **_acc_row(acc)}
+    row = {"kind": kind, "sessions": sessions, "context": context, "layout_host_ms": round(host_ms, 2),
+           **_acc_row(acc)}
+    if torch.device(device).type == "cpu":
+        row["alloc_over_kv_read"] = round(allocated_bytes(call) / acc.kv_read, 4)
+    return row
+
+
+def accounting_table(device: str, quick: bool) -> list[dict]:
+    """`layout_rows` for decode, fused-chunk and prefill steps at B = 1, 16, 64 and 1-4K contexts (`quick`:
+    decode and fused, B = 1 and 16 at 1K)."""
+    g = torch.Generator().manual_seed(0)
+    batches, contexts = ((1, 16), (1024,)) if quick else ((1, 16, 64), (1024, 2048, 4096))
+    rows = []
+    for kind in ("decode", "fused") if quick else ("decode", "fused", "prefill"):
+        for sessions in batches:
+            for context in contexts:
+                if kind == "prefill" and sessions * (context + 1024) > 64 * 2048:
+                    continue        # the prefill rows alone would be past any step's row budget
+                rows.append(layout_rows(sessions, context, kind, g, device))
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,16 +179,8 @@ def main(argv: list[str] | None = None) -> None:
                 row = decode_steps(Path(tmp), sessions, args.repeats)
                 print(json.dumps(row), flush=True)
                 result["decode"].append(row)
-    g = torch.Generator().manual_seed(0)
-    batches, contexts = ((1, 16), (1024,)) if args.quick else ((1, 16, 64), (1024, 2048, 4096))
-    for kind in () if args.skip_accounting else ("decode", "fused", "prefill"):
-        for sessions in batches:
-            for context in contexts:
-                if kind == "prefill" and sessions * (context + 1024) > 64 * 2048:
-                    continue        # the prefill rows alone would be past any step's row budget
-                row = layout_rows(sessions, context, kind, g)
-                print(json.dumps(row), flush=True)
-                result["accounting"].append(row)
+    if not args.skip_accounting:
+        result["accounting"] = accounting_table("cpu", args.quick)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -47,7 +47,10 @@ RECOMPILE_LIMIT = 64
 # when segments have different block counts. A partition size no page size divides keeps the main kernel,
 # which walks only each segment's block list (GPU backends ignore the option).
 CPU_PARTITION = 24
-STAMP = 1 << 20         # a step's stamp is step * STAMP + segment: more segments than any step holds
+# A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
+# segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
+STAMP = 1 << 16
+MAX_STEP = 1 << 31
 
 
 def bucket(n: int) -> int:
@@ -149,6 +152,10 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     slots, page_size = pool.k.shape[1], pool.page_size
     pages = slots // page_size
     tables = tables_of(pool, slots, page_size, device)
+    if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
+        tables.writer.fill_(-1)
+        tables.hidden.fill_(-1)
+        tables.step = 0
     tables.step += 1
     step = tables.step
     n_seg = len(q_lens)
@@ -156,6 +163,8 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     k_len = torch.tensor([len(s) for s in read_slots], dtype=torch.long)
     if bool((k_len < q_len).any()):
         raise ValueError("each segment reads at least its own rows' slots")
+    if n_seg >= STAMP or int(q_len.max()) >= STAMP:
+        raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
     flat = torch.cat([s.cpu() for s in read_slots]).long()
     seg_of = torch.repeat_interleave(torch.arange(n_seg), k_len)
     k_start = k_len.cumsum(0) - k_len

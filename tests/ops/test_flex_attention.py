@@ -10,7 +10,7 @@ import torch
 from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
-from raincheck_core.ops.flex_attention import flex_layout, flex_varlen_attention
+from raincheck_core.ops.flex_attention import MAX_STEP, flex_layout, flex_varlen_attention, tables_of
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
 
@@ -138,3 +138,16 @@ def test_a_decode_step_allocates_no_copy_of_the_keys_it_reads():
     k, v = torch.randn(16, KV, D), torch.randn(16, KV, D)
     allocated = allocated_bytes(lambda: flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout))
     assert allocated <= 0.1 * acc.kv_read, (allocated, acc.kv_read)
+
+
+def test_the_step_counter_wraps_with_clean_tables():
+    """Entries of steps before the wrap could match new stamps: the tables start clean."""
+    pool = _pool()
+    t = _session(pool, 30)
+    tables = tables_of(pool, pool.k.shape[1], PAGE, "cpu")
+    tables.step = MAX_STEP - 2
+    for _ in range(3):
+        row = t.ahead(0, 1)
+        _run(pool, [1], [t.reserved_slots(0, t.length + 1)], [row])
+        t.advance(1)
+    assert tables.step == 2         # MAX_STEP - 1, then 1 and 2 after the wrap
