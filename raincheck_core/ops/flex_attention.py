@@ -39,9 +39,13 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 # at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
 # GEMMs larger and its K/V re-reads (once per tile) fewer.
 Q_TILE = 16
-# one compiled kernel per (segments bucket, query bucket, heads, dtype): more than dynamo's default of 8
-# per function when a process serves several models or shapes (the test suite)
-RECOMPILE_LIMIT = 64
+# one compiled kernel per (segments bucket, query bucket, block-list columns, pool shape, heads, dtype):
+# far more than dynamo's default of 8 per function when a process serves several models or shapes (the
+# test suite runs four families on pools of several sizes)
+RECOMPILE_LIMIT = 512
+# block-list columns per query tile, at least: the kernel is specialised on the lists' strides, so a pool
+# whose sessions stay under this many pages (4K tokens of 16-slot pages) compiles one kernel per shape
+MIN_COLS = 256
 # The CPU template picks its split-KV decoding kernel for 1-row queries when the partition size is a
 # multiple of the KV block; that kernel walks every partition of the whole key tensor (here: the pool)
 # when segments have different block counts. A partition size no page size divides keeps the main kernel,
@@ -71,9 +75,9 @@ class SlotTables:
         self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.step = 0
-        # block-list columns per tile: the most pages a segment has read, as a power of two. It only grows,
-        # because the compiled kernel is specialised on the block lists' strides: steady decoding keeps one
-        self.cols = 1
+        # block-list columns per tile: the most pages a segment has read, as a power of two, at least
+        # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
+        self.cols = MIN_COLS
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -318,6 +322,7 @@ def compiled():
     raised (set again at each call: code elsewhere may reset dynamo's config) and hitting it is an error."""
     dynamo = torch._dynamo.config
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, RECOMPILE_LIMIT)
     return _compiled_flex()
 
 
