@@ -201,6 +201,8 @@ class Runs:
 
 @dataclass
 class Segments:
+    """Per segment of the step, in plan order."""
+
     q_len: Tensor
     k_len: Tensor
     stamp: Tensor
