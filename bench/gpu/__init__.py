@@ -19,6 +19,9 @@ goes on; `--resume` an earlier JSON to run only what is missing):
   the second I0 ‖ D ‖ y1) on each backend, max |logit error| in fp32 (<= 1e-3) and bf16 (reported); the
   reference's delta rule is torch (fla is hidden while transformers' Qwen3.5 module is imported);
 - the GDN online map update (us/token) and the join (us) at the Qwen3.5-9B layer shape;
+- the flex attention path's work and traffic (bench/attention.py `accounting_table`): score entries
+  computed / visible and K/V bytes read / visible of decode, fused-chunk and prefill steps at B = 1, 16,
+  64 and 1-4K contexts (B = 1 and 16 at 1K with `--tiny`), and the layout's host time;
 - a profile of fused c = 31 decode steps (eager): top kernels, kernel and wall time per step.
 
 `--device cpu --tiny` runs every part at tiny shapes on the CPU with backend flex through the padded

@@ -19,6 +19,7 @@ import torch
 
 from raincheck_core.ops import backend, fla_adapter
 
+from .. import attention
 from . import exact, kernels, timing
 from .models import Shape, import_reference_models, shapes
 from .parts import Parts
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     for shape in models:
         hf(shape, first)
     parts.run(("gdn",), lambda: timing.gdn_update_and_join(device, tiny))
+    parts.run(("attention_accounting",), lambda: {"rows": attention.accounting_table(device, tiny)})
     parts.run(("profile",), lambda: timing.profile_fused_step(models[0], device, dtype, first, text, timed_backend))
     for shape in models:
         timings(shape, first, False)

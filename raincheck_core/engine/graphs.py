@@ -4,13 +4,14 @@ layer's kernels from Python. Only `model(batch)` is captured, as in vLLM's graph
 prepares the batch and collects the outputs.
 
 A prepared batch (`ForwardBatch`: the packed rows, the attention layout, the GDN layouts) is a tree of
-tensors and plain values. Two batches whose trees have the same *skeleton* (every plain value, every
-tensor's shape and dtype) run the same kernels on the same shapes: only tensor contents differ. So the
-first batch of a skeleton becomes the graph's static buffers (views of session tensors cloned, so that
-nothing of a session is a graph buffer) and is captured; a later batch of that skeleton copies each of
-its tensors into the static tensor at the same place in the tree and replays. The runner reads the
-logits and new states from the static batch's output buffers and clones them, so a later replay never
-changes what an update applied.
+tensors and plain values (the flex layout keeps its block lists as tensors and makes each call's
+BlockMask from them, so the static batch's tensors are what a replay reads). Two batches whose trees have
+the same *skeleton* (every plain value, every tensor's shape and dtype) run the same kernels on the same
+shapes: only tensor contents differ. So the first batch of a skeleton becomes the graph's static buffers
+(views of session tensors cloned, so that nothing of a session is a graph buffer) and is captured; a
+later batch of that skeleton copies each of its tensors into the static tensor at the same place in the
+tree and replays. The runner reads the logits and new states from the static batch's output buffers and
+clones them, so a later replay never changes what an update applied.
 
 Capture is on for CUDA devices with ops that do not take the native CPU kernels (they read the step's
 bounds, plain values, as their read limits). On the CPU the same path runs with `capture=False`: the
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask
 
 if TYPE_CHECKING:
     from ..layers.batch import ForwardBatch
@@ -41,20 +41,13 @@ MAX_GRAPHS = 64        # captured skeletons kept; later new ones run eagerly
 OUTPUT_FIELDS = frozenset({"out", "op", "cos", "sin"})
 # the native kernel's read bounds (ops/gdn_kernel.py PackedSequences): values, not shapes; never used here
 BOUND_FIELDS = frozenset({"step_rows_needed", "slots_needed", "seed_hists_needed", "seed_states_needed"})
-BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
-                      "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
 def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
     """(container, key, value) of every tensor and plain value the forward reads in a prepared batch:
     dataclass fields (and computed cached properties, which are computed here first), list and tuple
-    items, a BlockMask's tensors. Objects of other classes (the pools, the model, op functions) are
-    shared by every step and not entered."""
-    if isinstance(tree, BlockMask):
-        for name in BLOCK_MASK_TENSORS:
-            yield tree, name, getattr(tree, name)
-        yield tree, "seq_lengths", tree.seq_lengths
-        return
+    items. Objects of other classes (the pools, the model, op functions, the flex layout's slot tables)
+    are shared by every step and not entered."""
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         names = [f.name for f in dataclasses.fields(tree)]
         names += [n for n, v in vars(type(tree)).items() if isinstance(v, cached_property)]
@@ -70,7 +63,7 @@ def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
 def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]:
     if isinstance(value, Tensor) or value is None or isinstance(value, (int, float, bool, str, slice, torch.device)):
         yield owner, key, value
-    elif dataclasses.is_dataclass(value) or isinstance(value, (list, tuple, BlockMask)):
+    elif dataclasses.is_dataclass(value) or isinstance(value, (list, tuple)):
         yield owner, key, type(value).__name__
         yield from leaves(value)
     else:
@@ -108,7 +101,7 @@ def copy_into(static: Any, new: Any) -> None:
 def _set(owner: Any, key: Any, value: Tensor) -> None:
     if isinstance(owner, list):
         owner[key] = value
-    elif isinstance(owner, BlockMask) or not isinstance(vars(type(owner)).get(key), cached_property):
+    elif not isinstance(vars(type(owner)).get(key), cached_property):
         setattr(owner, key, value)
     else:
         vars(owner)[key] = value

@@ -16,6 +16,7 @@ import torch
 from ..cache.kv_pool import KVPool
 from ..ops.attention import AttentionLayout
 from ..ops.backend import OpSet
+from ..ops.flex_attention import FlexLayout
 from ..ops.gdn_step import GDNStep
 
 
@@ -25,7 +26,7 @@ class ForwardBatch:
     positions: torch.Tensor                  # [3, R]
     kv: KVPool | None
     ops: OpSet
-    attention: AttentionLayout | None        # built by `ops.attention`
+    attention: AttentionLayout | FlexLayout | None     # built by `ops.attention`
     gdn: GDNStep | None                      # its `op` prepared by `ops.gdn`
     logit_rows: torch.Tensor | None = None   # rows whose logits are needed; None = all
     deepstack_rows: torch.Tensor | None = None          # visual rows that receive DeepStack features

@@ -60,9 +60,11 @@ class AttentionLayout:
 
 
 def attention_layout(q_lens: list[int], read_slots: list[torch.Tensor], write_slots: torch.Tensor,
-                     device: torch.device | str = "cpu", *, native: bool) -> AttentionLayout:
+                     device: torch.device | str = "cpu", pool: object | None = None, *,
+                     native: bool) -> AttentionLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]`
-    (their own slots last), for a cache on `device`. `native`: run the segments of up to
+    (their own slots last), for a cache on `device` (`pool`, which the FlexAttention layout reads in
+    place, is not needed: these read through the slot lists). `native`: run the segments of up to
     `SMALL_QUERY_ROWS` rows with the native paged kernel (the step's op set says whether it may, see
     ops/backend.py); longer ones take SDPA or the batched matmuls."""
     starts, row = [], 0

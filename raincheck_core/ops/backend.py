@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import fla_adapter, gdn_kernel, gdn_state_map, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
-from .flex_attention import flex_layout, flex_varlen_attention
+from .flex_attention import FlexLayout, flex_layout, flex_varlen_attention
 from .gdn import Replayed, replay
 from .gdn_step import COPIED, IN_PLACE, FusedGDN, GDNLayerOp, GDNStep, GroupedGDN, RowsOp, VarlenOp
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
@@ -39,12 +39,12 @@ NATIVE_MAX_ROWS_THREADED = 256
 @dataclass(frozen=True)
 class AttentionOps:
     """Paged attention by one backend: the step's layout (`layout(q_lens, read_slots, write_slots,
-    device)`, see `attention_layout`) and a layer's call over it (`attend(q, k, v, k_cache, v_cache,
-    layout)`, see `varlen_attention`)."""
+    device, pool)`, see `attention_layout` and `flex_layout`; `pool` the KVPool) and a layer's call over it
+    (`attend(q, k, v, k_cache, v_cache, layout)`, see `varlen_attention`)."""
 
     name: str
-    layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str], AttentionLayout]
-    attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout], Tensor]
+    layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str, object], AttentionLayout | FlexLayout]
+    attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout | FlexLayout], Tensor]
 
 
 @dataclass(frozen=True)

@@ -1,98 +1,341 @@
-"""Attention of a packed step on FlexAttention: one call per layer for all the step's rows.
+"""Attention of a packed step on FlexAttention, reading K/V in place from the paged pool.
 
-The step's keys are the slots its segments read (their union, in slot order: a slot two segments read
-is read once). Each layer reads them from the paged pool by slot id and runs one
-`flex_attention` call whose block mask is the visibility rule of the step (ops/attention.py:
-bottom-right causal over each segment's own readable list, which already leaves out what a deferred
-chunk must not see, docs/mechanism.md §4). The mask is built once per step from the plan, as a dense
-`[rows, keys]` table that the mask function reads, and shared by every layer.
+The segments of a step are the batch dimension of the call, grouped by query length: one-row segments
+(decode rows) run as one batch of 1-row queries, longer segments (prefill chunks, deferred chunks) as
+batches of queries padded to a power of two, in tiles of `Q_TILE` rows. The keys are the layer's pool
+itself, `[1, kv_heads, slots, d]` (a view: nothing is copied out of it), and FlexAttention's KV block is
+the pool's page, so a segment's block list is the list of pages its readable slots sit on, in order:
+the kernel reads those pages where they are (the paged-attention layout of
+`torch.nn.attention.experimental._paged_attention`, with the pages of the segment's own read list instead
+of a per-sequence page table, and nothing of `[rows, keys]` size). A page every row of a tile may read
+whole is a *full* block (no mask evaluated); the others (a session's last, partly filled page, the pages
+holding a segment's own rows, pages a deferred chunk must skip some of) are *partial* blocks, where
+`mask_mod` decides per slot from per-slot tables of the pool (`SlotTables`) and a few numbers per
+segment:
+- a slot this step writes for the same segment (its own rows) is seen causally by row index;
+- a slot after the segment's last own slot on that slot's page was claimed later (or not at all);
+- a slot a deferred chunk must not see (docs/mechanism.md §4: its turn's generated tokens) is marked in
+  the `hidden` table for this step; every other slot on the segment's pages it may read.
+That is the bottom-right causal rule of ops/attention.py over each segment's readable list.
 
-Query rows and keys are padded to power-of-two buckets of at least `MIN_BUCKET`, so a compiled kernel
-is compiled once per bucket pair and then reused by every step of that size; padded rows see nothing
-(FlexAttention returns zeros for them) and their outputs are dropped. The compiled function is one per
-process (`_compiled`): every engine, and every test, shares its kernels.
+The layout is built once per step on the host from the plan's slot lists with vectorised torch ops (work
+and memory linear in the keys read, plus one table write per row written and per hidden slot) and read
+by every layer. Compiled kernels are shared by the whole process (`compiled`), one per (segments bucket,
+query bucket, pool shape, heads, dtype).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-MIN_BUCKET = 128
-# one compiled kernel per (row bucket, key bucket, heads, dtype): more than dynamo's default of 8 per
-# function when a process serves several models or shapes (the test suite)
-RECOMPILE_LIMIT = 64
+# Query rows per tile of a multi-row group: an eighth of the query bucket, at most Q_TILE. A partly used
+# tile computes its padded rows too; a segment of n rows is in the bucket q with q / 2 < n <= q, so it pads
+# at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
+# GEMMs larger and its K/V re-reads (once per tile) fewer.
+Q_TILE = 16
+# one compiled kernel per (segments bucket, query bucket, block-list columns, pool shape, heads, dtype):
+# far more than dynamo's default of 8 per function when a process serves several models or shapes (the
+# test suite runs four families on pools of several sizes)
+RECOMPILE_LIMIT = 512
+# block-list columns per query tile, at least: the kernel is specialised on the lists' strides, so a pool
+# whose sessions stay under this many pages (4K tokens of 16-slot pages) compiles one kernel per shape
+MIN_COLS = 256
+# The CPU template picks its split-KV decoding kernel for 1-row queries when the partition size is a
+# multiple of the KV block; that kernel walks every partition of the whole key tensor (here: the pool)
+# when segments have different block counts. A partition size no page size divides keeps the main kernel,
+# which walks only each segment's block list (GPU backends ignore the option).
+CPU_PARTITION = 24
+# A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
+# segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
+STAMP = 1 << 16
+MAX_STEP = 1 << 31
 
 
 def bucket(n: int) -> int:
-    """The padded size of `n` rows or keys: the next power of two, at least `MIN_BUCKET`."""
-    return max(MIN_BUCKET, 1 << max(0, n - 1).bit_length())
+    """A padded size: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+class SlotTables:
+    """Per-slot tables of one KV pool that each step's layout writes for the slots it touches: `writer` the
+    stamp (`step * STAMP + segment`) times `STAMP` plus the row index of the row writing the slot this
+    step, `hidden` the step's number on slots a deferred chunk of this step may not read. Entries of older
+    steps carry older stamps, so nothing is cleared. Kept per pool (`tables_of`), outside the step's
+    layout: graph capture copies a layout's tensors each step, and these are the pool's."""
+
+    def __init__(self, slots: int, page_size: int, device: torch.device | str):
+        self.slots = slots
+        self.page_size = page_size
+        self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.step = 0
+        # block-list columns per tile: the most pages a segment has read, as a power of two, at least
+        # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
+        self.cols = MIN_COLS
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tables_of(pool: object, slots: int, page_size: int, device: torch.device | str) -> SlotTables:
+    """The slot tables of `pool` (any object owning a KV cache; built on first use, dropped with it)."""
+    t = _TABLES.get(pool)
+    if t is None or t.slots != slots or t.page_size != page_size:
+        t = _TABLES[pool] = SlotTables(slots, page_size, device)
+    return t
+
+
+@dataclass
+class FlexGroup:
+    """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
+    flat buffers (`_block_lists`) and the BlockMask is made from them at each call (`block_mask`), so that
+    a captured graph's static group, whose tensors later steps are copied into, is what the call reads."""
+
+    q_rows: Tensor          # [N * q] packed row of each padded query position (0 for padding)
+    real: Tensor            # [R_g] positions in the padded [N * q] that are real rows
+    real_rows: Tensor       # [R_g] the packed rows they are
+    stamp: Tensor           # [N] each segment's stamp (`SlotTables.writer`), -1 for padding segments
+    last: Tensor            # [N] each segment's last own slot (its readable list's last)
+    filtered: Tensor        # [N] the segment's list skips slots on its pages (a deferred chunk after GEN)
+    rows: Tensor            # [N] real query rows
+    step: Tensor            # [1] the step's number (`SlotTables.hidden`)
+    partial_num: Tensor     # [N, 1, tiles] pages each tile reads under the mask ...
+    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`_block_lists`)
+    full_num: Tensor        # [N, 1, tiles] pages each tile reads whole, no mask ...
+    full_idx: Tensor        # ... which
+    q: int                  # query bucket
+    tile: int               # query rows per tile
+    cols: int               # block-list columns per tile (a bucket of the longest list)
+
+    def block_mask(self, tables: SlotTables) -> BlockMask:
+        n, tiles, pages = self.stamp.shape[0], self.q // self.tile, tables.slots // tables.page_size
+        page_size, writer, hidden = tables.page_size, tables.writer, tables.hidden
+        stamp, last, filtered, rows, step = self.stamp, self.last, self.filtered, self.rows, self.step
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            w = writer[kv_idx]
+            own = (w // STAMP) == stamp[b]
+            lb = last[b]
+            later = (kv_idx > lb) & (kv_idx < (lb // page_size + 1) * page_size)
+            skipped = filtered[b] & (hidden[kv_idx] == step[0])
+            return torch.where(own, (w % STAMP) <= q_idx, ~later & ~skipped) & (q_idx < rows[b])
+
+        def wide(buf: Tensor) -> Tensor:
+            return buf.as_strided((n, 1, tiles, pages), (tiles * self.cols, tiles * self.cols, self.cols, 1))
+
+        return BlockMask.from_kv_blocks(self.partial_num, wide(self.partial_idx), self.full_num, wide(self.full_idx),
+                                        BLOCK_SIZE=(self.tile, page_size), mask_mod=mask_mod,
+                                        seq_lengths=(self.q, tables.slots), compute_q_blocks=False)
 
 
 @dataclass
 class FlexLayout:
     """Built once per step, read by every attention layer of the step."""
 
-    write_slots: Tensor      # [R] the slot each packed row's K/V goes to
-    keys: Tensor             # [Kp] the step's readable slot ids, padded with slot 0 (masked out)
-    rows: int                # R, before padding
-    padded_rows: int         # the row bucket
-    visible: Tensor          # [rows bucket, keys bucket] True: the row sees the key (what the mask reads)
-    block_mask: BlockMask
+    write_slots: Tensor     # [R] the slot each packed row's K/V goes to
+    groups: list[FlexGroup]
+    tables: SlotTables      # the pool's (not a dataclass: graph capture leaves it alone)
+    # what the accounting (ops/attention_accounting.py) reads: per segment, rows and readable keys
+    q_lens: list[int]
+    k_lens: list[int]
 
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
-                device: torch.device | str = "cpu") -> FlexLayout:
+                device: torch.device | str = "cpu", pool: object | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
-    slots last, bottom-right causal), for a cache on `device`."""
-    rows = sum(q_lens)
-    cat = torch.cat([s.cpu() for s in read_slots])
-    keys, rank = torch.unique(cat, sorted=True, return_inverse=True)
-    rp, kp = bucket(rows), bucket(len(keys))
-    visible = torch.zeros(rp, kp, dtype=torch.bool)
-    row, at = 0, 0
-    for n, slots in zip(q_lens, read_slots, strict=True):
-        k = len(slots)
-        # row i of the segment sees the first k - n + i + 1 of its readable slots
-        limit = k - n + 1 + torch.arange(n)
-        sees = torch.arange(k)[None, :] < limit[:, None]                    # [n, k]
-        visible.index_put_(
-            (torch.arange(row, row + n)[:, None].expand(n, k), rank[at:at + k][None].expand(n, k)), sees)
-        row, at = row + n, at + k
-    visible = visible.to(device)
+    slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
+    `page_size`) on `device`."""
+    if pool is None:
+        raise ValueError("the flex layout reads the pool in place: it needs the pool")
+    slots, page_size = pool.k.shape[1], pool.page_size
+    pages = slots // page_size
+    tables = tables_of(pool, slots, page_size, device)
+    if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
+        tables.writer.fill_(-1)
+        tables.hidden.fill_(-1)
+        tables.step = 0
+    tables.step += 1
+    step = tables.step
+    n_seg = len(q_lens)
+    q_len = torch.tensor(q_lens, dtype=torch.long)
+    k_len = torch.tensor([len(s) for s in read_slots], dtype=torch.long)
+    if bool((k_len < q_len).any()):
+        raise ValueError("each segment reads at least its own rows' slots")
+    if n_seg >= STAMP or int(q_len.max()) >= STAMP:
+        raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
+    flat = torch.cat([s.cpu() for s in read_slots]).long()
+    seg_of = torch.repeat_interleave(torch.arange(n_seg), k_len)
+    k_start = k_len.cumsum(0) - k_len
+    last = flat[k_start + k_len - 1]
+    # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
+    stamps = step * STAMP + torch.arange(n_seg)
+    row_in_seg = torch.arange(int(q_len.sum())) - torch.repeat_interleave(q_len.cumsum(0) - q_len, q_len)
+    code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
+    tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
+    # the pages each segment reads, in order: runs of one page within one segment's list
+    keys, counts = torch.unique_consecutive(seg_of * (pages + 1) + flat // page_size, return_counts=True)
+    runs = Runs(seg=keys // (pages + 1), page=keys % (pages + 1), count=counts,
+                last_rank=counts.cumsum(0) - 1 - k_start[keys // (pages + 1)])
+    filtered = _hide(tables, step, flat, k_len, last, runs)
+    segs = Segments(q_len, k_len, stamps, last, filtered)
+    groups = [_group([s for s, n in enumerate(q_lens) if bucket(n) == q], q, segs, runs, step, tables, device)
+              for q in sorted({bucket(n) for n in q_lens})]
+    return FlexLayout(write_slots.to(device), groups, tables, list(q_lens), k_len.tolist())
 
-    def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        return visible[q, kv]
 
-    block_mask = create_block_mask(mask_mod, None, None, rp, kp, device=str(device))
-    padded_keys = torch.zeros(kp, dtype=torch.long)
-    padded_keys[:len(keys)] = keys
-    return FlexLayout(write_slots.to(device), padded_keys.to(device), rows, rp, visible, block_mask)
+@dataclass
+class Runs:
+    """The pages a step's segments read: one entry per run of one page in one segment's list."""
+
+    seg: Tensor             # the segment
+    page: Tensor            # the page
+    count: Tensor           # slots of the page in the list
+    last_rank: Tensor       # the rank of the run's last slot in the segment's list
+
+
+@dataclass
+class Segments:
+    """Per segment of the step, in plan order."""
+
+    q_len: Tensor
+    k_len: Tensor
+    stamp: Tensor
+    last: Tensor            # the last slot of each list (the segment's last own row)
+    filtered: Tensor        # the list skips slots on its pages
+
+
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, last: Tensor, runs: Runs) -> Tensor:
+    """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
+    deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
+    segments skip any. A list from its session's first slot covers every slot of its pages up to its last
+    unless it skips some: only the segments whose counts say so are looked at slot by slot."""
+    page_size = tables.page_size
+    pages = torch.bincount(runs.seg, minlength=k_len.shape[0])
+    filtered = k_len != (pages - 1) * page_size + last % page_size + 1
+    dev = tables.hidden.device
+    run_start, k_start = (pages.cumsum(0) - pages).tolist(), (k_len.cumsum(0) - k_len).tolist()
+    listed = {}
+    for s in filtered.nonzero().flatten().tolist():     # runs and keys are in segment order: slices
+        own_pages = runs.page[run_start[s]:run_start[s] + int(pages[s])]
+        every = (own_pages[:, None] * page_size + torch.arange(page_size)[None]).flatten()
+        every = every[:int((every == last[s]).nonzero()[0]) + 1]
+        listed[s] = flat[k_start[s]:k_start[s] + int(k_len[s])]
+        tables.hidden[every[~torch.isin(every, listed[s])].to(dev)] = step
+    # the table holds one view per slot and step: two chunks of one session in one step must agree on it
+    if any(bool((tables.hidden[ls.to(dev)] == step).any()) for ls in listed.values()):
+        raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
+    return filtered
+
+
+def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
+           device: torch.device | str) -> FlexGroup:
+    """The group of segments `ids` (query bucket `q`), padded to a power of two of segments."""
+    n = bucket(len(ids))
+    tile = min(Q_TILE, max(1, q // 8))
+    tiles = q // tile
+    sel = torch.tensor(ids, dtype=torch.long)
+    where = torch.full((segs.q_len.shape[0],), -1, dtype=torch.long)
+    where[sel] = torch.arange(len(ids))
+    in_group = where[runs.seg] >= 0
+    pos, page, count = where[runs.seg[in_group]], runs.page[in_group], runs.count[in_group]
+    last_rank = runs.last_rank[in_group]
+    # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks
+    # < k - n + i + 1. A page is listed when the tile's last row sees its first listed slot, and read
+    # whole (no mask) when the page is whole in the list and the tile's first row sees its last slot.
+    n_rows, k_keys = segs.q_len[sel][pos], segs.k_len[sel][pos]
+    lo = torch.arange(tiles)[None] * tile
+    hi = torch.minimum(lo + tile, n_rows[:, None])                          # [runs, tiles]
+    base = (k_keys - n_rows)[:, None]
+    listed = (lo < n_rows[:, None]) & ((last_rank - count + 1)[:, None] < base + hi)
+    full = listed & (count == tables.page_size)[:, None] & (last_rank[:, None] < base + lo + 1)
+    pages = tables.slots // tables.page_size
+    per_tile = torch.bincount((pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(listed)[listed],
+                              minlength=n * tiles)
+    tables.cols = max(tables.cols, bucket(max(1, int(per_tile.max()))))
+    partial_num, partial_idx = _block_lists(listed & ~full, pos, page, n, tiles, pages, tables.cols)
+    full_num, full_idx = _block_lists(full, pos, page, n, tiles, pages, tables.cols)
+
+    def pad(t: Tensor, fill: int) -> Tensor:
+        out = torch.full((n,), fill, dtype=t.dtype)
+        out[:len(ids)] = t
+        return out.to(device)
+
+    qi = torch.arange(q)
+    real_q = qi[None, :] < segs.q_len[sel][:, None]                        # [len(ids), q]
+    starts = (segs.q_len.cumsum(0) - segs.q_len)[sel]
+    rows = torch.cat([(starts[:, None] + qi[None, :]) * real_q, torch.zeros(n - len(ids), q, dtype=torch.long)])
+    real = torch.cat([real_q, torch.zeros(n - len(ids), q, dtype=torch.bool)]).flatten().nonzero().flatten()
+    rows = rows.flatten()
+    return FlexGroup(
+        q_rows=rows.to(device), real=real.to(device), real_rows=rows[real].to(device),
+        stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
+        rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
+        partial_num=partial_num.to(device), partial_idx=partial_idx.to(device), full_num=full_num.to(device),
+        full_idx=full_idx.to(device), q=q, tile=tile, cols=tables.cols)
+
+
+def _block_lists(use: Tensor, pos: Tensor, page: Tensor, n: int, tiles: int, pages: int,
+                 cols: int) -> tuple[Tensor, Tensor]:
+    """`kv_num_blocks [n, 1, tiles]` and the flat buffer of `kv_indices` (`cols` per tile) for the runs
+    `use [runs, tiles]` marks (runs in order within each segment `pos`).
+    The indices' last dimension must span the pool's pages (FlexAttention checks the key length against
+    it), but the kernel reads only each tile's first `kv_num_blocks` entries: the indices are a strided
+    view (`FlexGroup.block_mask`) over `n * tiles * cols` entries plus the tail the view's last row spans,
+    so the buffer grows with the blocks listed, not with the pool."""
+    tile_of = (pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(use)[use]
+    counts = torch.bincount(tile_of, minlength=n * tiles)
+    # each listed run's column: its rank among the listed runs of its (segment, tile), in run order
+    order = torch.argsort(tile_of, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0]) - (counts.cumsum(0) - counts)[tile_of[order]]
+    buf = torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
+    buf[tile_of * cols + rank] = page[:, None].expand_as(use)[use].to(torch.int32)
+    return counts.to(torch.int32).view(n, 1, tiles), buf
 
 
 def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                           layout: FlexLayout) -> Tensor:
     """`varlen_attention` (ops/attention.py) on FlexAttention: write the step's `k, v [R, kv_heads, d]`
-    into the cache, then attend `q [R, heads, d]` over the step's keys. Returns `[R, heads, d]`."""
+    into the cache, then attend `q [R, heads, d]` over the pool per the layout. Returns `[R, heads, d]`."""
     k_cache.index_copy_(0, layout.write_slots, k)
     v_cache.index_copy_(0, layout.write_slots, v)
     r, heads, d = q.shape
-    qp = q.new_zeros(layout.padded_rows, heads, d)
-    qp[:r] = q
-    keys = k_cache.index_select(0, layout.keys).transpose(0, 1)[None]          # [1, kv, Kp, d]
-    values = v_cache.index_select(0, layout.keys).transpose(0, 1)[None]
-    out = _compiled()(qp.transpose(0, 1)[None], keys.to(q.dtype), values.to(q.dtype),
-                      block_mask=layout.block_mask, enable_gqa=heads != keys.shape[1])
-    return out[0, :, :r].transpose(0, 1)
+    keys, values = k_cache.transpose(0, 1)[None], v_cache.transpose(0, 1)[None]      # views of the pool
+    out = q.new_empty(r, heads, d)
+    options = {"PARTITION_SIZE": CPU_PARTITION} if q.device.type == "cpu" else None
+    for g in layout.groups:
+        n = g.stamp.shape[0]
+        qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
+        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
+                         kernel_options=options)
+        out[g.real_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d)[g.real].to(q.dtype)
+    return out
+
+
+def compiled():
+    """The process's compiled `flex_attention` (compiled on first use, per shape). Past dynamo's recompile
+    limit a call would run FlexAttention's unfused eager path, which materialises the scores: the limit is
+    raised (set again at each call: code elsewhere may reset dynamo's config) and hitting it is an error."""
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, RECOMPILE_LIMIT)
+    return _compiled_flex()
+
+
+def _flex(*args: object, **kwargs: object) -> Tensor:
+    # past the recompile limit dynamo would run FlexAttention's eager path, which does not give the compiled
+    # kernel's result over these strided block lists (tests/ops/test_flex_attention.py would fail on it):
+    # an error, never a silent fallback
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        return compiled()(*args, **kwargs)
 
 
 @cache
-def _compiled():
-    """The process's compiled `flex_attention` (compiled on first use, per bucket shape)."""
-    dynamo = torch._dynamo.config
-    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)

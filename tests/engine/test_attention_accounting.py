@@ -1,0 +1,64 @@
+"""The FlexAttention path's work and traffic, counted from each step's layout (ops/attention_accounting.py)
+on real engine steps of both families: a first prefill, decode steps of two sessions, and decode steps
+with fused deferred chunks. Every segment reads only the pages of its own read list (a decode row computes
+no score outside its session), score entries computed / visible <= 1.25 and K/V bytes read / visible <=
+1.1 (contexts of a few hundred tokens: the last partly filled page, the padded query tile and the
+causal diagonal's pages are what the bounds cover)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.plan import Kind
+from raincheck_core.ops import backend
+from raincheck_core.ops.attention_accounting import flex_accounting, pages_read
+from tests.engine.reference import image_tokens, random_visual
+
+GRID = (1, 16, 16)          # 64 visual tokens, most of them deferred
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, family, monkeypatch):
+    layouts = []
+
+    def recording(q_lens, read_slots, write_slots, device, pool):
+        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
+        layouts.append((layout, [s.clone() for s in read_slots], pool.page_size, pool.k.element_size()))
+        return layout
+
+    monkeypatch.setattr(backend, "FLEX_ATTENTION", dataclasses.replace(backend.FLEX_ATTENTION, layout=recording))
+    engine = Engine.from_pretrained(tiny_checkpoints[family][1], backend="flex", deferred_budget=4096)
+    kinds = []
+    remove = engine.on_plan(lambda plan: kinds.append({s.kind for s in plan.segments}))
+    cfg = engine.model_config
+    visual = random_visual("image", GRID, cfg.hidden_size, cfg.deepstack_levels, seed=3)
+    text = [10 + i % 50 for i in range(300)]
+    deferring = engine.open_session()
+    plain = engine.open_session()
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    turns = [
+        deferring.turn(Prompt([*text, *image_tokens(GRID), 7, 8], [visual]), params,
+                       deferral=DeferralConfig("raincheck", tpot_slo=None, guard=0, chunk_size=31,
+                                               selector="uniform")),
+        plain.turn(Prompt(text[::-1]), params, deferral=DeferralConfig("full")),
+    ]
+    for t in turns:
+        t.tokens()
+    remove()
+    assert len(kinds) == len(layouts)
+    seen = set()
+    attn = engine.model_config
+    for step_kinds, (layout, reads, page_size, itemsize) in zip(kinds, layouts, strict=True):
+        for s, pages in enumerate(pages_read(layout)):
+            assert pages == set((reads[s] // page_size).tolist()), s
+        acc = flex_accounting(layout, attn.num_kv_heads, attn.head_dim, itemsize)
+        assert acc.score_ratio <= 1.25, (step_kinds, acc)
+        assert acc.kv_ratio <= 1.1, (step_kinds, acc)
+        seen.add(frozenset(step_kinds))
+    assert any(Kind.PREFILL in k for k in seen)
+    assert frozenset({Kind.DECODE}) in seen
+    assert any({Kind.DECODE, Kind.DEFERRED} <= k for k in seen)

@@ -1,0 +1,153 @@
+"""FlexAttention over the paged pool in place (ops/flex_attention.py) against the one-segment reference:
+decode rows, prefill chunks, a deferred chunk that skips its turn's generated slots, a chunk and its
+session's decode row in one step, pages shared by two sessions, padding rows on a scratch slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raincheck_core.cache.kv_pool import KVPool, PageTable
+from raincheck_core.ops.attention import reference_attention
+from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
+from raincheck_core.ops.flex_attention import MAX_STEP, flex_layout, flex_varlen_attention, tables_of
+
+KV, HEADS, D, PAGE = 2, 6, 16, 16
+
+
+def _pool(pages: int = 64) -> KVPool:
+    pool = KVPool(1, pages, PAGE, KV, D, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    pool.k.copy_(torch.randn(pool.k.shape, generator=gen))
+    pool.v.copy_(torch.randn(pool.v.shape, generator=gen))
+    return pool
+
+
+def _session(pool: KVPool, filled: int) -> PageTable:
+    table = PageTable(pool, 64)
+    table.append(filled)
+    return table
+
+
+def _run(pool: KVPool, q_lens: list[int], reads: list[torch.Tensor], writes: list[torch.Tensor]):
+    gen = torch.Generator().manual_seed(sum(q_lens))
+    rows = sum(q_lens)
+    q = torch.randn(rows, HEADS, D, generator=gen)
+    k, v = torch.randn(rows, KV, D, generator=gen), torch.randn(rows, KV, D, generator=gen)
+    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool)
+    out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
+    at = 0
+    for s, n in enumerate(q_lens):
+        ref = reference_attention(q[at:at + n], pool.k[0], pool.v[0], reads[s])
+        assert float((out[at:at + n] - ref).abs().max()) <= 1e-5, s
+        at += n
+    return layout
+
+
+def test_segments_of_every_kind_in_one_step_equal_each_alone():
+    pool = _pool()
+    sessions = [_session(pool, n) for n in (40, 0, 3, 37, 100)]
+    # reserve pages for the rows each session writes this step, in the order the scheduler claims them
+    q_lens, reads, writes = [], [], []
+
+    def claim(t: PageTable, offset: int, n: int) -> torch.Tensor:
+        return t.ahead(offset, n)
+
+    # 0: a decode row; 1: a first prefill over 70 rows; 2: a decode row on a 3-slot session
+    for t, n in ((sessions[0], 1), (sessions[1], 70), (sessions[2], 1)):
+        w = claim(t, 0, n)
+        q_lens.append(n)
+        reads.append(t.reserved_slots(0, t.length + n))
+        writes.append(w)
+    # 3: a deferred chunk of 7 rows, then its session's decode row (which sees the chunk)
+    t = sessions[3]
+    generated = torch.zeros(t.length, dtype=torch.bool)
+    generated[[3, 17, 18, 36]] = True
+    chunk = claim(t, 0, 7)
+    past = t.reserved_slots(0, t.length)
+    q_lens.append(7)
+    reads.append(torch.cat([past[~generated], chunk]))
+    writes.append(chunk)
+    row = claim(t, 7, 1)
+    q_lens.append(1)
+    reads.append(t.reserved_slots(0, t.length + 8))
+    writes.append(row)
+    # 4: a continued prefill of 9 rows
+    w = claim(sessions[4], 0, 9)
+    q_lens.append(9)
+    reads.append(sessions[4].reserved_slots(0, sessions[4].length + 9))
+    writes.append(w)
+    layout = _run(pool, q_lens, reads, writes)
+    assert [g.q for g in layout.groups] == [1, 8, 16, 128]
+
+
+def test_a_deferred_chunk_claimed_after_its_decode_row_does_not_see_it():
+    pool = _pool()
+    t = _session(pool, 20)
+    row = t.ahead(0, 1)                           # the decode row first: GEN, the chunk must skip it
+    chunk = t.ahead(1, 5)
+    decode_read = t.reserved_slots(0, 21)
+    chunk_read = torch.cat([t.reserved_slots(0, 20), chunk])
+    _run(pool, [1, 5], [decode_read, chunk_read], [row, chunk])
+
+
+def test_pages_shared_by_two_sessions_and_padding_rows():
+    pool = _pool()
+    a = _session(pool, 48)
+    b = PageTable(pool, 64)
+    b.adopt(a.pages[:2], 32)                      # the prefix cache's pages, read by both
+    ra, rb = a.ahead(0, 1), b.ahead(0, 3)
+    scratch = torch.tensor([pool.allocate(1)[0] * PAGE])
+    pad = scratch.expand(4)
+    q_lens = [1, 3, 4]
+    reads = [a.reserved_slots(0, 49), b.reserved_slots(0, 35), pad]
+    gen = torch.Generator().manual_seed(5)
+    rows = sum(q_lens)
+    q = torch.randn(rows, HEADS, D, generator=gen)
+    k, v = torch.randn(rows, KV, D, generator=gen), torch.randn(rows, KV, D, generator=gen)
+    layout = flex_layout(q_lens, reads, torch.cat([ra, rb, pad]), "cpu", pool)
+    out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
+    for s, (at, n) in enumerate(((0, 1), (1, 3))):
+        ref = reference_attention(q[at:at + n], pool.k[0], pool.v[0], reads[s])
+        assert float((out[at:at + n] - ref).abs().max()) <= 1e-5
+    assert bool(out[4:].isfinite().all())        # padding rows: dropped, but never NaN
+
+
+def test_two_chunks_that_disagree_on_a_slot_are_refused():
+    pool = _pool()
+    t = _session(pool, 20)
+    c1 = t.ahead(0, 2)
+    c2 = t.ahead(2, 2)
+    past = t.reserved_slots(0, 20)
+    with pytest.raises(ValueError, match="disagree"):
+        flex_layout([2, 2], [torch.cat([past[1:], c1]), torch.cat([past[:1], past[2:], c1, c2])],
+                    torch.cat([c1, c2]), "cpu", pool)
+
+
+def test_a_decode_step_allocates_no_copy_of_the_keys_it_reads():
+    """16 sessions decoding over ~400 slots each: what the attention call allocates (outputs, the query
+    gather) is under a tenth of the K/V bytes it reads; the old path copied them all per layer."""
+    pool = _pool(512)
+    sessions = [_session(pool, 380 + 3 * i) for i in range(16)]
+    writes = [t.ahead(0, 1) for t in sessions]
+    reads = [t.reserved_slots(0, t.length + 1) for t in sessions]
+    layout = _run(pool, [1] * 16, reads, writes)
+    acc = flex_accounting(layout, KV, D, 4)
+    assert acc.kv_ratio <= 1.1 and acc.score_ratio <= 1.25
+    q = torch.randn(16, HEADS, D)
+    k, v = torch.randn(16, KV, D), torch.randn(16, KV, D)
+    allocated = allocated_bytes(lambda: flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout))
+    assert allocated <= 0.1 * acc.kv_read, (allocated, acc.kv_read)
+
+
+def test_the_step_counter_wraps_with_clean_tables():
+    """Entries of steps before the wrap could match new stamps: the tables start clean."""
+    pool = _pool()
+    t = _session(pool, 30)
+    tables = tables_of(pool, pool.k.shape[1], PAGE, "cpu")
+    tables.step = MAX_STEP - 2
+    for _ in range(3):
+        row = t.ahead(0, 1)
+        _run(pool, [1], [t.reserved_slots(0, t.length + 1)], [row])
+        t.advance(1)
+    assert tables.step == 2         # MAX_STEP - 1, then 1 and 2 after the wrap
