@@ -134,6 +134,16 @@ class FlexGroup:
                                         seq_lengths=(self.q, tables.slots), compute_q_blocks=False)
 
 
+class SegmentLengths:
+    """Per segment of a step, its rows and readable keys: what the accounting (ops/attention_accounting.py)
+    reads, never the forward. Not a dataclass, so that graph capture (engine/graphs.py) does not take these
+    plain values, which change every decode step, as part of a step's shape."""
+
+    def __init__(self, q: list[int], k: list[int]):
+        self.q = q
+        self.k = k
+
+
 @dataclass
 class FlexLayout:
     """Built once per step, read by every attention layer of the step."""
@@ -141,9 +151,15 @@ class FlexLayout:
     write_slots: Tensor     # [R] the slot each packed row's K/V goes to
     groups: list[FlexGroup]
     tables: SlotTables      # the pool's (not a dataclass: graph capture leaves it alone)
-    # what the accounting (ops/attention_accounting.py) reads: per segment, rows and readable keys
-    q_lens: list[int]
-    k_lens: list[int]
+    lengths: SegmentLengths
+
+    @property
+    def q_lens(self) -> list[int]:
+        return self.lengths.q
+
+    @property
+    def k_lens(self) -> list[int]:
+        return self.lengths.k
 
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
@@ -186,7 +202,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     segs = Segments(q_len, k_len, stamps, last, filtered)
     groups = [_group([s for s, n in enumerate(q_lens) if bucket(n) == q], q, segs, runs, step, tables, device)
               for q in sorted({bucket(n) for n in q_lens})]
-    return FlexLayout(write_slots.to(device), groups, tables, list(q_lens), k_len.tolist())
+    return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
 
 
 @dataclass

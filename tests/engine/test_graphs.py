@@ -72,6 +72,18 @@ def test_replays_reuse_static_buffers(engines):
     assert len(graphs.graphs) < graphs.replays
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_plain_decode_steps_of_a_bucket_share_one_skeleton(engines, family):
+    """A decode step changes each session's length by one: its layout's tensors change contents, not shape,
+    and nothing that grows with the context (the attention layout's per-segment key counts) may enter the
+    skeleton, or every step would be captured anew."""
+    graphs = engines[family][1].core.runner.graphs
+    before, replays = set(graphs.graphs), graphs.replays
+    _turns(engines[family][1], 0)
+    assert graphs.replays - replays >= 4
+    assert len([key for key in set(graphs.graphs) - before if key[0] == Bucket(4, 0)]) <= 1
+
+
 def test_a_failed_capture_runs_the_step_eagerly(engines, tiny_checkpoints, monkeypatch):
     """A capture that raises part-way (an op that cannot be captured) has run some of the forward over the
     step's batch: the runner prepares the step again and runs it eagerly, as every later step of that
