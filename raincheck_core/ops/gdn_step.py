@@ -28,6 +28,7 @@ from torch import Tensor
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
 from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+from .gdn_rows import RowCaptures, states_at_rows
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,18 @@ class GDNOutputs:
     factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     # per layer: u, g, beta of the step rows in `GDNStep.input_rows` (input rows extending a join's map)
     input_factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    # per layer: the conv histories and states after the chosen rows of `GDNStep.at_rows`
+    at_rows: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class AtRows:
+    """Chosen rows of the multi-row sequences whose states a step returns besides the final ones
+    (ops/gdn_rows.py), and the step's backend op that replays them."""
+
+    captures: RowCaptures
+    varlen: VarlenOp                # the step's op set's (`GDNOps.varlen`)
+    key_heads: int
 
 
 class GDNLayerOp(Protocol):
@@ -113,10 +126,18 @@ class GDNStep:
     out: GDNOutputs = field(default_factory=GDNOutputs)
     op: GDNLayerOp | None = None    # prepared by the step's op set (ops/backend.py `GDNOps.prepare`)
     input_rows: Tensor | None = None    # step rows of multi-row input whose factors a pending join needs
+    at_rows: AtRows | None = None       # states wanted after chosen rows of `multi`'s sequences
 
     def layer(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
-        """Run GDN layer `layer` of the step by its prepared op (`GDNLayerOp`)."""
+        """Run GDN layer `layer` of the step by its prepared op (`GDNLayerOp`), then replay the chosen rows
+        (`at_rows`) from the states the sequences started from, which the op leaves as they were."""
         self.op(self, layer, u, g, beta, conv_weight, out)
+        if self.at_rows is not None:
+            a, c, i = self.at_rows, self.corrections, layer
+            extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
+            self.out.at_rows.append(states_at_rows(
+                a.varlen, a.captures, u, g, beta, extra, conv_weight, self.pool.conv.rows[:, i],
+                self.pool.ssm.rows[:, i], a.key_heads, self.pool.ssm.shape[3]))
 
     def after_layer(self, u: Tensor, g: Tensor, beta: Tensor) -> None:
         """Keep what the runner reads of a layer besides the states: the tracked input rows' u, g, beta."""
