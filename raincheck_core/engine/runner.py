@@ -374,8 +374,8 @@ class ModelRunner:
             out.joined = [(seg, mo.finals[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None and inputs.keep:
             out.tracked = self._tracked(inputs, res.factors)
-        if res.at_rows:     # layer by layer -> each prefill's checkpoints, every layer's side by side
-            conv, ssm = (torch.stack(t, dim=1) for t in zip(*res.at_rows, strict=True))
+        if res.at_rows is not None:     # each prefill's checkpoints, every layer's side by side
+            conv, ssm = res.at_rows
             at = 0
             for seg in inputs.multi:
                 m = len(seg.checkpoints)

@@ -1,5 +1,6 @@
-"""States at chosen rows of a step (ops/gdn_rows.py, issue 41): by every backend on the CPU, through a step's
-prepared op, each chosen row's conv history and state equal the sequence run alone, cut after that row."""
+"""States at chosen rows of a step (ops/gdn_rows.py, issue 41): by every backend on the CPU (the native kernel
+copying them out as it passes, the chunked rules by replay), through a step's prepared op, each chosen row's
+conv history and state equal the sequence run alone, cut after that row."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ LAYERS = 2
 # chunk, joining the live state in slot 4), and a plain 9-row chunk; then two decode rows
 CHUNK, LEAD, PLAIN = 70, 3, 9
 ROWS = CHUNK + PLAIN + 2
-CHOSEN = [[0, 63, 64, 69, 70, CHUNK + LEAD - 1, 30, 0],     # first row, across a 64-row block, the chunk's
-          [PLAIN - 1, 4]]                                     # last, inside the lead; unsorted, repeated
+CHOSEN = [[0, 30, 63, 64, 69, 70, CHUNK + LEAD - 1],     # first row, across a 64-row block, the chunk's
+          [4, PLAIN - 1]]                                   # last, inside the lead and its last
 
 
 def _gdn_shape(family: str) -> tuple[int, int, int, int, int]:
@@ -76,8 +77,9 @@ def test_states_at_chosen_rows_equal_the_sequence_cut_there(family, name):
         o = torch.full((ROWS, heads, dv), float("nan"))
         step.layer(layer, u, g, beta, w, o)
         assert not o.isnan().any()     # the replay writes none of the step's outputs
-        hists, states = step.out.at_rows[layer]
-        assert hists.shape == (10, k - 1, c) and states.shape == (10, heads, dk, dv)
+        assert step.op.takes_rows == (name == "native")
+        hists, states = (t[:, layer] for t in step.out.at_rows)
+        assert hists.shape == (9, k - 1, c) and states.shape == (9, heads, dk, dv)
         ex = corrections.extra_u[layer], corrections.extra_g[layer], corrections.extra_beta[layer]
         seq_rows = [[torch.cat([x[:CHUNK], e]) for x, e in zip((u, g, beta), ex, strict=True)],
                     [x[CHUNK:CHUNK + PLAIN] for x in (u, g, beta)]]
@@ -93,10 +95,12 @@ def test_states_at_chosen_rows_equal_the_sequence_cut_there(family, name):
                 m += 1
 
 
-def test_rows_outside_a_sequence_are_refused():
+def test_rows_outside_a_sequence_or_out_of_order_are_refused():
     seqs = varlen_layout([4, 2], 4).seqs
     with pytest.raises(ValueError, match="sequence 1 has 2 rows"):
         row_captures(seqs, [[0], [2]], 4)
+    with pytest.raises(ValueError, match="ascending"):
+        row_captures(seqs, [[2, 1], []], 4)
     with pytest.raises(ValueError, match="row lists"):
         row_captures(seqs, [[0]], 4)
 
@@ -104,6 +108,7 @@ def test_rows_outside_a_sequence_are_refused():
 def test_the_rounds_run_each_row_before_the_last_chosen_one_once():
     """Replay's cost: the pieces chain, so a sequence's rows up to its last chosen row run once more, in as many
     rounds as it has chosen rows."""
-    captures = row_captures(varlen_layout([100, 5, 7], 4).seqs, [[10, 99, 50], [], [0]], 4)
+    captures = row_captures(varlen_layout([100, 5, 7], 4).seqs, [[10, 50, 99], [], [0]], 4)
     assert [layout.seqs.seq_len.tolist() for layout in captures.rounds] == [[11, 1], [40], [49]]
-    assert captures.order.tolist() == [0, 3, 2, 1]
+    assert captures.order.tolist() == [0, 2, 3, 1]
+    assert captures.first.tolist() == [0, 3, 3, 4] and captures.rows.tolist() == [10, 50, 99, 0]
