@@ -44,7 +44,12 @@ def _ops(name: str) -> backend.GDNOps:
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 @pytest.mark.parametrize("name", ["native", "torch", "fla"])
 def test_states_at_chosen_rows_equal_the_sequence_cut_there(family, name):
-    ops = _ops(name)
+    check_states_at_rows(_ops(name), family)
+
+
+def check_states_at_rows(ops: backend.GDNOps, family: str) -> None:
+    """A step of the family's GDN shape through `ops`: each chosen row's history and state against the
+    one-sequence references (tests/kernels runs it on fla's Triton kernels too)."""
     key_heads, heads, dk, dv, k = _gdn_shape(family)
     c = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(41)
@@ -77,7 +82,7 @@ def test_states_at_chosen_rows_equal_the_sequence_cut_there(family, name):
         o = torch.full((ROWS, heads, dv), float("nan"))
         step.layer(layer, u, g, beta, w, o)
         assert not o.isnan().any()     # the replay writes none of the step's outputs
-        assert step.op.takes_rows == (name == "native")
+        assert step.op.takes_rows == (ops.name == "native")
         hists, states = (t[:, layer] for t in step.out.at_rows)
         assert hists.shape == (9, k - 1, c) and states.shape == (9, heads, dk, dv)
         ex = corrections.extra_u[layer], corrections.extra_g[layer], corrections.extra_beta[layer]
