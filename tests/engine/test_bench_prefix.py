@@ -29,3 +29,16 @@ def test_quick_report(tmp_path):
         for scenario in ("system", "image_full", "image_raincheck"):
             assert res[scenario]["hit_share"] > 0.85
     assert out["families"]["qwen3_5"]["system"]["memory"]["gdn_checkpoints"] > 0
+
+
+def test_cold_only_report(tmp_path):
+    path = tmp_path / "cold.json"
+    threads = torch.get_num_threads()
+    try:
+        prefix.main(["--cold-only", "--repeats", "1", "--json", str(path)])
+    finally:
+        torch.set_num_threads(threads)
+    cold = json.loads(path.read_text())["cold_1024"]
+    assert set(cold) == {"qwen3_5", "qwen3_vl"}
+    for res in cold.values():
+        assert set(res) == {"cold_ttft_ms", "cold_anywhere_ttft_ms", "aligned_over_anywhere"}
