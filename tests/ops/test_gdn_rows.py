@@ -14,6 +14,7 @@ from raincheck_core.ops.gdn import causal_conv1d, recurrent_gated_delta_rule, sp
 from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_rows import row_captures
 from raincheck_core.ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from raincheck_core.ops.gdn_traffic import StateCopies, step_traffic
 from tests.ops.fla_naive import naive_kernels
 
 LAYERS = 2
@@ -47,9 +48,10 @@ def test_states_at_chosen_rows_equal_the_sequence_cut_there(family, name):
     check_states_at_rows(_ops(name), family)
 
 
-def check_states_at_rows(ops: backend.GDNOps, family: str) -> None:
+def check_states_at_rows(ops: backend.GDNOps, family: str, traffic: bool = True) -> None:
     """A step of the family's GDN shape through `ops`: each chosen row's history and state against the
-    one-sequence references (tests/kernels runs it on fla's Triton kernels too)."""
+    one-sequence references (tests/kernels runs it on fla's Triton kernels too), and with `traffic` the
+    pool copies the accounting predicts (ops/gdn_traffic.py) against those measured."""
     key_heads, heads, dk, dv, k = _gdn_shape(family)
     c = 2 * key_heads * dk + heads * dv
     gen = torch.Generator().manual_seed(41)
@@ -75,12 +77,15 @@ def check_states_at_rows(ops: backend.GDNOps, family: str) -> None:
     start_hist = pool.conv.rows[rows.read].clone()
     start_state = pool.ssm.rows[rows.read].clone()
     step.op = ops.prepare(step, key_heads)
+    copied = 0
     for layer in range(LAYERS):
         u = torch.randn(ROWS, c, generator=gen)
         g, beta = -torch.rand(ROWS, heads, generator=gen), torch.rand(ROWS, heads, generator=gen)
         w = torch.randn(c, k, generator=gen) / 2
         o = torch.full((ROWS, heads, dv), float("nan"))
-        step.layer(layer, u, g, beta, w, o)
+        with StateCopies(pool) as copies:
+            step.layer(layer, u, g, beta, w, o)
+        copied += copies.copied
         assert not o.isnan().any()     # the replay writes none of the step's outputs
         assert step.op.takes_rows == (ops.name == "native")
         hists, states = (t[:, layer] for t in step.out.at_rows)
@@ -98,6 +103,8 @@ def check_states_at_rows(ops: backend.GDNOps, family: str) -> None:
                 assert float((states[m] - state).abs().max()) <= 1e-5, (s, i)
                 assert float((hists[m] - tail).abs().max()) <= 1e-6, (s, i)
                 m += 1
+    # what the accounting says the step copies in and out of the pool, replay included, is what it copies
+    assert not traffic or step_traffic(step).copied == copied
 
 
 def test_rows_outside_a_sequence_or_out_of_order_are_refused():
