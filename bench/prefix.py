@@ -1,6 +1,6 @@
 """Prefix cache and encoder cache: what a new session saves when its prefix, or its image, was seen before.
 
-    python -m bench.prefix [--quick] [--threads N] [--repeats N] [--json PATH]
+    python -m bench.prefix [--quick] [--threads N] [--repeats N] [--json PATH] [--cold-only]
 
 On the random `bench` checkpoints of both families, each a new session's first turn, TTFT cold (empty
 caches) and warm (what the scenario shares is cached), on the engine's clock (thread CPU time, one
@@ -15,7 +15,9 @@ torch thread: a step's own cost, not moved by other processes on the machine):
   and time.
 Plus the memory the caches hold after the system-prompt scenario, and the cold TTFT with prefill steps
 cut anywhere: what the aligned cuts cost (a step ending at the prompt's last page boundary, where a repeat
-resumes, and on qwen3_5 every 256 slots for the GDN checkpoints). Cold and warm runs alternate;
+resumes, and the one before its last message boundary; the GDN checkpoints are taken inside the steps).
+`--cold-only`: only the cold TTFT of a 1,024-token prompt, as the engine runs it and with steps cut anywhere,
+alternated repeat by repeat (`cold_1024`). Cold and warm runs alternate;
 each figure is the best of the repeats. `--json` keys: `warm_over_cold_ttft` (per family, the shared system prompt),
 `regenerate_prefilled_rows` (per family), `encoder_cache_hits` (per family).
 """
@@ -107,6 +109,26 @@ def unaligned_cold(engine: Engine, repeats: int, cold) -> float | None:
         engine.prefill_alignment = align
 
 
+def cold_prompt(engine: Engine, repeats: int, rows: int = 1024) -> dict:
+    """Best-of-`repeats` cold TTFT of a `rows`-token prompt as the engine runs it (its aligned cuts and GDN
+    checkpoints) and with prefill steps cut anywhere, one after the other in each repeat, so that both see
+    the same machine."""
+    use_clock(engine, time.thread_time)
+    align = engine.prefill_alignment
+    times: dict[str, list[float]] = {"aligned": [], "anywhere": []}
+    try:
+        for r in range(repeats):
+            for name, cuts in (("aligned", align), ("anywhere", None)):
+                engine.prefill_alignment = cuts
+                engine.clear_caches()
+                times[name].append(_first_turn(engine, _ids(rows, 100 + r))[0])
+    finally:
+        engine.prefill_alignment = align
+    best = {name: min(t) for name, t in times.items()}
+    return {"cold_ttft_ms": 1e3 * best["aligned"], "cold_anywhere_ttft_ms": 1e3 * best["anywhere"],
+            "aligned_over_anywhere": best["aligned"] / best["anywhere"]}
+
+
 def regenerate(engine: Engine, turns: int = 6) -> dict:
     engine.clear_caches()
     session = engine.open_session(deferral=FULL)
@@ -174,9 +196,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--cold-only", action="store_true", help="only the cold TTFT of a 1,024-token prompt")
     args = p.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 5)
     setup_torch(args.threads)
+    if args.cold_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            cold = {f: cold_prompt(build_engine(f, Path(tmp), prefix_cache=True), repeats) for f in FAMILIES}
+        for family, c in cold.items():
+            print(f"{family}: cold 1,024-token prompt {c['cold_ttft_ms']:.1f} ms, steps cut anywhere "
+                  f"{c['cold_anywhere_ttft_ms']:.1f} ms ({c['aligned_over_anywhere']:.3f}x)")
+        if args.json:
+            args.json.write_text(json.dumps({"cold_1024": cold}, indent=1))
+        return {"cold_1024": cold}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in FAMILIES:

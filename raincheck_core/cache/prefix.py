@@ -13,11 +13,13 @@ row of a recovering turn, whose K/V depend on which deferred rows were in when i
 there on is shared. A page's hash is `H(previous page's hash, its rows' descriptions)`.
 
 Gated DeltaNet layers have no pages: their state after a prefix is kept as a checkpoint (conv history
-and recurrent state, fp32) at the page boundaries where a step ended, and a hit on a hybrid model reaches
-only as far as the last shared page that has one (docs/mechanism.md §11). Checkpoints live in slots of a
-slab allocated (and written) once, as many as the byte budget holds, like the KV pool's pages: the memory
-is taken at start-up and a busy cache recycles its least recently used slot, so the process does not grow
-as the cache fills, and a budget the machine lacks fails at start, not under load.
+and recurrent state, fp32) at the page boundaries where a step ended and at those where a prefill took
+one inside its step (message boundaries and a grid, engine/scheduler.py `checkpoint_rows`), and a hit on a
+hybrid model reaches only as far as the last shared page that has one (docs/mechanism.md §11).
+Checkpoints live in slots of a slab allocated (and written) once, as many as the byte budget holds, like
+the KV pool's pages: the memory is taken at start-up and a busy cache recycles its least recently used
+slot, so the process does not grow as the cache fills, and a budget the machine lacks fails at start, not
+under load.
 """
 
 from __future__ import annotations
@@ -167,10 +169,10 @@ class PrefixCache:
 
     # ---------------------------------------------------------------- filling
     def publish(self, hashes: list[bytes], pages: list[int], start: int,
-                state: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+                states: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """A session's full pages `pages` hold the rows chained into `hashes`, of which those from `start`
-        are new; `state`: the GDN state after the last page (copied into a slab slot), when a step ended
-        there."""
+        are new; `states`: the GDN states (conv, ssm) after the first `k` pages, by `k` (each copied into a
+        slab slot): where a step ended, and the checkpoints taken inside steps."""
         for h, page in zip(hashes[start:], pages[start:], strict=True):
             if h not in self.pages:
                 self.pool.share([page])
@@ -178,16 +180,21 @@ class PrefixCache:
         for h in reversed(hashes):     # the chain's head most recently used: leaves are evicted first
             if h in self.pages:
                 self.pages.move_to_end(h)
-        slab = self.slab
-        if state is not None and slab is not None and hashes and hashes[-1] not in self.states:
-            if not slab.free_slots:          # the least recently used checkpoint's slot
-                self._drop_state(next(iter(self.states)))
-            slot = slab.allocate()
-            slab.conv[slot].copy_(state[0])
-            slab.ssm[slot].copy_(state[1])
-            self.states[hashes[-1]] = slot
+        for k, state in sorted(states.items()):
+            self._keep_state(hashes[k - 1], state)
         while len(self.pages) > self.max_pages:
             self._drop(next(iter(self.pages)))
+
+    def _keep_state(self, h: bytes, state: tuple[torch.Tensor, torch.Tensor]) -> None:
+        slab = self.slab
+        if slab is None or h in self.states or h not in self.pages:
+            return
+        if not slab.free_slots:          # the least recently used checkpoint's slot
+            self._drop_state(next(iter(self.states)))
+        slot = slab.allocate()
+        slab.conv[slot].copy_(state[0])
+        slab.ssm[slot].copy_(state[1])
+        self.states[h] = slot
 
     # ---------------------------------------------------------------- eviction
     def held(self) -> tuple[int, int]:

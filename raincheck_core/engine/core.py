@@ -189,13 +189,13 @@ class EngineCore:
         """Hand the cache's newly completed full pages to the prefix cache, with the GDN state after the last
         one when the step ended there."""
         chain = cache.chain
+        states, cache.gdn_checkpoints = cache.gdn_checkpoints, {}    # taken inside this step's prefills
         if self.prefix is None or cache.session in self.scratches or len(chain.hashes) <= cache.published:
             return
-        state = None
-        if self.gdn is not None and cache.length == len(chain.hashes) * self.kv.page_size:
-            state = (self.gdn.conv[cache.gdn_slot], self.gdn.ssm[cache.gdn_slot])
         done = len(chain.hashes)
-        self.prefix.publish(chain.hashes[:done], cache.table.pages[:done], cache.published, state)
+        if self.gdn is not None and cache.length == done * self.kv.page_size:
+            states[done] = (self.gdn.conv[cache.gdn_slot], self.gdn.ssm[cache.gdn_slot])
+        self.prefix.publish(chain.hashes[:done], cache.table.pages[:done], cache.published, states)
         cache.published = done
 
     # ---------------------------------------------------------------- sessions

@@ -30,7 +30,7 @@ from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
-from ..multimodal.turn_input import TurnInput, build_turn_input
+from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
 from ..parallel.group import joined_group
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -61,6 +61,9 @@ class Engine:
         self.model = model.eval()
         self.formatter = formatter        # multimodal.chat.ChatFormatter, or None (token-level input only)
         self.vision = vision              # multimodal.vision.VisionEncoder, or None
+        # what says where a prompt's messages and visuals end (the prefix cache's GDN checkpoints go there)
+        self.marks = formatter.message_marks(model_config.vision_end_token_id) if formatter is not None \
+            else MessageMarks(model_config.vision_end_token_id)
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         if vision is not None and self.config.encoder_cache_bytes:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)

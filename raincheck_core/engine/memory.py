@@ -22,9 +22,10 @@ class EngineMemory:
     gdn: GDNStatePool | None
     prefix: PrefixCache | None
     # (page, every) for the scheduler: prefill steps end at the prompt's last page boundary, where a
-    # repeat's hit ends (the same step after it: the same answer), and on a hybrid model, whose hit resumes
-    # from a GDN checkpoint kept where a step ended on a page boundary, every `every` slots too; None: no
-    # prefix cache, steps end anywhere
+    # repeat's hit ends, and at the one before its last message boundary, where a new question's does (the
+    # same steps after it: the same answer); a hybrid model's prefills also keep GDN checkpoints inside
+    # their steps at message boundaries and every `every` slots (None: no GDN layers); None: no prefix
+    # cache, steps end anywhere
     align: tuple[int, int | None] | None
 
 

@@ -83,6 +83,7 @@ class Segment:
     serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False, or
                                           # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
+    checkpoints: tuple[int, ...] = ()     # a prefill's rows after which the prefix cache keeps the GDN state
     live_slot: int | None = None          # … and the live state the join corrects
     # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
     source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode, padding or
@@ -99,9 +100,10 @@ class Segment:
 
     @classmethod
     def prefill(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                gdn_slot: int | None, last: bool, tracked: bool = False) -> Segment:
+                gdn_slot: int | None, last: bool, tracked: bool = False, checkpoints: tuple[int, ...] = ()) -> Segment:
         """Input rows [first, first + rows) of the session's running turn; `last`: they end its input."""
-        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last, tracked=tracked)
+        return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last, tracked=tracked,
+                   checkpoints=checkpoints)
 
     @classmethod
     def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,

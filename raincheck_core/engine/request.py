@@ -106,6 +106,10 @@ class TurnRequest:
         return len(self.input) - self.cursor
 
     @property
+    def boundaries(self) -> list[int]:
+        return self.input.boundaries
+
+    @property
     def answer_fed(self) -> int:
         """Generated tokens fed back so far (the last sampled one is not yet)."""
         return len(self.generated) - 1

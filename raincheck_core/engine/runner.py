@@ -29,7 +29,8 @@ from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_layout import varlen_layout
-from ..ops.gdn_step import GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..ops.gdn_rows import row_captures
+from ..ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
@@ -70,6 +71,9 @@ class StepOutputs:
     joined: list[tuple[Segment, torch.Tensor]] = field(default_factory=list)   # chunk, S_lead' [layers, H, Dk, Dv]
     tracked: list[Tracked] = field(default_factory=list)
     gdn_traffic: GDNTraffic | None = None      # bytes of GDN state the step moved and had to (None: no GDN)
+    # per prefill with `Segment.checkpoints`, in plan order: (it, conv histories [m, layers, K-1, C], states
+    # [m, layers, H, Dk, Dv] after its checkpoint rows)
+    checkpoints: list[tuple[Segment, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def detached(self) -> StepOutputs:
         """A copy owning its tensors (outputs read from a graph's buffers, which the next replay rewrites)."""
@@ -80,7 +84,8 @@ class StepOutputs:
             [StateWrite(list(w.slots), own(w.conv), own(w.ssm)) for w in self.writes],
             [(seg, s.clone()) for seg, s in self.joined],
             [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
-             for t in self.tracked], self.gdn_traffic)
+             for t in self.tracked], self.gdn_traffic,
+            [(seg, conv.clone(), ssm.clone()) for seg, conv, ssm in self.checkpoints])
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,6 +256,9 @@ class ModelRunner:
             step.multi = GDNMulti(varlen_layout(
                 lengths, self.kernel, splits, device=dev, source=source, slots=rows.read,
                 joins=list(zip(join_seqs, live, strict=True)), out_rows=(outs, split_outs)))
+            if any(p.segment.checkpoints for p in multi):
+                step.at_rows = AtRows(row_captures(step.multi.layout.seqs, [list(p.segment.checkpoints) for p in multi],
+                                                   self.kernel, device=dev), ops.gdn.varlen, self.key_heads)
             if joins:
                 for j, k in enumerate(_decode_of(s, single) for s in joins):
                     if k >= 0:
@@ -366,6 +374,14 @@ class ModelRunner:
             out.joined = [(seg, mo.finals[j]) for j, seg in enumerate(inputs.joins)]
         if step.single is not None and inputs.keep:
             out.tracked = self._tracked(inputs, res.factors)
+        if res.at_rows is not None:     # each prefill's checkpoints, every layer's side by side
+            conv, ssm = res.at_rows
+            at = 0
+            for seg in inputs.multi:
+                m = len(seg.checkpoints)
+                if m:
+                    out.checkpoints.append((seg, conv[at:at + m], ssm[at:at + m]))
+                    at += m
         # what the update copies: the writes, and the join's records of S_lead' and of the lead's states
         copies = sum(t.nbytes for w in out.writes for t in (w.conv, w.ssm) if t is not None)
         copies += sum(s.nbytes for _, s in out.joined) + sum(t.state.nbytes for t in out.tracked if t.state is not None)

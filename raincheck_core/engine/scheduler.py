@@ -71,6 +71,9 @@ class TurnView(Protocol):
     def input_remaining(self) -> int: ...
 
     @property
+    def boundaries(self) -> list[int]: ...      # rows of its input where a message or visual ends
+
+    @property
     def answer_fed(self) -> int: ...
 
     @property
@@ -85,7 +88,9 @@ class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
                  cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None):
         self.max_rows = max_rows_per_step
-        self.align = align     # (page, every): where prefill chunks end (`_aligned`); None: anywhere
+        # (page, every): where prefill chunks end (`_aligned`; None: anywhere), and where a hybrid model's
+        # prefills keep GDN checkpoints (`checkpoint_rows`; every None: no GDN layers)
+        self.align = align
         self.deferred_budget = deferred_budget
         self.recovery_chunk = recovery_chunk
         self.cost = cost or StepCostModel()
@@ -154,9 +159,13 @@ class Scheduler:
                     plan.segments.append(deferred_segment(req.cache, ahead, Kind.RECOVERY, ahead=True))
                     budget -= ahead
                 n = min(req.input_remaining, budget)
+                checkpoints: tuple[int, ...] = ()
                 if self.align is not None:
-                    n = _aligned(req.cache.length + ahead, n, self.align)
-                plan.segments.append(prefill_segment(req, n))
+                    start = req.cache.length + ahead
+                    marks = [start - req.cursor + b for b in req.boundaries]   # the input's, as session slots
+                    n = _aligned(start, n, self.align[0], marks[-1:])
+                    checkpoints = checkpoint_rows(start, n, self.align, marks)
+                plan.segments.append(prefill_segment(req, n, checkpoints))
                 budget -= n
         for work in scratch:       # like a prefill: rows of nobody's answer, no objective of their own
             if budget > 0 and work.pending:
@@ -263,21 +272,33 @@ class _Fit:
         return n
 
 
-def _aligned(start: int, n: int, align: tuple[int, int | None]) -> int:
-    """`n` rows from slot `start`, cut at the first multiple of `every` they cross, else back to the last
-    page boundary before their last row (`align = (page, every)`; `every` None: only the latter). A
-    repeated prompt's prefix-cache hit ends at that page boundary, so the rest runs as the same step as in
-    the cold run and gets bit-identical results (the same request, the same answer); a hybrid model's
-    prefix cache also keeps GDN checkpoints where a step ends on a page boundary, so a prompt leaves one
-    every `every` slots and one where a request with the same prompt can resume."""
-    page, every = align
+def _aligned(start: int, n: int, page: int, last_mark: list[int]) -> int:
+    """`n` rows from slot `start`, cut at the page boundary at or before the input's last message boundary
+    (`last_mark`: its slot, or none) where they cross it, else back to the last page boundary before their
+    last row. A prefix-cache hit of a repeated prompt ends at the latter, and one of a new question after
+    the same conversation (the same system text and visuals) at the former: the rest then runs as the same
+    steps as in the cold run and gets bit-identical results. Nothing else cuts a step: a hybrid model's GDN
+    checkpoints elsewhere are taken inside the step (`checkpoint_rows`)."""
     end = start + n
-    if every is not None:
-        first = (start // every + 1) * every
-        if first < end:
-            return first - start
+    for mark in last_mark:
+        cut = mark // page * page
+        if start < cut < end:
+            return cut - start
     boundary = (end - 1) // page * page
     return boundary - start if start < boundary else n
+
+
+def checkpoint_rows(start: int, n: int, align: tuple[int, int | None], marks: list[int]) -> tuple[int, ...]:
+    """The rows of a prefill of `n` rows from slot `start` after which a hybrid model's prefix cache keeps
+    the GDN state, taken inside the step (ops/gdn_rows.py): at the page boundaries at or before each message
+    boundary `marks` (slots) and at every multiple of `every` (`align = (page, every)`; `every` None: no GDN
+    layers, none). A boundary where the step ends keeps the step's own final state (engine/core.py)."""
+    page, every = align
+    if every is None:
+        return ()
+    end = start + n
+    at = {m // page * page for m in marks} | set(range((start // every + 1) * every, end, every))
+    return tuple(sorted(c - start - 1 for c in at if start < c < end))
 
 
 def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:
@@ -306,13 +327,13 @@ def ahead_rows(req: TurnView, limit: int) -> int:
     return max(0, min(rec.pending, limit))
 
 
-def prefill_segment(req: TurnView, n: int) -> Segment:
+def prefill_segment(req: TurnView, n: int, checkpoints: tuple[int, ...] = ()) -> Segment:
     cache = req.cache
     write = cache.claim(n)
     rec = cache.recovery     # a previous turn's join still pending: these rows extend its recorded suffix
     tracked = rec is not None and rec.turn < req.turn and rec.join is not None
     return Segment.prefill(cache.session, req.cursor, n, write, cache.readable(n), cache.gdn_slot,
-                           last=n == req.input_remaining, tracked=tracked)
+                           last=n == req.input_remaining, tracked=tracked, checkpoints=() if tracked else checkpoints)
 
 
 def scratch_segment(work: ScratchWork, n: int) -> Segment:

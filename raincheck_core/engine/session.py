@@ -123,7 +123,7 @@ class Session:
         engine, cache = self.engine, self.cache
         ids = cache.pending_ids + prompt.token_ids
         full = build_turn_input(engine.model, engine.model_config, ids, prompt.visuals, cache.next_position,
-                                text_prefix=len(cache.pending_ids))
+                                text_prefix=len(cache.pending_ids), marks=engine.marks)
         parts = partition_turn(full, prompt.visuals, cfg, engine.model_config.spatial_merge_size)
         kept, deferred = len(parts.keep_rows), len(parts.deferred_rows) if cfg.defers else 0
         check_fits(cache, kept, deferred, params.max_new_tokens, params.n, page_size=engine.core.kv.page_size,

@@ -63,6 +63,9 @@ class SessionCache:
         self._claimed = 0                 # slots claimed by the step being planned
         self.chain = PrefixChain(kv.page_size)   # what its slots hold, for the prefix cache
         self.published = 0                # full pages of the chain handed to the prefix cache
+        # GDN states (conv, ssm) after the chain's first k pages, by k, taken inside this step's prefills:
+        # handed to the prefix cache with the pages (engine/core.py)
+        self.gdn_checkpoints: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def length(self) -> int:
@@ -131,6 +134,14 @@ class SessionCache:
         self.table.advance(n)
         self._claimed = max(0, self._claimed - n)
         return pages
+
+    def keep_checkpoints(self, slots: list[int], conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        """The GDN states after slots `slots` (page boundaries; conv `[m, layers, K-1, C]`, ssm `[m, layers, H,
+        Dk, Dv]`), kept for the prefix cache where the chain describes every page before them."""
+        page = self.chain.page_size
+        for slot, c, s in zip(slots, conv, ssm, strict=True):
+            if slot // page <= len(self.chain.hashes):
+                self.gdn_checkpoints[slot // page] = (c, s)
 
     def adopt(self, hit: Hit, keys: torch.Tensor, tokens: list[int]) -> None:
         """An empty cache starts on the prefix cache's `hit`: its pages, the rows `keys` describes (the

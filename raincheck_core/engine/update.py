@@ -60,15 +60,19 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     carried (default: those in this pass; a serial step runs its chunks in a pass of their own), whose next
     token's gap counts as a restoring one."""
     result = StepResult()
+    # by session and first row: the forward ran the plan's segments as resolved (copies, engine/core.py)
+    checkpoints = {(seg.session, seg.first): (conv, ssm) for seg, conv, ssm in out.checkpoints}
     # 1. the claimed slots now hold K/V (labelled when claimed)
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
         if seg.kind is Kind.PREFILL:
             rows = sessions.turn(seg.session).input
-            end = seg.first + seg.rows
+            end, start = seg.first + seg.rows, cache.length
             keys = rows.row_keys[seg.first:end] if rows.row_keys is not None else None
             grown = cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end], keys=keys,
                                next_position=rows.next_position if end == len(rows) else None)
+            if (seg.session, seg.first) in checkpoints:     # the states after its checkpoint rows
+                cache.keep_checkpoints([start + r + 1 for r in seg.checkpoints], *checkpoints[seg.session, seg.first])
         elif seg.kind is Kind.DECODE:
             # a token generated while deferred rows are pending ends the prefix chain: the rows restored
             # after it do not see it, so no request processes these slots in this order

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..errors import InvalidInputError, UnsupportedModelError
 from ..inputs import Message, Prompt, RenderOptions, VisualInput
+from .turn_input import MessageMarks
 from .vision import VisionEncoder
 
 TURN_END = "<|im_end|>"
@@ -99,6 +100,14 @@ class ChatFormatter:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return cls(tokenizer, _find_template(tokenizer, folder), eos_token_ids=_generation_eos(folder),
                    template_kwargs=template_kwargs)
+
+    def message_marks(self, vision_end: int | None) -> MessageMarks:
+        """The ids that mark this tokenizer's messages in a rendered prompt (turn_input.py `MessageMarks`)."""
+        def single(text: str) -> int | None:
+            ids = self.encode(text)
+            return ids[0] if len(ids) == 1 else None
+        return MessageMarks(vision_end, self.tokenizer.get_vocab().get("<|im_start|>"), single("system"),
+                            single("user"))
 
     # -- text ---------------------------------------------------------------------------------------------
 

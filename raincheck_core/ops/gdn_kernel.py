@@ -91,7 +91,9 @@ class GDNArgs(ctypes.Structure):
                 *((name, ctypes.c_int64) for name in (
                     "n", "joins", "joins_after", "hist_stride", "state_stride", "seed_state_stride",
                     "seed_hist_stride", "p_stride", "ref_stride", "out_state_stride", "out_hist_stride", "kernel",
-                    "key_heads", "heads", "dk", "dv"))]
+                    "key_heads", "heads", "dk", "dv")),
+                *((name, ctypes.c_void_p) for name in ("cap_first", "cap_row", "cap_state", "cap_hist")),
+                ("cap_state_stride", ctypes.c_int64), ("cap_hist_stride", ctypes.c_int64)]
 
 
 class GDNKernel:
@@ -103,12 +105,16 @@ class GDNKernel:
     Dk]`, S_lead `[J, L, H, Dk, Dv]`), the `seeds` = (histories `[M, L, K-1, C]`, states
     `[M', L, H, Dk, Dv]`) sequences may start from, and the output buffers; a layer's part of each is
     found by pointer arithmetic, so a layer's call passes only its own rows (its wrapper was ~40 µs of
-    checks and allocations per layer, more than the kernel at one row)."""
+    checks and allocations per layer, more than the kernel at one row). `captures` = (first `[N + 1]`, rows
+    `[M]`, histories `[M, L, K-1, C]`, states `[M, L, H, Dk, Dv]`): the history and state after packed row
+    `rows[m]` of sequence s, for m in `[first[s], first[s + 1])` (ascending), go to row m of the latter two
+    (states at chosen rows, ops/gdn_rows.py)."""
 
     def __init__(self, seqs: PackedSequences, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, key_heads: int,
                  out: GDNBuffers, extra: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  maps: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)):
+                 seeds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+                 captures: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         lib = native.loaded("gated_deltanet")
         if lib is None:
             raise RuntimeError("the Gated DeltaNet kernel is not available (see ops/backend.py select)")
@@ -151,15 +157,27 @@ class GDNKernel:
             if rows and (buf is None or not buf.is_contiguous() or buf.dtype != torch.float32
                          or buf.shape != (rows, layers, *shape)):
                 raise ValueError("gated_deltanet: output buffers must be contiguous fp32 [rows, layers, ...]")
+        cap_first, cap_row, cap_hist, cap_state = captures if captures is not None else (None,) * 4
+        if captures is not None and (
+                cap_first.dtype != torch.long or not cap_first.is_contiguous() or cap_first.shape != (seqs.count + 1,)
+                or cap_row.dtype != torch.long or not cap_row.is_contiguous() or cap_row.shape[0] != int(cap_first[-1])
+                or any(not t.is_contiguous() or t.dtype != torch.float32 for t in (cap_hist, cap_state))
+                or cap_hist.shape != (cap_row.shape[0], layers, *hist_shape)
+                or cap_state.shape != (cap_row.shape[0], layers, *ssm_pool.shape[2:])):
+            raise ValueError("gated_deltanet: captures are int64 first [N + 1] and rows [M], contiguous fp32 "
+                             "histories and states [M, layers, ...]")
         self.out = out
         # the tensors the struct points into live as long as the kernel (some may be copies made here)
-        self._operands = (conv_pool, ssm_pool, xu, xg, xb, p, s_ref, seed_hist, seed_state)
+        self._operands = (conv_pool, ssm_pool, xu, xg, xb, p, s_ref, seed_hist, seed_state, captures)
         args = self._args = GDNArgs(
             n=seqs.count, joins=seqs.joins, joins_after=seqs.joins_after, hist_stride=conv_pool.stride(0),
             state_stride=ssm_pool.stride(0), out_state_stride=out.finals.stride(0),
             out_hist_stride=out.tails.stride(0), kernel=self.kernel, key_heads=key_heads, heads=heads, dk=dk, dv=dv,
             **{name: t.stride(0) for name, t in (("seed_state_stride", seed_state), ("seed_hist_stride", seed_hist),
-                                                 ("p_stride", p), ("ref_stride", s_ref)) if t is not None},
+                                                 ("p_stride", p), ("ref_stride", s_ref),
+                                                 ("cap_state_stride", cap_state), ("cap_hist_stride", cap_hist))
+               if t is not None},
+            **{name: t.data_ptr() for name, t in (("cap_first", cap_first), ("cap_row", cap_row)) if t is not None},
             **{name: t.data_ptr() for name, t in zip(_SEQUENCE_POINTERS, (
                 seqs.source, seqs.seq_start, seqs.seq_len, seqs.split_row, seqs.split_index, seqs.slot,
                 seqs.seed_state_at, seqs.seed_hist_at, seqs.join_seq, seqs.join_live, seqs.out_row,
@@ -168,10 +186,10 @@ class GDNKernel:
         # what each call sets: (field, base pointer, bytes from one layer's part to the next) of each shared
         # tensor there is (the others stay NULL)
         self._layered = [(name, t.data_ptr(), t.stride(dim) * t.element_size())
-                         for name, t, dim in zip(_LAYER_POINTERS, (
+                         for name, t, dim in zip((*_LAYER_POINTERS, "cap_state", "cap_hist"), (
                              xu, xg, xb, conv_pool, ssm_pool, seed_state, seed_hist, p, s_ref, out.finals,
-                             out.split_states, out.tails, out.split_tails, out.corrected),
-                             (0, 0, 0, *[1] * 11), strict=True) if t is not None]
+                             out.split_states, out.tails, out.split_tails, out.corrected, cap_state, cap_hist),
+                             (0, 0, 0, *[1] * 13), strict=True) if t is not None]
 
     def __call__(self, layer: int, u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_weight: torch.Tensor,
                  out: torch.Tensor, x_out: torch.Tensor | None = None) -> None:

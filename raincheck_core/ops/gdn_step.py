@@ -28,6 +28,7 @@ from torch import Tensor
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
 from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+from .gdn_rows import RowCaptures, states_at_rows
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,24 @@ class GDNOutputs:
     factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     # per layer: u, g, beta of the step rows in `GDNStep.input_rows` (input rows extending a join's map)
     input_factors: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    # the conv histories [M, layers, K-1, C] and states [M, layers, H, Dk, Dv] after the chosen rows of
+    # `GDNStep.at_rows`, fp32
+    at_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class AtRows:
+    """Chosen rows of the multi-row sequences whose states a step returns besides the final ones
+    (ops/gdn_rows.py), and the step's backend op that replays them."""
+
+    captures: RowCaptures
+    varlen: VarlenOp                # the step's op set's (`GDNOps.varlen`)
+    key_heads: int
 
 
 class GDNLayerOp(Protocol):
     in_place: tuple[InPlace, InPlace]     # per group (multi, single)
+    takes_rows: bool                      # it writes the states at `GDNStep.at_rows` itself (else: replay)
 
     def __call__(self, step: GDNStep, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
                  out: Tensor) -> None:
@@ -113,10 +128,19 @@ class GDNStep:
     out: GDNOutputs = field(default_factory=GDNOutputs)
     op: GDNLayerOp | None = None    # prepared by the step's op set (ops/backend.py `GDNOps.prepare`)
     input_rows: Tensor | None = None    # step rows of multi-row input whose factors a pending join needs
+    at_rows: AtRows | None = None       # states wanted after chosen rows of `multi`'s sequences
 
     def layer(self, layer: int, u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor, out: Tensor) -> None:
-        """Run GDN layer `layer` of the step by its prepared op (`GDNLayerOp`)."""
+        """Run GDN layer `layer` of the step by its prepared op (`GDNLayerOp`), then replay the chosen rows
+        (`at_rows`) from the states the sequences started from, which the op leaves as they were."""
         self.op(self, layer, u, g, beta, conv_weight, out)
+        if self.at_rows is not None and not self.op.takes_rows:
+            a, c, i = self.at_rows, self.corrections, layer
+            extra = (c.extra_u[i], c.extra_g[i], c.extra_beta[i]) if c is not None and c.extra_u is not None else None
+            for buf, t in zip(self.out.at_rows, states_at_rows(
+                    a.varlen, a.captures, u, g, beta, extra, conv_weight, self.pool.conv.rows[:, i],
+                    self.pool.ssm.rows[:, i], a.key_heads, self.pool.ssm.shape[3]), strict=True):
+                buf[:, i] = t
 
     def after_layer(self, u: Tensor, g: Tensor, beta: Tensor) -> None:
         """Keep what the runner reads of a layer besides the states: the tracked input rows' u, g, beta."""
@@ -138,6 +162,14 @@ def buffers(pool: GDNStatePool, seqs: PackedSequences) -> GDNBuffers:
                             pool.conv.device)
 
 
+def row_buffers(step: GDNStep) -> tuple[Tensor, Tensor] | None:
+    """Empty buffers for the states at the step's chosen rows (`GDNOutputs.at_rows`), or None: none chosen."""
+    if step.at_rows is None:
+        return None
+    m, pool = step.at_rows.captures.rows.shape[0], step.pool
+    return tuple(torch.empty(m, *t.shape[1:], dtype=torch.float32, device=t.device) for t in (pool.conv, pool.ssm))
+
+
 class FusedGDN:
     """Both groups in one native call per layer (a `GDNKernel` prepared once for the step): the chunks'
     sequences, then the joins, then the decode rows, which start from the states the joins just
@@ -147,11 +179,18 @@ class FusedGDN:
         seqs = fused_sequences(None if step.multi is None else step.multi.layout.seqs,
                                None if step.single is None else step.single.layout.seqs)
         out, c = buffers(step.pool, seqs), step.corrections
+        captures = None
+        step.out.at_rows = row_buffers(step)
+        if step.at_rows is not None:      # the multi-row sequences come first; the decode rows choose none
+            first = step.at_rows.captures.first
+            first = torch.cat([first, first[-1:].expand(seqs.count + 1 - len(first))])
+            captures = (first, step.at_rows.captures.rows, *step.out.at_rows)
         self.kernel = GDNKernel(
             seqs, step.pool.conv.rows, step.pool.ssm.rows, key_heads, out,
             extra=(c.extra_u, c.extra_g, c.extra_beta) if c is not None and c.extra_u is not None else None,
             maps=(c.p, c.s_ref) if c is not None else None,
-            seeds=(out.tails, out.corrected) if seqs.seed_state_at is not None else (None, None))
+            seeds=(out.tails, out.corrected) if seqs.seed_state_at is not None else (None, None), captures=captures)
+        self.takes_rows = True
         multi, single = out.split(0 if step.multi is None else step.multi.layout.seqs.buffered)
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
@@ -178,6 +217,8 @@ class GroupedGDN:
         self.key_heads, self.key_dim = key_heads, step.pool.ssm.shape[3]
         self.varlen, self.rows = varlen, rows
         self.in_place = in_place        # what `varlen` and `rows` do with the pool's rows
+        self.takes_rows = False         # the chunked rules: states at chosen rows by replay (GDNStep.layer)
+        step.out.at_rows = row_buffers(step)
         step.out.multi = buffers(step.pool, step.multi.layout.seqs) if step.multi is not None else None
         step.out.single = buffers(step.pool, step.single.layout.seqs) if step.single is not None else None
 

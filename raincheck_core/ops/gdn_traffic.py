@@ -71,6 +71,14 @@ def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
         extra = 2 * (each * (seqs.count + placed) + (0 if in_place.state else seqs.joins * state))
         moved += extra
         copied += extra
+    if step.at_rows is not None:    # the states at chosen rows, each written once
+        captures = step.at_rows.captures
+        required += captures.rows.shape[0] * slot
+        moved += captures.rows.shape[0] * slot
+        if not step.op.takes_rows:  # replayed: the first round gathers its sequences' states out of the pool
+            gathered = 2 * captures.rounds[0].seqs.count * slot
+            moved += gathered
+            copied += gathered
     return GDNTraffic(required, moved + copies, copied + copies)
 
 

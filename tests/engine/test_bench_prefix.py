@@ -11,14 +11,19 @@ import torch
 from bench import prefix
 
 
-def test_quick_report(tmp_path):
+def _report(tmp_path, *args: str) -> dict:
+    """bench.prefix's JSON report of a run with `args` (the torch threads it sets put back)."""
     path = tmp_path / "prefix.json"
     threads = torch.get_num_threads()
     try:
-        prefix.main(["--quick", "--repeats", "1", "--json", str(path)])
+        prefix.main([*args, "--repeats", "1", "--json", str(path)])
     finally:
         torch.set_num_threads(threads)
-    out = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def test_quick_report(tmp_path):
+    out = _report(tmp_path, "--quick")
     families = {"qwen3_5", "qwen3_vl"}
     assert set(out["warm_over_cold_ttft"]) == set(out["regenerate_prefilled_rows"]) == families
     for family in families:
@@ -29,3 +34,10 @@ def test_quick_report(tmp_path):
         for scenario in ("system", "image_full", "image_raincheck"):
             assert res[scenario]["hit_share"] > 0.85
     assert out["families"]["qwen3_5"]["system"]["memory"]["gdn_checkpoints"] > 0
+
+
+def test_cold_only_report(tmp_path):
+    cold = _report(tmp_path, "--cold-only")["cold_1024"]
+    assert set(cold) == {"qwen3_5", "qwen3_vl"}
+    for res in cold.values():
+        assert set(res) == {"cold_ttft_ms", "cold_anywhere_ttft_ms", "aligned_over_anywhere"}

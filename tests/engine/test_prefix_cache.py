@@ -11,6 +11,8 @@ import torch
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.memory import MAX_DEFAULT_CHECKPOINT_BYTES
+from raincheck_core.engine.scheduler import checkpoint_rows
+from raincheck_core.multimodal.turn_input import MessageMarks, message_boundaries
 from tests import tiny
 from tests.deferral.helpers import split
 from tests.engine.reference import image_tokens, random_visual, video_tokens
@@ -116,8 +118,9 @@ def test_a_different_processing_history_gets_no_hit(engines, family, first, seco
     prompt = _prompt(warm, "image", seed=500 + len(first) + 7 * len(second))
     _turn(warm, prompt, cfgs[first])[2].close()
     cached, logits, _ = _turn(warm, prompt, cfgs[second])
-    # the text before the image only (on qwen3_5 not even that: no GDN checkpoint there)
-    assert cached == (PAGE if family == "qwen3_vl" else 0)
+    # the text before the image only (on qwen3_5 where the first request kept a GDN checkpoint there: the
+    # page boundary before the end of its image in its own I0, when that is the first one)
+    assert cached == PAGE if family == "qwen3_vl" else cached in (0, PAGE)
     _, ref, _ = _turn(fresh, prompt, cfgs[second])
     assert _err(logits, ref) <= TOL
 
@@ -199,17 +202,56 @@ def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
 
 
 @pytest.mark.parametrize("family,steps", [
-    ("qwen3_5", [256, 256, 80, 8]),   # every 256 slots (GDN checkpoints), then the last page boundary before
-    ("qwen3_vl", [592, 8]),           # the last row (599 -> 592), then the rest; attention: only the latter
+    ("qwen3_5", [592, 8]),    # the last page boundary before the last row (599 -> 592), then the rest: GDN
+    ("qwen3_vl", [592, 8]),   # checkpoints every 256 slots are taken inside the step, which they do not cut
 ])
 def test_prefill_steps_end_where_a_repeat_resumes(engines, family, steps):
-    warm, _ = engines[family]
+    warm, fresh = engines[family]
     rows: list[int] = []
     remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
     prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(5)).tolist()
     _turn(warm, prompt, n=1)
     remove()
     assert rows == steps
-    if family == "qwen3_5":
-        assert _turn(warm, prompt[:512] + [61, 62, 63], n=1)[0] == 512      # a fork resumes at a checkpoint
+    if family == "qwen3_5":     # a fork resumes at the checkpoint taken inside the step, and is right
+        fork = prompt[:512] + [61, 62, 63]
+        cached, logits, _ = _turn(warm, fork, n=1)
+        assert cached == 512
+        assert _err(logits, _turn(fresh, fork, n=1)[1]) <= TOL
     assert _turn(warm, prompt, n=1)[0] == 592                             # the same prompt: all but its tail
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_a_new_question_after_the_same_system_text_and_visual_resumes_before_it(tiny_checkpoints, engines, family,
+                                                                                  kind):
+    """Two requests with the same system text and visual and different questions: the second gets every page
+    before its question from the cache (on qwen3_5 from the GDN checkpoint the first took inside its step at
+    the end of its visual), and bit-identical logits to a cold engine, which ends a step there too."""
+    warm, _ = engines[family]
+    warm.core.prefix.clear()
+    first = _prompt(warm, kind, seed=70)
+    other = Prompt(first.token_ids[:-3] + [31, 32, 33, 34], first.visuals)
+    _turn(warm, first)[2].close()
+    cached, logits, _ = _turn(warm, other)
+    question = len(other.token_ids) - 4         # its first row: right after the visual
+    assert cached == question // PAGE * PAGE > 20
+    cold = Engine.from_pretrained(tiny_checkpoints[family][1])
+    cold_cached, ref, _ = _turn(cold, other)
+    assert cold_cached == 0
+    assert torch.equal(logits, ref)
+
+
+def test_message_boundaries_and_checkpoint_rows():
+    """Where a chat prompt's messages and visuals end, and the rows a prefill keeps GDN checkpoints after."""
+    marks = MessageMarks(vision_end=9, im_start=1, system=2, user=3)
+    #         0  1  2   3   4  5  6  7  8  9  10  11 12 13  14 15
+    ids = [1, 2, 50, 51, 1, 3, 8, 70, 9, 60, 61, 1, 4, 0] + [1, 3, 62]
+    assert message_boundaries(ids, marks) == [4, 9, 14]      # system ends, the image ends, the last user message
+    assert message_boundaries(ids, None) == []
+    assert message_boundaries([5, 9, 6], MessageMarks(vision_end=9)) == [2]
+    # a prefill of slots [10, 600) on pages of 16 with a grid of 256: the grid's 256 and 512, the marks' page
+    # boundaries 32, 48 and 592; a mark whose boundary is where the step ends keeps the step's final state
+    assert checkpoint_rows(10, 590, (16, 256), [40, 50, 600]) == (21, 37, 245, 501, 581)
+    assert checkpoint_rows(10, 598, (16, 256), [610]) == (245, 501)
+    assert checkpoint_rows(10, 590, (16, None), [40]) == ()

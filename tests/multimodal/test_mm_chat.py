@@ -11,7 +11,8 @@ import torch
 from raincheck_core.errors import InvalidInputError
 from raincheck_core.inputs import Message
 from raincheck_core.multimodal import ChatFormatter, compute_positions
-from tests.multimodal.mm_helpers import IDS, IMAGE, QWEN_TEMPLATE, VIDEO, encoder, png, save_tokenizer
+from raincheck_core.multimodal.turn_input import message_boundaries
+from tests.multimodal.mm_helpers import IDS, IMAGE, QWEN_TEMPLATE, SPECIALS, VE, VIDEO, encoder, png, save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +172,15 @@ def test_probe_marker_in_user_text_is_just_text(chat, vision, text):
                        "<|im_start|>assistant\n"
     prompt = chat.build_prompt(second, first_turn=False, vision=vision, **IDS)
     assert prompt.token_ids.count(IMAGE) == prompt.visuals[0].num_tokens(2)
+
+
+def test_message_boundaries_of_a_rendered_turn(chat, vision):
+    """The prefix cache's GDN checkpoints go where a rendered prompt's system message ends, its image ends and
+    its (last) user message starts (turn_input.py `message_boundaries`); with the template's default system
+    prompt, the system message ends where the user message starts."""
+    msg = Message("what is this ?", images=[png()])
+    ids = chat.build_prompt(msg, first_turn=True, vision=vision, **IDS).token_ids
+    starts = [i for i, t in enumerate(ids) if t == SPECIALS["<|im_start|>"]]
+    assert len(starts) == (3 if chat.chat_template is not None else 2)     # [system,] user, assistant
+    user = starts[-2]                     # at row 0 without a system message: nothing precedes it to share
+    assert message_boundaries(ids, chat.message_marks(VE)) == [b for b in (user, ids.index(VE) + 1) if b > 0]

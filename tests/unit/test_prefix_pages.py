@@ -39,7 +39,7 @@ def test_the_chain_matches_whole_pages_and_pages_only_the_cache_holds_count_as_f
     table, chain = PageTable(pool, 4), PrefixChain(4)
     table.append(10)
     assert chain.extend(0, _keys(10)) == 2
-    cache.publish(chain.hashes, table.pages[:2], 0, None)
+    cache.publish(chain.hashes, table.pages[:2], 0, {})
     assert cache.match(_keys(10), 9).pages == table.pages[:2]
     assert cache.match(_keys(7), 6).pages == table.pages[:1]           # a prompt of 7: one page, then its own
     assert cache.match(_keys(10, start=1), 9) is None                  # other rows: no hit

@@ -16,7 +16,10 @@
    makes it current, cache/gdn_state.py), else in row -1 - out_row[s] of tails / state_out (row s when
    out_row is NULL); when split_row[s] >= 0 the history and state after its first split_row[s] rows are
    also written, at split index i = split_index[s], to pool row split_out_row[i] or to split_tails /
-   split_out (the same rule). Every pool row written is one no sequence reads. Once the first
+   split_out (the same rule). With cap_first (else NULL), the history and state after packed row
+   cap_row[m] of sequence s (ascending, for m in [cap_first[s], cap_first[s + 1])) are written to row m of
+   cap_hist / cap_state (rows cap_hist_stride / cap_state_stride floats apart): states at chosen rows
+   (raincheck_core/ops/gdn_rows.py). Every pool row written is one no sequence reads. Once the first
    joins_after sequences are done (all of them when joins_after >= n), each of the `joins` joins j
    corrects the live state in pool row live_slot[j] by the sequence join_seq[j] < joins_after (which ran
    from the prefix state with the lead appended, so its final state is S_lead'):
@@ -149,6 +152,10 @@ typedef struct {
         out_state_stride, out_hist_stride;
     /* shapes */
     int64_t kernel, key_heads, heads, dk, dv;
+    /* states at chosen rows (cap_first NULL: none) */
+    const int64_t *cap_first, *cap_row;
+    float *cap_state, *cap_hist;
+    int64_t cap_state_stride, cap_hist_stride;
 } gdn_args;
 
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
@@ -172,6 +179,9 @@ int gated_deltanet_f32(const gdn_args *args) {
                   dv = args->dv;
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
     const int64_t state_size = dk * dv;
+    const int64_t *cap_first = args->cap_first, *cap_row = args->cap_row;
+    float *cap_state = args->cap_state, *cap_hist = args->cap_hist;
+    const int64_t cap_state_stride = args->cap_state_stride, cap_hist_stride = args->cap_hist_stride;
     const float q_scale = 1.0f / sqrtf((float)dk);
     /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv], a dropped output row [Dv], the
        join's difference of states [Dk, Dv] */
@@ -207,6 +217,8 @@ int gated_deltanet_f32(const gdn_args *args) {
                                  : h0 + (hist_rows - (first - (pos))) * C)
         float *const S0 = FINAL(s);
         memcpy(S0, s0, sizeof(float) * (size_t)(heads * state_size));
+        int64_t m = cap_first ? cap_first[s] : 0;
+        const int64_t m_end = cap_first ? cap_first[s + 1] : 0;
         for (int64_t t = first; t < end; t++) {
             /* taps in order, oldest row first, as the torch path accumulates them */
             const float *r0 = ROW(t - hist_rows);
@@ -234,6 +246,12 @@ int gated_deltanet_f32(const gdn_args *args) {
                            src >= 0 ? o + (src * heads + h) * dv : dropped, delta, dk, dv);
                 if (split_row[s] >= 0 && t - first + 1 == split_row[s])
                     memcpy(SPLIT_FINAL(split_index[s]) + h * state_size, S, sizeof(float) * (size_t)state_size);
+            }
+            if (m < m_end && cap_row[m] == t - first) {     /* a chosen row: a copy, the state stays in cache */
+                memcpy(cap_state + m * cap_state_stride, S0, sizeof(float) * (size_t)(heads * state_size));
+                for (int64_t i = 0; i < hist_rows; i++)
+                    memcpy(cap_hist + m * cap_hist_stride + i * C, ROW(t + 1 - hist_rows + i), sizeof(float) * (size_t)C);
+                m++;
             }
         }
         for (int64_t i = 0; i < hist_rows; i++) {
