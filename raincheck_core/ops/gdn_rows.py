@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from .gdn_layout import PackedSequences, VarlenLayout, varlen_layout
-
-if TYPE_CHECKING:      # ops/gdn_step.py runs the rounds after each layer's op
-    from .gdn_step import VarlenOp
+from .gdn_layout import PackedSequences, VarlenLayout, VarlenOp, varlen_layout
 
 
 @dataclass

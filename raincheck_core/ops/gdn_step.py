@@ -18,7 +18,6 @@ layer's rows, `[rows, layers, ...]`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +26,7 @@ from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
-from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+from .gdn_layout import PackedSequences, RowsOp, VarlenLayout, VarlenOp, fused_sequences
 from .gdn_rows import RowCaptures, states_at_rows
 
 
@@ -43,10 +42,6 @@ class InPlace:
 
 COPIED, IN_PLACE = InPlace(False, False), InPlace(True, True)
 
-# one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
-# native kernel's of the same names in ops/gdn_kernel.py)
-VarlenOp = Callable[..., tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]]
-RowsOp = Callable[..., tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]
 
 
 @dataclass
