@@ -88,13 +88,16 @@ def test_ranks_given_other_ids_or_plans_fail_the_turn_instead_of_mixing_collecti
 @pytest.mark.skipif(not (MODELS / "demo-v2" / "model.safetensors").is_file(), reason="no demo-v2 checkpoint")
 def test_the_demo_model_answers_the_same_at_tp2():
     """A trained checkpoint, a real image through the vision tower replicated on both ranks, a vocabulary
-    that splits unevenly: the same answers, the same logits."""
+    that splits unevenly: the same answers, the same logits up to fp32 rounding. A trained model's logits
+    reach |16| (the tiny random ones stay near 1), and the all-reduce sums the partial products in another
+    order than one rank does, so the bound is relative: 1.7e-5 at most was measured, 1.1e-6 of the
+    largest logit."""
     folder = str(MODELS / "demo-v2")
     rank0, rank1 = spawn(ranks.demo_dialogue, 2, folder, threads=1)
     for (ids, logits), (ids1, _), (want_ids, want) in zip(rank0, rank1, ranks.demo_dialogue(None, folder),
                                                           strict=True):
         assert ids == ids1 == want_ids
-        assert float((logits - want).abs().max()) <= TOL
+        assert float((logits - want).abs().max()) <= 2e-6 * float(want.abs().max())
 
 
 def test_ranks_measure_with_rank_0s_clock_so_the_tpot_objective_decides_alike(tiny_checkpoints):
