@@ -13,7 +13,6 @@ verbs under the engine lock.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -34,8 +33,9 @@ from ..ops.gdn_traffic import GDNTraffic
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
-from .plan import JoinInputs, Kind, Segment, StepPlan, Tracking
+from .plan import StepPlan
 from .request import Admission, TurnRequest
+from .resolve import resolve
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
@@ -88,44 +88,9 @@ class EngineCore:
     def scratch(self, session: str) -> ScratchWork | None:
         return self.scratches.get(session)
 
-    def rows(self, segment: Segment) -> TurnInput:
-        """The rows `segment` takes [first, first + rows) of: its turn's input, its recovery's D, or a
-        scratch session's rows."""
-        if segment.kind is Kind.PREFILL:
-            return self.turns[segment.session].input
-        if segment.kind is Kind.RESIDUAL:
-            return self.scratches[segment.session].input
-        return self.caches[segment.session].recovery.rows
-
     def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan:
-        """`plan` with what its forward reads of the sessions put into its segments, read now (just before
-        the forward, as the step's earlier passes left the sessions): their rows (a hand-off's result), a
-        joining chunk's join inputs (its join's buffered factors folded first, by the step's `gdn_ops`), a
-        tracked row's facts about the joins it extends. The runner reads nothing else of a session."""
-        return StepPlan([self._resolved(seg, gdn_ops) for seg in plan.segments])
-
-    def _resolved(self, seg: Segment, gdn_ops: GDNOps) -> Segment:
-        if seg.kind is Kind.DECODE and not seg.tracked:
-            return seg      # its token and position are in the plan: nothing of the session to read
-        cache = self.caches[seg.session]
-        join_inputs = tracking = None
-        if seg.joins:
-            join = cache.recovery.join
-            # folded here, explicitly: the forward only reads the map
-            p_rest = join.fold_buffered(gdn_ops)
-            join_inputs = JoinInputs(join.lead_u[:, :seg.lead], join.lead_g[:, :seg.lead], join.lead_beta[:, :seg.lead],
-                                     p_rest, join.s_lead, join.fed < join.lead)
-        if seg.tracked:
-            pending = [r.join for r in cache.recoveries() if r.join is not None and not r.done]
-            head = cache.recovery.join
-            tracking = Tracking(max(0, head.lead - head.fed), any(j.fed < j.lead for j in pending),
-                                any(j.factors is not None for j in pending))
-        source = result = None
-        if seg.kind is Kind.HANDOFF:
-            result = self.handoffs[seg.session]
-        elif seg.kind is not Kind.DECODE:
-            source = self.rows(seg)
-        return dataclasses.replace(seg, source=source, result=result, join_inputs=join_inputs, tracking=tracking)
+        """`plan` with what its forward reads of the sessions put into its segments (engine/resolve.py)."""
+        return resolve(plan, self, self.handoffs, gdn_ops)
 
     # ---------------------------------------------------------------- measuring and instrumentation
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -138,19 +103,6 @@ class EngineCore:
         """`clock`, or on a tensor-parallel rank rank 0's reading of it: ranks must take the same
         scheduling decisions, which depend on measured times (parallel/group.py `shared`)."""
         return clock if self.model.tp is None else self.model.tp.shared(clock)
-
-    def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
-        """Call `hook(plan)` before each forward of a step (each pass, each solo re-run). A hook that
-        raises fails that forward as the model would (fault injection in tests). Returns its remover."""
-        return self.hooks.add(self.hooks.plan, hook)
-
-    def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
-        """Call `hook(stats)` after each step, with its rows by kind and its time on the engine's clock."""
-        return self.hooks.add(self.hooks.step, hook)
-
-    def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
-        """Call `hook(cache, recovery)` when a recovery is complete, before its prefix state is released."""
-        return self.hooks.add(self.hooks.recovery, hook)
 
     def stepped(self, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> None:
         """A step ran: teach the TPOT objective (a step that did not fail) and tell the hooks."""

@@ -269,15 +269,15 @@ class Engine:
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
         Returns a function that removes the hook (so do the two below)."""
-        return self.core.on_plan(hook)
+        return self.core.hooks.on_plan(hook)
 
     def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
         """`hook(stats)` after each step: its rows by kind, sessions, and time on the engine's clock."""
-        return self.core.on_step(hook)
+        return self.core.hooks.on_step(hook)
 
     def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
         """`hook(cache, recovery)` when a recovery completes, before its prefix state is released."""
-        return self.core.on_recovery_done(hook)
+        return self.core.hooks.on_recovery_done(hook)
 
     # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
     def hold_residual(self, session: Session, *, fuse: bool = True) -> int | None:

@@ -40,14 +40,27 @@ class StepStats:
 
 
 class Hooks:
-    """The registered hooks, by event; `add` returns the hook's remover."""
+    """The registered hooks, by event; each `on_*` returns the hook's remover."""
 
     def __init__(self) -> None:
         self.plan: list[Callable[[StepPlan], None]] = []
         self.step: list[Callable[[StepStats], None]] = []
         self.recovery: list[Callable[[SessionCache, Recovery], None]] = []
 
-    @staticmethod
-    def add(hooks: list, hook: Callable) -> Callable[[], None]:
-        hooks.append(hook)
-        return lambda: hooks.remove(hook)
+    def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
+        """`hook(plan)` before each forward of a step (each pass, each solo re-run); one that raises fails
+        that forward as the model would (fault injection in tests)."""
+        return _added(self.plan, hook)
+
+    def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
+        """`hook(stats)` after each step, with its rows by kind and its time on the engine's clock."""
+        return _added(self.step, hook)
+
+    def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
+        """`hook(cache, recovery)` when a recovery is complete, before its prefix state is released."""
+        return _added(self.recovery, hook)
+
+
+def _added(hooks: list, hook: Callable) -> Callable[[], None]:
+    hooks.append(hook)
+    return lambda: hooks.remove(hook)

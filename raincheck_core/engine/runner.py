@@ -28,10 +28,8 @@ from ..deferral.suffix import input_factors
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
-from ..ops.gdn_layout import varlen_layout
-from ..ops.gdn_rows import row_captures
-from ..ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
+from .gdn_inputs import Placed, gdn_step
 from .graphs import NotCaptured, StepGraphs
 from .padding import Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
@@ -86,15 +84,6 @@ class StepOutputs:
             [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
              for t in self.tracked], self.gdn_traffic,
             [(seg, conv.clone(), ssm.clone()) for seg, conv, ssm in self.checkpoints])
-
-
-@dataclass(frozen=True, eq=False)
-class Placed:
-    """A segment as the step's tensors hold it: where its rows start and which GDN group runs them."""
-
-    segment: Segment
-    start: int        # its first row among the step's rows
-    multi: bool       # a multi-row GDN sequence (several rows, or a chunk that joins); else a one-row one
 
 
 @dataclass
@@ -207,7 +196,7 @@ class ModelRunner:
         # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row
         placed = [Placed(seg, start, not (seg.rows == 1 and not seg.joins))
                   for seg, start in zip(plan.segments, starts, strict=True)]
-        gdn = self._gdn(placed, ops)
+        gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
@@ -215,77 +204,6 @@ class ModelRunner:
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
         )
         return StepInputs(batch, placed)
-
-    def _gdn(self, placed: list[Placed], ops: OpSet) -> GDNStep | None:
-        if self.gdn is None:
-            return None
-        dev = self.device
-        multi = [p for p in placed if p.multi]
-        single = [p.segment for p in placed if not p.multi]
-        joins = [p.segment for p in multi if p.segment.joins]
-        step = GDNStep(self.gdn)
-        seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
-        if multi:
-            lengths, splits, source = [], [], []
-            extra_u, extra_g, extra_b, join_seqs = [], [], [], []
-            appended = 0
-            # each sequence reads its slot's current row and writes the other; a joined chunk's state after
-            # its lead (S_lead') has no slot and goes to the step's buffers, its state at the split (the new
-            # prefix state) to its slot's other row
-            rows = self.gdn.rows(p.segment.gdn_slot for p in multi)
-            outs, split_outs = [], []
-            for j, p in enumerate(multi):
-                s = p.segment
-                lengths.append(s.rows + s.lead)
-                source.extend(range(p.start, p.start + s.rows))
-                outs.append(-1 - len(join_seqs) if s.joins else rows.write[j])
-                if s.joins:
-                    splits.append(s.rows)
-                    split_outs.append(rows.write[j])
-                    join_seqs.append(j)
-                    if s.lead:
-                        jn = s.join_inputs
-                        source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
-                        appended += s.lead
-                        extra_u.append(jn.lead_u)
-                        extra_g.append(jn.lead_g)
-                        extra_b.append(jn.lead_beta)
-                else:
-                    splits.append(None)
-            live = self.gdn.rows(s.live_slot for s in joins).read
-            step.multi = GDNMulti(varlen_layout(
-                lengths, self.kernel, splits, device=dev, source=source, slots=rows.read,
-                joins=list(zip(join_seqs, live, strict=True)), out_rows=(outs, split_outs)))
-            if any(p.segment.checkpoints for p in multi):
-                step.at_rows = AtRows(row_captures(step.multi.layout.seqs, [list(p.segment.checkpoints) for p in multi],
-                                                   self.kernel, device=dev), ops.gdn.varlen, self.key_heads)
-            if joins:
-                for j, k in enumerate(_decode_of(s, single) for s in joins):
-                    if k >= 0:
-                        seed_state[k] = j
-                        if joins[j].join_inputs.in_lead:
-                            seed_hist[k] = j     # the joined chunk's history after its lead: buffer row j
-                step.corrections = GDNCorrections(
-                    p=_batched([s.join_inputs.p_rest for s in joins]),
-                    s_ref=_batched([s.join_inputs.s_lead for s in joins]),
-                    extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
-                    extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
-                    extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
-                )
-        if single:
-            keep_at = [k for k, s in enumerate(single) if s.tracked]
-            rows = self.gdn.rows(s.gdn_slot for s in single)
-            step.single = GDNSingle(
-                layout=varlen_layout([1] * len(single), self.kernel, device=dev,
-                                     source=[p.start for p in placed if not p.multi], slots=rows.read,
-                                     seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
-                keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
-            )
-        inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
-        if inputs:
-            step.input_rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs]).to(dev)
-        step.op = ops.gdn.prepare(step, self.key_heads)
-        return step
 
     def ops(self) -> OpSet:
         """The op set for the model's device and dtypes, by `select` (ops/backend.py): asked once per step."""
@@ -440,14 +358,3 @@ class ModelRunner:
         return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
                 for j, seg in enumerate(segs)]
 
-
-def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Stacked, or a view of the one tensor (a lone join reads its P_rest without copying it)."""
-    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
-
-
-def _decode_of(chunk: Segment, single: list[Segment]) -> int:
-    for k, s in enumerate(single):
-        if s.kind is Kind.DECODE and s.session == chunk.session:
-            return k
-    return -1

@@ -28,7 +28,7 @@ from . import fla_adapter, gdn_kernel, gdn_state_map, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
 from .flex_attention import FlexLayout, flex_layout, flex_varlen_attention
 from .gdn import Replayed, replay
-from .gdn_layout import RowsOp, VarlenOp
+from .gdn_op_types import RowsOp, VarlenOp
 from .gdn_step import COPIED, IN_PLACE, FusedGDN, GDNLayerOp, GDNStep, GroupedGDN
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 

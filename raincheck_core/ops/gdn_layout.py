@@ -15,18 +15,11 @@ too (the deferred-prefill join, docs/mechanism.md §5; see ops/gdn_varlen.py).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
-
-# one layer's ops over a group (ops/gdn_varlen.py `gated_deltanet_varlen` and `gated_deltanet_rows`, or the
-# native kernel's of the same names in ops/gdn_kernel.py): here, below every GDN op, so that what takes
-# an op (ops/gdn_step.py, ops/gdn_rows.py) names its type without importing the other
-VarlenOp = Callable[..., tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor | None]]
-RowsOp = Callable[..., tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]]
 
 
 @dataclass

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gdn_layout import PackedSequences, VarlenLayout, VarlenOp, varlen_layout
+from .gdn_layout import PackedSequences, VarlenLayout, varlen_layout
+from .gdn_op_types import VarlenOp
 
 
 @dataclass

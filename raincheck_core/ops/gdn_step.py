@@ -26,7 +26,8 @@ from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
-from .gdn_layout import PackedSequences, RowsOp, VarlenLayout, VarlenOp, fused_sequences
+from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+from .gdn_op_types import RowsOp, VarlenOp
 from .gdn_rows import RowCaptures, states_at_rows
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from raincheck_core import Engine
 from raincheck_core.engine.plan import CHUNKS, Kind, StepPlan
+from raincheck_core.engine.resolve import rows_of
 from raincheck_core.ops.gdn import causal_conv1d, recurrent_gated_delta_rule, split_qkv
 
 
@@ -50,7 +51,7 @@ class RowLog:
                 self.rows.append(Row(seg.token, None, torch.full((3,), seg.position), [], cache.latest_turn,
                                      True, False, sample=True))
                 continue
-            src = engine.core.rows(seg)
+            src = rows_of(seg, engine.core)
             deferred = seg.kind in CHUNKS
             turn = cache.recovery.turn if deferred else cache.latest_turn
             for r in range(seg.first, seg.first + seg.rows):

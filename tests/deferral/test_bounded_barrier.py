@@ -78,7 +78,7 @@ def _dialogue(engine: Engine, answer: int, own_image: bool, split: bool, ahead: 
     """Turn 1 leaves all 16 deferred rows pending; the follow-up does not wait. Returns the row log, the
     follow-up's stream end and logits, and the session after everything is restored."""
     log = RowLog()
-    remove = engine.core.on_plan(lambda plan: log.record(engine, plan))
+    remove = engine.on_plan(lambda plan: log.record(engine, plan))
     scheduler = engine.core.scheduler
     rows_before, chunk_before = scheduler.max_rows, scheduler.recovery_chunk
     scheduler.recovery_chunk = ahead
@@ -148,7 +148,7 @@ def test_a_failed_follow_up_leaves_the_previous_rows_pending_as_they_were(engine
 
     hf, engine = engines[family]
     log = RowLog()
-    remove_log = engine.core.on_plan(lambda plan: log.record(engine, plan))
+    remove_log = engine.on_plan(lambda plan: log.record(engine, plan))
     scheduler = engine.core.scheduler
     chunk_before, scheduler.recovery_chunk = scheduler.recovery_chunk, AHEAD
     session = engine.open_session(deferral=FIRST)
@@ -163,7 +163,7 @@ def test_a_failed_follow_up_leaves_the_previous_rows_pending_as_they_were(engine
             if any(s.kind is Kind.DEFERRED for s in plan.segments):
                 late.append(plan)
 
-        remove_fault = engine.core.on_plan(fail_after_a_late_chunk)
+        remove_fault = engine.on_plan(fail_after_a_late_chunk)
         stream = session.turn(_follow_up(engine, False), SamplingParams(max_new_tokens=8, ignore_eos=True),
                               deferral=FOLLOW)
         with pytest.raises(StepFailedError):
@@ -205,7 +205,7 @@ def test_a_residual_held_for_a_deferred_worker_joins_across_the_boundary(engines
 
     hf, engine = engines[family]
     log = RowLog()
-    remove = engine.core.on_plan(lambda plan: log.record(engine, plan))
+    remove = engine.on_plan(lambda plan: log.record(engine, plan))
     session = engine.open_session(deferral=FIRST)
     try:
         session.turn(image_prompt(engine, seed=30), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()

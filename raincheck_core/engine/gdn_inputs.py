@@ -1,0 +1,110 @@
+"""The GDN half of preparing a step (engine/runner.py `prepare`): from the plan's segments, where each
+sits among the step's rows, to the `GDNStep` every GDN layer reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.gdn_state import GDNStatePool
+from ..ops.backend import OpSet
+from ..ops.gdn_layout import varlen_layout
+from ..ops.gdn_rows import row_captures
+from ..ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from .plan import Kind, Segment
+
+
+@dataclass(frozen=True, eq=False)
+class Placed:
+    """A segment as the step's tensors hold it: where its rows start and which GDN group runs them."""
+
+    segment: Segment
+    start: int        # its first row among the step's rows
+    multi: bool       # a multi-row GDN sequence (several rows, or a chunk that joins); else a one-row one
+
+
+def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
+             device: torch.device) -> GDNStep:
+    """The step's GDN groups from its placed segments: which pool rows each sequence reads and writes,
+    deferred chunks with their turn's conv lead appended, the live states their joins correct, the
+    decode rows seeded from a join, and the rows whose states are kept (`Segment.checkpoints`)."""
+    dev = device
+    multi = [p for p in placed if p.multi]
+    single = [p.segment for p in placed if not p.multi]
+    joins = [p.segment for p in multi if p.segment.joins]
+    step = GDNStep(gdn)
+    seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
+    if multi:
+        lengths, splits, source = [], [], []
+        extra_u, extra_g, extra_b, join_seqs = [], [], [], []
+        appended = 0
+        # each sequence reads its slot's current row and writes the other; a joined chunk's state after
+        # its lead (S_lead') has no slot and goes to the step's buffers, its state at the split (the new
+        # prefix state) to its slot's other row
+        rows = gdn.rows(p.segment.gdn_slot for p in multi)
+        outs, split_outs = [], []
+        for j, p in enumerate(multi):
+            s = p.segment
+            lengths.append(s.rows + s.lead)
+            source.extend(range(p.start, p.start + s.rows))
+            outs.append(-1 - len(join_seqs) if s.joins else rows.write[j])
+            if s.joins:
+                splits.append(s.rows)
+                split_outs.append(rows.write[j])
+                join_seqs.append(j)
+                if s.lead:
+                    jn = s.join_inputs
+                    source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
+                    appended += s.lead
+                    extra_u.append(jn.lead_u)
+                    extra_g.append(jn.lead_g)
+                    extra_b.append(jn.lead_beta)
+            else:
+                splits.append(None)
+        live = gdn.rows(s.live_slot for s in joins).read
+        step.multi = GDNMulti(varlen_layout(
+            lengths, kernel, splits, device=dev, source=source, slots=rows.read,
+            joins=list(zip(join_seqs, live, strict=True)), out_rows=(outs, split_outs)))
+        if any(p.segment.checkpoints for p in multi):
+            step.at_rows = AtRows(row_captures(step.multi.layout.seqs, [list(p.segment.checkpoints) for p in multi],
+                                               kernel, device=dev), ops.gdn.varlen, key_heads)
+        if joins:
+            for j, k in enumerate(_decode_of(s, single) for s in joins):
+                if k >= 0:
+                    seed_state[k] = j
+                    if joins[j].join_inputs.in_lead:
+                        seed_hist[k] = j     # the joined chunk's history after its lead: buffer row j
+            step.corrections = GDNCorrections(
+                p=_batched([s.join_inputs.p_rest for s in joins]),
+                s_ref=_batched([s.join_inputs.s_lead for s in joins]),
+                extra_u=torch.cat(extra_u, dim=1) if extra_u else None,
+                extra_g=torch.cat(extra_g, dim=1) if extra_g else None,
+                extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
+            )
+    if single:
+        keep_at = [k for k, s in enumerate(single) if s.tracked]
+        rows = gdn.rows(s.gdn_slot for s in single)
+        step.single = GDNSingle(
+            layout=varlen_layout([1] * len(single), kernel, device=dev,
+                                 source=[p.start for p in placed if not p.multi], slots=rows.read,
+                                 seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
+            keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
+        )
+    inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
+    if inputs:
+        step.input_rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs]).to(dev)
+    step.op = ops.gdn.prepare(step, key_heads)
+    return step
+
+
+def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Stacked, or a view of the one tensor (a lone join reads its P_rest without copying it)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
+
+
+def _decode_of(chunk: Segment, single: list[Segment]) -> int:
+    for k, s in enumerate(single):
+        if s.kind is Kind.DECODE and s.session == chunk.session:
+            return k
+    return -1
