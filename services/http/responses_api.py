@@ -47,8 +47,7 @@ from .responses_output import (
     tool_outcome,
 )
 from .responses_request import IMAGE_REF, Conversation, ResponsesRequest, chat_request, conversation, data_url, new_id
-from .responses_stream import session_pieces, tool_pieces
-from .responses_stream import stream_events as _stream
+from .responses_stream import session_pieces, stream_events, tool_pieces
 from .session_matching import ChatBackend, Done, Turn
 from .sse import EventStream
 
@@ -96,7 +95,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
         if tools.uses_tools(chat):
             found, run = await tool_chat.start(chat, HttpCall.of(request), backend.servicer, blocking, images)
             if body.stream:
-                return EventStream(_stream(body, rid, created, tool_pieces(run), lambda: tool_outcome(run, found),
+                return EventStream(stream_events(body, rid, created, tool_pieces(run), lambda: tool_outcome(run, found),
                                            save), run.call.end, typed=True)
             try:
                 await blocking(run.run)
@@ -107,7 +106,7 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
             turn = await start(request, lambda: to_spec(chat, images))
             if body.stream:
                 dones: list[Done] = []
-                return EventStream(_stream(body, rid, created, session_pieces(turn, dones),
+                return EventStream(stream_events(body, rid, created, session_pieces(turn, dones),
                                            lambda: session_outcome(dones[0]), save), turn.close, typed=True)
             outcome = session_outcome((await finish(turn))[0])
         reply = response_body(rid, body, created, response_status(outcome), output_items(outcome, new_id("msg")),

@@ -18,7 +18,8 @@ from openai.types.responses import Response, ResponseStreamEvent, response_creat
 
 from services.common.grpc_util import ServiceError
 from services.http import openai_fields
-from services.http.responses_api import ResponsesRequest, _stream
+from services.http.responses_request import ResponsesRequest
+from services.http.responses_stream import stream_events
 
 from .helpers import KEYS, MAX_TOKENS, MODEL, data_url, dialogue
 
@@ -244,7 +245,8 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     request = ResponsesRequest(model=MODEL, input="hi")
 
     async def collect() -> list[dict]:
-        return [e async for e in _stream(request, "resp_x", 0, pieces(), lambda: None, lambda *a: saved.append(a))]
+        events = stream_events(request, "resp_x", 0, pieces(), lambda: None, lambda *a: saved.append(a))
+        return [e async for e in events]
 
     events = asyncio.run(collect())
     assert [e["type"] for e in events][-3:] == ["response.output_text.delta", "error", "response.failed"]
