@@ -28,7 +28,7 @@ from ..deferral.recovery import Recovery
 from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
-from ..ops.backend import GDNOps
+from ..ops.backend import GDNOps, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
@@ -62,9 +62,10 @@ class EngineCore:
         # a tensor-parallel rank's pools hold only its heads
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
-        self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel(), align=memory.align)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
+        cut = None if self.gdn is None else (lambda rows: not token_by_token(self.runner.ops(), rows))
+        self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
+                                   StepCostModel(), align=memory.align, cut_for_hits=cut)
         # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
                 and model.tp is None:

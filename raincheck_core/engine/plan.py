@@ -12,6 +12,7 @@ reads the plan and the pools, never a session.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -84,6 +85,8 @@ class Segment:
                                           # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
     checkpoints: tuple[int, ...] = ()     # a prefill's rows after which the prefix cache keeps the GDN state
+    splits: tuple[int, ...] = ()          # a prefill's rows where its attention runs as separate segments
+                                          # (a prefix hit resumes there: `attention_segments`)
     live_slot: int | None = None          # … and the live state the join corrects
     # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
     source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode, padding or
@@ -100,10 +103,11 @@ class Segment:
 
     @classmethod
     def prefill(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                gdn_slot: int | None, last: bool, tracked: bool = False, checkpoints: tuple[int, ...] = ()) -> Segment:
+                gdn_slot: int | None, last: bool, tracked: bool = False, checkpoints: tuple[int, ...] = (),
+                splits: tuple[int, ...] = ()) -> Segment:
         """Input rows [first, first + rows) of the session's running turn; `last`: they end its input."""
         return cls(Kind.PREFILL, session, rows, write, read, gdn_slot, first=first, sample=last, tracked=tracked,
-                   checkpoints=checkpoints)
+                   checkpoints=checkpoints, splits=splits)
 
     @classmethod
     def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,
@@ -177,11 +181,23 @@ class StepPlan:
         digest = 0
         for s in self.segments:
             head = (s.kind.value, s.rows, s.first, s.token, s.position, s.gdn_slot, s.sample, s.tracked, s.serial,
-                    s.lead, s.live_slot)
+                    s.lead, s.live_slot, s.splits)
             digest = zlib.crc32(repr(head).encode(), digest)
             for slots in (s.write_slots, s.read_slots):
                 digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)
         return digest
+
+    def attention_segments(self) -> tuple[list[int], list[torch.Tensor]]:
+        """The step's rows as attention sees them: each segment's row count and readable slots, a prefill
+        with `splits` as one segment per piece (a piece reads what a step starting there would: the slots
+        before it and its own, bottom-right causal)."""
+        q_lens, reads = [], []
+        for s in self.segments:
+            cuts = (0, *s.splits, s.rows)
+            for a, b in itertools.pairwise(cuts):
+                q_lens.append(b - a)
+                reads.append(s.read_slots[:len(s.read_slots) - (s.rows - b)])
+        return q_lens, reads
 
     def passes(self) -> list[StepPlan]:
         """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on

@@ -191,7 +191,7 @@ class ModelRunner:
                 embeds[at] = e
         attention = None
         if self.model.config.num_attention_layers:
-            attention = ops.attention.layout([s.rows for s in plan.segments], [s.read_slots for s in plan.segments],
+            attention = ops.attention.layout(*plan.attention_segments(),
                                              torch.cat([s.write_slots for s in plan.segments]), self.device, self.kv)
         # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row
         placed = [Placed(seg, start, not (seg.rows == 1 and not seg.joins))

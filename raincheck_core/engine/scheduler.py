@@ -86,11 +86,15 @@ class TurnView(Protocol):
 
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
-                 cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None):
+                 cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None,
+                 cut_for_hits: Callable[[int], bool] | None = None):
         self.max_rows = max_rows_per_step
-        # (page, every): where prefill chunks end (`_aligned`; None: anywhere), and where a hybrid model's
-        # prefills keep GDN checkpoints (`checkpoint_rows`; every None: no GDN layers)
+        # (page, every): where prefix hits resume (`attention_splits`; None: no prefix cache), and where a
+        # hybrid model's prefills keep GDN checkpoints (`checkpoint_rows`; every None: no GDN layers)
         self.align = align
+        # whether a prefill of n rows must also end its step where a hit resumes (`_aligned`): its GDN
+        # rows would not run token by token, so the rows after would not get the hit's arithmetic
+        self.cut_for_hits = cut_for_hits
         self.deferred_budget = deferred_budget
         self.recovery_chunk = recovery_chunk
         self.cost = cost or StepCostModel()
@@ -160,12 +164,16 @@ class Scheduler:
                     budget -= ahead
                 n = min(req.input_remaining, budget)
                 checkpoints: tuple[int, ...] = ()
+                splits: tuple[int, ...] = ()
                 if self.align is not None:
                     start = req.cache.length + ahead
                     marks = [start - req.cursor + b for b in req.boundaries]   # the input's, as session slots
-                    n = _aligned(start, n, self.align[0], marks[-1:])
-                    checkpoints = checkpoint_rows(start, n, self.align, marks)
-                plan.segments.append(prefill_segment(req, n, checkpoints))
+                    last = start + req.input_remaining - 1           # a repeat's hit resumes before it
+                    if self.cut_for_hits is not None and self.cut_for_hits(n):
+                        n = _aligned(start, n, self.align[0], marks[-1:])
+                    checkpoints = checkpoint_rows(start, n, self.align, [*marks, last])
+                    splits = attention_splits(start, n, self.align[0], [*marks[-1:], last])
+                plan.segments.append(prefill_segment(req, n, checkpoints, splits))
                 budget -= n
         for work in scratch:       # like a prefill: rows of nobody's answer, no objective of their own
             if budget > 0 and work.pending:
@@ -275,10 +283,9 @@ class _Fit:
 def _aligned(start: int, n: int, page: int, last_mark: list[int]) -> int:
     """`n` rows from slot `start`, cut at the page boundary at or before the input's last message boundary
     (`last_mark`: its slot, or none) where they cross it, else back to the last page boundary before their
-    last row. A prefix-cache hit of a repeated prompt ends at the latter, and one of a new question after
-    the same conversation (the same system text and visuals) at the former: the rest then runs as the same
-    steps as in the cold run and gets bit-identical results. Nothing else cuts a step: a hybrid model's GDN
-    checkpoints elsewhere are taken inside the step (`checkpoint_rows`)."""
+    last row: where a prefix hit of a new question after the same conversation, or of a repeat, resumes,
+    for a step whose GDN rows would not run token by token (`Scheduler.cut_for_hits`). The rest then runs
+    as the same steps as in the cold run and gets bit-identical results."""
     end = start + n
     for mark in last_mark:
         cut = mark // page * page
@@ -286,6 +293,16 @@ def _aligned(start: int, n: int, page: int, last_mark: list[int]) -> int:
             return cut - start
     boundary = (end - 1) // page * page
     return boundary - start if start < boundary else n
+
+
+def attention_splits(start: int, n: int, page: int, hits: list[int]) -> tuple[int, ...]:
+    """The rows of a prefill of `n` rows from slot `start` where its attention runs as separate segments: the
+    page boundaries at or before `hits` (slots: the input's last message boundary, its last row), where a
+    prefix-cache hit of a new question after the same conversation, or of a repeat, resumes. The rows after
+    such a boundary then get the arithmetic the hit's step gives them (the same attention call over the
+    same keys), so a hit is bit-identical to its cold run without ending the cold run's step there: the
+    linear layers and the GDN recurrence give a row the same result whatever rows run beside it."""
+    return tuple(sorted({m // page * page - start for m in hits if start < m // page * page < start + n}))
 
 
 def checkpoint_rows(start: int, n: int, align: tuple[int, int | None], marks: list[int]) -> tuple[int, ...]:
@@ -327,13 +344,15 @@ def ahead_rows(req: TurnView, limit: int) -> int:
     return max(0, min(rec.pending, limit))
 
 
-def prefill_segment(req: TurnView, n: int, checkpoints: tuple[int, ...] = ()) -> Segment:
+def prefill_segment(req: TurnView, n: int, checkpoints: tuple[int, ...] = (), splits: tuple[int, ...] = ()
+                    ) -> Segment:
     cache = req.cache
     write = cache.claim(n)
     rec = cache.recovery     # a previous turn's join still pending: these rows extend its recorded suffix
     tracked = rec is not None and rec.turn < req.turn and rec.join is not None
     return Segment.prefill(cache.session, req.cursor, n, write, cache.readable(n), cache.gdn_slot,
-                           last=n == req.input_remaining, tracked=tracked, checkpoints=() if tracked else checkpoints)
+                           last=n == req.input_remaining, tracked=tracked, checkpoints=() if tracked else checkpoints,
+                           splits=splits)
 
 
 def scratch_segment(work: ScratchWork, n: int) -> Segment:

@@ -88,6 +88,14 @@ def prepare_native(step: GDNStep, key_heads: int) -> GDNLayerOp:
                       in_place=(COPIED, IN_PLACE))
 
 
+def token_by_token(ops: OpSet, rows: int) -> bool:
+    """Whether a step of `ops` runs a GDN sequence of `rows` rows token by token (`prepare_native`), so that
+    its rows after any point get the arithmetic a sequence starting there gets: a prefix hit that resumes
+    mid-prompt then reproduces the cold run bit for bit without the cold run ending its step there. The
+    chunked rules (torch, fla) group rows into chunks counted from the sequence's start."""
+    return ops.gdn is NATIVE_GDN and (torch.get_num_threads() == 1 or rows <= NATIVE_MAX_ROWS_THREADED)
+
+
 def prepare_torch(step: GDNStep, key_heads: int) -> GDNLayerOp:
     return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows)
 

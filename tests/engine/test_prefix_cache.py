@@ -201,16 +201,30 @@ def test_copy_on_write_when_a_session_rewrites_a_shared_page(engines, family):
     assert _err(logits, ref) <= TOL
 
 
-@pytest.mark.parametrize("family,steps", [
-    ("qwen3_5", [592, 8]),    # the last page boundary before the last row (599 -> 592), then the rest: GDN
-    ("qwen3_vl", [592, 8]),   # checkpoints every 256 slots are taken inside the step, which they do not cut
-])
-def test_prefill_steps_end_where_a_repeat_resumes(engines, family, steps):
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("family,threads,steps", [
+    ("qwen3_vl", 2, [600]),
+    ("qwen3_5", 1, [600]),        # GDN token by token (the native kernel on one thread)
+    ("qwen3_5", 2, [592, 8]),     # a 600-row GDN sequence takes the chunked rule: the step ends where hits resume
+], indirect=["threads"])
+def test_a_prefill_ends_a_step_for_the_prefix_cache_only_where_its_gdn_rows_must(engines, family, threads, steps):
+    """The 600-row prompt is one step where every op gives a row the same bits whatever rows run beside it
+    (attention split where a repeat resumes, 599 -> 592; GDN checkpoints every 256 slots and at 592 taken
+    inside it); where the GDN rows would run the chunked rule, the step ends at 592. Either way the repeat
+    resumes at 592 and gets the cold run's logits bit for bit."""
     warm, fresh = engines[family]
+    warm.core.prefix.clear()
     rows: list[int] = []
     remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)
     prompt = torch.randint(10, 60, (600,), generator=torch.Generator().manual_seed(5)).tolist()
-    _turn(warm, prompt, n=1)
+    _, cold, _ = _turn(warm, prompt, n=1)
     remove()
     assert rows == steps
     if family == "qwen3_5":     # a fork resumes at the checkpoint taken inside the step, and is right
@@ -218,7 +232,9 @@ def test_prefill_steps_end_where_a_repeat_resumes(engines, family, steps):
         cached, logits, _ = _turn(warm, fork, n=1)
         assert cached == 512
         assert _err(logits, _turn(fresh, fork, n=1)[1]) <= TOL
-    assert _turn(warm, prompt, n=1)[0] == 592                             # the same prompt: all but its tail
+    cached, again, _ = _turn(warm, prompt, n=1)
+    assert cached == 592                                                  # the same prompt: all but its tail
+    assert torch.equal(cold, again)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
