@@ -95,11 +95,11 @@ def tables_of(pool: object, slots: int, page_size: int, device: torch.device | s
 class FlexGroup:
     """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
     flat buffers (`_block_lists`) and the BlockMask is made from them at each call (`block_mask`), so that
-    a captured graph's static group, whose tensors later steps are copied into, is what the call reads."""
+    a captured graph's static group, whose tensors later steps are copied into, is what the call reads.
+    Every tensor's shape follows from the group's segments bucket and query bucket alone."""
 
     q_rows: Tensor          # [N * q] packed row of each padded query position (0 for padding)
-    real: Tensor            # [R_g] positions in the padded [N * q] that are real rows
-    real_rows: Tensor       # [R_g] the packed rows they are
+    out_rows: Tensor        # [N * q] where each position's output goes: its packed row, or R (dropped) for padding
     stamp: Tensor           # [N] each segment's stamp (`SlotTables.writer`), -1 for padding segments
     last: Tensor            # [N] each segment's last own slot (its readable list's last)
     filtered: Tensor        # [N] the segment's list skips slots on its pages (a deferred chunk after GEN)
@@ -144,6 +144,18 @@ class SegmentLengths:
         self.k = k
 
 
+@dataclass(frozen=True)
+class FixedGroups:
+    """A step's groups fixed by its caller rather than by its segments' rows: a padded decode step's
+    (engine/padding.py), so that every step of a bucket has the same group shapes and one graph skeleton
+    (engine/graphs.py). `query[s]` is the query bucket of segment s's group, 0 where the segment is not
+    attended (rows that only fill a chunk to its bucket: no row reads their outputs, which are zero);
+    `size[q]` the segments of group q (at least those it holds)."""
+
+    query: list[int]
+    size: dict[int, int]
+
+
 @dataclass
 class FlexLayout:
     """Built once per step, read by every attention layer of the step."""
@@ -163,10 +175,11 @@ class FlexLayout:
 
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
-                device: torch.device | str = "cpu", pool: object | None = None) -> FlexLayout:
+                device: torch.device | str = "cpu", pool: object | None = None,
+                fixed: FixedGroups | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
-    `page_size`) on `device`."""
+    `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says."""
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size
@@ -200,8 +213,14 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
                 last_rank=counts.cumsum(0) - 1 - k_start[keys // (pages + 1)])
     filtered = _hide(tables, step, flat, k_len, last, runs)
     segs = Segments(q_len, k_len, stamps, last, filtered)
-    groups = [_group([s for s, n in enumerate(q_lens) if bucket(n) == q], q, segs, runs, step, tables, device)
-              for q in sorted({bucket(n) for n in q_lens})]
+    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
+    sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
+    groups = []
+    for q, size in sizes.items():
+        ids = [s for s, at in enumerate(query) if at == q]
+        if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
+            raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
+        groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
     return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
 
 
@@ -249,10 +268,9 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, last: Tens
     return filtered
 
 
-def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
+def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
-    """The group of segments `ids` (query bucket `q`), padded to a power of two of segments."""
-    n = bucket(len(ids))
+    """The group of segments `ids` (query bucket `q`), padded to `n` segments."""
     tile = min(Q_TILE, max(1, q // 8))
     tiles = q // tile
     sel = torch.tensor(ids, dtype=torch.long)
@@ -283,13 +301,14 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
         return out.to(device)
 
     qi = torch.arange(q)
-    real_q = qi[None, :] < segs.q_len[sel][:, None]                        # [len(ids), q]
-    starts = (segs.q_len.cumsum(0) - segs.q_len)[sel]
-    rows = torch.cat([(starts[:, None] + qi[None, :]) * real_q, torch.zeros(n - len(ids), q, dtype=torch.long)])
-    real = torch.cat([real_q, torch.zeros(n - len(ids), q, dtype=torch.bool)]).flatten().nonzero().flatten()
-    rows = rows.flatten()
+    real = torch.zeros(n, q, dtype=torch.bool)
+    real[:len(ids)] = qi[None, :] < segs.q_len[sel][:, None]
+    rows = torch.zeros(n, q, dtype=torch.long)
+    rows[:len(ids)] = (segs.q_len.cumsum(0) - segs.q_len)[sel][:, None] + qi[None, :]
+    rows = rows.flatten() * real.flatten()
+    out_rows = torch.where(real.flatten(), rows, int(segs.q_len.sum()))
     return FlexGroup(
-        q_rows=rows.to(device), real=real.to(device), real_rows=rows[real].to(device),
+        q_rows=rows.to(device), out_rows=out_rows.to(device),
         stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
         rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
         partial_num=partial_num.to(device), partial_idx=partial_idx.to(device), full_num=full_num.to(device),
@@ -323,15 +342,17 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     v_cache.index_copy_(0, layout.write_slots, v)
     r, heads, d = q.shape
     keys, values = k_cache.transpose(0, 1)[None], v_cache.transpose(0, 1)[None]      # views of the pool
-    out = q.new_empty(r, heads, d)
+    # row r takes the outputs of padding positions (fixed shapes: no per-step count of real rows), and
+    # rows no group attends stay zero
+    out = q.new_zeros(r + 1, heads, d)
     options = {"PARTITION_SIZE": CPU_PARTITION} if q.device.type == "cpu" else None
     for g in layout.groups:
         n = g.stamp.shape[0]
         qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
         res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
                          kernel_options=options)
-        out[g.real_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d)[g.real].to(q.dtype)
-    return out
+        out[g.out_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d).to(q.dtype)
+    return out[:r]
 
 
 def compiled():
