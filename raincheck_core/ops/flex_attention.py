@@ -54,6 +54,8 @@ CPU_PARTITION = 24
 # A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
 # segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
 STAMP = 1 << 16
+# `_hide` tallies the segments listing a slot in multiples of this, those whose pages hold it in units
+LISTED = 1 << 20
 MAX_STEP = 1 << 31
 
 
@@ -74,6 +76,9 @@ class SlotTables:
         self.page_size = page_size
         self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
+        # `_hide`'s, on the host where it works: a tally per slot (zero between steps), a mark per page
+        self.tally = torch.zeros(slots, dtype=torch.long)
+        self.page_mark = torch.full((slots // page_size,), -1, dtype=torch.long)
         self.step = 0
         # block-list columns per tile: the most pages a segment has read, as a power of two, at least
         # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
@@ -183,23 +188,21 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size
-    pages = slots // page_size
     tables = tables_of(pool, slots, page_size, device)
     if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
-        tables.writer.fill_(-1)
-        tables.hidden.fill_(-1)
+        for table in (tables.writer, tables.hidden, tables.page_mark):
+            table.fill_(-1)
         tables.step = 0
     tables.step += 1
     step = tables.step
     n_seg = len(q_lens)
     q_len = torch.tensor(q_lens, dtype=torch.long)
-    k_len = torch.tensor([len(s) for s in read_slots], dtype=torch.long)
+    k_len = torch.tensor([s.shape[0] for s in read_slots], dtype=torch.long)
     if bool((k_len < q_len).any()):
         raise ValueError("each segment reads at least its own rows' slots")
     if n_seg >= STAMP or int(q_len.max()) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
-    flat = torch.cat([s.cpu() for s in read_slots]).long()
-    seg_of = torch.repeat_interleave(torch.arange(n_seg), k_len)
+    flat = torch.cat(read_slots).cpu().long()       # a few passes over the keys read, nothing per segment
     k_start = k_len.cumsum(0) - k_len
     last = flat[k_start + k_len - 1]
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
@@ -208,10 +211,15 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
     # the pages each segment reads, in order: runs of one page within one segment's list
-    keys, counts = torch.unique_consecutive(seg_of * (pages + 1) + flat // page_size, return_counts=True)
-    runs = Runs(seg=keys // (pages + 1), page=keys % (pages + 1), count=counts,
-                last_rank=counts.cumsum(0) - 1 - k_start[keys // (pages + 1)])
-    filtered = _hide(tables, step, flat, k_len, last, runs)
+    page = flat // page_size
+    begins = torch.ones(flat.shape, dtype=torch.bool)
+    begins[1:] = page[1:] != page[:-1]
+    begins[k_start] = True
+    first = begins.nonzero().flatten()
+    count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
+    seg = torch.searchsorted(k_start, first, right=True) - 1
+    runs = Runs(seg=seg, page=page[first], count=count, last_rank=first + count - 1 - k_start[seg])
+    filtered = _hide(tables, step, flat, k_start, k_len, last, runs)
     segs = Segments(q_len, k_len, stamps, last, filtered)
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
@@ -245,26 +253,44 @@ class Segments:
     filtered: Tensor        # the list skips slots on its pages
 
 
-def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, last: Tensor, runs: Runs) -> Tensor:
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_start: Tensor, k_len: Tensor, last: Tensor,
+          runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
-    unless it skips some: only the segments whose counts say so are looked at slot by slot."""
+    unless it skips some: the segments whose counts say so are *filtered*, and of them only the pages
+    some list skips slots of (a run shorter than its page) are looked at slot by slot, all in one pass.
+    The table holds one view per slot and step, so filtered segments that read such a page (two chunks of
+    one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
+    lists is refused."""
     page_size = tables.page_size
     pages = torch.bincount(runs.seg, minlength=k_len.shape[0])
     filtered = k_len != (pages - 1) * page_size + last % page_size + 1
-    dev = tables.hidden.device
-    run_start, k_start = (pages.cumsum(0) - pages).tolist(), (k_len.cumsum(0) - k_len).tolist()
-    listed = {}
-    for s in filtered.nonzero().flatten().tolist():     # runs and keys are in segment order: slices
-        own_pages = runs.page[run_start[s]:run_start[s] + int(pages[s])]
-        every = (own_pages[:, None] * page_size + torch.arange(page_size)[None]).flatten()
-        every = every[:int((every == last[s]).nonzero()[0]) + 1]
-        listed[s] = flat[k_start[s]:k_start[s] + int(k_len[s])]
-        tables.hidden[every[~torch.isin(every, listed[s])].to(dev)] = step
-    # the table holds one view per slot and step: two chunks of one session in one step must agree on it
-    if any(bool((tables.hidden[ls.to(dev)] == step).any()) for ls in listed.values()):
+    if not bool(filtered.any()):
+        return filtered
+    final = torch.ones(runs.seg.shape, dtype=torch.bool)
+    final[:-1] = runs.seg[1:] != runs.seg[:-1]          # a segment's last run: the page of its last slot
+    mine = filtered[runs.seg]
+    whole = torch.where(final, last[runs.seg] % page_size + 1, page_size)       # a run's slots, skipping none
+    tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
+    at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
+    seg, count = runs.seg[at], runs.count[at]
+    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
+    spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
+    starts = k_start[seg] + runs.last_rank[at] - count + 1                         # each run's first in `flat`
+    listed = flat[torch.repeat_interleave(starts - (count.cumsum(0) - count), count)
+                  + torch.arange(int(count.sum()))]
+    # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
+    # tallied in the pool's table, which is left zero again
+    tally = tables.tally
+    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
+    tally.index_put_((listed,), torch.full_like(listed, LISTED), accumulate=True)
+    held = tally[spans]
+    tally[spans], tally[listed] = 0, 0
+    skipped = held % LISTED > held // LISTED
+    if bool((skipped & (held >= LISTED)).any()):
         raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
+    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
     return filtered
 
 
@@ -289,8 +315,7 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
     listed = (lo < n_rows[:, None]) & ((last_rank - count + 1)[:, None] < base + hi)
     full = listed & (count == tables.page_size)[:, None] & (last_rank[:, None] < base + lo + 1)
     pages = tables.slots // tables.page_size
-    per_tile = torch.bincount((pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(listed)[listed],
-                              minlength=n * tiles)
+    per_tile = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, listed.long())
     tables.cols = max(tables.cols, bucket(max(1, int(per_tile.max()))))
     partial_num, partial_idx = _block_lists(listed & ~full, pos, page, n, tiles, pages, tables.cols)
     full_num, full_idx = _block_lists(full, pos, page, n, tiles, pages, tables.cols)
@@ -323,14 +348,16 @@ def _block_lists(use: Tensor, pos: Tensor, page: Tensor, n: int, tiles: int, pag
     it), but the kernel reads only each tile's first `kv_num_blocks` entries: the indices are a strided
     view (`FlexGroup.block_mask`) over `n * tiles * cols` entries plus the tail the view's last row spans,
     so the buffer grows with the blocks listed, not with the pool."""
-    tile_of = (pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(use)[use]
-    counts = torch.bincount(tile_of, minlength=n * tiles)
-    # each listed run's column: its rank among the listed runs of its (segment, tile), in run order
-    order = torch.argsort(tile_of, stable=True)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.shape[0]) - (counts.cumsum(0) - counts)[tile_of[order]]
+    marked = use.long()
+    counts = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, marked)
+    # each listed run's column: the listed runs of its (segment, tile) before it (runs are in segment
+    # order: the runs listed before it in the group less those before its segment's first run)
+    before = marked.cumsum(0) - marked
+    runs_of = torch.bincount(pos, minlength=n)
+    rank = before - before[(runs_of.cumsum(0) - runs_of)[pos]]
+    at = (pos[:, None] * tiles + torch.arange(tiles)[None]) * cols + rank
     buf = torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
-    buf[tile_of * cols + rank] = page[:, None].expand_as(use)[use].to(torch.int32)
+    buf[at[use]] = page[:, None].expand_as(use)[use].to(torch.int32)
     return counts.to(torch.int32).view(n, 1, tiles), buf
 
 
