@@ -79,10 +79,9 @@ def bucket_of(plan: StepPlan) -> Bucket | None:
 @dataclass(frozen=True)
 class Padded:
     """A decode step padded to its bucket, with what fixes its shapes to the bucket's (engine/graphs.py
-    takes a step's shapes for its graph): the attention groups (`FixedGroups`: decode rows, padding ones
-    included, in the one-row group; each session's chunk, or the padding chunk in its place, in the chunk
-    bucket's group; the rows that fill a chunk to the bucket attended by none) and, for the GDN layers
-    (engine/gdn_inputs.py), which padding segment fills which chunk."""
+    takes a step's shapes for its graph): the attention groups (`FixedGroups`: `bucket.decode` decode rows
+    in the one-row group, as many chunks in the chunk bucket's group; padding rows attended by none) and,
+    for the GDN layers (engine/gdn_inputs.py), which padding segment fills which chunk."""
 
     plan: StepPlan
     bucket: Bucket
@@ -101,18 +100,18 @@ def pad(plan: StepPlan, bucket: Bucket, scratch: Scratch) -> Padded:
     extra: list[Segment] = []
     fills: dict[int, int] = {}
 
-    def fill(rows: int, q: int) -> None:
+    def fill(rows: int) -> None:
         if rows:
             extra.append(Segment.padding(rows, scratch.kv_slot, scratch.gdn_slot))
-            query.append(q)
+            query.append(0)
 
     for sid in decoding:
         rows = bucket.chunk - (plan.segments[chunk_at[sid]].rows if sid in chunk_at else 0)
         if sid in chunk_at and rows:
             fills[chunk_at[sid]] = len(query)
-        fill(rows, 0 if sid in chunk_at else chunk_q)
+        fill(rows)
     for _ in range(bucket.decode - len(decoding)):
-        fill(1, 1)
-        fill(bucket.chunk, chunk_q)
+        fill(1)
+        fill(bucket.chunk)
     groups = FixedGroups(query, {1: bucket.decode, **({chunk_q: bucket.decode} if bucket.chunk else {})})
     return Padded(StepPlan([*plan.segments, *extra]), bucket, groups, fills)

@@ -143,10 +143,10 @@ def test_buckets_and_padding():
     assert fill == [6, 15, 15, 1, 15]                    # a's chunk to 15, b's and c's, a fourth decode row
     assert all(s.kind is Kind.PADDING and not s.sample for s in padded.segments[4:])
     assert all(bool((s.write_slots == scratch.kv_slot).all()) for s in padded.segments[4:])
-    # a's fill is attended by none and runs in a's GDN sequence; every chunk (or padding chunk) in the
-    # group of 16-row queries, every decode row in the one-row group, four of each
+    # a's fill runs in a's GDN sequence; padding rows are attended by none; groups of four decode rows
+    # and four chunks of up to 16 rows
     assert result.fills == {1: 4}
-    assert result.groups.query == [1, 16, 1, 1, 0, 16, 16, 1, 16]
+    assert result.groups.query == [1, 16, 1, 1, 0, 0, 0, 0, 0]
     assert result.groups.size == {1: 4, 16: 4}
     assert bucket_of(StepPlan([_segment(Kind.PREFILL, "a", 5)])) is None          # prefill stays eager
     assert bucket_of(StepPlan([decode, _segment(Kind.DEFERRED, "a", 64)])) is None   # past the largest chunk
