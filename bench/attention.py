@@ -13,7 +13,8 @@
   layout; and what one attention layer's call allocates against the K/V bytes it reads.
 `--quick` runs B = 1 and 16 at 1K only in the accounting table. `--against REV` times the layout of
 ops/flex_attention.py as it was at git revision REV beside the current one, in turn on the same inputs
-(median of `LAYOUT_REPEATS` builds each). `python -m bench.gpu` runs the accounting table on its device
+(the fastest of `LAYOUT_REPEATS` builds each: the build is the same work every time, and the fastest is
+the one a loaded host disturbed least). `python -m bench.gpu` runs the accounting table on its device
 too (the quick one with `--tiny`).
 """
 
@@ -44,7 +45,7 @@ from raincheck_core.ops.flex_attention import flex_layout, flex_varlen_attention
 from .common import setup_torch
 
 CONTEXT = 1536
-LAYOUT_REPEATS = 7
+LAYOUT_REPEATS = 9
 PAGE = 16
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 64          # the bench checkpoint's attention layers
 
@@ -130,8 +131,8 @@ def _timed(build: Callable[[], object]) -> tuple[float, object]:
 def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, device: str = "cpu",
                 against: Callable[..., object] | None = None) -> dict:
     """One step's layout of `kind` over `sessions` sessions of `context` slots, its accounting, the host
-    time of building it (median of `LAYOUT_REPEATS`; with `against`, that builder's too, in turn on the
-    same inputs), and what one layer's call allocates over the K/V bytes it reads (on the CPU; elsewhere
+    time of building it (the fastest of `LAYOUT_REPEATS`; with `against`, that builder's too, in turn on
+    the same inputs), and what one layer's call allocates over the K/V bytes it reads (on the CPU; elsewhere
     the profiler's CPU memory says nothing of the device's, and the column is left out)."""
     pages = sessions * (context + 1100) // PAGE + 8
     pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, device)
@@ -173,7 +174,7 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
 
     call()
     row = {"kind": kind, "sessions": sessions, "context": context,
-           **{name: round(statistics.median(t), 2) for name, t in times.items()}, **_acc_row(acc)}
+           **{name: round(min(t), 2) for name, t in times.items()}, **_acc_row(acc)}
     if torch.device(device).type == "cpu":
         row["alloc_over_kv_read"] = round(allocated_bytes(call) / acc.kv_read, 4)
     return row
