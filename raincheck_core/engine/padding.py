@@ -3,14 +3,17 @@
 
 A bucket is (decoding sessions, fused deferred rows per session): the decode rows are padded to a power
 of two and each session's chunk to one of `CHUNK_BUCKETS` rows. Padding rows are segments of no session
-(`Segment.padding`): they write and read one scratch KV slot that no session reads, start from a scratch
-GDN state and write theirs back to it, and sample nothing; the runner runs the padded plan and the
-update applies what it returns to the plan as scheduled, so no session sees a padding row. Only decode
-steps are bucketed (decode rows and at most one fused chunk per decoding session); prefill of any
-length, post-answer chunks and serial passes run as planned.
+(`Segment.padding`): they write one scratch KV slot that no session reads and are attended by none,
+start from a scratch GDN state and write theirs back to it (the rows that fill a session's chunk run
+idle in that chunk's GDN sequence instead: engine/gdn_inputs.py), and sample nothing; the runner runs
+the padded plan and the update applies what it returns to the plan as scheduled, so no session sees a
+padding row. A padded step's shapes are its bucket's alone (`Padded`), so that a session's last, shorter
+chunk runs as every other step of its bucket. Only decode steps are bucketed (decode rows and at most
+one fused chunk per decoding session); prefill of any length, post-answer chunks and serial passes run
+as planned.
 
 The padding is the same code on every device: the CPU tests run a padded step eagerly and compare it
-with the unpadded one (tests/engine/test_padding.py).
+with the unpadded one (tests/engine/test_graphs.py).
 """
 
 from __future__ import annotations
