@@ -23,6 +23,7 @@ class Placed:
     segment: Segment
     start: int        # its first row among the step's rows
     multi: bool       # a multi-row GDN sequence (several rows, or a chunk that joins); else a one-row one
+    idle: bool = False    # a padded step's fill of a chunk: idle rows of that chunk's sequence, none of its own
 
 
 def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
@@ -37,11 +38,9 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
     rows), so that the sequences' lengths, splits and appended rows do not follow the chunk's rows nor its
     turn's lead. The fills have no sequence of their own."""
     dev = device
-    fills = {} if padded is None else padded.fills
-    idle = set(fills.values())
-    multi = [p for i, p in enumerate(placed) if p.multi and i not in idle]
-    fill_of = {placed[c]: placed[f] for c, f in fills.items()}
-    single = [p.segment for i, p in enumerate(placed) if not p.multi and i not in idle]
+    multi = [p for p in placed if p.multi and not p.idle]
+    fill_of = {} if padded is None else {placed[c]: placed[f] for c, f in padded.fills.items()}
+    single = [p.segment for p in placed if not p.multi and not p.idle]
     joins = [p.segment for p in multi if p.segment.joins]
     step = GDNStep(gdn)
     seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
@@ -101,13 +100,12 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
                 extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
             )
     if single:
-        keep_at = [k for k, s in enumerate(single) if s.tracked]
         rows = gdn.rows(s.gdn_slot for s in single)
         step.single = GDNSingle(
             layout=varlen_layout([1] * len(single), kernel, device=dev,
                                  source=[p.start for p in placed if not p.multi], slots=rows.read,
                                  seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
-            keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
+            factors=any(s.tracked for s in single),
         )
     inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
     if inputs:

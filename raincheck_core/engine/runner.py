@@ -93,11 +93,11 @@ class StepInputs:
 
     @cached_property
     def multi(self) -> list[Segment]:
-        return [p.segment for p in self.placed if p.multi]
+        return [p.segment for p in self.placed if p.multi and not p.idle]
 
     @cached_property
     def single(self) -> list[Segment]:
-        return [p.segment for p in self.placed if not p.multi]
+        return [p.segment for p in self.placed if not p.multi and not p.idle]
 
     @cached_property
     def joins(self) -> list[Segment]:
@@ -202,8 +202,9 @@ class ModelRunner:
                                torch.cat([s.write_slots for s in plan.segments]), self.device, self.kv)
         # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row;
         # in a padded step every chunk is multi-row (it runs filled to its bucket's rows)
-        placed = [Placed(seg, start, seg.rows > 1 or seg.joins or (padded is not None and seg.kind is Kind.DEFERRED))
-                  for seg, start in zip(plan.segments, starts, strict=True)]
+        fills = set() if padded is None else set(padded.fills.values())
+        placed = [Placed(seg, start, seg.rows > 1 or seg.joins or (padded is not None and seg.kind is Kind.DEFERRED),
+                         i in fills) for i, (seg, start) in enumerate(zip(plan.segments, starts, strict=True))]
         gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device,
                                                      padded)
         batch = ForwardBatch(
@@ -337,8 +338,10 @@ class ModelRunner:
         """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
         lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked. k
         stays per key head: the join widens it to value heads once per fold, not per token."""
-        keep, segs = inputs.batch.gdn.single.keep, inputs.keep
-        every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
+        segs = inputs.keep
+        every = len(segs) == len(inputs.single)     # else the tracked rows' positions among the one-row ones
+        keep = None if every else torch.tensor([j for j, s in enumerate(inputs.single) if s.tracked],
+                                               device=self.device)
         lead = [j for j, seg in enumerate(segs) if seg.tracking.in_lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
