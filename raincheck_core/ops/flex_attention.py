@@ -18,10 +18,11 @@ segment:
   the `hidden` table for this step; every other slot on the segment's pages it may read.
 That is the bottom-right causal rule of ops/attention.py over each segment's readable list.
 
-The layout is built once per step on the host from the plan's slot lists with vectorised torch ops (work
-and memory linear in the keys read, plus one table write per row written and per hidden slot) and read
-by every layer. Compiled kernels are shared by the whole process (`compiled`), one per (segments bucket,
-query bucket, pool shape, heads, dtype).
+The layout is built once per step on the host from the plan's slot lists with vectorised torch ops (a
+few passes over the keys read, then work per page run and query tile; one table write per row written,
+and slot by slot only the pages a deferred chunk skips slots of) and read by every layer. Compiled
+kernels are shared by the whole process (`compiled`), one per (segments bucket, query bucket, pool
+shape, heads, dtype).
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class FixedGroups:
     """A step's groups fixed by its caller rather than by its segments' rows: a padded decode step's
     (engine/padding.py), so that every step of a bucket has the same group shapes and one graph skeleton
     (engine/graphs.py). `query[s]` is the query bucket of segment s's group, 0 where the segment is not
-    attended (rows that only fill a chunk to its bucket: no row reads their outputs, which are zero);
-    `size[q]` the segments of group q (at least those it holds)."""
+    attended (padding rows: no row reads their outputs, which are zero); `size[q]` the segments of group
+    q (at least those it holds)."""
 
     query: list[int]
     size: dict[int, int]
