@@ -11,8 +11,11 @@
   with its decode row, per session) and prefill (a 1,024-row chunk over the context) steps at B = 1, 16,
   64 and 1-4K contexts, from the layout alone (ops/attention_accounting.py), with the host time of the
   layout; and what one attention layer's call allocates against the K/V bytes it reads.
-`--quick` runs B = 1 and 16 at 1K only in the accounting table. `python -m bench.gpu` runs the accounting
-table on its device too (the quick one with `--tiny`).
+`--quick` runs B = 1 and 16 at 1K only in the accounting table. `--against REV` times the layout of
+ops/flex_attention.py as it was at git revision REV beside the current one, in turn on the same inputs
+(the fastest of `LAYOUT_REPEATS` builds each: the build is the same work every time, and the fastest is
+the one a loaded host disturbed least). `python -m bench.gpu` runs the accounting table on its device
+too (the quick one with `--tiny`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ import argparse
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,6 +45,7 @@ from raincheck_core.ops.flex_attention import flex_layout, flex_varlen_attention
 from .common import setup_torch
 
 CONTEXT = 1536
+LAYOUT_REPEATS = 9
 PAGE = 16
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 64          # the bench checkpoint's attention layers
 
@@ -101,10 +109,31 @@ def _sessions(pool: KVPool, n: int, context: int, g: torch.Generator) -> list[Pa
     return tables
 
 
-def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, device: str = "cpu") -> dict:
+def layout_at(rev: str) -> Callable[..., object]:
+    """`flex_layout` of ops/flex_attention.py as it was at git revision `rev`, loaded as a module of its own
+    (it imports only torch), with slot tables of its own."""
+    path = "raincheck_core/ops/flex_attention.py"
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout
+    module = types.ModuleType(f"flex_attention_at_{rev}")
+    sys.modules[module.__name__] = module         # dataclasses look their module up
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
+    return module.flex_layout
+
+
+def _timed(build: Callable[[], object]) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = build()
+    return time.perf_counter() - t, out
+
+
+def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, device: str = "cpu",
+                against: Callable[..., object] | None = None) -> dict:
     """One step's layout of `kind` over `sessions` sessions of `context` slots, its accounting, the host
-    time of building it, and what one layer's call allocates over the K/V bytes it reads (on the CPU;
-    elsewhere the profiler's CPU memory says nothing of the device's, and the column is left out)."""
+    time of building it (the fastest of `LAYOUT_REPEATS`; with `against`, that builder's too, in turn on
+    the same inputs), and what one layer's call allocates over the K/V bytes it reads (on the CPU; elsewhere
+    the profiler's CPU memory says nothing of the device's, and the column is left out)."""
     pages = sessions * (context + 1100) // PAGE + 8
     pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, device)
     tables = _sessions(pool, sessions, context, g)
@@ -126,9 +155,14 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
             writes.append(t.ahead(0, 1024))
             reads.append(t.reserved_slots(0, t.length + 1024))
             q_lens.append(1024)
-    t0 = time.perf_counter()
-    layout = flex_layout(q_lens, reads, torch.cat(writes), device, pool)
-    host_ms = 1e3 * (time.perf_counter() - t0)
+    write = torch.cat(writes)
+    builders = {"layout_host_ms": flex_layout, **({"layout_host_ms_against": against} if against else {})}
+    times: dict[str, list[float]] = {name: [] for name in builders}
+    for _ in range(LAYOUT_REPEATS):
+        for name, build in builders.items():
+            took, layout = _timed(lambda build=build: build(q_lens, reads, write, device, pool))
+            times[name].append(1e3 * took)
+    layout = flex_layout(q_lens, reads, write, device, pool)
     acc = flex_accounting(layout, KV_HEADS, HEAD_DIM, 4)
     rows = sum(q_lens)
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=g).to(device)
@@ -139,14 +173,14 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
         return flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
 
     call()
-    row = {"kind": kind, "sessions": sessions, "context": context, "layout_host_ms": round(host_ms, 2),
-           **_acc_row(acc)}
+    row = {"kind": kind, "sessions": sessions, "context": context,
+           **{name: round(min(t), 2) for name, t in times.items()}, **_acc_row(acc)}
     if torch.device(device).type == "cpu":
         row["alloc_over_kv_read"] = round(allocated_bytes(call) / acc.kv_read, 4)
     return row
 
 
-def accounting_table(device: str, quick: bool) -> list[dict]:
+def accounting_table(device: str, quick: bool, against: Callable[..., object] | None = None) -> list[dict]:
     """`layout_rows` for decode, fused-chunk and prefill steps at B = 1, 16, 64 and 1-4K contexts (`quick`:
     decode and fused, B = 1 and 16 at 1K)."""
     g = torch.Generator().manual_seed(0)
@@ -157,7 +191,7 @@ def accounting_table(device: str, quick: bool) -> list[dict]:
             for context in contexts:
                 if kind == "prefill" and sessions * (context + 1024) > 64 * 2048:
                     continue        # the prefill rows alone would be past any step's row budget
-                rows.append(layout_rows(sessions, context, kind, g, device))
+                rows.append(layout_rows(sessions, context, kind, g, device, against))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -169,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--skip-decode", action="store_true", help="the accounting table only")
     p.add_argument("--skip-accounting", action="store_true", help="the decode steps only")
+    p.add_argument("--against", metavar="REV", help="time the layout at this git revision too")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     setup_torch(args.threads)
@@ -180,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(row), flush=True)
                 result["decode"].append(row)
     if not args.skip_accounting:
-        result["accounting"] = accounting_table("cpu", args.quick)
+        result["accounting"] = accounting_table("cpu", args.quick, layout_at(args.against) if args.against else None)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -12,6 +12,7 @@ from ..ops.backend import OpSet
 from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_rows import row_captures
 from ..ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from .padding import Padded
 from .plan import Kind, Segment
 
 
@@ -22,21 +23,29 @@ class Placed:
     segment: Segment
     start: int        # its first row among the step's rows
     multi: bool       # a multi-row GDN sequence (several rows, or a chunk that joins); else a one-row one
+    idle: bool = False    # a padded step's fill of a chunk: idle rows of that chunk's sequence, none of its own
 
 
 def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
-             device: torch.device) -> GDNStep:
+             device: torch.device, padded: Padded | None = None) -> GDNStep:
     """The step's GDN groups from its placed segments: which pool rows each sequence reads and writes,
     deferred chunks with their turn's conv lead appended, the live states their joins correct, the
-    decode rows seeded from a join, and the rows whose states are kept (`Segment.checkpoints`)."""
+    decode rows seeded from a join, and the rows whose states are kept (`Segment.checkpoints`).
+
+    `padded`: the segments are a padded step's, whose shapes its bucket fixes (engine/padding.py): each
+    session's chunk runs as one sequence of the bucket's rows (the chunk, then its fill's rows, which are
+    idle: `PackedSequences.live`) and, where it joins, a lead of `kernel - 1` rows (its turn's, then idle
+    rows), so that the sequences' lengths, splits and appended rows do not follow the chunk's rows nor its
+    turn's lead. The fills have no sequence of their own."""
     dev = device
-    multi = [p for p in placed if p.multi]
-    single = [p.segment for p in placed if not p.multi]
+    multi = [p for p in placed if p.multi and not p.idle]
+    fill_of = {} if padded is None else {placed[c]: placed[f] for c, f in padded.fills.items()}
+    single = [p.segment for p in placed if not p.multi and not p.idle]
     joins = [p.segment for p in multi if p.segment.joins]
     step = GDNStep(gdn)
     seed_hist, seed_state = [-1] * len(single), [-1] * len(single)     # see GDNSingle.layout
     if multi:
-        lengths, splits, source = [], [], []
+        lengths, splits, source, live = [], [], [], []
         extra_u, extra_g, extra_b, join_seqs = [], [], [], []
         appended = 0
         # each sequence reads its slot's current row and writes the other; a joined chunk's state after
@@ -46,26 +55,34 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
         outs, split_outs = [], []
         for j, p in enumerate(multi):
             s = p.segment
-            lengths.append(s.rows + s.lead)
+            fill = fill_of.get(p)
+            own = s.rows + (fill.segment.rows if fill is not None else 0)
             source.extend(range(p.start, p.start + s.rows))
+            if fill is not None:
+                source.extend(range(fill.start, fill.start + fill.segment.rows))
+            live += [True] * s.rows + [False] * (own - s.rows)
             outs.append(-1 - len(join_seqs) if s.joins else rows.write[j])
+            lead = s.lead if padded is None or not s.joins else kernel - 1
+            lengths.append(own + lead)
             if s.joins:
-                splits.append(s.rows)
+                splits.append(own)
                 split_outs.append(rows.write[j])
                 join_seqs.append(j)
-                if s.lead:
+                if lead:
                     jn = s.join_inputs
-                    source.extend(range(-1 - appended, -1 - appended - s.lead, -1))
-                    appended += s.lead
-                    extra_u.append(jn.lead_u)
-                    extra_g.append(jn.lead_g)
-                    extra_b.append(jn.lead_beta)
+                    source.extend(range(-1 - appended, -1 - appended - lead, -1))
+                    live += [True] * s.lead + [False] * (lead - s.lead)
+                    appended += lead
+                    extra_u.append(_rows(jn.lead_u, lead))
+                    extra_g.append(_rows(jn.lead_g, lead))
+                    extra_b.append(_rows(jn.lead_beta, lead))
             else:
                 splits.append(None)
-        live = gdn.rows(s.live_slot for s in joins).read
+        live_rows = gdn.rows(s.live_slot for s in joins).read
         step.multi = GDNMulti(varlen_layout(
             lengths, kernel, splits, device=dev, source=source, slots=rows.read,
-            joins=list(zip(join_seqs, live, strict=True)), out_rows=(outs, split_outs)))
+            joins=list(zip(join_seqs, live_rows, strict=True)), out_rows=(outs, split_outs),
+            live=live if padded is not None else None))
         if any(p.segment.checkpoints for p in multi):
             step.at_rows = AtRows(row_captures(step.multi.layout.seqs, [list(p.segment.checkpoints) for p in multi],
                                                kernel, device=dev), ops.gdn.varlen, key_heads)
@@ -83,19 +100,25 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
                 extra_beta=torch.cat(extra_b, dim=1) if extra_b else None,
             )
     if single:
-        keep_at = [k for k, s in enumerate(single) if s.tracked]
         rows = gdn.rows(s.gdn_slot for s in single)
         step.single = GDNSingle(
             layout=varlen_layout([1] * len(single), kernel, device=dev,
                                  source=[p.start for p in placed if not p.multi], slots=rows.read,
                                  seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
-            keep=torch.tensor(keep_at, dtype=torch.long, device=dev) if keep_at else None,
+            factors=any(s.tracked for s in single),
         )
     inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
     if inputs:
         step.input_rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs]).to(dev)
     step.op = ops.gdn.prepare(step, key_heads)
     return step
+
+
+def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t [layers, n, ...]` with zero rows after its own up to `rows` (idle rows of a padded step's lead)."""
+    if t.shape[1] == rows:
+        return t
+    return torch.cat([t, t.new_zeros(t.shape[0], rows - t.shape[1], *t.shape[2:])], dim=1)
 
 
 def _batched(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from ..layers.batch import ForwardBatch
+    from ..ops.backend import OpSet
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +131,18 @@ class StepGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.replays = 0
 
+    @staticmethod
+    def takes(ops: OpSet) -> bool:
+        """Whether steps on `ops` can be replayed: not with the native CPU kernels, which read the step's
+        bounds (plain values) as their read limits."""
+        return ops.attention.name == "flex" and ops.gdn.name != "native"
+
     def run(self, bucket: Hashable, batch: ForwardBatch) -> tuple[ForwardBatch, Tensor] | None:
         """`model(batch)` for a padded decode step of `bucket`, replayed from the graph of its skeleton (captured
         now when it is the first): the static batch it ran over, whose outputs are the step's, and its
         logits. None: the caller runs `batch` eagerly (ops a graph cannot hold, too many graphs, a skeleton
         whose capture failed). NotCaptured when this batch's capture fails."""
-        ops = batch.ops
-        if ops.attention.name != "flex" or ops.gdn.name == "native":
+        if not self.takes(batch.ops):
             return None
         key = (bucket, skeleton(batch))
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:

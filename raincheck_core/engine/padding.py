@@ -3,14 +3,17 @@
 
 A bucket is (decoding sessions, fused deferred rows per session): the decode rows are padded to a power
 of two and each session's chunk to one of `CHUNK_BUCKETS` rows. Padding rows are segments of no session
-(`Segment.padding`): they write and read one scratch KV slot that no session reads, start from a scratch
-GDN state and write theirs back to it, and sample nothing; the runner runs the padded plan and the
-update applies what it returns to the plan as scheduled, so no session sees a padding row. Only decode
-steps are bucketed (decode rows and at most one fused chunk per decoding session); prefill of any
-length, post-answer chunks and serial passes run as planned.
+(`Segment.padding`): they write one scratch KV slot that no session reads and are attended by none,
+start from a scratch GDN state and write theirs back to it (the rows that fill a session's chunk run
+idle in that chunk's GDN sequence instead: engine/gdn_inputs.py), and sample nothing; the runner runs
+the padded plan and the update applies what it returns to the plan as scheduled, so no session sees a
+padding row. A padded step's shapes are its bucket's alone (`Padded`), so that a session's last, shorter
+chunk runs as every other step of its bucket. Only decode steps are bucketed (decode rows and at most
+one fused chunk per decoding session); prefill of any length, post-answer chunks and serial passes run
+as planned.
 
 The padding is the same code on every device: the CPU tests run a padded step eagerly and compare it
-with the unpadded one (tests/engine/test_padding.py).
+with the unpadded one (tests/engine/test_graphs.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
+from ..ops.flex_attention import FixedGroups
+from ..ops.flex_attention import bucket as flex_bucket
 from .plan import Kind, Segment, StepPlan
 
 CHUNK_BUCKETS = (0, 7, 15, 31, 63)     # fused deferred rows per session of a captured step
@@ -74,17 +79,42 @@ def bucket_of(plan: StepPlan) -> Bucket | None:
     return None if chunk is None else Bucket(decode_bucket(len(decoding)), chunk)
 
 
-def pad(plan: StepPlan, bucket: Bucket, scratch: Scratch) -> StepPlan:
+@dataclass(frozen=True)
+class Padded:
+    """A decode step padded to its bucket, with what fixes its shapes to the bucket's (engine/graphs.py
+    takes a step's shapes for its graph): the attention groups (`FixedGroups`: `bucket.decode` decode rows
+    in the one-row group, as many chunks in the chunk bucket's group; padding rows attended by none) and,
+    for the GDN layers (engine/gdn_inputs.py), which padding segment fills which chunk."""
+
+    plan: StepPlan
+    bucket: Bucket
+    groups: FixedGroups
+    fills: dict[int, int]       # plan index of a chunk of fewer rows than the bucket's -> its fill's
+
+
+def pad(plan: StepPlan, bucket: Bucket, scratch: Scratch) -> Padded:
     """`plan` (of `bucket`) with padding segments after its own: each decoding session's chunk filled to
     `bucket.chunk` rows, then decode rows (each with a chunk of `bucket.chunk` rows) up to
     `bucket.decode`. The result has exactly `bucket.rows` rows."""
-    chunk_rows = {s.session: s.rows for s in plan.segments if s.kind is Kind.DEFERRED}
+    chunk_at = {s.session: i for i, s in enumerate(plan.segments) if s.kind is Kind.DEFERRED}
     decoding = [s.session for s in plan.segments if s.kind is Kind.DECODE]
+    chunk_q = flex_bucket(bucket.chunk)
+    query = [1 if s.kind is Kind.DECODE else chunk_q for s in plan.segments]
+    extra: list[Segment] = []
+    fills: dict[int, int] = {}
 
-    def fill(rows: int) -> list[Segment]:
-        return [Segment.padding(rows, scratch.kv_slot, scratch.gdn_slot)] if rows else []
+    def fill(rows: int) -> None:
+        if rows:
+            extra.append(Segment.padding(rows, scratch.kv_slot, scratch.gdn_slot))
+            query.append(0)
 
-    extra = [seg for sid in decoding for seg in fill(bucket.chunk - chunk_rows.get(sid, 0))]
+    for sid in decoding:
+        rows = bucket.chunk - (plan.segments[chunk_at[sid]].rows if sid in chunk_at else 0)
+        if sid in chunk_at and rows:
+            fills[chunk_at[sid]] = len(query)
+        fill(rows)
     for _ in range(bucket.decode - len(decoding)):
-        extra += fill(1) + fill(bucket.chunk)
-    return StepPlan([*plan.segments, *extra])
+        fill(1)
+        fill(bucket.chunk)
+    groups = FixedGroups(query, {1: bucket.decode, **({chunk_q: bucket.decode} if bucket.chunk else {})})
+    return Padded(StepPlan([*plan.segments, *extra]), bucket, groups, fills)

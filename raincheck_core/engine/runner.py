@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import torch
 
@@ -31,7 +31,7 @@ from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .gdn_inputs import Placed, gdn_step
 from .graphs import NotCaptured, StepGraphs
-from .padding import Scratch, bucket_of, pad
+from .padding import Padded, Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
 
 
@@ -93,11 +93,11 @@ class StepInputs:
 
     @cached_property
     def multi(self) -> list[Segment]:
-        return [p.segment for p in self.placed if p.multi]
+        return [p.segment for p in self.placed if p.multi and not p.idle]
 
     @cached_property
     def single(self) -> list[Segment]:
-        return [p.segment for p in self.placed if not p.multi]
+        return [p.segment for p in self.placed if not p.multi and not p.idle]
 
     @cached_property
     def joins(self) -> list[Segment]:
@@ -139,15 +139,16 @@ class ModelRunner:
             self.model.tp.check_same(plan.fingerprint(), "the step's plan")
         if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
-        bucket = bucket_of(plan) if self.graphs is not None else None
+        # padding only serves a replay: steps on ops no graph takes run as planned
+        bucket = bucket_of(plan) if self.graphs is not None and self.graphs.takes(ops) else None
         if bucket is None:
             return self.forward(self.prepare(plan, ops))
         padded = pad(plan, bucket, self.padding)
-        inputs = self.prepare(padded, ops)
+        inputs = self.prepare(padded.plan, ops, padded)
         try:
             replayed = self.graphs.run(bucket, inputs.batch)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
-            return self.forward(self.prepare(padded, ops))
+            return self.forward(self.prepare(padded.plan, ops, padded))
         if replayed is None:
             return self.forward(inputs)
         batch, logits = replayed
@@ -155,7 +156,8 @@ class ModelRunner:
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan, ops: OpSet) -> StepInputs:
+    def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None) -> StepInputs:
+        """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes."""
         embeds: list[torch.Tensor | None] = []
         positions, ds_rows, ds_feats, logit_rows = [], [], [], []
         decode_at, decode_tokens = [], []
@@ -183,6 +185,10 @@ class ModelRunner:
             if seg.sample:
                 logit_rows.append(row + seg.rows - 1)
             row += seg.rows
+        if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
+            n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
+            ds_rows.append(torch.zeros(n, dtype=torch.long))
+            ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
         if decode_tokens:
             ids = torch.tensor(decode_tokens, dtype=torch.long, device=self.device)
             with torch.inference_mode():
@@ -191,12 +197,17 @@ class ModelRunner:
                 embeds[at] = e
         attention = None
         if self.model.config.num_attention_layers:
-            attention = ops.attention.layout(*plan.attention_segments(),
-                                             torch.cat([s.write_slots for s in plan.segments]), self.device, self.kv)
-        # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row
-        placed = [Placed(seg, start, not (seg.rows == 1 and not seg.joins))
-                  for seg, start in zip(plan.segments, starts, strict=True)]
-        gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device)
+            layout = ops.attention.layout if padded is None else partial(ops.attention.layout, fixed=padded.groups)
+            # a padded step holds no prefill, the only segment whose attention splits (and renumbers the groups)
+            attention = layout(*plan.attention_segments(), torch.cat([s.write_slots for s in plan.segments]),
+                               self.device, self.kv)
+        # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row;
+        # in a padded step every chunk is multi-row (it runs filled to its bucket's rows)
+        fills = set() if padded is None else set(padded.fills.values())
+        placed = [Placed(seg, start, seg.rows > 1 or seg.joins or (padded is not None and seg.kind is Kind.DEFERRED),
+                         i in fills) for i, (seg, start) in enumerate(zip(plan.segments, starts, strict=True))]
+        gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device,
+                                                     padded)
         batch = ForwardBatch(
             embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
@@ -328,8 +339,10 @@ class ModelRunner:
         """The tracked decode rows' factors, stacked across layers: only what the join will read (u of
         lead tokens, v when a join audits), and gathered only when some one-row sequence is not tracked. k
         stays per key head: the join widens it to value heads once per fold, not per token."""
-        keep, segs = inputs.batch.gdn.single.keep, inputs.keep
-        every = len(segs) == len(inputs.single)     # then `keep` is 0..N-1, in order
+        segs = inputs.keep
+        every = len(segs) == len(inputs.single)     # else the tracked rows' positions among the one-row ones
+        keep = None if every else torch.tensor([j for j, s in enumerate(inputs.single) if s.tracked],
+                                               device=self.device)
         lead = [j for j, seg in enumerate(segs) if seg.tracking.in_lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:

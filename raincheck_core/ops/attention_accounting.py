@@ -65,7 +65,7 @@ def flex_accounting(layout: FlexLayout, kv_heads: int, head_dim: int, itemsize: 
         # later tiles of a segment see more keys: the last tile's pages are every page the segment reads
         read += int(blocks.max(dim=1).values.sum()) * page_size * slot_bytes
     metadata = layout.write_slots.nbytes + sum(
-        t.nbytes for g in layout.groups for t in (g.q_rows, g.real, g.real_rows, g.stamp, g.last, g.filtered, g.rows,
+        t.nbytes for g in layout.groups for t in (g.q_rows, g.out_rows, g.stamp, g.last, g.filtered, g.rows,
                                                   g.step, g.partial_num, g.partial_idx, g.full_num, g.full_idx))
     return StepAccounting(
         score_computed=computed, score_visible=visible_scores(layout.q_lens, layout.k_lens), kv_read=read,

@@ -18,10 +18,11 @@ segment:
   the `hidden` table for this step; every other slot on the segment's pages it may read.
 That is the bottom-right causal rule of ops/attention.py over each segment's readable list.
 
-The layout is built once per step on the host from the plan's slot lists with vectorised torch ops (work
-and memory linear in the keys read, plus one table write per row written and per hidden slot) and read
-by every layer. Compiled kernels are shared by the whole process (`compiled`), one per (segments bucket,
-query bucket, pool shape, heads, dtype).
+The layout is built once per step on the host from the plan's slot lists with vectorised torch ops (a
+few passes over the keys read, then work per page run and query tile; one table write per row written,
+and slot by slot only the pages a deferred chunk skips slots of) and read by every layer. Compiled
+kernels are shared by the whole process (`compiled`), one per (segments bucket, query bucket, pool
+shape, heads, dtype).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ CPU_PARTITION = 24
 # A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
 # segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
 STAMP = 1 << 16
+# `_hide` tallies the segments listing a slot in multiples of this, those whose pages hold it in units
+LISTED = 1 << 20
 MAX_STEP = 1 << 31
 
 
@@ -74,6 +77,9 @@ class SlotTables:
         self.page_size = page_size
         self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
+        # `_hide`'s, on the host where it works: a tally per slot (zero between steps), a mark per page
+        self.tally = torch.zeros(slots, dtype=torch.long)
+        self.page_mark = torch.full((slots // page_size,), -1, dtype=torch.long)
         self.step = 0
         # block-list columns per tile: the most pages a segment has read, as a power of two, at least
         # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
@@ -95,11 +101,11 @@ def tables_of(pool: object, slots: int, page_size: int, device: torch.device | s
 class FlexGroup:
     """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
     flat buffers (`_block_lists`) and the BlockMask is made from them at each call (`block_mask`), so that
-    a captured graph's static group, whose tensors later steps are copied into, is what the call reads."""
+    a captured graph's static group, whose tensors later steps are copied into, is what the call reads.
+    Every tensor's shape follows from the group's segments bucket and query bucket alone."""
 
     q_rows: Tensor          # [N * q] packed row of each padded query position (0 for padding)
-    real: Tensor            # [R_g] positions in the padded [N * q] that are real rows
-    real_rows: Tensor       # [R_g] the packed rows they are
+    out_rows: Tensor        # [N * q] where each position's output goes: its packed row, or R (dropped) for padding
     stamp: Tensor           # [N] each segment's stamp (`SlotTables.writer`), -1 for padding segments
     last: Tensor            # [N] each segment's last own slot (its readable list's last)
     filtered: Tensor        # [N] the segment's list skips slots on its pages (a deferred chunk after GEN)
@@ -144,6 +150,18 @@ class SegmentLengths:
         self.k = k
 
 
+@dataclass(frozen=True)
+class FixedGroups:
+    """A step's groups fixed by its caller rather than by its segments' rows: a padded decode step's
+    (engine/padding.py), so that every step of a bucket has the same group shapes and one graph skeleton
+    (engine/graphs.py). `query[s]` is the query bucket of segment s's group, 0 where the segment is not
+    attended (padding rows: no row reads their outputs, which are zero); `size[q]` the segments of group
+    q (at least those it holds)."""
+
+    query: list[int]
+    size: dict[int, int]
+
+
 @dataclass
 class FlexLayout:
     """Built once per step, read by every attention layer of the step."""
@@ -163,30 +181,29 @@ class FlexLayout:
 
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
-                device: torch.device | str = "cpu", pool: object | None = None) -> FlexLayout:
+                device: torch.device | str = "cpu", pool: object | None = None,
+                fixed: FixedGroups | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
-    `page_size`) on `device`."""
+    `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says."""
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size
-    pages = slots // page_size
     tables = tables_of(pool, slots, page_size, device)
     if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
-        tables.writer.fill_(-1)
-        tables.hidden.fill_(-1)
+        for table in (tables.writer, tables.hidden, tables.page_mark):
+            table.fill_(-1)
         tables.step = 0
     tables.step += 1
     step = tables.step
     n_seg = len(q_lens)
     q_len = torch.tensor(q_lens, dtype=torch.long)
-    k_len = torch.tensor([len(s) for s in read_slots], dtype=torch.long)
+    k_len = torch.tensor([s.shape[0] for s in read_slots], dtype=torch.long)
     if bool((k_len < q_len).any()):
         raise ValueError("each segment reads at least its own rows' slots")
     if n_seg >= STAMP or int(q_len.max()) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
-    flat = torch.cat([s.cpu() for s in read_slots]).long()
-    seg_of = torch.repeat_interleave(torch.arange(n_seg), k_len)
+    flat = torch.cat(read_slots).cpu().long()       # a few passes over the keys read, nothing per segment
     k_start = k_len.cumsum(0) - k_len
     last = flat[k_start + k_len - 1]
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
@@ -195,13 +212,24 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
     # the pages each segment reads, in order: runs of one page within one segment's list
-    keys, counts = torch.unique_consecutive(seg_of * (pages + 1) + flat // page_size, return_counts=True)
-    runs = Runs(seg=keys // (pages + 1), page=keys % (pages + 1), count=counts,
-                last_rank=counts.cumsum(0) - 1 - k_start[keys // (pages + 1)])
-    filtered = _hide(tables, step, flat, k_len, last, runs)
+    page = flat // page_size
+    begins = torch.ones(flat.shape, dtype=torch.bool)
+    begins[1:] = page[1:] != page[:-1]
+    begins[k_start] = True
+    first = begins.nonzero().flatten()
+    count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
+    seg = torch.searchsorted(k_start, first, right=True) - 1
+    runs = Runs(seg=seg, page=page[first], count=count, last_rank=first + count - 1 - k_start[seg])
+    filtered = _hide(tables, step, flat, k_start, k_len, last, runs)
     segs = Segments(q_len, k_len, stamps, last, filtered)
-    groups = [_group([s for s, n in enumerate(q_lens) if bucket(n) == q], q, segs, runs, step, tables, device)
-              for q in sorted({bucket(n) for n in q_lens})]
+    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
+    sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
+    groups = []
+    for q, size in sizes.items():
+        ids = [s for s, at in enumerate(query) if at == q]
+        if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
+            raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
+        groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
     return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
 
 
@@ -226,33 +254,50 @@ class Segments:
     filtered: Tensor        # the list skips slots on its pages
 
 
-def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, last: Tensor, runs: Runs) -> Tensor:
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_start: Tensor, k_len: Tensor, last: Tensor,
+          runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
-    unless it skips some: only the segments whose counts say so are looked at slot by slot."""
+    unless it skips some: the segments whose counts say so are *filtered*, and of them only the pages
+    some list skips slots of (a run shorter than its page) are looked at slot by slot, all in one pass.
+    The table holds one view per slot and step, so filtered segments that read such a page (two chunks of
+    one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
+    lists is refused."""
     page_size = tables.page_size
     pages = torch.bincount(runs.seg, minlength=k_len.shape[0])
     filtered = k_len != (pages - 1) * page_size + last % page_size + 1
-    dev = tables.hidden.device
-    run_start, k_start = (pages.cumsum(0) - pages).tolist(), (k_len.cumsum(0) - k_len).tolist()
-    listed = {}
-    for s in filtered.nonzero().flatten().tolist():     # runs and keys are in segment order: slices
-        own_pages = runs.page[run_start[s]:run_start[s] + int(pages[s])]
-        every = (own_pages[:, None] * page_size + torch.arange(page_size)[None]).flatten()
-        every = every[:int((every == last[s]).nonzero()[0]) + 1]
-        listed[s] = flat[k_start[s]:k_start[s] + int(k_len[s])]
-        tables.hidden[every[~torch.isin(every, listed[s])].to(dev)] = step
-    # the table holds one view per slot and step: two chunks of one session in one step must agree on it
-    if any(bool((tables.hidden[ls.to(dev)] == step).any()) for ls in listed.values()):
+    if not bool(filtered.any()):
+        return filtered
+    final = torch.ones(runs.seg.shape, dtype=torch.bool)
+    final[:-1] = runs.seg[1:] != runs.seg[:-1]          # a segment's last run: the page of its last slot
+    mine = filtered[runs.seg]
+    whole = torch.where(final, last[runs.seg] % page_size + 1, page_size)       # a run's slots, skipping none
+    tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
+    at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
+    seg, count = runs.seg[at], runs.count[at]
+    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
+    spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
+    starts = k_start[seg] + runs.last_rank[at] - count + 1                         # each run's first in `flat`
+    listed = flat[torch.repeat_interleave(starts - (count.cumsum(0) - count), count)
+                  + torch.arange(int(count.sum()))]
+    # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
+    # tallied in the pool's table, which is left zero again
+    tally = tables.tally
+    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
+    tally.index_put_((listed,), torch.full_like(listed, LISTED), accumulate=True)
+    held = tally[spans]
+    tally[spans], tally[listed] = 0, 0
+    skipped = held % LISTED > held // LISTED
+    if bool((skipped & (held >= LISTED)).any()):
         raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
+    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
     return filtered
 
 
-def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
+def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
-    """The group of segments `ids` (query bucket `q`), padded to a power of two of segments."""
-    n = bucket(len(ids))
+    """The group of segments `ids` (query bucket `q`), padded to `n` segments."""
     tile = min(Q_TILE, max(1, q // 8))
     tiles = q // tile
     sel = torch.tensor(ids, dtype=torch.long)
@@ -271,8 +316,7 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
     listed = (lo < n_rows[:, None]) & ((last_rank - count + 1)[:, None] < base + hi)
     full = listed & (count == tables.page_size)[:, None] & (last_rank[:, None] < base + lo + 1)
     pages = tables.slots // tables.page_size
-    per_tile = torch.bincount((pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(listed)[listed],
-                              minlength=n * tiles)
+    per_tile = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, listed.long())
     tables.cols = max(tables.cols, bucket(max(1, int(per_tile.max()))))
     partial_num, partial_idx = _block_lists(listed & ~full, pos, page, n, tiles, pages, tables.cols)
     full_num, full_idx = _block_lists(full, pos, page, n, tiles, pages, tables.cols)
@@ -283,13 +327,14 @@ def _group(ids: list[int], q: int, segs: Segments, runs: Runs, step: int, tables
         return out.to(device)
 
     qi = torch.arange(q)
-    real_q = qi[None, :] < segs.q_len[sel][:, None]                        # [len(ids), q]
-    starts = (segs.q_len.cumsum(0) - segs.q_len)[sel]
-    rows = torch.cat([(starts[:, None] + qi[None, :]) * real_q, torch.zeros(n - len(ids), q, dtype=torch.long)])
-    real = torch.cat([real_q, torch.zeros(n - len(ids), q, dtype=torch.bool)]).flatten().nonzero().flatten()
-    rows = rows.flatten()
+    real = torch.zeros(n, q, dtype=torch.bool)
+    real[:len(ids)] = qi[None, :] < segs.q_len[sel][:, None]
+    rows = torch.zeros(n, q, dtype=torch.long)
+    rows[:len(ids)] = (segs.q_len.cumsum(0) - segs.q_len)[sel][:, None] + qi[None, :]
+    rows = rows.flatten() * real.flatten()
+    out_rows = torch.where(real.flatten(), rows, int(segs.q_len.sum()))
     return FlexGroup(
-        q_rows=rows.to(device), real=real.to(device), real_rows=rows[real].to(device),
+        q_rows=rows.to(device), out_rows=out_rows.to(device),
         stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
         rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
         partial_num=partial_num.to(device), partial_idx=partial_idx.to(device), full_num=full_num.to(device),
@@ -304,14 +349,16 @@ def _block_lists(use: Tensor, pos: Tensor, page: Tensor, n: int, tiles: int, pag
     it), but the kernel reads only each tile's first `kv_num_blocks` entries: the indices are a strided
     view (`FlexGroup.block_mask`) over `n * tiles * cols` entries plus the tail the view's last row spans,
     so the buffer grows with the blocks listed, not with the pool."""
-    tile_of = (pos[:, None] * tiles + torch.arange(tiles)[None]).expand_as(use)[use]
-    counts = torch.bincount(tile_of, minlength=n * tiles)
-    # each listed run's column: its rank among the listed runs of its (segment, tile), in run order
-    order = torch.argsort(tile_of, stable=True)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.shape[0]) - (counts.cumsum(0) - counts)[tile_of[order]]
+    marked = use.long()
+    counts = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, marked)
+    # each listed run's column: the listed runs of its (segment, tile) before it (runs are in segment
+    # order: the runs listed before it in the group less those before its segment's first run)
+    before = marked.cumsum(0) - marked
+    runs_of = torch.bincount(pos, minlength=n)
+    rank = before - before[(runs_of.cumsum(0) - runs_of)[pos]]
+    at = (pos[:, None] * tiles + torch.arange(tiles)[None]) * cols + rank
     buf = torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
-    buf[tile_of * cols + rank] = page[:, None].expand_as(use)[use].to(torch.int32)
+    buf[at[use]] = page[:, None].expand_as(use)[use].to(torch.int32)
     return counts.to(torch.int32).view(n, 1, tiles), buf
 
 
@@ -323,15 +370,17 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     v_cache.index_copy_(0, layout.write_slots, v)
     r, heads, d = q.shape
     keys, values = k_cache.transpose(0, 1)[None], v_cache.transpose(0, 1)[None]      # views of the pool
-    out = q.new_empty(r, heads, d)
+    # row r takes the outputs of padding positions (fixed shapes: no per-step count of real rows), and
+    # rows no group attends stay zero
+    out = q.new_zeros(r + 1, heads, d)
     options = {"PARTITION_SIZE": CPU_PARTITION} if q.device.type == "cpu" else None
     for g in layout.groups:
         n = g.stamp.shape[0]
         qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
         res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
                          kernel_options=options)
-        out[g.real_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d)[g.real].to(q.dtype)
-    return out
+        out[g.out_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d).to(q.dtype)
+    return out[:r]
 
 
 def compiled():

@@ -54,28 +54,33 @@ class PackedSequences:
     buffered: int = 0           # rows of the step's buffers for final states and histories
     split_buffered: int = 0     # … for the states and histories at the splits
     in_order: bool = False      # packed row r is step row r, for every r
+    # [R] rows that run (None: all): the others only fill a padded step's fixed shapes (engine/padding.py)
+    # and change no state: their gates are zeroed (no decay, no update) and the short convolution reads
+    # past them, so a sequence's histories end at its live rows
+    live: torch.Tensor | None = None
 
 
 def packed_sequences(lengths: list[int], splits: list[int | None], source: torch.Tensor | list[int] | None,
                      slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
                      seeds: tuple[list[int] | None, list[int] | None] | None = None,
                      joins_after: int | None = None,
-                     out_rows: tuple[list[int], list[int]] | None = None) -> PackedSequences:
+                     out_rows: tuple[list[int], list[int]] | None = None,
+                     live: list[bool] | None = None) -> PackedSequences:
     """`source` None: packed row r is step row r. `slots`: the pool row each sequence starts from (None:
     row s for sequence s, as for states gathered in sequence order). `joins`: (sequence, live state's pool
     row) of each join. `seeds`: per sequence, the row of the seed histories and of the seed states it
     starts from instead of its slot's (-1: its slot's). `joins_after`: the joins run once this many
     sequences are done (default: all), and join only sequences before it. `out_rows`: where each
     sequence's and each split's new state goes (see `PackedSequences.out_row`; None: the step's buffers,
-    in order). Built from Python lists (a step's few sequences): a handful of small tensors, no
-    reductions over them."""
+    in order). `live`: per packed row, whether it runs (`PackedSequences.live`). Built from Python lists
+    (a step's few sequences): a handful of small tensors, no reductions over them."""
     total = sum(lengths)
     if source is None:
         rows = list(range(total))
     else:
         rows = source.tolist() if isinstance(source, torch.Tensor) else list(source)
-    if len(rows) != total:
-        raise ValueError(f"source has {len(rows)} rows for {total} packed rows")
+    if len(rows) != total or (live is not None and len(live) != total):
+        raise ValueError(f"source (and live) have {len(rows)} rows for {total} packed rows")
     slots = list(range(len(lengths))) if slots is None else list(slots)
     joins = list(joins or [])
     if len(slots) != len(lengths) or any(not 0 <= seq < len(lengths) for seq, _ in joins):
@@ -121,7 +126,8 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
         seed_states_needed=max(seed_states or [], default=-1) + 1, count=len(lengths), joins=len(joins),
         joins_after=joins_after, in_order=rows == list(range(total)),
         buffered=len(lengths) if out_rows is None else sum(r < 0 for r in outs),
-        split_buffered=count if out_rows is None else sum(r < 0 for r in split_outs))
+        split_buffered=count if out_rows is None else sum(r < 0 for r in split_outs),
+        live=None if live is None else torch.tensor(live, dtype=torch.bool))
 
 
 def _not_dense(rows: list[int]) -> bool:
@@ -135,6 +141,8 @@ def fused_sequences(first: PackedSequences | None, then: PackedSequences | None)
     `first`'s sequences come first, and its corrected states, the joins' own)."""
     if then is not None and (then.joins or then.appended):
         raise ValueError("fused_sequences: the sequences after the joins have none of their own, nor appended rows")
+    if any(part is not None and part.live is not None for part in (first, then)):
+        raise ValueError("fused_sequences: the native kernel runs every row (no idle rows)")
     lengths, splits, source, slots, outs, split_outs = [], [], [], [], [], []
     buffered = 0
     for part in (first, then):
@@ -236,14 +244,26 @@ class VarlenLayout:
         ext_start = seq_start + torch.arange(n) * lead                  # where each history begins
         hist_at = (ext_start[:, None] + torch.arange(lead)[None, :]).flatten()
         row_seq = torch.repeat_interleave(torch.arange(n), lens)
-        row_at = torch.arange(int(lens.sum())) + (row_seq + 1) * lead
-        tail_at = (ext_start + lens)[:, None] + torch.arange(lead)[None, :]
+        total = int(lens.sum())
+        rank, live_len, before_split = torch.arange(total), lens, self.seqs.split_row
+        if self.seqs.live is not None:
+            # each sequence's live rows first, in order, then its idle ones: a live row's convolution reads
+            # the live rows before it, and the histories end at live rows
+            live = self.seqs.live
+            order = torch.argsort(row_seq * 2 + (~live).long(), stable=True)
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(total)
+            live_len = torch.bincount(row_seq[live], minlength=n)
+            cum = cumulative(live.long())
+            before_split = cum[(seq_start + self.seqs.split_row).clamp(min=0)] - cum[seq_start]
+        row_at = rank + (row_seq + 1) * lead
+        tail_at = (ext_start + live_len)[:, None] + torch.arange(lead)[None, :]
         split_tail_at = None
         split_ids = (self.seqs.split_row >= 0).nonzero().flatten()
         if len(split_ids):
-            ends = ext_start[split_ids] + self.seqs.split_row[split_ids]
+            ends = ext_start[split_ids] + before_split[split_ids]
             split_tail_at = (ends[:, None] + torch.arange(lead)[None, :]).to(self.device)
-        return ConvLayout(int(lens.sum()) + n * lead, hist_at.to(self.device), row_at.to(self.device),
+        return ConvLayout(total + n * lead, hist_at.to(self.device), row_at.to(self.device),
                           tail_at.to(self.device), split_tail_at)
 
     @cached_property
@@ -264,6 +284,11 @@ class VarlenLayout:
         return SplitRuns(_run_rows(starts, first).to(dev), cumulative(first).to(dev),
                          split_seqs.to(dev) if len(split_seqs) else None, more.to(dev),
                          _run_rows(starts[more] + first[more], rest).to(dev), cumulative(rest).to(dev))
+
+    @cached_property
+    def idle(self) -> Tensor | None:
+        """`[R, 1]` the packed rows that do not run (`PackedSequences.live`), on the layout's device, or None."""
+        return None if self.seqs.live is None else (~self.seqs.live)[:, None].to(self.device)
 
     @cached_property
     def slots(self) -> Tensor:
@@ -327,19 +352,20 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
                   chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None,
                   slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
                   seeds: tuple[list[int] | None, list[int] | None] | None = None,
-                  out_rows: tuple[list[int], list[int]] | None = None) -> VarlenLayout:
+                  out_rows: tuple[list[int], list[int]] | None = None, live: list[bool] | None = None) -> VarlenLayout:
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
     `source` says where each packed row is read from (see `PackedSequences.source`; default: step row r);
     `slots` the state-pool row each sequence starts from (default: row s); `joins` (sequence, live
     state's row) of each join (see ops/gdn_varlen.py `gated_deltanet_varlen`); `seeds` the seed rows
     sequences start from (see `gated_deltanet_rows` there); `out_rows` where the new states go
-    (`PackedSequences.out_row`)."""
+    (`PackedSequences.out_row`); `live` which packed rows run (`PackedSequences.live`)."""
     splits = splits or [None] * len(lengths)
     for s, split in enumerate(splits):
         if split == 0:      # the state after zero rows would be the initial one
             raise ValueError(f"split after 0 rows is not supported (sequence {s})")
     return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
-                        seqs=packed_sequences(lengths, splits, source, slots, joins, seeds, out_rows=out_rows),
+                        seqs=packed_sequences(lengths, splits, source, slots, joins, seeds, out_rows=out_rows,
+                                              live=live),
                         chunk_size=chunk_size, device=device)
 
 

@@ -73,7 +73,9 @@ class GDNSingle:
     layout: VarlenLayout             # one-row sequences: their step rows, slots, and seed rows (a decode row
                                      # of a turn whose chunk joined in this step starts from the corrected
                                      # state: `GDNCorrections` j; within the lead, from multi's conv tail)
-    keep: torch.Tensor | None        # [T] positions whose factors (u, k, v, g, beta) the update needs
+    # the rows' factors (u, k, v, g, beta) are kept: some row is tracked, and the runner picks the
+    # tracked rows' out of them after the forward (which rows is no part of a graph's shapes)
+    factors: bool
 
 
 @dataclass
@@ -191,7 +193,7 @@ class FusedGDN:
         step.out.multi = multi if step.multi is not None else None
         step.out.single = single if step.single is not None else None
         self.in_place = (IN_PLACE, IN_PLACE)
-        self.factors = step.single is not None and step.single.keep is not None
+        self.factors = step.single is not None and step.single.factors
         if self.factors:    # the kernel hands over the tracked rows' k, v as each row's [q | k | v]
             step.out.x = torch.empty(self.kernel.layers, seqs.step_rows_needed, self.kernel.channels)
 
@@ -231,7 +233,7 @@ class GroupedGDN:
             s, multi = step.single, step.out.multi
             seeds = (multi.tails[:, i], multi.corrected[:, i]) if c is not None else (None, None)
             new_hist, state, kv = self.rows(u, g, beta, conv_weight, conv_pool, ssm_pool, s.layout, self.key_heads,
-                                            self.key_dim, out, seeds, factors=s.keep is not None)
+                                            self.key_dim, out, seeds, factors=s.factors)
             step.out.single.store(i, state, None, new_hist, None, None)
             if kv is not None:
                 step.keep_factors(u, g, beta, *kv)

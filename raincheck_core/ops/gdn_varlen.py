@@ -78,6 +78,9 @@ def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tenso
     if len(appended):
         um[appended] = extra[0][e].to(u.dtype)
         gm[appended], bm[appended] = extra[1][e].to(g.dtype), extra[2][e].to(beta.dtype)
+    if layout.idle is not None:     # idle rows (a padded step's fill): no decay, no update
+        gm.masked_fill_(layout.idle, 0.0)
+        bm.masked_fill_(layout.idle, 0.0)
     conv, tails, split_tails = causal_conv1d_varlen(um, conv_weight, history, layout)
     q, k, v = split_qkv(conv, key_heads, key_dim, heads, dv)
     o, finals, split_states = rule(q, k, v, gm, bm, state, layout)

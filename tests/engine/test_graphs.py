@@ -84,6 +84,24 @@ def test_plain_decode_steps_of_a_bucket_share_one_skeleton(engines, family):
     assert len([key for key in set(graphs.graphs) - before if key[0] == Bucket(4, 0)]) <= 1
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_fused_decode_steps_of_a_bucket_share_its_skeletons(engines, family):
+    """A padded step's shapes are its bucket's: a session's last chunk, shorter than the bucket's rows, runs
+    as every other chunk of the bucket (its fill attended by none and idle in its GDN sequence), and a
+    joined chunk's conv lead takes kernel - 1 rows whatever the turn has generated. What is left for the
+    hybrid is whether a decode row starts from its joined chunk's conv history (within its turn's lead)
+    or from its own: one skeleton per chunk bucket, two for the hybrid."""
+    graphs = engines[family][1].core.runner.graphs
+    replays = graphs.replays
+    for chunk in CHUNK_BUCKETS[1:-1]:
+        _, buckets = _turns(engines[family][1], chunk)
+        assert Bucket(4, chunk) in buckets
+    assert graphs.replays - replays >= 12
+    for chunk in CHUNK_BUCKETS[1:-1]:
+        skeletons = [key for key in graphs.graphs if key[0] == Bucket(4, chunk)]
+        assert 1 <= len(skeletons) <= (2 if family == "qwen3_5" else 1)
+
+
 def test_a_failed_capture_runs_the_step_eagerly(engines, tiny_checkpoints, monkeypatch):
     """A capture that raises part-way (an op that cannot be captured) has run some of the forward over the
     step's batch: the runner prepares the step again and runs it eagerly, as every later step of that
@@ -117,13 +135,19 @@ def test_buckets_and_padding():
     bucket = bucket_of(plan)
     assert bucket == Bucket(4, 15)
     scratch = _scratch()
-    padded = pad(plan, bucket, scratch)
+    result = pad(plan, bucket, scratch)
+    padded = result.plan
     assert padded.rows == bucket.rows == 64
     assert padded.segments[:4] == plan.segments
     fill = [s.rows for s in padded.segments[4:]]
     assert fill == [6, 15, 15, 1, 15]                    # a's chunk to 15, b's and c's, a fourth decode row
     assert all(s.kind is Kind.PADDING and not s.sample for s in padded.segments[4:])
     assert all(bool((s.write_slots == scratch.kv_slot).all()) for s in padded.segments[4:])
+    # a's fill runs in a's GDN sequence; padding rows are attended by none; groups of four decode rows
+    # and four chunks of up to 16 rows
+    assert result.fills == {1: 4}
+    assert result.groups.query == [1, 16, 1, 1, 0, 0, 0, 0, 0]
+    assert result.groups.size == {1: 4, 16: 4}
     assert bucket_of(StepPlan([_segment(Kind.PREFILL, "a", 5)])) is None          # prefill stays eager
     assert bucket_of(StepPlan([decode, _segment(Kind.DEFERRED, "a", 64)])) is None   # past the largest chunk
     assert bucket_of(StepPlan([decode, chunk, _segment(Kind.DEFERRED, "a", 3)])) is None

@@ -54,7 +54,7 @@ def _step(gen: torch.Generator, in_place: bool = False) -> tuple[GDNStep, int]:
         s_ref=torch.randn(1, LAYERS, HEADS, DK, DV, generator=gen),
         extra_u=torch.randn(LAYERS, 3, C, generator=gen),
         extra_g=-torch.rand(LAYERS, 3, HEADS, generator=gen), extra_beta=torch.rand(LAYERS, 3, HEADS, generator=gen))
-    return GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, keep=torch.tensor([0, 1]))), 11
+    return GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, factors=True)), 11
 
 
 def _run(ops: backend.GDNOps, seed: int = 0, in_place: bool = False) -> tuple[type, dict[str, torch.Tensor]]:

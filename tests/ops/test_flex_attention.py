@@ -113,6 +113,28 @@ def test_pages_shared_by_two_sessions_and_padding_rows():
     assert bool(out[4:].isfinite().all())        # padding rows: dropped, but never NaN
 
 
+def test_deferred_chunks_of_sessions_sharing_prefix_pages_skip_only_their_own_slots():
+    """Two sessions on the same two prefix pages (the prefix cache's), each with a chunk that skips its
+    turn's generated slots on its own pages and sees the shared pages whole, and a decode row each: the
+    chunks' hidden slots are found in one pass over the pages they skip slots of, and a shared page is
+    no such page, so nothing of it is hidden from either (or from the decode rows)."""
+    pool = _pool()
+    a = _session(pool, 50)
+    b = PageTable(pool, 64)
+    b.adopt(a.pages[:2], 32)
+    b.append(13)
+    chunks, reads, writes = [], [], []
+    for t, skipped in ((a, [33, 40, 49]), (b, [32, 36, 44])):
+        generated = torch.zeros(t.length, dtype=torch.bool)
+        generated[skipped] = True
+        chunk, row = t.ahead(0, 6), t.ahead(6, 1)
+        chunks += [6, 1]
+        reads += [torch.cat([t.reserved_slots(0, t.length)[~generated], chunk]), t.reserved_slots(0, t.length + 7)]
+        writes += [chunk, row]
+    layout = _run(pool, chunks, reads, writes)
+    assert layout.groups[1].filtered[:2].tolist() == [True, True]
+
+
 def test_two_chunks_that_disagree_on_a_slot_are_refused():
     pool = _pool()
     t = _session(pool, 20)

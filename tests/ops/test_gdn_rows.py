@@ -72,7 +72,7 @@ def check_states_at_rows(ops: backend.GDNOps, family: str, traffic: bool = True)
         extra_u=torch.randn(LAYERS, LEAD, c, generator=gen),
         extra_g=-torch.rand(LAYERS, LEAD, heads, generator=gen),
         extra_beta=torch.rand(LAYERS, LEAD, heads, generator=gen))
-    step = GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, keep=None))
+    step = GDNStep(pool, GDNMulti(multi), corrections, GDNSingle(single, factors=False))
     step.at_rows = AtRows(row_captures(multi.seqs, CHOSEN, k), ops.varlen, key_heads)
     start_hist = pool.conv.rows[rows.read].clone()
     start_state = pool.ssm.rows[rows.read].clone()

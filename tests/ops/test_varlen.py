@@ -18,6 +18,7 @@ from raincheck_core.ops.gdn_varlen_torch import (
     gated_delta_step,
 )
 from raincheck_core.ops.native import paged_attention_available
+from tests.ops.fla_naive import naive_kernels
 
 H, DK, DV, C, K = 4, 32, 24, 40, 4          # Dk != Dv: a swapped state layout cannot pass
 
@@ -130,6 +131,40 @@ def test_gated_deltanet_over_packed_sequences_equals_each_alone(lengths, appende
             assert float((split_tails[j] - split_tail).abs().max()) <= 1e-6
             j += 1
         at, e = at + n, e + a
+
+
+@pytest.mark.parametrize("rule", ["torch", "fla"])
+def test_idle_rows_change_no_state(rule):
+    """A padded step's joined chunk (engine/gdn_inputs.py): its 5 rows, its fill's 3 (idle), its lead's 2
+    and a third lead row it does not have (idle), beside a plain sequence: the states and histories at the
+    split and after the sequence, the join and the live rows' outputs are those of the sequence without
+    its idle rows, on the torch rule and on fla's (its naive references)."""
+    ops = backend.TORCH_GDN if rule == "torch" else backend.fla_gdn(naive_kernels())
+    key_heads, heads, dk, dv = 2, 4, 8, 8
+    channels = 2 * key_heads * dk + heads * dv
+    gen = torch.Generator().manual_seed(3)
+    u, extra_u = torch.randn(12, channels, generator=gen), torch.randn(3, channels, generator=gen)
+    g, extra_g = (-torch.nn.functional.softplus(torch.randn(n, heads, generator=gen)) for n in (12, 3))
+    beta, extra_beta = torch.rand(12, heads, generator=gen), torch.rand(3, heads, generator=gen)
+    w = torch.randn(channels, K, generator=gen) / 2
+    conv_pool, ssm_pool = torch.randn(4, K - 1, channels, generator=gen), torch.randn(4, heads, dk, dv, generator=gen)
+    maps = (torch.randn(1, heads, dk, dk, generator=gen) / dk, torch.randn(1, heads, dk, dv, generator=gen))
+
+    def run(lengths, split, source, live):
+        out = torch.zeros(12, heads, dv)
+        layout = varlen_layout(lengths, K, [split, None], source=source, slots=[1, 2], joins=[(0, 3)], live=live)
+        states = ops.varlen(u, g, beta, (extra_u, extra_g, extra_beta), w, conv_pool, ssm_pool, layout, key_heads,
+                            dk, out, maps)
+        return out, states
+
+    plain = [8, 9, 10, 11]
+    want_out, want = run([7, 4], 5, [0, 1, 2, 3, 4, -1, -2, *plain], None)
+    got_out, got = run([11, 4], 8, [0, 1, 2, 3, 4, 5, 6, 7, -1, -2, -3, *plain],
+                       [True] * 5 + [False] * 3 + [True] * 2 + [False] + [True] * 4)
+    for x, y in zip(want, got, strict=True):
+        assert float((x - y).abs().max()) <= 1e-5
+    live_rows = [0, 1, 2, 3, 4, *plain]
+    assert float((want_out[live_rows] - got_out[live_rows]).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("decode_only", [True, False], ids=["decode-step", "rows-among-others"])
