@@ -30,6 +30,8 @@ from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
 from ..ops.gdn_traffic import GDNTraffic
+from ..speculative.drafter import Drafter
+from ..speculative.factory import speculative_drafter
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
@@ -39,6 +41,7 @@ from .resolve import resolve
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
+from .speculation import Speculation
 from .step_sessions import ScratchWork
 from .update import StepResult
 
@@ -52,7 +55,10 @@ _scratch_ids = itertools.count(1)
 
 
 class EngineCore:
-    def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig):
+    def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig,
+                 drafter: Drafter | None = None):
+        """`drafter`: what proposes draft tokens when `config.speculative` is on (default: the n-gram
+        drafter for method "ngram"; an "mtp" drafter comes from the checkpoint, `Engine.from_pretrained`)."""
         cfg = model_config
         self.config = config
         self.model = model
@@ -62,9 +68,12 @@ class EngineCore:
         # a tensor-parallel rank's pools hold only its heads
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
+        self.drafter = speculative_drafter(config.speculative, drafter)
+        speculation = Speculation(self.drafter, config.speculative.num_tokens) if self.drafter is not None else None
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel(), align=memory.align)
+                                   StepCostModel(), align=memory.align, speculation=speculation)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
+        self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
                 and model.tp is None:
@@ -162,6 +171,8 @@ class EngineCore:
         if cache is not None:
             self.scheduler.remove_recovering(cache)
             cache.release()
+            if self.drafter is not None:
+                self.drafter.release(session)
 
     @contextmanager
     def scratch_session(self, rows: TurnInput) -> Iterator[SessionCache]:
@@ -337,6 +348,8 @@ class EngineCore:
         again (docs/mechanism.md §10.4), and goes on in the gaps."""
         self.scheduler.remove_recovering(cache)
         cache.restore(checkpoint)
+        if self.drafter is not None:
+            self.drafter.rollback(cache.session, len(cache.tokens))
         if cache.recovery is not None:
             self.scheduler.add_recovering(cache)
 

@@ -23,7 +23,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, UnsupportedModelError
 from ..grammar import Grammars
 from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM, build_decoder
@@ -33,6 +33,7 @@ from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
 from ..parallel.group import joined_group
 from ..pruning.settings import load_selector_options
+from ..speculative.drafter import Drafter
 from . import residual
 from .core import EngineCore
 from .cost_model import StepCostModel
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
-                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None):
+                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None,
+                 drafter: Drafter | None = None):
         self.config = config or EngineConfig()
         # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
         self.selector_options = dict(selector_options or {})
@@ -67,7 +69,7 @@ class Engine:
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         if vision is not None and self.config.encoder_cache_bytes:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)
-        self.core = EngineCore(self.model, model_config, self.config)
+        self.core = EngineCore(self.model, model_config, self.config, drafter)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
         self.sessions: dict[str, Session] = {}
@@ -171,9 +173,12 @@ class Engine:
             vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
                                                    config.torch_dtype)
         formatter = ChatFormatter.from_checkpoint(folder)
+        drafter = None
+        if config.speculative.method == "mtp":     # the checkpoint's MTP head; its loader's errors are typed
+            drafter = _mtp_drafter(folder, model, model_config, config)
         log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
         return cls(model, model_config, config, formatter=formatter, vision=vision,
-                   selector_options=load_selector_options(folder))
+                   selector_options=load_selector_options(folder), drafter=drafter)
 
     def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
         """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
@@ -357,6 +362,16 @@ class Engine:
             inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
+
+
+def _mtp_drafter(folder: Path, model: DecoderLM, model_config: ModelConfig, config: EngineConfig) -> Drafter:
+    """The checkpoint's MTP head as a drafter (speculative/mtp.py `load_mtp_drafter`, which raises a typed
+    error for a checkpoint without one)."""
+    try:
+        from ..speculative.mtp import load_mtp_drafter
+    except ModuleNotFoundError as e:
+        raise UnsupportedModelError("speculative method 'mtp': this build has no MTP drafter") from e
+    return load_mtp_drafter(folder, model, model_config, config)
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

@@ -1,0 +1,28 @@
+"""Which decoding turns verify draft tokens in a step, and which (docs/mechanism.md §13): the scheduler
+asks for each decoding turn's drafts; a turn with none decodes one row as usual."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..speculative.drafter import Drafter
+
+if TYPE_CHECKING:
+    from .scheduler import TurnView
+
+
+class Speculation:
+    def __init__(self, drafter: Drafter, num_tokens: int):
+        self.drafter = drafter
+        self.num_tokens = num_tokens
+
+    def drafts(self, req: TurnView, limit: int) -> tuple[int, ...]:
+        """At most `limit` draft tokens for `req`'s next decode step (fewer where its length limit is near;
+        none while a GDN join of its session is pending: its decode rows extend the join's map one by one,
+        §13)."""
+        k = min(self.num_tokens, req.draft_room, limit)
+        cache = req.cache
+        if k <= 0 or (cache.gdn_slot is not None and any(not r.done and r.join is not None
+                                                         for r in cache.recoveries())):
+            return ()
+        return tuple(self.drafter.propose(cache.session, req.history(), k)[:k])
