@@ -49,10 +49,10 @@ def verify(seg: Segment, req: TurnRequest, logits: torch.Tensor, maxima: list[tu
         except Exception as e:   # this turn's sampling only
             return Verified(max(i, 1), accepted, e if isinstance(e, SamplingError) else
                             SamplingError(f"sampling failed: {e}"))
-        req.accept(token, logits[i], now, restoring=restoring and i == 0)
-        req.step_tokens += 1
         accepted += token == draft
+        req.drafts_accepted += token == draft     # before `accept`: the turn's metrics are taken when it ends
+        req.step_tokens += 1
+        req.accept(token, logits[i], now, restoring=restoring and i == 0)
         if token != draft or req.finished:
             break
-    req.drafts_accepted += accepted
     return Verified(req.step_tokens, accepted)

@@ -39,8 +39,10 @@ class NgramDrafter:
 
 
 def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to `k` tokens that followed the latest earlier occurrence of the last n of `tokens`, for the
-    largest n in [min_n, max_n] that occurs earlier (and has a follower); [] if none does."""
+    """`k` tokens that followed the latest earlier occurrence of the last n of `tokens`, for the largest n
+    in [min_n, max_n] that occurs earlier (and has a follower); [] if none does. Where the followers run
+    into the end of `tokens` the match says the text repeats with period `len(tokens) - follower`, and
+    the drafts go on repeating it (a loop, a list of the same item)."""
     size = tokens.shape[0]
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         tail = tokens[size - n:]
@@ -49,5 +51,9 @@ def lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
         hits = np.flatnonzero((windows == tail).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
+            drafts = tokens[start:start + k].tolist()
+            period = size - start
+            while len(drafts) < k:
+                drafts.append(drafts[len(drafts) - period])
+            return drafts
     return []

@@ -78,6 +78,7 @@ class Turn:
     tpot_slo: float | None = None
     decode_s: float = 0.0
     plain_s: float = 0.0
+    step_tokens: int = 1                 # tokens its latest decode step emitted
 
     @property
     def decoding(self) -> bool:
