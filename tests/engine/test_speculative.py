@@ -133,7 +133,8 @@ def test_demo_dialogues_are_token_identical(kind):
         for k in (1, 2, 3):
             for (ids, logits), (ids_s, logits_s) in zip(answers[None], answers[k], strict=True):
                 assert ids_s == ids
-                assert float((logits_s - logits).abs().max()) <= TOL
+                # a trained model's logits reach |16|: fp32 rounding of other row batches is relative to them
+                assert float((logits_s - logits).abs().max()) <= TOL * float(logits.abs().max())
 
 
 def _plans(engine: Engine) -> tuple[list, object]:
