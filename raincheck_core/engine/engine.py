@@ -153,8 +153,10 @@ class Engine:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str = "float32",
-                        **engine_options) -> Engine:
-        """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present)."""
+                        drafter: Drafter | None = None, **engine_options) -> Engine:
+        """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present).
+        `drafter`: what proposes draft tokens when `speculative` is on (default: the n-gram drafter, or the
+        checkpoint's MTP head for method "mtp")."""
         from ..multimodal.chat import ChatFormatter
         from ..multimodal.vision import VisionEncoder
 
@@ -173,8 +175,7 @@ class Engine:
             vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
                                                    config.torch_dtype)
         formatter = ChatFormatter.from_checkpoint(folder)
-        drafter = None
-        if config.speculative.method == "mtp":     # the checkpoint's MTP head; its loader's errors are typed
+        if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
             drafter = _mtp_drafter(folder, model, model_config, config)
         log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
         return cls(model, model_config, config, formatter=formatter, vision=vision,

@@ -191,14 +191,12 @@ def _observe(plan: StepPlan, out: StepOutputs, sessions: StepSessions, verified:
             continue
         start, at = at, at + seg.rows
         req, cache = sessions.turn(seg.session), sessions.cache(seg.session)
-        if req in failed:
+        if req in failed or req.finish_reason == "cancelled":     # nothing was drawn after its rows
             continue
         if seg.kind is Kind.PREFILL:
             end = seg.first + seg.rows
             after = req.input.token_ids[seg.first + 1:end + 1]
             if end == len(req.input):
-                if not req.generated:     # nothing drawn after the input (a cancelled turn)
-                    continue
                 after = [*after, req.generated[0]]
             positions = req.input.positions[:, seg.first:end]
             kept = seg.rows

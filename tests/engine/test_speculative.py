@@ -21,10 +21,10 @@ from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.plan import Kind
 from raincheck_core.engine.speculation import Speculation
-from raincheck_core.errors import StepFailedError
+from raincheck_core.errors import CheckpointError, InvalidInputError, StepFailedError, UnsupportedModelError
 from raincheck_core.sampling import Sampler
 from raincheck_core.speculative.config import SpeculativeConfig
-from raincheck_core.speculative.ngram import lookup
+from raincheck_core.speculative.ngram import NgramDrafter, lookup
 from tests.deferral.helpers import concat, image_prompt, split, token_rows
 from tests.demo.helpers import V2, needs_v2
 
@@ -107,6 +107,79 @@ def test_rejected_drafts_cut_the_gdn_state_at_the_last_kept_row(engines):
     _, engine = engines["qwen3_5"]
     proposed, accepted = _same_answers(engine, [Prompt([20, 21, 22, 20, 21, 22, 20, 21])], None, 3)
     assert 0 < accepted < proposed
+
+
+def test_bad_settings_and_a_checkpoint_without_an_mtp_head_are_typed_errors(tiny_checkpoints):
+    with pytest.raises(InvalidInputError, match="speculative method"):
+        SpeculativeConfig("eagle")
+    with pytest.raises(InvalidInputError, match="num_tokens"):
+        SpeculativeConfig("ngram", 0)
+    # Qwen3-VL ships no MTP head: loading one for it fails before anything runs
+    with pytest.raises((UnsupportedModelError, CheckpointError)):
+        Engine.from_pretrained(tiny_checkpoints["qwen3_vl"][1], speculative=SpeculativeConfig("mtp"))
+
+
+@pytest.mark.parametrize("end", ["stop", "length"])
+def test_an_answer_never_runs_past_its_stop_token_or_length(engines, end):
+    """A stop token or the length limit inside a verify segment's accepted drafts ends the answer there,
+    as plain decoding ends it."""
+    _, engine = engines["qwen3_vl"]
+    _speculating(engine, None)
+    ids = _turns(engine, [TEXT], n=20)[0][0]
+    stop = next(t for i, t in enumerate(ids) if i >= 6 and t not in ids[:i])     # first seen late
+    params = SamplingParams(max_new_tokens=20, stop_token_ids=[stop]) if end == "stop" else \
+        SamplingParams(max_new_tokens=ids.index(stop) + 1, ignore_eos=True)
+    results = []
+    for k in (None, 3):
+        _speculating(engine, k)
+        results.append(engine.open_session().turn(TEXT, params).result())
+    assert results[1].token_ids == results[0].token_ids == ids[:ids.index(stop) + 1]
+    assert results[1].finish_reason == results[0].finish_reason == end
+    assert results[1].metrics.drafts_proposed > 0
+
+
+class _Recording:
+    """An n-gram drafter that also records what it is told, and asks for hidden states (as an MTP head)."""
+
+    needs_hidden = True
+
+    def __init__(self):
+        self.inner = NgramDrafter(SpeculativeConfig("ngram"))
+        self.rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.rollbacks: list[int] = []
+
+    def observe(self, session, next_tokens, positions, hidden):
+        self.rows.append((next_tokens, positions, hidden))
+
+    def propose(self, session, history, k):
+        return self.inner.propose(session, history, k)
+
+    def rollback(self, session, length):
+        self.rollbacks.append(length)
+
+    def release(self, session):
+        pass
+
+
+def test_a_drafter_observes_every_kept_row_with_its_final_norm_hidden_state(tiny_checkpoints):
+    """What `Drafter.observe` gets: each input and kept answer row once, in order, the token after it and
+    the target's last-layer hidden state after the final norm (transformers' `last_hidden_state`); the
+    rows a verify rejected are rolled back."""
+    hf, folder = tiny_checkpoints["qwen3_vl"]
+    drafter = _Recording()
+    engine = Engine.from_pretrained(folder, prefix_cache=False, speculative=SpeculativeConfig("ngram", 3),
+                                    drafter=drafter)
+    end = engine.open_session().turn(TEXT, SamplingParams(max_new_tokens=16, ignore_eos=True)).result()
+    stream = [*TEXT.token_ids, *end.token_ids]
+    after = torch.cat([t for t, _, _ in drafter.rows])
+    positions = torch.cat([p for _, p, _ in drafter.rows], dim=1)
+    hidden = torch.cat([h for _, _, h in drafter.rows])
+    assert after.tolist() == stream[1:]
+    assert positions[0].tolist() == list(range(len(stream) - 1))
+    with torch.no_grad():
+        ref = hf.model.language_model(input_ids=torch.tensor([stream[:-1]])).last_hidden_state[0]
+    assert float((hidden - ref).abs().max()) <= 1e-4
+    assert end.metrics.drafts_accepted < end.metrics.drafts_proposed and drafter.rollbacks
 
 
 @needs_v2
@@ -311,8 +384,7 @@ def test_sampled_answers_keep_the_target_distribution(tiny_checkpoints):
         top = torch.topk(after, 4)
         second[t] = int(top.indices[1])
         target[t] = dict(zip(top.indices.tolist(), torch.softmax(top.values, -1).tolist(), strict=True))
-    engine = _engine(folder, k=1)
-    engine.core.scheduler.speculation.drafter = _SecondLikeliest(second, len(prompt))
+    engine = _engine(folder, k=1, drafter=_SecondLikeliest(second, len(prompt)))
     ends = []
     for seed in range(8):
         params = dataclasses.replace(top4, n=100, seed=seed * 1000)
