@@ -4,7 +4,8 @@
 
 Per model and setting, one session per turn, greedy, each arm once per round (the order reversed every
 other round): speculation off, and on with k = 1, 2, 3 draft tokens per step. Models: the demo model
-(models/demo-v2, a single-image dialogue's multi-turn answers: its lists repeat the scene's words) and the
+(models/demo-v2, a single-image dialogue whose every turn asks for a list of the scene's objects: its
+longest answers, whose words repeat the earlier lists') and the
 random `bench` checkpoints of both families (an image prompt; a random model's greedy answer falls into
 loops, which the n-gram drafter continues). Settings: `full` (no deferred rows in flight) and `raincheck`
 (fixed chunks fused from the first decode step, `tpot_slo=None`: deferred rows in flight beside the
@@ -33,7 +34,6 @@ from pathlib import Path
 
 from raincheck_core import Engine, Message, Prompt, SamplingParams, TurnMetrics
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine.speculation import Speculation
 from raincheck_core.models.random_init import save_random_checkpoint
 from raincheck_core.speculative.config import SpeculativeConfig
 
@@ -50,11 +50,6 @@ MODELS = ("demo-v2", "qwen3_vl", "qwen3_5")      # the demo model, the `bench` c
 class Turn:
     metrics: TurnMetrics
     steps: int                     # decode steps after the first token
-
-
-def speculating(engine: Engine, k: int | None) -> None:
-    """Speculation with `k` drafts per step from now on (None: off), on an engine loaded with a drafter."""
-    engine.scheduler.speculation = None if k is None else Speculation(engine.core.drafter, k)
 
 
 def run_turns(engine: Engine, prompts: list[Prompt | Message], cfg: DeferralConfig, params: SamplingParams
@@ -80,15 +75,15 @@ def measure(engine: Engine, prompts: list[Prompt | Message], repeats: int, param
     use_clock(engine, time.perf_counter)
     out = {}
     for name, cfg in POLICIES.items():
-        speculating(engine, None)
+        engine.speculate(None)
         run_turns(engine, prompts, cfg, params)        # warm-up
         runs: dict[int | None, list[list[Turn]]] = {k: [] for k in ARMS}
         for r in range(repeats):
             for k in ARMS if r % 2 == 0 else reversed(ARMS):
-                speculating(engine, k)
+                engine.speculate(k)
                 runs[k].append(run_turns(engine, prompts, cfg, params))
         out[name] = {("off" if k is None else f"k={k}"): summary(turns, runs[None]) for k, turns in runs.items()}
-    speculating(engine, None)
+    engine.speculate(None)
     return out
 
 
@@ -113,7 +108,7 @@ def summary(rounds: list[list[Turn]], off: list[list[Turn]]) -> dict:
 def demo_prompts(turns: int) -> list[Message]:
     from raincheck_demo.world import make_dialogue
 
-    d = make_dialogue(random.Random(41), turns=turns)
+    d = make_dialogue(random.Random(41), turns=turns, kinds=("list",))     # its longest answers
     return [d.message(t) for t in range(turns)]
 
 

@@ -25,7 +25,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
-from ..errors import RankFailedError, SamplingError, StepFailedError
+from ..errors import InvalidInputError, RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
@@ -121,6 +121,12 @@ class EngineCore:
             stats = StepStats.of(plan, seconds, failed, gdn_traffic)
             for hook in self.hooks.step:
                 hook(stats)
+
+    def speculate(self, num_tokens: int | None) -> None:
+        """Up to `num_tokens` drafts per decode step from now on (None: none), by the engine's drafter."""
+        if num_tokens is not None and self.drafter is None:
+            raise InvalidInputError("this engine was loaded without speculative decoding (EngineConfig.speculative)")
+        self.scheduler.speculation = None if num_tokens is None else Speculation(self.drafter, num_tokens)
 
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:

@@ -272,6 +272,13 @@ class Engine:
         with self.lock:
             self.core.use_clock(clock)
 
+    def speculate(self, num_tokens: int | None) -> None:
+        """Verify up to `num_tokens` draft tokens per decode step from the next step on (None: decode one
+        row a step), with the drafter the engine was loaded with (`EngineConfig.speculative`): benchmarks
+        and tests compare both on one engine."""
+        with self.lock:
+            self.core.speculate(num_tokens)
+
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
         Returns a function that removes the hook (so do the two below)."""

@@ -3,12 +3,30 @@ asks for each decoding turn's drafts; a turn with none decodes one row as usual.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..speculative.drafter import Drafter
 
 if TYPE_CHECKING:
-    from .scheduler import TurnView
+    from ..deferral.recovery import Recovery
+
+
+class DraftingCache(Protocol):
+    session: str
+    gdn_slot: int | None
+
+    def recoveries(self) -> list[Recovery]: ...
+
+
+class DraftingTurn(Protocol):
+    """What speculation reads of a decoding turn (the scheduler's `TurnView` has it)."""
+
+    cache: DraftingCache
+
+    @property
+    def draft_room(self) -> int: ...
+
+    def history(self) -> list[int]: ...
 
 
 class Speculation:
@@ -16,7 +34,7 @@ class Speculation:
         self.drafter = drafter
         self.num_tokens = num_tokens
 
-    def drafts(self, req: TurnView, limit: int) -> tuple[int, ...]:
+    def drafts(self, req: DraftingTurn, limit: int) -> tuple[int, ...]:
         """At most `limit` draft tokens for `req`'s next decode step (fewer where its length limit is near;
         none while a GDN join of its session is pending: its decode rows extend the join's map one by one,
         §13)."""

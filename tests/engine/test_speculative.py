@@ -20,7 +20,6 @@ import torch
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.plan import Kind
-from raincheck_core.engine.speculation import Speculation
 from raincheck_core.errors import CheckpointError, InvalidInputError, StepFailedError, UnsupportedModelError
 from raincheck_core.sampling import Sampler
 from raincheck_core.speculative.config import SpeculativeConfig
@@ -55,15 +54,6 @@ def _turns(engine: Engine, prompts: list[Prompt], cfg: DeferralConfig | None = N
     return out
 
 
-_SPECULATION: dict[int, Speculation] = {}      # by engine: what `_speculating` switched off
-
-
-def _speculating(engine: Engine, k: int | None) -> None:
-    """Speculation with k drafts per step on the engine's scheduler, or off (None)."""
-    scheduler = engine.core.scheduler
-    spec = _SPECULATION.setdefault(id(engine), scheduler.speculation)
-    scheduler.speculation = None if k is None else spec
-    spec.num_tokens = k or spec.num_tokens
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +62,9 @@ def engines(tiny_checkpoints):
 
 
 def _same_answers(engine: Engine, prompts: list[Prompt], cfg: DeferralConfig | None, k: int) -> tuple[int, int]:
-    _speculating(engine, None)
+    engine.speculate(None)
     plain = _turns(engine, prompts, cfg)
-    _speculating(engine, k)
+    engine.speculate(k)
     spec = _turns(engine, prompts, cfg)
     for (ids, logits, _), (ids_s, logits_s, _) in zip(plain, spec, strict=True):
         assert ids_s == ids
@@ -124,14 +114,14 @@ def test_an_answer_never_runs_past_its_stop_token_or_length(engines, end):
     """A stop token or the length limit inside a verify segment's accepted drafts ends the answer there,
     as plain decoding ends it."""
     _, engine = engines["qwen3_vl"]
-    _speculating(engine, None)
+    engine.speculate(None)
     ids = _turns(engine, [TEXT], n=20)[0][0]
     stop = next(t for i, t in enumerate(ids) if i >= 6 and t not in ids[:i])     # first seen late
     params = SamplingParams(max_new_tokens=20, stop_token_ids=[stop]) if end == "stop" else \
         SamplingParams(max_new_tokens=ids.index(stop) + 1, ignore_eos=True)
     results = []
     for k in (None, 3):
-        _speculating(engine, k)
+        engine.speculate(k)
         results.append(engine.open_session().turn(TEXT, params).result())
     assert results[1].token_ids == results[0].token_ids == ids[:ids.index(stop) + 1]
     assert results[1].finish_reason == results[0].finish_reason == end
@@ -195,7 +185,7 @@ def test_demo_dialogues_are_token_identical(kind):
     for policy in ("full", "hard"):
         answers = {}
         for k in (None, 1, 2, 3):
-            _speculating(engine, k)
+            engine.speculate(k)
             session = engine.open_session(deferral=DeferralConfig(policy, selector="uniform"))
             out = []
             for t in range(len(d.questions)):
@@ -242,7 +232,7 @@ def test_raincheck_tokens_see_exactly_the_rows_of_their_own_schedule(engines):
     over the rows as the speculative run's own schedule processed them (I0; then per step its deferred rows
     and the answer rows it kept), each row seeing what §4 lets it see."""
     hf, engine = engines["qwen3_vl"]
-    _speculating(engine, 3)
+    engine.speculate(3)
     prompt = Prompt(image_prompt(engine, seed=61).token_ids + TEXT.token_ids, image_prompt(engine, seed=61).visuals)
     plans, remove = _plans(engine)
     ((ids, logits, metrics),) = _turns(engine, [prompt], LATE, n=14)
@@ -276,7 +266,7 @@ def test_deferred_rows_never_read_a_draft_or_rejected_slot(engines):
     """Every slot a verify segment wrote holds a generated or rejected row until another segment writes it
     again: no deferred row may read it (the check fails if the scheduler hands one a draft's slot)."""
     _, engine = engines["qwen3_vl"]
-    _speculating(engine, 3)
+    engine.speculate(3)
     writer: dict[int, Kind] = {}
     checked = [0]
 
