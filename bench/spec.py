@@ -3,7 +3,10 @@
     python -m bench.spec [--quick] [--repeats N] [--max-new T] [--threads N] [--models M ...] [--json PATH]
 
 Per model and setting, one session per turn, greedy, each arm once per round (the order reversed every
-other round): speculation off, and on with k = 1, 2, 3 draft tokens per step. Models: the demo model
+other round): speculation off; n-gram drafts, k = 1, 2, 3 per step; and a replay of the answer
+speculation off gave the same prompts (`BenchDrafter`), k = 1, 2, 3: every draft right wherever the answer
+is the same, so its TPOT is what verify rows cost at full acceptance, the most any drafter (an MTP head)
+could save on this machine. Models: the demo model
 (models/demo-v2, a single-image dialogue whose every turn asks for a list of the scene's objects: its
 longest answers, whose words repeat the earlier lists') and the
 random `bench` checkpoints of both families (an image prompt; a random model's greedy answer falls into
@@ -28,18 +31,25 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from raincheck_core import Engine, Message, Prompt, SamplingParams, TurnMetrics
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.models.random_init import save_random_checkpoint
 from raincheck_core.speculative.config import SpeculativeConfig
+from raincheck_core.speculative.ngram import NgramDrafter
 
 from .common import image_prompt, setup_torch, use_clock
 
-ARMS = (None, 1, 2, 3)             # drafts per step; None: speculation off
+# (label, drafter, drafts per step): speculation off, the n-gram drafter, and a replay of the answer
+# speculation off gave (acceptance 1 wherever the answer is the same: what verify rows cost when every draft
+# is right, the most any drafter could save)
+ARMS = (("off", None, None), *((f"ngram k={k}", "ngram", k) for k in (1, 2, 3)),
+        *((f"replay k={k}", "replay", k) for k in (1, 2, 3)))
 POLICIES = {"full": DeferralConfig("full"),
             "raincheck": DeferralConfig("raincheck", selector="uniform", tpot_slo=None, guard=0, chunk_size=7)}
 V2 = Path(__file__).resolve().parents[1] / "models" / "demo-v2"
@@ -50,6 +60,39 @@ MODELS = ("demo-v2", "qwen3_vl", "qwen3_5")      # the demo model, the `bench` c
 class Turn:
     metrics: TurnMetrics
     steps: int                     # decode steps after the first token
+    answer: list[int]
+
+
+class BenchDrafter:
+    """The n-gram drafter (`mode` "ngram"), or a replay of `answers` (`mode` "replay": the next k tokens of
+    the answer the history ends in the middle of)."""
+
+    needs_hidden = False
+
+    def __init__(self) -> None:
+        self.ngram = NgramDrafter(SpeculativeConfig("ngram"))
+        self.mode = "ngram"
+        self.answers: list[list[int]] = []
+
+    def observe(self, session: str, next_tokens: torch.Tensor, positions: torch.Tensor,
+                hidden: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, session: str, history: Sequence[int], k: int) -> list[int]:
+        if self.mode == "ngram":
+            return self.ngram.propose(session, history, k)
+        tail = list(history[-max(map(len, self.answers), default=0):])
+        for g in range(len(tail), 0, -1):       # the longest start of an answer the history ends with
+            for answer in self.answers:
+                if tail[len(tail) - g:] == answer[:g]:
+                    return answer[g:g + k]
+        return []
+
+    def rollback(self, session: str, length: int) -> None:
+        pass
+
+    def release(self, session: str) -> None:
+        pass
 
 
 def run_turns(engine: Engine, prompts: list[Prompt | Message], cfg: DeferralConfig, params: SamplingParams
@@ -63,26 +106,28 @@ def run_turns(engine: Engine, prompts: list[Prompt | Message], cfg: DeferralConf
             before = steps[0]
             end = session.turn(prompt, params).result()
             # the step that drew the first token is a prefill step without decode rows
-            out.append(Turn(end.metrics, steps[0] - before))
+            out.append(Turn(end.metrics, steps[0] - before, end.token_ids))
     finally:
         remove()
         session.close()
     return out
 
 
-def measure(engine: Engine, prompts: list[Prompt | Message], repeats: int, params: SamplingParams) -> dict:
-    """Policy -> arm -> medians (keys as in the module docstring)."""
+def measure(engine: Engine, drafter: BenchDrafter, prompts: list[Prompt | Message], repeats: int,
+            params: SamplingParams) -> dict:
+    """Policy -> arm -> medians (keys as in the module docstring); `drafter`: the engine's."""
     use_clock(engine, time.perf_counter)
     out = {}
     for name, cfg in POLICIES.items():
         engine.speculate(None)
-        run_turns(engine, prompts, cfg, params)        # warm-up
-        runs: dict[int | None, list[list[Turn]]] = {k: [] for k in ARMS}
+        drafter.answers = [t.answer for t in run_turns(engine, prompts, cfg, params)]     # and a warm-up
+        runs: dict[str, list[list[Turn]]] = {label: [] for label, _, _ in ARMS}
         for r in range(repeats):
-            for k in ARMS if r % 2 == 0 else reversed(ARMS):
+            for label, mode, k in ARMS if r % 2 == 0 else reversed(ARMS):
+                drafter.mode = mode or drafter.mode
                 engine.speculate(k)
-                runs[k].append(run_turns(engine, prompts, cfg, params))
-        out[name] = {("off" if k is None else f"k={k}"): summary(turns, runs[None]) for k, turns in runs.items()}
+                runs[label].append(run_turns(engine, prompts, cfg, params))
+        out[name] = {label: summary(turns, runs["off"]) for label, turns in runs.items()}
     engine.speculate(None)
     return out
 
@@ -138,18 +183,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.repeats, args.max_new, args.side = 1, 24, 8
     setup_torch(args.threads)
-    options = dict(prefix_cache=False, speculative=SpeculativeConfig("ngram", max(k for k in ARMS if k)))
+    drafter = BenchDrafter()
+    options = dict(prefix_cache=False, speculative=SpeculativeConfig("ngram"), drafter=drafter)
     results = {}
     if "demo-v2" in args.models and (V2 / "model.safetensors").is_file():
         engine = Engine.from_pretrained(V2, **options)
-        results["demo-v2"] = measure(engine, demo_prompts(2 if args.quick else 3), args.repeats,
+        results["demo-v2"] = measure(engine, drafter, demo_prompts(2 if args.quick else 3), args.repeats,
                                      SamplingParams(max_new_tokens=args.max_new))
     with tempfile.TemporaryDirectory() as tmp:
         for family in (m for m in MODELS[1:] if m in args.models):
             folder = save_random_checkpoint(Path(tmp) / family, family, "bench")
             engine = Engine.from_pretrained(folder, max_rows_per_step=4096, **options)
             # a random model's answer runs to the limit
-            results[f"bench {family}"] = measure(engine, [image_prompt(engine, args.side)], args.repeats,
+            results[f"bench {family}"] = measure(engine, drafter, [image_prompt(engine, args.side)], args.repeats,
                                                  SamplingParams(max_new_tokens=args.max_new, ignore_eos=True))
     print(f"Speculative decoding, n-gram drafts ({args.max_new}-token answers, median of {args.repeats} rounds, "
           f"{args.threads} thread(s)):\n\n{table(results)}")

@@ -1,5 +1,5 @@
-"""`python -m bench.spec --quick` end to end on one model: the JSON report has every policy and arm, drafts
-are verified in the speculating arms and none with speculation off (no timing is asserted)."""
+"""`python -m bench.spec --quick` end to end on one model: the JSON report has every policy and arm, no
+drafts with speculation off, and the replayed answer's drafts all accepted (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ def test_quick_report(tmp_path):
     arms = json.loads(path.read_text())["spec"]["bench qwen3_vl"]
     assert set(arms) == {"full", "raincheck"}
     for policy in arms.values():
-        assert set(policy) == {"off", "k=1", "k=2", "k=3"}
+        assert set(policy) == {"off", *(f"{d} k={k}" for d in ("ngram", "replay") for k in (1, 2, 3))}
         assert policy["off"]["drafts"] == 0 and policy["off"]["tpot_ratio"] == 1.0
-        assert all(policy[k]["drafts"] > 0 and 0 <= policy[k]["acceptance"] <= 1 for k in ("k=1", "k=2", "k=3"))
         assert all(r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1 for r in policy.values())
+    # replaying the answer speculation off gave: every draft is right (full's answers are the same)
+    for k in (1, 2, 3):
+        replay = arms["full"][f"replay k={k}"]
+        assert replay["acceptance"] == 1.0 and replay["tokens_per_step"] > 1
