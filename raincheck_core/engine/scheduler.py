@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
 from .plan import ANSWERING, Kind, Segment, StepPlan
-from .speculation import Speculation
+from .speculation import Speculation, join_pending
 from .step_sessions import ScratchWork
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def scratch_segment(work: ScratchWork, n: int) -> Segment:
 
 def decode_segment(req: TurnView) -> Segment:
     cache = req.cache
-    tracked = any(not r.done and r.join is not None for r in cache.recoveries())
+    tracked = join_pending(cache)
     write = cache.claim(1, generated=True)
     return Segment.decode(cache.session, req.last_token, cache.next_position, write, cache.readable(1),
                           cache.gdn_slot, tracked=tracked)

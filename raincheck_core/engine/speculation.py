@@ -13,9 +13,13 @@ if TYPE_CHECKING:
 
 class DraftingCache(Protocol):
     session: str
-    gdn_slot: int | None
 
     def recoveries(self) -> list[Recovery]: ...
+
+
+def join_pending(cache: DraftingCache) -> bool:
+    """A GDN join of the session is pending: its decode rows are tracked (they extend the join's map)."""
+    return any(not r.done and r.join is not None for r in cache.recoveries())
 
 
 class DraftingTurn(Protocol):
@@ -39,8 +43,6 @@ class Speculation:
         none while a GDN join of its session is pending: its decode rows extend the join's map one by one,
         §13)."""
         k = min(self.num_tokens, req.draft_room, limit)
-        cache = req.cache
-        if k <= 0 or (cache.gdn_slot is not None and any(not r.done and r.join is not None
-                                                         for r in cache.recoveries())):
+        if k <= 0 or join_pending(req.cache):
             return ()
-        return tuple(self.drafter.propose(cache.session, req.history(), k)[:k])
+        return tuple(self.drafter.propose(req.cache.session, req.history(), k)[:k])
