@@ -4,8 +4,10 @@
 segment carries (`Segment.source`, put in by the engine core), builds the attention layout (what each
 segment may read) and the GDN groups (which state each sequence starts from; deferred chunks with their
 turn's conv lead appended, and the live state their join corrects, from `Segment.join_inputs`). `forward`
-runs the model and returns the sampled rows' logits and, for GDN models, the new states as writes to
-apply, plus what the deferred join's bookkeeping needs. The runner reads only the plan and the pools;
+runs the model and returns the sampled rows' logits (every row of a speculative verify segment) and, for
+GDN models, the new states as writes to apply (a verify segment's also after each of its rows), plus what
+the deferred join's bookkeeping needs, and, for a drafter that reads them, the final-norm hidden states of
+the turns' input and answer rows. The runner reads only the plan and the pools;
 only the step's update applies what it returns (engine/update.py): a forward that raises leaves the
 caches as they were. With `use_graphs`, decode steps are padded to their bucket (engine/padding.py) and
 their forward replayed from a captured graph (engine/graphs.py). A step of hand-off segments runs no
