@@ -91,10 +91,12 @@ def test_greedy_is_token_identical_to_speculation_off(engines, family, policy, k
     assert proposed > 0 and accepted > 0
 
 
-def test_rejected_drafts_cut_the_gdn_state_at_the_last_kept_row(engines):
+@pytest.mark.parametrize("backend", ["native", "torch", "flex"])
+def test_rejected_drafts_cut_the_gdn_state_at_the_last_kept_row(tiny_checkpoints, backend):
     """On the hybrid family some drafts are rejected (the state after a row inside the verify segment is
-    the one kept), and the answers still match: the state cut is exact."""
-    _, engine = engines["qwen3_5"]
+    the one kept: copied out by the native kernel, replayed by the chunked rules), and the answers still
+    match: the state cut is exact."""
+    engine = _engine(tiny_checkpoints["qwen3_5"][1], backend=backend)
     proposed, accepted = _same_answers(engine, [Prompt([20, 21, 22, 20, 21, 22, 20, 21])], None, 3)
     assert 0 < accepted < proposed
 
