@@ -69,7 +69,8 @@ class EngineCore:
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
         self.drafter = speculative_drafter(config.speculative, drafter)
-        speculation = Speculation(self.drafter, config.speculative.num_tokens) if self.drafter is not None else None
+        speculation = None if self.drafter is None else \
+            Speculation(self.drafter, config.speculative.num_tokens, model_config.vocab_size)
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=memory.align, speculation=speculation)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
@@ -126,7 +127,8 @@ class EngineCore:
         """Up to `num_tokens` drafts per decode step from now on (None: none), by the engine's drafter."""
         if num_tokens is not None and self.drafter is None:
             raise InvalidInputError("this engine was loaded without speculative decoding (EngineConfig.speculative)")
-        self.scheduler.speculation = None if num_tokens is None else Speculation(self.drafter, num_tokens)
+        self.scheduler.speculation = None if num_tokens is None else \
+            Speculation(self.drafter, num_tokens, self.model_config.vocab_size)
 
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:

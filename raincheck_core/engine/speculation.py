@@ -3,12 +3,16 @@ asks for each decoding turn's drafts; a turn with none decodes one row as usual.
 
 from __future__ import annotations
 
+import itertools
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 from ..speculative.drafter import Drafter
 
 if TYPE_CHECKING:
     from ..deferral.recovery import Recovery
+
+log = logging.getLogger(__name__)
 
 
 class DraftingCache(Protocol):
@@ -34,9 +38,10 @@ class DraftingTurn(Protocol):
 
 
 class Speculation:
-    def __init__(self, drafter: Drafter, num_tokens: int):
+    def __init__(self, drafter: Drafter, num_tokens: int, vocab_size: int):
         self.drafter = drafter
         self.num_tokens = num_tokens
+        self.vocab_size = vocab_size
 
     def drafts(self, req: DraftingTurn, limit: int) -> tuple[int, ...]:
         """At most `limit` draft tokens for `req`'s next decode step (fewer where its length limit is near;
@@ -45,4 +50,10 @@ class Speculation:
         k = min(self.num_tokens, req.draft_room, limit)
         if k <= 0 or join_pending(req.cache):
             return ()
-        return tuple(self.drafter.propose(req.cache.session, req.history(), k)[:k])
+        try:
+            drafts = [int(t) for t in self.drafter.propose(req.cache.session, req.history(), k)[:k]]
+        except Exception:   # drafts only save steps: a drafter that fails costs its turn nothing else
+            log.exception("the drafter failed; this step decodes without drafts")
+            return ()
+        # a token the model cannot embed ends the drafts
+        return tuple(itertools.takewhile(lambda t: 0 <= t < self.vocab_size, drafts))

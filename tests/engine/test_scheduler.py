@@ -213,7 +213,7 @@ def test_draft_rows_cost_rows_under_the_objective_and_respect_the_length_limit()
     cfg = DeferralConfig("raincheck", selector="uniform", guard=0, tpot_slo=1.10)
 
     def plan(k: int | None, generated: int = 10):
-        sched = Scheduler(128, 63, 64, _measured(), speculation=None if k is None else Speculation(_Fixed(), k))
+        sched = Scheduler(128, 63, 64, _measured(), speculation=None if k is None else Speculation(_Fixed(), k, 1000))
         turn = _decoding("t", generated=generated, deferred=100, cfg=cfg, tpot_slo=1.10)
         turn.plain_s, turn.decode_s = 1.0, 1.0 + 0.1 - 0.0008      # 1.8 ms of slack
         sched.add(turn)
@@ -226,6 +226,29 @@ def test_draft_rows_cost_rows_under_the_objective_and_respect_the_length_limit()
     # room for one draft before the limit (and beside one draft row, 7 rows cost 1.8 ms: they fit)
     assert _kinds(plan(3, generated=18)) == [(Kind.DEFERRED, "t", 7), (Kind.VERIFY, "t", 2)]
     assert _kinds(plan(3, generated=19)) == [(Kind.DEFERRED, "t", 7), (Kind.DECODE, "t", 1)]
+
+
+class _Broken:
+    needs_hidden = False
+
+    def __init__(self, drafts):
+        self.out = drafts
+
+    def propose(self, session, history, k):
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+def test_a_failing_drafter_or_a_token_outside_the_vocabulary_leaves_plain_decoding():
+    def kinds(drafter) -> list:
+        sched = Scheduler(128, 63, 64, speculation=Speculation(drafter, 3, vocab_size=50))
+        sched.add(_decoding("t"))
+        return [(s.kind, s.drafts) for s in sched.schedule().segments]
+
+    assert kinds(_Broken(RuntimeError("drafter bug"))) == [(Kind.DECODE, ())]
+    assert kinds(_Broken([7, 50, 8])) == [(Kind.VERIFY, (7,))]        # 50 is past the vocabulary: drafts end
+    assert kinds(_Broken([-1])) == [(Kind.DECODE, ())]
 
 
 def test_no_plain_step_measured_yet_means_no_fused_rows_under_an_objective():
