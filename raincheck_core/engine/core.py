@@ -130,6 +130,15 @@ class EngineCore:
         self.scheduler.speculation = None if num_tokens is None else \
             Speculation(self.drafter, num_tokens, self.model_config.vocab_size)
 
+    def _tell_drafter(self, tell: Callable[[Drafter], None]) -> None:
+        """`tell(drafter)`, if there is a drafter; its failure is logged, never raised: the engine's own state
+        has changed already, and drafts only save steps."""
+        if self.drafter is not None:
+            try:
+                tell(self.drafter)
+            except Exception:
+                log.exception("the drafter failed")
+
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -179,8 +188,7 @@ class EngineCore:
         if cache is not None:
             self.scheduler.remove_recovering(cache)
             cache.release()
-            if self.drafter is not None:
-                self.drafter.release(session)
+            self._tell_drafter(lambda d: d.release(session))
 
     @contextmanager
     def scratch_session(self, rows: TurnInput) -> Iterator[SessionCache]:
@@ -356,8 +364,7 @@ class EngineCore:
         again (docs/mechanism.md §10.4), and goes on in the gaps."""
         self.scheduler.remove_recovering(cache)
         cache.restore(checkpoint)
-        if self.drafter is not None:
-            self.drafter.rollback(cache.session, len(cache.tokens))
+        self._tell_drafter(lambda d: d.rollback(cache.session, len(cache.tokens)))
         if cache.recovery is not None:
             self.scheduler.add_recovering(cache)
 

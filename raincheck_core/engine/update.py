@@ -171,7 +171,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if req.finished:
             result.ended.append(req)
     if sessions.drafter is not None:
-        _observe(plan, out, sessions, verified, {req for req, _ in result.failed})
+        try:
+            _observe(plan, out, sessions, verified, {req for req, _ in result.failed})
+        except Exception:   # the step is applied: a drafter's failure only costs its next drafts
+            log.exception("the drafter failed to observe a step")
     # 5. recoveries that are complete
     for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in RESTORING):
         cache = sessions.cache(sid)
