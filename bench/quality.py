@@ -1,6 +1,7 @@
 """Answer quality of the demo model (models/demo) under full / hard / raincheck / post_answer.
 
     python -m bench.quality [--quick] [--families single,multi,video] [--dialogues 160] [--json PATH] [--img DIR]
+                            [--speculative-tokens K]
     python -m bench.quality --merge SINGLE.json MULTI.json VIDEO.json [--json PATH] [--img DIR]
 
 Held-out dialogues of the demo world (seed `HELD_OUT_SEED` and the next ones, never used in training) run
@@ -34,6 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
+from raincheck_core.speculative.config import SpeculativeConfig
 from raincheck_demo.world import FAMILIES, Dialogue, make
 
 from . import quality_control, quality_overlap
@@ -277,7 +279,10 @@ def run(args: argparse.Namespace) -> dict:
         args.selector_options = runs[0].get("selector_options", {})
         args.dialogues = max(run["dialogues"] for run in runs)
         return report({name: found[name] for name in FAMILIES if name in found}, args)
-    engine = Engine.from_pretrained(args.model, num_threads=args.threads)
+    # with speculative decoding (n-gram drafts): under raincheck it changes which tokens see which chunk
+    k = args.speculative_tokens
+    speculative = SpeculativeConfig("ngram", k) if k else SpeculativeConfig()
+    engine = Engine.from_pretrained(args.model, num_threads=args.threads, speculative=speculative)
     args.selector_options = engine.selector_options     # what the folder ships, as its sessions use them
     families = {family: run_family(engine, family, args) for family in args.families}
     return report(families, args)
@@ -287,6 +292,7 @@ def report(families: dict[str, dict], args: argparse.Namespace) -> dict:
     main = families.get("single") or next(iter(families.values()))
     out = {
         "model": str(args.model), "dialogues": args.dialogues, "quick": args.quick, "seed": HELD_OUT_SEED,
+        "speculative_tokens": args.speculative_tokens,
         "default": {"selector": DEFAULT[0], "retention": DEFAULT[1], "chunk_size": DEFAULT[2]},
         "selector_options": args.selector_options,
         **{k: v for k, v in main.items() if k not in ("family", "dialogues")},
@@ -315,6 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--selectors", default=",".join(PAPER_SELECTORS),
                    help="paper selectors to measure, comma-separated (default: all four)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--speculative-tokens", type=int, default=0, help="n-gram drafts per decode step (0: off)")
     p.add_argument("--json", default=None)
     p.add_argument("--img", default=None, help="folder for the PNG plots (e.g. docs/img)")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,

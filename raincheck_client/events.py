@@ -35,6 +35,8 @@ class Metrics:
     previous_pending: int = 0         # earlier turns' deferred tokens pending when this turn started
     choice: int = 0                   # which answer; answer 0's metrics and final come last
     cached_prompt_tokens: int = 0     # of prompt_tokens, served from the worker's prefix cache
+    drafts_proposed: int = 0          # speculative decoding: draft tokens the worker verified
+    drafts_accepted: int = 0          # … and of them, accepted
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def from_proto(event: chat_pb2.ChatEvent) -> Event:
         return Metrics(m.prompt_tokens, m.generated_tokens, m.ttft_s, m.tpot_s, m.e2e_s, m.queue_s,
                        m.deferred_tokens, m.deferred_pending, _optional(m, "tpot_restoring_s"),
                        m.barrier_wait_s, _optional(m, "previous_recovery_s"), m.previous_pending, m.choice,
-                       m.cached_prompt_tokens)
+                       m.cached_prompt_tokens, m.drafts_proposed, m.drafts_accepted)
     if kind == "final":
         f = event.final
         return Final(event.turn_id, f.finish_reason, list(f.token_ids), f.text, f.choice)

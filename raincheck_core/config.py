@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError, InvalidInputError, UnsupportedModelError
+from .speculative.config import SpeculativeConfig
 
 # model_type (top level or text config) -> model family implemented in raincheck_core.models
 FAMILIES = {
@@ -240,6 +241,8 @@ class EngineConfig:
     # split across them (expert parallelism) rather than each expert's width
     tensor_parallel_size: int = field(default_factory=default_tensor_parallel_size)
     expert_parallel: bool = False
+    # speculative decoding (raincheck_core/speculative, docs/mechanism.md §13): off by default
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

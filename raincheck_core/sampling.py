@@ -68,13 +68,17 @@ class Sampler:
             return maximum[1]
         return None
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def __call__(self, logits: torch.Tensor, draft: int | None = None) -> int:
+        """The next token. `draft`: a token a deterministic drafter proposed for this row (speculative
+        decoding): a greedy draw ignores it (the caller compares); a sampled one accepts it with its
+        probability p(draft) and otherwise draws from p without it, renormalized, which leaves the
+        distribution of the result exactly p (rejection sampling against a point-mass proposal)."""
         self.fallback = None
         raw = logits.detach().float()
         ruled = self.rules.apply(raw) if self.rules is not None else raw
         if self.constraint is not None:
             ruled = self.constraint.apply(ruled.clone() if ruled is raw else ruled)
-        token = self._draw(ruled)
+        token = self._draw(ruled, draft)
         if self.rules is not None:
             self.rules.record(token)
         if self.constraint is not None:
@@ -83,7 +87,7 @@ class Sampler:
             self.logprob, self.top_logprobs = token_logprobs(raw, token, self.params.top_logprobs)
         return token
 
-    def _draw(self, logits: torch.Tensor) -> int:
+    def _draw(self, logits: torch.Tensor, draft: int | None = None) -> int:
         top = float(logits.max())            # NaN if any is NaN; +inf if any is +inf
         if math.isnan(top):
             logits = logits.masked_fill(torch.isnan(logits), float("-inf"))
@@ -100,6 +104,13 @@ class Sampler:
         total = float(probs.sum())
         if not (math.isfinite(total) and total > 0):
             return self._greedy(logits, "no probability mass left")
+        if draft is not None:
+            if float(torch.rand((), generator=self.generator)) * total < float(probs[draft]):
+                return draft
+            probs = probs.clone()
+            probs[draft] = 0.0      # the residual max(p - q, 0) of a point mass q at the draft
+            if not float(probs.sum()) > 0:
+                return draft
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     def _probs(self, logits: torch.Tensor, top: float) -> torch.Tensor:

@@ -22,7 +22,10 @@ goes on; `--resume` an earlier JSON to run only what is missing):
 - the flex attention path's work and traffic (bench/attention.py `accounting_table`): score entries
   computed / visible and K/V bytes read / visible of decode, fused-chunk and prefill steps at B = 1, 16,
   64 and 1-4K contexts (B = 1 and 16 at 1K with `--tiny`), and the layout's host time;
-- a profile of fused c = 31 decode steps (eager): top kernels, kernel and wall time per step.
+- a profile of fused c = 31 decode steps (eager): top kernels, kernel and wall time per step;
+- after the graphs-off timings, speculative decoding on both shapes (bench/spec.py's arms: off, n-gram and
+  replayed drafts at k = 1-3, full and raincheck c = 7): TPOT, tokens/s, acceptance, tokens per step, with
+  decode steps captured and verify steps eager.
 
 `--device cpu --tiny` runs every part at tiny shapes on the CPU with backend flex through the padded
 decode path (the test suite runs it: tests/engine/test_bench_gpu.py), writing the same keys."""

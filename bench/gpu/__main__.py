@@ -124,6 +124,9 @@ def run(args: argparse.Namespace) -> dict:
     parts.run(("profile",), lambda: timing.profile_fused_step(models[0], device, dtype, first, text, timed_backend))
     for shape in models:
         timings(shape, first, False)
+    for shape in models:     # speculative decoding: what verify rows cost where a decode step is memory-bound
+        parts.run(("speculation", shape.name), lambda shape=shape: timing.speculation(
+            shape, device, dtype, first, text, answer, timed_backend, 1 if tiny else 3))
     for v in more:
         for shape in models:
             timings(shape, v, True)

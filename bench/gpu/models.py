@@ -14,6 +14,7 @@ import torch
 from raincheck_core import Engine, EngineConfig, ModelConfig, Prompt, VisualInput
 from raincheck_core.models import build_decoder
 from raincheck_core.models.random_init import build_config
+from raincheck_core.speculative.drafter import Drafter
 
 # the text decoders of Qwen3.5-9B and Qwen3-VL-8B (their config.json text sections), in the order the run
 # measures them (the one with GDN layers first); the vision towers are not built: images arrive as
@@ -67,8 +68,9 @@ def shapes(tiny: bool) -> list[Shape]:
     return out
 
 
-def random_engine(shape: Shape, device: str, dtype: str, **options) -> Engine:
-    """A decoder of `shape` with random weights, built on `device` (nothing is read from disk)."""
+def random_engine(shape: Shape, device: str, dtype: str, drafter: Drafter | None = None, **options) -> Engine:
+    """A decoder of `shape` with random weights, built on `device` (nothing is read from disk); `drafter`:
+    what proposes draft tokens when `options` turn speculation on."""
     cfg = shape.model_config
     with torch.device(device):
         model = build_decoder(cfg)
@@ -78,7 +80,7 @@ def random_engine(shape: Shape, device: str, dtype: str, **options) -> Engine:
             if p.dim() > 1:
                 p.normal_(0.0, 0.02)
     return Engine(model, cfg, EngineConfig(device=device, dtype=dtype, max_rows_per_step=8192, deferred_budget=63,
-                                           **options))
+                                           **options), drafter=drafter)
 
 
 def transformers_model(shape: Shape, device: str, dtype: torch.dtype) -> torch.nn.Module:

@@ -16,7 +16,9 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.models import build_decoder
 from raincheck_core.ops.gdn import l2norm
 from raincheck_core.ops.gdn_state_map import extend_map_, identity_map, join_state
+from raincheck_core.speculative.config import SpeculativeConfig
 
+from .. import spec
 from ..common import TurnStats, run_turn
 from .models import Shape, image_prompt, random_engine, transformers_model
 
@@ -204,3 +206,17 @@ def profile_fused_step(shape: Shape, device: str, dtype: str, visual: int, text:
                           share=us / total_us if total_us else None) for name, us, count in rows[:20]],
                 table=averages.table(sort_by="self_cuda_time_total" if on_cuda else "self_cpu_time_total",
                                      row_limit=20))
+
+
+def speculation(shape: Shape, device: str, dtype: str, visual: int, text: int, answer: int, backend: str,
+                repeats: int) -> dict:
+    """bench.spec's arms on one engine of `shape` (speculation off; n-gram and replayed drafts, k = 1-3;
+    full and raincheck): {policy: {arm: TPOT, tokens/s, ratio to off, acceptance, tokens per step}}. Decode
+    steps are captured as usual; verify steps run eagerly (not captured yet), which this prices."""
+    drafter = spec.BenchDrafter()
+    engine = random_engine(shape, device, dtype, drafter=drafter, backend=backend,
+                           speculative=SpeculativeConfig("ngram"))
+    prompt = image_prompt(engine, visual, text)
+    out = spec.measure(engine, drafter, [prompt], repeats, SamplingParams(max_new_tokens=answer, ignore_eos=True))
+    del engine
+    return out

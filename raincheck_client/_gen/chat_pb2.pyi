@@ -203,7 +203,7 @@ class TokenDelta(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., token: _Optional[str] = ..., choice: _Optional[int] = ...) -> None: ...
 
 class TurnMetrics(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens", "previous_pending", "choice")
+    __slots__ = ("prompt_tokens", "generated_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "deferred_tokens", "deferred_pending", "tpot_restoring_s", "barrier_wait_s", "previous_recovery_s", "cached_prompt_tokens", "previous_pending", "drafts_proposed", "drafts_accepted", "choice")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,8 @@ class TurnMetrics(_message.Message):
     PREVIOUS_RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
@@ -231,8 +233,10 @@ class TurnMetrics(_message.Message):
     previous_recovery_s: float
     cached_prompt_tokens: int
     previous_pending: int
+    drafts_proposed: int
+    drafts_accepted: int
     choice: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ..., previous_pending: _Optional[int] = ..., choice: _Optional[int] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., deferred_tokens: _Optional[int] = ..., deferred_pending: _Optional[int] = ..., tpot_restoring_s: _Optional[float] = ..., barrier_wait_s: _Optional[float] = ..., previous_recovery_s: _Optional[float] = ..., cached_prompt_tokens: _Optional[int] = ..., previous_pending: _Optional[int] = ..., drafts_proposed: _Optional[int] = ..., drafts_accepted: _Optional[int] = ..., choice: _Optional[int] = ...) -> None: ...
 
 class RecoveryProgress(_message.Message):
     __slots__ = ("pending_tokens", "complete", "elapsed_s")

@@ -25,11 +25,13 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
-from ..errors import RankFailedError, SamplingError, StepFailedError
+from ..errors import InvalidInputError, RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
+from ..speculative.drafter import Drafter
+from ..speculative.factory import speculative_drafter
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
@@ -39,6 +41,7 @@ from .resolve import resolve
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
+from .speculation import Speculation
 from .step_sessions import ScratchWork
 from .update import StepResult
 
@@ -52,7 +55,10 @@ _scratch_ids = itertools.count(1)
 
 
 class EngineCore:
-    def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig):
+    def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig,
+                 drafter: Drafter | None = None):
+        """`drafter`: what proposes draft tokens when `config.speculative` is on (default: the n-gram
+        drafter for method "ngram"; an "mtp" drafter comes from the checkpoint, `Engine.from_pretrained`)."""
         cfg = model_config
         self.config = config
         self.model = model
@@ -62,10 +68,13 @@ class EngineCore:
         # a tensor-parallel rank's pools hold only its heads
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
+        self.drafter = speculative_drafter(config.speculative, drafter)
+        speculation = Speculation(self.drafter, config.speculative.num_tokens) if self.drafter is not None else None
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
+        self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         cut = None if self.gdn is None else (lambda rows: not token_by_token(self.runner.ops(), rows))
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel(), align=memory.align, cut_for_hits=cut)
+                                   StepCostModel(), align=memory.align, cut_for_hits=cut, speculation=speculation)
         # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
                 and model.tp is None:
@@ -113,6 +122,22 @@ class EngineCore:
             stats = StepStats.of(plan, seconds, failed, gdn_traffic)
             for hook in self.hooks.step:
                 hook(stats)
+
+    def speculate(self, num_tokens: int | None) -> None:
+        """Up to `num_tokens` drafts per decode step from now on (None: none), by the engine's drafter."""
+        if num_tokens is not None and self.drafter is None:
+            raise InvalidInputError("this engine was loaded without speculative decoding (EngineConfig.speculative)")
+        self.scheduler.speculation = None if num_tokens is None else \
+            Speculation(self.drafter, num_tokens, self.model_config.vocab_size)
+
+    def _tell_drafter(self, tell: Callable[[Drafter], None]) -> None:
+        """`tell(drafter)`, if there is a drafter; its failure is logged, never raised: the engine's own state
+        has changed already, and drafts only save steps."""
+        if self.drafter is not None:
+            try:
+                tell(self.drafter)
+            except Exception:
+                log.exception("the drafter failed")
 
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:
@@ -163,6 +188,7 @@ class EngineCore:
         if cache is not None:
             self.scheduler.remove_recovering(cache)
             cache.release()
+            self._tell_drafter(lambda d: d.release(session))
 
     @contextmanager
     def scratch_session(self, rows: TurnInput) -> Iterator[SessionCache]:
@@ -338,6 +364,7 @@ class EngineCore:
         again (docs/mechanism.md §10.4), and goes on in the gaps."""
         self.scheduler.remove_recovering(cache)
         cache.restore(checkpoint)
+        self._tell_drafter(lambda d: d.rollback(cache.session, len(cache.tokens)))
         if cache.recovery is not None:
             self.scheduler.add_recovering(cache)
 

@@ -23,7 +23,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, UnsupportedModelError
 from ..grammar import Grammars
 from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM, build_decoder
@@ -33,6 +33,7 @@ from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
 from ..parallel.group import joined_group
 from ..pruning.settings import load_selector_options
+from ..speculative.drafter import Drafter
 from . import residual
 from .core import EngineCore
 from .cost_model import StepCostModel
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
-                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None):
+                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None,
+                 drafter: Drafter | None = None):
         self.config = config or EngineConfig()
         # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
         self.selector_options = dict(selector_options or {})
@@ -67,7 +69,7 @@ class Engine:
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         if vision is not None and self.config.encoder_cache_bytes:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)
-        self.core = EngineCore(self.model, model_config, self.config)
+        self.core = EngineCore(self.model, model_config, self.config, drafter)
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
         self.sessions: dict[str, Session] = {}
@@ -151,8 +153,10 @@ class Engine:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str = "float32",
-                        **engine_options) -> Engine:
-        """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present)."""
+                        drafter: Drafter | None = None, **engine_options) -> Engine:
+        """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present).
+        `drafter`: what proposes draft tokens when `speculative` is on (default: the n-gram drafter, or the
+        checkpoint's MTP head for method "mtp")."""
         from ..multimodal.chat import ChatFormatter
         from ..multimodal.vision import VisionEncoder
 
@@ -171,9 +175,11 @@ class Engine:
             vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
                                                    config.torch_dtype)
         formatter = ChatFormatter.from_checkpoint(folder)
+        if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
+            drafter = _mtp_drafter(folder, model, model_config, config)
         log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
         return cls(model, model_config, config, formatter=formatter, vision=vision,
-                   selector_options=load_selector_options(folder))
+                   selector_options=load_selector_options(folder), drafter=drafter)
 
     def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
         """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
@@ -266,6 +272,13 @@ class Engine:
         with self.lock:
             self.core.use_clock(clock)
 
+    def speculate(self, num_tokens: int | None) -> None:
+        """Verify up to `num_tokens` draft tokens per decode step from the next step on (None: decode one
+        row a step), with the drafter the engine was loaded with (`EngineConfig.speculative`): benchmarks
+        and tests compare both on one engine."""
+        with self.lock:
+            self.core.speculate(num_tokens)
+
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
         Returns a function that removes the hook (so do the two below)."""
@@ -357,6 +370,16 @@ class Engine:
             inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
+
+
+def _mtp_drafter(folder: Path, model: DecoderLM, model_config: ModelConfig, config: EngineConfig) -> Drafter:
+    """The checkpoint's MTP head as a drafter (speculative/mtp.py `load_mtp_drafter`, which raises a typed
+    error for a checkpoint without one)."""
+    try:
+        from ..speculative.mtp import load_mtp_drafter
+    except ModuleNotFoundError as e:
+        raise UnsupportedModelError("speculative method 'mtp': this build has no MTP drafter") from e
+    return load_mtp_drafter(folder, model, model_config, config)
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

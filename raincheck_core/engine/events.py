@@ -23,6 +23,8 @@ class TurnMetrics:
     cached_prompt_tokens: int = 0      # of prompt_tokens, rows served from the prefix cache (not prefilled)
     previous_pending: int = 0          # earlier turns' deferred tokens still pending when this turn was
                                        # admitted (a bounded barrier): restored during and after its answer
+    drafts_proposed: int = 0           # speculative decoding: draft tokens verified over the turn
+    drafts_accepted: int = 0           # … and of them, accepted (each one a token without a step of its own)
 
 
 @dataclass(frozen=True)

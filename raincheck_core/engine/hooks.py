@@ -31,12 +31,15 @@ class StepStats:
     seconds: float              # the engine's clock, as the TPOT objective sees it
     failed: bool                # the forward raised (the step was re-run session by session, or failed a turn)
     gdn_traffic: GDNTraffic | None = None   # bytes of GDN state moved and required (ops/gdn_traffic.py)
+    draft_rows: int = 0         # draft tokens verified (Kind.VERIFY rows after each turn's first)
 
     @classmethod
     def of(cls, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> StepStats:
-        return cls(plan.count(Kind.DECODE), plan.rows_of(Kind.PREFILL), plan.rows_of(Kind.DEFERRED),
-                   plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL), plan.rows_of(Kind.HANDOFF),
-                   sum(1 for s in plan.segments if s.tracked), len(plan.sessions()), seconds, failed, gdn_traffic)
+        # a verify segment's first row is its turn's decode row
+        return cls(plan.count(Kind.DECODE) + plan.count(Kind.VERIFY), plan.rows_of(Kind.PREFILL),
+                   plan.rows_of(Kind.DEFERRED), plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
+                   plan.rows_of(Kind.HANDOFF), sum(1 for s in plan.segments if s.tracked), len(plan.sessions()),
+                   seconds, failed, gdn_traffic, sum(len(s.drafts) for s in plan.segments))
 
 
 class Hooks:

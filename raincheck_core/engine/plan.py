@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 class Kind(StrEnum):
     PREFILL = "prefill"        # a running turn's input rows (I0)
     DECODE = "decode"          # a running turn's one generated-token row
+    VERIFY = "verify"          # a running turn's last generated token and k draft tokens (speculation)
     DEFERRED = "deferred"      # deferred rows fused into their turn's decode step (raincheck)
     RECOVERY = "recovery"      # deferred rows after the answer (idle gaps, the barrier)
     RESIDUAL = "residual"      # rows prefilled outside a turn (a hand-off on a deferred worker, a scratch forward)
@@ -38,6 +39,7 @@ class Kind(StrEnum):
 # rows that are not a running turn's input or answer
 CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL, Kind.HANDOFF)
 RESTORING = (Kind.DEFERRED, Kind.RECOVERY, Kind.HANDOFF)    # rows of a recovery's D
+ANSWERING = (Kind.DECODE, Kind.VERIFY)                       # a decoding turn's rows: one per turn and step
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,8 +78,9 @@ class Segment:
     read_slots: torch.Tensor              # slots the rows may read, own last (bottom-right causal)
     gdn_slot: int | None                  # the state the rows start from and advance
     first: int = 0                        # rows [first, first + rows) of the session's rows of this kind
-    token: int | None = None              # a decode row's input token and position
+    token: int | None = None              # a decode row's input token and position (a verify segment's first)
     position: int = 0
+    drafts: tuple[int, ...] = ()          # a verify segment's draft tokens, its rows after the first
     sample: bool = False                  # the turn samples its next token from the last row's logits
     tracked: bool = False                 # a decode or input row while a GDN join is pending: its tokens
                                           # extend the join's map (and complete its lead)
@@ -114,6 +117,27 @@ class Segment:
                gdn_slot: int | None, tracked: bool) -> Segment:
         return cls(Kind.DECODE, session, 1, write, read, gdn_slot, token=token, position=position, sample=True,
                    tracked=tracked)
+
+    @classmethod
+    def verify(cls, session: str, token: int, drafts: tuple[int, ...], position: int, write: torch.Tensor,
+               read: torch.Tensor, gdn_slot: int | None) -> Segment:
+        """A decode row followed by `drafts` (docs/mechanism.md §13): rows `token, *drafts` at positions
+        `position, position + 1, ...`, causal among themselves; every row's logits are kept. On a GDN
+        model the state after each row but the last is kept too (`checkpoints`): the update commits the
+        one after the last accepted row."""
+        rows = 1 + len(drafts)
+        return cls(Kind.VERIFY, session, rows, write, read, gdn_slot, token=token, position=position, sample=True,
+                   drafts=drafts, checkpoints=tuple(range(rows - 1)) if gdn_slot is not None else ())
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """A decode or verify segment's input tokens."""
+        return (self.token, *self.drafts)
+
+    @property
+    def logit_rows(self) -> int:
+        """How many of its rows' logits the step keeps: every verify row, a sampling segment's last."""
+        return self.rows if self.kind is Kind.VERIFY else int(self.sample)
 
     @classmethod
     def fused(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
@@ -180,8 +204,8 @@ class StepPlan:
         schedulers diverged fail with a typed error instead of mixing each other's collectives."""
         digest = 0
         for s in self.segments:
-            head = (s.kind.value, s.rows, s.first, s.token, s.position, s.gdn_slot, s.sample, s.tracked, s.serial,
-                    s.lead, s.live_slot, s.splits)
+            head = (s.kind.value, s.rows, s.first, s.token, s.drafts, s.position, s.gdn_slot, s.sample, s.tracked,
+                    s.serial, s.lead, s.live_slot, s.splits)
             digest = zlib.crc32(repr(head).encode(), digest)
             for slots in (s.write_slots, s.read_slots):
                 digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)

@@ -87,6 +87,11 @@ class TurnRequest:
         self.t_start: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
+        # speculative decoding (docs/mechanism.md §13): draft tokens verified and accepted over the turn, and
+        # the tokens its latest decode step emitted (the TPOT objective counts a step by them)
+        self.drafts_proposed = 0
+        self.drafts_accepted = 0
+        self.step_tokens = 0
 
     def branch(self, choice: int, cache: SessionCache, constraint: TokenConstraint | None) -> TurnRequest:
         """Answer `choice` of this `n > 1` turn, on its own `cache` (it forks from this one's after the
@@ -118,6 +123,17 @@ class TurnRequest:
     def last_token(self) -> int:
         return self.generated[-1]
 
+    @property
+    def draft_room(self) -> int:
+        """Draft tokens a verify step may carry without emitting past `max_new_tokens` (it emits at most one
+        token more than it has drafts)."""
+        return self.params.max_new_tokens - len(self.generated) - 1
+
+    def history(self) -> list[int]:
+        """The session's token stream so far, every turn's input and answer, this turn's last sampled
+        token included (it is not fed yet): what a drafter continues."""
+        return [*self.cache.tokens, self.generated[-1]]
+
     def slack_s(self, plain_step_s: float) -> float:
         """Extra seconds the next decode step (a plain one costs `plain_step_s`) may cost with the turn's mean
         TPOT still within its objective: the slack saved by the steps so far."""
@@ -147,12 +163,14 @@ class TurnRequest:
         if not self.decoding:
             self.cursor += n
 
-    def sample(self, logits: torch.Tensor, maximum: tuple[float, int]) -> int:
+    def sample(self, logits: torch.Tensor, maximum: tuple[float, int], draft: int | None = None) -> int:
         """The next token from this turn's row of the step's logits; `maximum` (the row's largest logit and
-        its index) is the whole draw for a plain greedy sampler. A sampler swapped for another callable
-        is always called."""
+        its index) is the whole draw for a plain greedy sampler; `draft`: the token a drafter proposed for
+        this row (`Sampler.__call__`). A sampler swapped for another callable is always called."""
         token = self.sampler.from_maximum(maximum) if isinstance(self.sampler, Sampler) else None
-        return self.sampler(logits) if token is None else token
+        if token is not None:
+            return token
+        return self.sampler(logits) if draft is None else self.sampler(logits, draft)
 
     def accept(self, token: int, logits: torch.Tensor, now: float, restoring: bool) -> None:
         """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk):
@@ -203,6 +221,7 @@ class TurnRequest:
             barrier_wait_s=self.barrier_wait_s, previous_recovery_s=self.previous_recovery_s,
             cached_prompt_tokens=self.cached_prompt_tokens,
             previous_pending=self.previous_pending,
+            drafts_proposed=self.drafts_proposed, drafts_accepted=self.drafts_accepted,
         )
 
     def _full_text(self) -> str:

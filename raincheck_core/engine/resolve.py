@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from ..deferral.handoff import ResidualResult
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps
-from .plan import JoinInputs, Kind, Segment, StepPlan, Tracking
+from .plan import ANSWERING, JoinInputs, Kind, Segment, StepPlan, Tracking
 from .step_sessions import StepSessions
 
 
@@ -34,8 +34,8 @@ def rows_of(segment: Segment, sessions: StepSessions) -> TurnInput:
 
 def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, ResidualResult],
               gdn_ops: GDNOps) -> Segment:
-    if seg.kind is Kind.DECODE and not seg.tracked:
-        return seg      # its token and position are in the plan: nothing of the session to read
+    if seg.kind in ANSWERING and not seg.tracked:
+        return seg      # its tokens and position are in the plan: nothing of the session to read
     cache = sessions.cache(seg.session)
     join_inputs = tracking = None
     if seg.joins:
@@ -52,6 +52,6 @@ def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, Resid
     source = result = None
     if seg.kind is Kind.HANDOFF:
         result = handoffs[seg.session]
-    elif seg.kind is not Kind.DECODE:
+    elif seg.kind not in ANSWERING:
         source = rows_of(seg, sessions)
     return dataclasses.replace(seg, source=source, result=result, join_inputs=join_inputs, tracking=tracking)

@@ -4,8 +4,10 @@
 segment carries (`Segment.source`, put in by the engine core), builds the attention layout (what each
 segment may read) and the GDN groups (which state each sequence starts from; deferred chunks with their
 turn's conv lead appended, and the live state their join corrects, from `Segment.join_inputs`). `forward`
-runs the model and returns the sampled rows' logits and, for GDN models, the new states as writes to
-apply, plus what the deferred join's bookkeeping needs. The runner reads only the plan and the pools;
+runs the model and returns the sampled rows' logits (every row of a speculative verify segment) and, for
+GDN models, the new states as writes to apply (a verify segment's also after each of its rows), plus what
+the deferred join's bookkeeping needs, and, for a drafter that reads them, the final-norm hidden states of
+the turns' input and answer rows. The runner reads only the plan and the pools;
 only the step's update applies what it returns (engine/update.py): a forward that raises leaves the
 caches as they were. With `use_graphs`, decode steps are padded to their bucket (engine/padding.py) and
 their forward replayed from a captured graph (engine/graphs.py). A step of hand-off segments runs no
@@ -32,7 +34,11 @@ from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .gdn_inputs import Placed, gdn_step
 from .graphs import NotCaptured, StepGraphs
 from .padding import Padded, Scratch, bucket_of, pad
-from .plan import Kind, Segment, StepPlan
+from .plan import ANSWERING, Kind, Segment, StepPlan
+
+# the rows whose last-layer hidden states a drafter observes (`ModelRunner.keep_hidden`): a turn's input and
+# answer rows, never deferred ones
+KEPT = (Kind.PREFILL, *ANSWERING)
 
 
 @dataclass
@@ -72,6 +78,9 @@ class StepOutputs:
     # per prefill with `Segment.checkpoints`, in plan order: (it, conv histories [m, layers, K-1, C], states
     # [m, layers, H, Dk, Dv] after its checkpoint rows)
     checkpoints: list[tuple[Segment, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # with `ModelRunner.keep_hidden`: the final-norm hidden states of the input and answer rows (`KEPT`), in
+    # plan order `[rows, hidden]`
+    hidden: torch.Tensor | None = None
 
     def detached(self) -> StepOutputs:
         """A copy owning its tensors (outputs read from a graph's buffers, which the next replay rewrites)."""
@@ -83,7 +92,7 @@ class StepOutputs:
             [(seg, s.clone()) for seg, s in self.joined],
             [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
              for t in self.tracked], self.gdn_traffic,
-            [(seg, conv.clone(), ssm.clone()) for seg, conv, ssm in self.checkpoints])
+            [(seg, conv.clone(), ssm.clone()) for seg, conv, ssm in self.checkpoints], own(self.hidden))
 
 
 @dataclass
@@ -126,6 +135,9 @@ class ModelRunner:
         self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
         self.padding: Scratch | None = None        # where their padding rows go
+        # return the final-norm hidden states of the turns' input and answer rows (`StepOutputs.hidden`), as
+        # an MTP drafter reads them (speculative/drafter.py); such steps run eagerly
+        self.keep_hidden = False
 
     def use_graphs(self, capture: bool) -> None:
         """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
@@ -139,8 +151,10 @@ class ModelRunner:
             self.model.tp.check_same(plan.fingerprint(), "the step's plan")
         if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
-        # padding only serves a replay: steps on ops no graph takes run as planned
-        bucket = bucket_of(plan) if self.graphs is not None and self.graphs.takes(ops) else None
+        # padding only serves a replay: steps on ops no graph takes run as planned; nor do steps whose
+        # hidden states a drafter reads
+        bucket = bucket_of(plan) if self.graphs is not None and self.graphs.takes(ops) and not self.keep_hidden \
+            else None
         if bucket is None:
             return self.forward(self.prepare(plan, ops))
         padded = pad(plan, bucket, self.padding)
@@ -159,17 +173,17 @@ class ModelRunner:
     def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None) -> StepInputs:
         """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes."""
         embeds: list[torch.Tensor | None] = []
-        positions, ds_rows, ds_feats, logit_rows = [], [], [], []
+        positions, ds_rows, ds_feats, logit_rows, hidden_rows = [], [], [], [], []
         decode_at, decode_tokens = [], []
         row = 0
         starts = []
         for seg in plan.segments:
             starts.append(row)
-            if seg.kind is Kind.DECODE:
+            if seg.kind in ANSWERING:      # text rows: positions run on from the turn's
                 decode_at.append(len(embeds))
-                decode_tokens.append(seg.token)
+                decode_tokens += seg.tokens
                 embeds.append(None)
-                positions.append(torch.full((3, 1), seg.position, dtype=torch.long))
+                positions.append(torch.arange(seg.position, seg.position + seg.rows).expand(3, -1))
             elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)
                 embeds.append(self.model.embed_tokens.weight.new_zeros(seg.rows, self.model.config.hidden_size))
                 positions.append(torch.zeros((3, seg.rows), dtype=torch.long))
@@ -182,8 +196,9 @@ class ModelRunner:
                     if bool(sel.any()):
                         ds_rows.append(src.deepstack_index[sel] - first + row)
                         ds_feats.append([level[sel.to(level.device)] for level in src.deepstack])
-            if seg.sample:
-                logit_rows.append(row + seg.rows - 1)
+            logit_rows += range(row + seg.rows - seg.logit_rows, row + seg.rows)
+            if self.keep_hidden and seg.kind in KEPT:
+                hidden_rows += range(row, row + seg.rows)
             row += seg.rows
         if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
             n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
@@ -193,7 +208,8 @@ class ModelRunner:
             ids = torch.tensor(decode_tokens, dtype=torch.long, device=self.device)
             with torch.inference_mode():
                 rows = self.model.embed_tokens(ids)
-            for at, e in zip(decode_at, rows.split(1), strict=True):
+            # one embeds entry per segment: `at` is the segment's index
+            for at, e in zip(decode_at, rows.split([plan.segments[at].rows for at in decode_at]), strict=True):
                 embeds[at] = e
         attention = None
         if self.model.config.num_attention_layers:
@@ -213,6 +229,7 @@ class ModelRunner:
             attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
             deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
+            hidden_rows=torch.tensor(hidden_rows, dtype=torch.long, device=self.device) if self.keep_hidden else None,
         )
         return StepInputs(batch, placed)
 
@@ -273,7 +290,7 @@ class ModelRunner:
 
     def collect(self, inputs: StepInputs, logits: torch.Tensor) -> StepOutputs:
         """The step's outputs from its forward's logits and the GDN buffers it wrote."""
-        out = StepOutputs(logits)
+        out = StepOutputs(logits, hidden=inputs.batch.hidden)
         if inputs.batch.gdn is not None:
             self._collect(inputs, out)
         return out

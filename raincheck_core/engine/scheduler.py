@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
-from .plan import Kind, Segment, StepPlan
+from .plan import ANSWERING, Kind, Segment, StepPlan
+from .speculation import Speculation, join_pending
 from .step_sessions import ScratchWork
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class TurnView(Protocol):
     cursor: int
     turn: int                 # the session's turn index
     tpot_slo: float | None
+    step_tokens: int          # tokens its latest decode step emitted (several after a verify)
 
     @property
     def decoding(self) -> bool: ...
@@ -79,6 +81,11 @@ class TurnView(Protocol):
     @property
     def last_token(self) -> int: ...
 
+    @property
+    def draft_room(self) -> int: ...     # draft tokens a verify step may carry (engine/speculation.py)
+
+    def history(self) -> list[int]: ...
+
     def slack_s(self, plain_step_s: float) -> float: ...
 
     def charge(self, seconds: float, plain_step_s: float) -> None: ...
@@ -87,8 +94,9 @@ class TurnView(Protocol):
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
                  cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None,
-                 cut_for_hits: Callable[[int], bool] | None = None):
+                 cut_for_hits: Callable[[int], bool] | None = None, speculation: Speculation | None = None):
         self.max_rows = max_rows_per_step
+        self.speculation = speculation           # None: every decoding turn runs one decode row a step
         # (page, every): where prefix hits resume (`attention_splits`; None: no prefix cache), and where a
         # hybrid model's prefills keep GDN checkpoints (`checkpoint_rows`; every None: no GDN layers)
         self.align = align
@@ -150,11 +158,13 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
-            c = fused_rows(req, fit, min(deferred_budget, budget - 1))
+            drafts = self.speculation.drafts(req, budget - 1) if self.speculation is not None else ()
+            fit.fixed(len(drafts))      # verify rows cost rows: deferred rows are predicted on top of them
+            c = fused_rows(req, fit, min(deferred_budget, budget - 1 - len(drafts)))
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
-            plan.segments.append(decode_segment(req))
-            budget -= 1 + c
+            plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
+            budget -= 1 + len(drafts) + c
             deferred_budget -= c
         for req in running:
             if not req.decoding and budget > 0:
@@ -222,19 +232,18 @@ class Scheduler:
         """The step `plan` took `seconds`: teach the cost model (steps of decode rows only, without other
         turns' prefill, are clean samples) and charge each decoding turn (`turn`: a session's running
         turn) for its objective."""
-        decode = [s for s in plan.segments if s.kind is Kind.DECODE]
+        decode = [s for s in plan.segments if s.kind in ANSWERING]
         if not decode:
             return
         if not plan.count(Kind.PREFILL):
-            deferred = plan.rows_of(Kind.DEFERRED, Kind.RECOVERY)
             tracked = any(s.tracked for s in decode)
-            self.cost.observe(len(decode), deferred, seconds, tracked)
+            self.cost.observe(len(decode), _extra_rows(plan), seconds, tracked)
         plain = self.cost.plain_s(len(decode))
         charged = seconds if plain is None else self._expected(plan, len(decode), seconds)
         for seg in decode:
             req = turn(seg.session)
-            if req is not None:
-                req.charge(charged, seconds if plain is None else plain)
+            if req is not None:     # a step that emitted several tokens stands for as many plain steps
+                req.charge(charged, (seconds if plain is None else plain) * max(req.step_tokens, 1))
 
     def _expected(self, plan: StepPlan, batch: int, seconds: float) -> float:
         """What a step is charged to its turns' objectives: for a step of decode rows and deferred rows
@@ -244,8 +253,14 @@ class Scheduler:
         if plan.count(Kind.PREFILL):
             return seconds
         tracked = any(s.tracked for s in plan.segments if s.kind is Kind.DECODE)
-        expected = self.cost.expected_s(batch, plan.rows_of(Kind.DEFERRED, Kind.RECOVERY), tracked)
+        expected = self.cost.expected_s(batch, _extra_rows(plan), tracked)
         return seconds if expected is None else expected
+
+
+def _extra_rows(plan: StepPlan) -> int:
+    """The rows a decode step carries beyond one per decoding turn: deferred rows and draft tokens, which
+    the cost model prices alike (engine/cost_model.py)."""
+    return plan.rows_of(Kind.DEFERRED, Kind.RECOVERY) + sum(len(s.drafts) for s in plan.segments)
 
 
 class _Fit:
@@ -363,10 +378,18 @@ def scratch_segment(work: ScratchWork, n: int) -> Segment:
 
 def decode_segment(req: TurnView) -> Segment:
     cache = req.cache
-    tracked = any(not r.done and r.join is not None for r in cache.recoveries())
+    tracked = join_pending(cache)
     write = cache.claim(1, generated=True)
     return Segment.decode(cache.session, req.last_token, cache.next_position, write, cache.readable(1),
                           cache.gdn_slot, tracked=tracked)
+
+
+def verify_segment(req: TurnView, drafts: tuple[int, ...]) -> Segment:
+    cache = req.cache
+    rows = 1 + len(drafts)
+    write = cache.claim(rows, generated=True)     # draft rows are generated rows: deferred rows never read them
+    return Segment.verify(cache.session, req.last_token, drafts, cache.next_position, write, cache.readable(rows),
+                          cache.gdn_slot)
 
 
 def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) -> Segment:

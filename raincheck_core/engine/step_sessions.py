@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..multimodal.turn_input import TurnInput
+    from ..speculative.drafter import Drafter
     from .request import TurnRequest
     from .session_cache import SessionCache
 
@@ -31,6 +32,8 @@ class ScratchWork:
 
 class StepSessions(Protocol):
     """What the update reads a plan's sessions through (the engine core implements it)."""
+
+    drafter: Drafter | None       # told what each turn ran and kept (speculative decoding; None: off)
 
     def cache(self, session: str) -> SessionCache: ...
 

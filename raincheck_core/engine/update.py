@@ -11,6 +11,7 @@ finishes recoveries.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,8 +23,9 @@ from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
 from ..sampling import row_maxima
 from .plan import CHUNKS, RESTORING, Kind, StepPlan
-from .runner import StepOutputs
+from .runner import KEPT, StepOutputs
 from .step_sessions import StepSessions
+from .verify import Verified, verify
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
@@ -62,10 +64,38 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     result = StepResult()
     # by session and first row: the forward ran the plan's segments as resolved (copies, engine/core.py)
     checkpoints = {(seg.session, seg.first): (conv, ssm) for seg, conv, ssm in out.checkpoints}
+    if restoring is None:
+        restoring = chunk_carriers(plan)
+    # each sampling segment's rows of the step's logits
+    maxima = row_maxima(out.logits) if len(out.logits) else []
+    starts = itertools.accumulate((s.logit_rows for s in plan.segments), initial=0)
+    logit_at = dict(zip(plan.segments, starts, strict=False))     # `starts` has one more: the total
+    # 0. verify segments first: how many of their rows are kept decides what is filled and committed
+    verified: dict[str, Verified] = {}
+    for seg in plan.segments:
+        if seg.kind is Kind.VERIFY:
+            req, at = sessions.turn(seg.session), logit_at[seg]
+            if req.finished:      # cancelled meanwhile: its last token is fed, as a decode row's would be
+                verified[seg.session] = Verified(1, 0)
+                continue
+            v = verified[seg.session] = verify(seg, req, out.logits[at:at + seg.rows], maxima[at:at + seg.rows], now,
+                                               seg.session in restoring)
+            if v.error is not None:
+                result.failed.append((req, v.error))
+            elif req.finished:
+                result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
-        if seg.kind is Kind.PREFILL:
+        if seg.kind is Kind.VERIFY:
+            # the kept rows only; the rejected rows' slots were claimed, never filled: the next step claims them
+            # again and overwrites them, nobody reads them meanwhile
+            kept = verified[seg.session].kept
+            keys = np.concatenate([text_row_key(t, seg.position + i) for i, t in enumerate(seg.tokens[:kept])]) \
+                if cache.recovery is None else None
+            grown = cache.fill(kept, tokens=list(seg.tokens[:kept]), next_position=seg.position + kept, keys=keys)
+            cache.cancel_claims()
+        elif seg.kind is Kind.PREFILL:
             rows = sessions.turn(seg.session).input
             end, start = seg.first + seg.rows, cache.length
             keys = rows.row_keys[seg.first:end] if rows.row_keys is not None else None
@@ -85,7 +115,16 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     # 2. new GDN states: those the forward wrote into their slots' other rows become current (nothing is
     # copied), then what no kernel wrote is copied in (no slot is both: see `ModelRunner.collect`)
     if gdn is not None:
-        gdn.commit(out.committed)
+        # a verify segment that kept fewer than all its rows: the state after its last kept row, which the
+        # forward kept (`Segment.verify`), instead of the state after all of them
+        cut = {}
+        for seg, conv, ssm in out.checkpoints:
+            if seg.kind is Kind.VERIFY and (kept := verified[seg.session].kept) < seg.rows:
+                cut[seg.gdn_slot] = (conv[kept - 1], ssm[kept - 1])
+        gdn.commit([slot for slot in out.committed if slot not in cut])
+        for slot, (conv, ssm) in cut.items():
+            gdn.conv[slot].copy_(conv)
+            gdn.ssm[slot].copy_(ssm)
         for w in out.writes:
             for slot, conv, ssm in zip(w.slots, _rows(w.conv, len(w.slots)), _rows(w.ssm, len(w.slots)),
                                        strict=True):
@@ -95,8 +134,6 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                     gdn.ssm[slot].copy_(ssm)
         _join_bookkeeping(out, sessions, gdn_ops)
     # 3. cursors
-    if restoring is None:
-        restoring = chunk_carriers(plan)
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
         if seg.kind is Kind.RESIDUAL:
@@ -115,11 +152,11 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if was_prefilling and req.decoding and own is not None and own.join is not None:
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
-    # 4. sample
-    sampled = [s for s in plan.segments if s.sample]
-    maxima = row_maxima(out.logits) if sampled else []
-    for seg, logits, maximum in zip(sampled, out.logits, maxima, strict=True):
-        req = sessions.turn(seg.session)
+    # 4. sample (verify segments drew theirs first)
+    for seg in plan.segments:
+        if not seg.sample or seg.kind is Kind.VERIFY:
+            continue
+        req, logits, maximum = sessions.turn(seg.session), out.logits[logit_at[seg]], maxima[logit_at[seg]]
         if req.finished:
             continue
         try:
@@ -127,17 +164,53 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         except Exception as e:   # this turn's sampling only: the others in the step go on
             result.failed.append((req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")))
             continue
+        req.step_tokens = 1
         req.accept(token, logits, now, restoring=seg.session in restoring)
         if req.branches and len(req.generated) == 1:    # the other answers start from the same logits
             result.forked.append((req, logits))
         if req.finished:
             result.ended.append(req)
+    if sessions.drafter is not None:
+        try:
+            _observe(plan, out, sessions, verified, {req for req, _ in result.failed})
+        except Exception:   # the step is applied: a drafter's failure only costs its next drafts
+            log.exception("the drafter failed to observe a step")
     # 5. recoveries that are complete
     for sid in dict.fromkeys(s.session for s in plan.segments if s.kind in RESTORING):
         cache = sessions.cache(sid)
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
     return result
+
+
+def _observe(plan: StepPlan, out: StepOutputs, sessions: StepSessions, verified: dict[str, Verified],
+             failed: set[TurnRequest]) -> None:
+    """Tell the drafter the rows each turn ran and kept this step (speculative/drafter.py `observe`): input
+    rows and kept answer rows, with the token after each and, if it asks, their hidden states; the rows a
+    verify rejected are forgotten (`rollback`)."""
+    drafter, at = sessions.drafter, 0
+    for seg in plan.segments:
+        if seg.kind not in KEPT:
+            continue
+        start, at = at, at + seg.rows
+        req, cache = sessions.turn(seg.session), sessions.cache(seg.session)
+        if req in failed or req.finish_reason == "cancelled":     # nothing was drawn after its rows
+            continue
+        if seg.kind is Kind.PREFILL:
+            end = seg.first + seg.rows
+            after = req.input.token_ids[seg.first + 1:end + 1]
+            if end == len(req.input):
+                after = [*after, req.generated[0]]
+            positions = req.input.positions[:, seg.first:end]
+            kept = seg.rows
+        else:
+            kept = verified[seg.session].kept if seg.kind is Kind.VERIFY else 1
+            after = req.generated[len(req.generated) - kept:]
+            positions = torch.arange(seg.position, seg.position + kept).expand(3, -1)
+        hidden = out.hidden[start:start + kept] if out.hidden is not None else None
+        drafter.observe(seg.session, torch.tensor(after, dtype=torch.long), positions, hidden)
+        if seg.kind is Kind.VERIFY and kept < seg.rows:
+            drafter.rollback(seg.session, len(cache.tokens) + 1)
 
 
 def _rows(t: torch.Tensor | None, n: int) -> list[torch.Tensor | None]:

@@ -31,5 +31,7 @@ class ForwardBatch:
     logit_rows: torch.Tensor | None = None   # rows whose logits are needed; None = all
     deepstack_rows: torch.Tensor | None = None          # visual rows that receive DeepStack features
     deepstack: list[torch.Tensor] = field(default_factory=list)   # per level, [len(deepstack_rows), hidden]
+    hidden_rows: torch.Tensor | None = None  # rows whose final-norm hidden states the model leaves in `hidden`
+    hidden: torch.Tensor | None = None       # [len(hidden_rows), hidden], filled by the model
     cos: torch.Tensor | None = None          # filled by the model once per step
     sin: torch.Tensor | None = None

@@ -94,6 +94,8 @@ class DecoderLM(nn.Module):
             h = layer(h, batch)
             if i < len(batch.deepstack) and batch.deepstack_rows is not None:
                 h = h.index_add(0, batch.deepstack_rows, batch.deepstack[i].to(h.dtype))
+        if batch.hidden_rows is not None:     # what an MTP head reads: after the final norm, as vLLM's does
+            batch.hidden = self.norm(h[batch.hidden_rows])
         if batch.logit_rows is not None:
             h = h[batch.logit_rows]
         return self.lm_head(self.norm(h)).float()

@@ -45,6 +45,9 @@ DEFERRED_QUEUE_WAIT = Histogram("raincheck:deferred_queue_wait_seconds",
                                 "Time a residual waited for a free deferred worker.", buckets=_LATENCY)
 SESSIONS = Gauge("raincheck:sessions_active", "Open sessions on the worker.", ["worker"])
 KV_USAGE = Gauge("raincheck:kv_cache_usage_perc", "Fraction of the worker's KV pages in use.", ["worker"])
+DRAFT_TOKENS = Counter("raincheck:spec_decode_num_draft_tokens", "Draft tokens verified by speculative decoding.")
+ACCEPTED_TOKENS = Counter("raincheck:spec_decode_num_accepted_tokens", "Draft tokens speculative decoding "
+                          "accepted (each a token without a decode step of its own).")
 PREFIX_HIT_TOKENS = Counter("raincheck:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache "
                             "(shared KV pages) instead of prefilled.")
 PREFIX_PAGES = Gauge("raincheck:prefix_cache_pages", "KV pages the prefix cache holds (shared or cache-only).",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from raincheck_core import CheckpointError, Engine
 from raincheck_core.models.shipped import resolve_model_path
+from raincheck_core.speculative.config import SpeculativeConfig
 
 from ..common.settings import ModelSpec
 
@@ -36,6 +37,8 @@ def load_engine(spec: ModelSpec) -> Engine:
     """The checkpoint's Engine. Without a checkpoint, the seeded random model: the same weights in every
     process, so deferred workers join exactly what the decode worker would have computed."""
     options = dict(device=spec.device, dtype=spec.dtype, **spec.engine)
+    if "speculative" in options:
+        options["speculative"] = SpeculativeConfig(**options["speculative"])
     model = spec.model or default_model()
     if model is not None:
         return Engine.from_pretrained(model, **options)

@@ -27,6 +27,7 @@ RecoveryMode = Literal["colocated", "disaggregated"]      # recovery_modes.py ma
 Policy = Literal["full", "hard", "raincheck", "post_answer"]
 DType = Literal["float32", "bfloat16", "float16"]
 Backend = Literal["auto", "native", "torch", "flex", "fla"]      # raincheck_core.config.BACKENDS
+SpeculativeMethod = Literal["ngram", "mtp"]       # raincheck_core.speculative.config.METHODS
 RandomSize = Literal["tiny", "bench"]
 LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                      BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
@@ -208,6 +209,12 @@ class ModelSpec:
     backend: Backend | None = setting(None, "RAINCHECK_BACKEND", "op backend: auto (cuda: FlexAttention + fla's "
                                       "GDN kernels, graph-captured decode; cpu: native kernels), native, torch, "
                                       "flex, fla", shown="auto")
+    speculative_method: SpeculativeMethod | None = setting(
+        None, "RAINCHECK_SPECULATIVE_METHOD", "speculative decoding: ngram (prompt lookup, any model) or mtp (the "
+        "checkpoint's multi-token-prediction head, Qwen3.5); greedy answers stay the same, sampled ones keep their "
+        "distribution", shown="off")
+    speculative_tokens: int = setting(3, "RAINCHECK_SPECULATIVE_TOKENS", "draft tokens verified per decode step "
+                                      "with --speculative-method", gt=0)
 
     @model_validator(mode="after")
     def _engine_options(self) -> ModelSpec:
@@ -217,6 +224,9 @@ class ModelSpec:
         if self.prefix_cache_pages is not None:
             self.engine = {**self.engine, **({"prefix_cache_pages": self.prefix_cache_pages}
                                              if self.prefix_cache_pages else {"prefix_cache": False})}
+        if self.speculative_method is not None:     # plain data: the spec travels to deferred workers as JSON
+            self.engine = {**self.engine, "speculative": {"method": self.speculative_method,
+                                                          "num_tokens": self.speculative_tokens}}
         for name, option in (("gdn_checkpoint_mib", "gdn_checkpoint_bytes"), ("encoder_cache_mib",
                                                                              "encoder_cache_bytes")):
             if getattr(self, name) is not None:

@@ -120,7 +120,7 @@ def metrics_event(turn_id: str, m: TurnMetrics, choice: int = 0) -> chat_pb2.Cha
         e2e_s=m.e2e_s, queue_s=m.queue_s, deferred_tokens=m.deferred_tokens, deferred_pending=m.deferred_pending,
         tpot_restoring_s=m.tpot_restoring_s, barrier_wait_s=m.barrier_wait_s,
         previous_recovery_s=m.previous_recovery_s, cached_prompt_tokens=m.cached_prompt_tokens,
-        previous_pending=m.previous_pending,
+        previous_pending=m.previous_pending, drafts_proposed=m.drafts_proposed, drafts_accepted=m.drafts_accepted,
     ))
 
 

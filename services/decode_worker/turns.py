@@ -14,7 +14,7 @@ from raincheck_core.engine import TurnStream
 
 from .._gen import worker_pb2
 from ..common.logs import bind
-from ..common.metrics import BARRIER_WAIT, PREFIX_HIT_TOKENS, TurnTimer
+from ..common.metrics import ACCEPTED_TOKENS, BARRIER_WAIT, DRAFT_TOKENS, PREFIX_HIT_TOKENS, TurnTimer
 from .convert import (
     error_event,
     final_event,
@@ -96,6 +96,8 @@ def run_turn(ws: WorkerSession, stream: TurnStream, request: worker_pb2.TurnRequ
                 timer.done()
                 BARRIER_WAIT.observe(event.metrics.barrier_wait_s)
                 PREFIX_HIT_TOKENS.inc(event.metrics.cached_prompt_tokens)
+                DRAFT_TOKENS.inc(event.metrics.drafts_proposed)
+                ACCEPTED_TOKENS.inc(event.metrics.drafts_accepted)
                 if event.metrics.deferred_pending:   # not backend.pending: recovery may have finished already
                     backend.answer_done(ws)
                 ws.release(stream)

@@ -147,9 +147,14 @@ def usage_body(dones: Sequence[Done]) -> dict:
     """The usage of a turn's answers (by choice): the prompt counted once, every answer's tokens."""
     u = dones[0].usage
     completion = sum(d.usage.completion_tokens for d in dones)
+    accepted = sum(d.metrics.drafts_accepted for d in dones)
+    rejected = sum(d.metrics.drafts_proposed for d in dones) - accepted
+    # speculative decoding's drafts, in the fields OpenAI reports predicted outputs' by
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": completion,
             "total_tokens": u.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": rejected}}
 
 
 def completion_body(cid: str, model: str, dones: Sequence[Done], logprobs: bool = False) -> dict:

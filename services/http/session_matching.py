@@ -90,7 +90,8 @@ class Done:
         return {"session_id": self.session_id, "match": self.match,
                 "prefilled_tokens": m.prompt_tokens - m.cached_prompt_tokens,
                 "deferred_tokens": m.deferred_tokens, "deferred_pending": m.deferred_pending,
-                "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "barrier_wait_s": m.barrier_wait_s}
+                "ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "barrier_wait_s": m.barrier_wait_s,
+                "drafts_proposed": m.drafts_proposed, "drafts_accepted": m.drafts_accepted}
 
 
 class ChatBackend:

@@ -35,6 +35,8 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
             assert row["graphs_on"]["skeletons"] > 0 and row["graphs_on"]["not_captured"] == 0   # the padded path
             assert row["tpot_over_floor"]["plain"] > 0 and row["tpot_over_floor"]["fused"] > 0
     assert all(part["ok"] for part in result["timeline"]), result["timeline"]
+    for arms in result["speculation"].values():          # bench.spec's arms, on the device's engines
+        assert set(arms) == {"full", "raincheck"} and arms["full"]["replay k=3"]["acceptance"] == 1.0
     assert result["gdn"]["join_us"] > 0 and "aten::" in result["profile"]["table"]
     assert result["profile"]["top"] and result["profile"]["wall_ms_per_step"] > 0
     text = report.report(result)          # the tables docs/BENCHMARKS.md carries

@@ -16,6 +16,7 @@ from raincheck_core.deferral.recovery import Recovery
 from raincheck_core.engine.cost_model import StepCostModel
 from raincheck_core.engine.plan import Kind
 from raincheck_core.engine.scheduler import Scheduler
+from raincheck_core.engine.speculation import Speculation
 
 RAINCHECK = DeferralConfig("raincheck", selector="uniform", guard=4, chunk_size=7, tpot_slo=None)
 
@@ -78,6 +79,7 @@ class Turn:
     tpot_slo: float | None = None
     decode_s: float = 0.0
     plain_s: float = 0.0
+    step_tokens: int = 1                 # tokens its latest decode step emitted
 
     @property
     def decoding(self) -> bool:
@@ -94,6 +96,13 @@ class Turn:
     @property
     def last_token(self) -> int:
         return 100 + self.generated
+
+    @property
+    def draft_room(self) -> int:
+        return 20 - self.generated - 1       # max_new_tokens 20
+
+    def history(self) -> list[int]:
+        return [100 + i for i in range(self.generated)]
 
     def slack_s(self, plain_step_s: float) -> float:
         return self.tpot_slo * (self.plain_s + plain_step_s) - self.decode_s - plain_step_s
@@ -186,6 +195,60 @@ def test_the_tpot_objective_fuses_the_largest_bucket_its_slack_pays_for():
     assert fused(0.0010) == 7                # 2 ms: 7 rows (1.7 ms), not 15 (2.5 ms)
     assert fused(0.0035) == 31               # 4.5 ms: 31 rows (4.1 ms), not 63 (7.3 ms)
     assert fused(0.0100) == 63
+
+
+class _Fixed:
+    """A drafter that always proposes the same three tokens."""
+
+    needs_hidden = False
+
+    def propose(self, session, history, k):
+        return [7, 8, 9][:k]
+
+
+def test_draft_rows_cost_rows_under_the_objective_and_respect_the_length_limit():
+    """A verify segment (the last token and its drafts) takes the decode row's place; its draft rows are
+    carried rows, so the same slack pays for a smaller chunk beside them; near `max_new_tokens` fewer
+    drafts are verified."""
+    cfg = DeferralConfig("raincheck", selector="uniform", guard=0, tpot_slo=1.10)
+
+    def plan(k: int | None, generated: int = 10):
+        sched = Scheduler(128, 63, 64, _measured(), speculation=None if k is None else Speculation(_Fixed(), k, 1000))
+        turn = _decoding("t", generated=generated, deferred=100, cfg=cfg, tpot_slo=1.10)
+        turn.plain_s, turn.decode_s = 1.0, 1.0 + 0.1 - 0.0008      # 1.8 ms of slack
+        sched.add(turn)
+        return sched.schedule()
+
+    assert _kinds(plan(None)) == [(Kind.DEFERRED, "t", 7), (Kind.DECODE, "t", 1)]    # 7 rows: 1.7 ms
+    verify = plan(3)
+    assert _kinds(verify) == [(Kind.VERIFY, "t", 4)]            # 3 drafts + 7 rows would cost 2.0 ms
+    assert verify.segments[0].tokens == (110, 7, 8, 9) and verify.segments[0].position == 20
+    # room for one draft before the limit (and beside one draft row, 7 rows cost 1.8 ms: they fit)
+    assert _kinds(plan(3, generated=18)) == [(Kind.DEFERRED, "t", 7), (Kind.VERIFY, "t", 2)]
+    assert _kinds(plan(3, generated=19)) == [(Kind.DEFERRED, "t", 7), (Kind.DECODE, "t", 1)]
+
+
+class _Broken:
+    needs_hidden = False
+
+    def __init__(self, drafts):
+        self.out = drafts
+
+    def propose(self, session, history, k):
+        if isinstance(self.out, Exception):
+            raise self.out
+        return self.out
+
+
+def test_a_failing_drafter_or_a_token_outside_the_vocabulary_leaves_plain_decoding():
+    def kinds(drafter) -> list:
+        sched = Scheduler(128, 63, 64, speculation=Speculation(drafter, 3, vocab_size=50))
+        sched.add(_decoding("t"))
+        return [(s.kind, s.drafts) for s in sched.schedule().segments]
+
+    assert kinds(_Broken(RuntimeError("drafter bug"))) == [(Kind.DECODE, ())]
+    assert kinds(_Broken([7, 50, 8])) == [(Kind.VERIFY, (7,))]        # 50 is past the vocabulary: drafts end
+    assert kinds(_Broken([-1])) == [(Kind.DECODE, ())]
 
 
 def test_no_plain_step_measured_yet_means_no_fused_rows_under_an_objective():

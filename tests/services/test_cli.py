@@ -20,8 +20,9 @@ import pytest
 from raincheck_client import Client, Token, Unavailable
 from raincheck_core.config import BACKENDS, DTYPES
 from raincheck_core.deferral.policy import POLICIES
+from raincheck_core.speculative.config import METHODS
 from services import chat_cli, cli
-from services.common.settings import Backend, ChatSettings, DType, Policy
+from services.common.settings import Backend, ChatSettings, DType, Policy, SpeculativeMethod
 from tests.multimodal.mm_helpers import png
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +117,7 @@ def test_the_choices_agree_with_the_engine():
     assert typing.get_args(Policy) == POLICIES
     assert set(typing.get_args(DType)) == set(DTYPES)
     assert typing.get_args(Backend) == BACKENDS
+    assert typing.get_args(SpeculativeMethod) == METHODS
 
 
 # ------------------------------------------------------------------------------------ bad values
