@@ -69,7 +69,8 @@ class EngineCore:
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
         self.drafter = speculative_drafter(config.speculative, drafter)
-        speculation = Speculation(self.drafter, config.speculative.num_tokens) if self.drafter is not None else None
+        speculation = None if self.drafter is None else \
+            Speculation(self.drafter, config.speculative.num_tokens, model_config.vocab_size)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         cut = None if self.gdn is None else (lambda rows: not token_by_token(self.runner.ops(), rows))
