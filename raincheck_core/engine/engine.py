@@ -8,13 +8,17 @@ under one lock (engine/engine_lock.py). No module of the engine package imports 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
+import os
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
@@ -31,7 +35,9 @@ from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
-from ..parallel.group import joined_group
+from ..parallel.group import RankGroup, joined_group
+from ..parallel.shard import Shard, rank_config
+from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
 from . import residual
 from .core import EngineCore
@@ -39,6 +45,7 @@ from .cost_model import StepCostModel
 from .engine_lock import EngineLock
 from .graphs import StepGraphs
 from .hooks import StepStats
+from .mirror import Mirror, replay_commands
 from .plan import Segment, StepPlan
 from .scheduler import Scheduler
 from .session import Session, TurnStream
@@ -50,8 +57,12 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
-                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None):
+                 formatter=None, vision=None, selector_options: dict[str, dict] | None = None,
+                 ranks: WorkerRanks | None = None):
         self.config = config or EngineConfig()
+        # the worker ranks this engine started (from_pretrained at tensor_parallel_size > 1); None: it runs
+        # alone, or it is one of ranks the caller started, each making the same calls
+        self.ranks = ranks
         # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
         self.selector_options = dict(selector_options or {})
         # GDN decays drive states into subnormal floats, which run 10-70x slower on x86 CPUs; flushing
@@ -67,10 +78,12 @@ class Engine:
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         if vision is not None and self.config.encoder_cache_bytes:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)
-        self.core = EngineCore(self.model, model_config, self.config)
+        self.core = EngineCore(self.model, model_config, self.config, None if ranks is None else Mirror(ranks))
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
         self.sessions: dict[str, Session] = {}
+        if ranks is not None:      # no worker rank outlives its engine, closed or not
+            atexit.register(_close_ranks, weakref.ref(self))
 
     # the pools and the scheduler are the core's; read here for the services, benchmarks and tests
     @property
@@ -104,7 +117,8 @@ class Engine:
 
     @audit_gdn_join.setter
     def audit_gdn_join(self, value: bool) -> None:
-        self.core.audit_gdn_join = value
+        with self.lock, self.core.replicate("audit_gdn_join", value):
+            self.core.audit_gdn_join = value
 
     # what the services, benchmarks and the warm-up read: nothing outside the engine package reads `core`,
     # `scheduler` or `stepper` (tests/test_boundaries.py)
@@ -128,12 +142,14 @@ class Engine:
 
     @prefill_alignment.setter
     def prefill_alignment(self, value: tuple[int, int | None] | None) -> None:
-        self.core.scheduler.align = value
+        with self.lock, self.core.replicate("prefill_alignment", value):
+            self.core.scheduler.align = value
 
     def use_step_graphs(self, capture: bool) -> None:
         """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
         them eagerly over the same static buffers (`capture` False: the padded path timed on a CPU)."""
-        self.core.runner.use_graphs(capture)
+        with self.lock, self.core.replicate("use_step_graphs", capture):
+            self.core.runner.use_graphs(capture)
 
     @property
     def step_graphs(self) -> StepGraphs | None:
@@ -161,19 +177,51 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_config = ModelConfig.from_folder(folder)
-        # a tensor-parallel rank builds and loads only its shard
-        tp = joined_group(config.tensor_parallel_size) if config.tensor_parallel_size > 1 else None
-        model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
-                                                                           dtype=config.torch_dtype)
-        others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
-        vision = None
-        if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):
-            vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
-                                                   config.torch_dtype)
-        formatter = ChatFormatter.from_checkpoint(folder)
-        log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
-        return cls(model, model_config, config, formatter=formatter, vision=vision,
-                   selector_options=load_selector_options(folder))
+        ranks, tp = _rank_group(folder, model_config, config, engine_options)
+        try:
+            # a tensor-parallel rank builds and loads only its shard
+            model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
+                                                                               dtype=config.torch_dtype)
+            others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
+            vision = None
+            if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):
+                vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
+                                                       config.torch_dtype)
+            formatter = ChatFormatter.from_checkpoint(folder)
+            log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
+            return cls(model, model_config, config, formatter=formatter, vision=vision,
+                       selector_options=load_selector_options(folder), ranks=ranks)
+        except BaseException:
+            if ranks is not None:
+                ranks.close()
+            raise
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Stop the background stepper and the worker ranks this engine started (their processes exit).
+        The engine serves nothing afterwards at tensor_parallel_size > 1; at 1 it only stops stepping."""
+        self.stop_background()
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def rank_failure(self) -> str | None:
+        """Why the engine's tensor-parallel ranks cannot serve (a worker rank exited, a collective failed
+        or timed out); None while they can, or without worker ranks. Serving needs a new engine then."""
+        if self.ranks is None:
+            return None
+        failure = self.core.mirror.failure
+        if failure is not None:
+            return str(failure)
+        if self.ranks.closed:
+            return "the engine is closed"
+        return self.ranks.failure()
 
     def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
         """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
@@ -202,10 +250,11 @@ class Engine:
                      deferral: DeferralConfig | None = None) -> Session:
         """A new chat session; `deferral` is its policy (default `full`), overridable per turn."""
         limit = max_pages or self.config.max_pages_per_session
-        with self.lock:
-            if session_id is not None and session_id in self.sessions:
-                raise InvalidInputError(f"a session with id {session_id!r} already exists")
-            session = Session(self, self.core.open_cache(session_id or uuid.uuid4().hex, limit), deferral)
+        sid = session_id or uuid.uuid4().hex
+        with self.lock, self.core.replicate("open_session", sid, limit, deferral):
+            if sid in self.sessions:
+                raise InvalidInputError(f"a session with id {sid!r} already exists")
+            session = Session(self, self.core.open_cache(sid, limit), deferral)
             self.sessions[session.id] = session
         return session
 
@@ -231,7 +280,7 @@ class Engine:
 
     def clear_caches(self) -> None:
         """Empty the prefix cache and the encoder cache (sessions keep the pages they hold)."""
-        with self.lock:
+        with self.lock, self.core.replicate("clear_caches"):
             if self.core.prefix is not None:
                 self.core.prefix.clear()
         if self.vision is not None and self.vision.cache is not None:
@@ -263,7 +312,7 @@ class Engine:
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure with `clock` from now on (thread CPU time, a simulated clock), with a fresh cost model."""
-        with self.lock:
+        with self.lock, self.core.replicate("use_clock"):
             self.core.use_clock(clock)
 
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
@@ -284,7 +333,7 @@ class Engine:
         """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
         alone, and fused chunks during the answer run only with `fuse`. Returns the recovery's ticket (its
         turn index), or None when nothing is left."""
-        with self.lock:
+        with self.lock, self.core.replicate("hold_residual", session.id, fuse):
             rec = session.cache.recovery
             if rec is None or rec.done:
                 return None
@@ -296,11 +345,13 @@ class Engine:
         and the rows, as soon as the turn's I0 is prefilled (before that, or once the recovery is not held
         or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
         already holds; they are not shipped."""
+        self._check_handoff()
         with self.lock:
             return residual.export(self.core, session.cache, ticket, have)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
+        self._check_handoff()
         with self.lock:
             return residual.prefill(self.stepper, payload)
 
@@ -310,19 +361,28 @@ class Engine:
         the answer streams and no chunk may join now (a policy without fused chunks, or the guard): call
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
+        self._check_handoff()
         with self.lock:
             return residual.apply(self.stepper, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
         never lost) and refuses a result that comes later. False when that recovery is no longer held."""
-        with self.lock:
+        with self.lock, self.core.replicate("take_back", session.id, ticket):
             rec = session.cache.recovery
             if rec is None or rec.turn != ticket or not rec.held:
                 return False
             rec.take_back()
             self.wake()
             return True
+
+    def _check_handoff(self) -> None:
+        """A hand-off's payload and result are one rank's heads: between engines that started their own
+        ranks, every rank's would have to travel (not built yet; ranks started by the caller each ship
+        their own)."""
+        if self.ranks is not None:
+            raise InvalidInputError("hand-offs of deferred rows are not supported by an engine that started its "
+                                    "own tensor-parallel ranks yet")
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -332,6 +392,12 @@ class Engine:
 
         `input_ids [T]` (placeholders for `visual`, which are scattered in and get 3-D positions), or
         `inputs_embeds [T, d]`; `position_ids [T]` or `[3, T]` override the computed positions."""
+        # under the lock throughout: the input ids' digest is compared across ranks, in the calls' order
+        with self.lock, self.core.replicate("forward_logits", input_ids, inputs_embeds, position_ids, visual):
+            return self._forward_logits(input_ids, inputs_embeds, position_ids, visual)
+
+    def _forward_logits(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                        position_ids: torch.Tensor | None, visual: list[VisualInput] | None) -> torch.Tensor:
         cfg = self.model_config
         if (input_ids is None) == (inputs_embeds is None):
             raise InvalidInputError("pass exactly one of input_ids and inputs_embeds")
@@ -357,6 +423,37 @@ class Engine:
             inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
+
+
+def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,
+                options: dict) -> tuple[WorkerRanks | None, RankGroup | None]:
+    """This process's rank group at tensor_parallel_size > 1 (None at 1), and the worker ranks it started
+    for it when the caller did not start the ranks itself (this process is then rank 0)."""
+    world = config.tensor_parallel_size
+    if world == 1:
+        return None, None
+    if dist.is_initialized():
+        return None, joined_group(world)
+    rank_config(model_config, Shard(0, world))      # head counts that do not split fail before any rank starts
+    threads = config.num_threads
+    if threads is None and config.device == "cpu":      # the ranks share this machine's cores
+        threads = max(1, (os.cpu_count() or 1) // world)
+    options = {**options, "tensor_parallel_size": world}
+    return WorkerRanks.start(world, serve_rank, (str(folder), config.device, config.dtype, options),
+                             device=config.device, threads=threads)
+
+
+def serve_rank(group: RankGroup, commands: object, folder: str, device: str, dtype: str, options: dict) -> None:
+    """A worker rank of an engine that started its ranks: its replica loads its shard, then replays rank 0's
+    calls (engine/mirror.py) until rank 0 stops it."""
+    engine = Engine.from_pretrained(folder, device=device, dtype=dtype, **options)
+    replay_commands(engine, commands)
+
+
+def _close_ranks(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None and engine.ranks is not None:
+        engine.ranks.close()
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

@@ -117,13 +117,16 @@ _joined: dict[str, RankGroup] = {}
 def joined_group(world: int) -> RankGroup:
     """This process's rank group, when it is one of `world` ranks already joined (`init_rank_group`, or a
     default group initialised by the caller)."""
-    if not dist.is_initialized():
-        raise InvalidInputError(
-            f"tensor_parallel_size {world}: this process is not a rank of an initialised group; start the ranks "
-            "with raincheck_core.parallel.launch.spawn (the engine does not start them itself yet)")
     if dist.get_world_size() != world:
         raise InvalidInputError(f"tensor_parallel_size {world}, but this process's group has "
                                 f"{dist.get_world_size()} ranks")
     if "group" not in _joined:
         _joined["group"] = RankGroup(dist.get_rank(), world, control=_control_group(DEFAULT_TIMEOUT_S))
     return _joined["group"]
+
+
+def leave_rank_group() -> None:
+    """Leave the group this process joined (its engine stopped): another engine may start ranks afresh."""
+    _joined.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""An engine that starts its own ranks: `Engine.from_pretrained(path, tensor_parallel_size=2)` in an
+ordinary process (this one is rank 0; the worker rank is a child process replaying its calls)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.errors import InvalidInputError, RankFailedError
+from tests import tiny
+from tests.deferral.helpers import image_prompt
+
+TOL = 1e-5
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dialogue(engine: Engine) -> dict[str, tuple[list[int], torch.Tensor]]:
+    """What the test compares at TP = 1 and 2: per turn, the answer's ids and logits. A raincheck image
+    turn whose deferred rows the background stepper recovers after its answer, a follow-up (the barrier),
+    a second session's text turn beside it on another thread, sampled with a temperature."""
+    out = {}
+    engine.start_background()
+    first = engine.open_session(deferral=DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2,
+                                                        chunk_size=7))
+    second = engine.open_session()
+
+    def run(name: str, session, prompt, params: SamplingParams) -> None:
+        events = session.turn(prompt, params, return_logits=True).tokens()
+        out[name] = ([e.token_id for e in events], torch.stack([e.logits for e in events]))
+
+    run("image", first, image_prompt(engine, seed=3), SamplingParams(max_new_tokens=6, ignore_eos=True))
+    beside = threading.Thread(target=run, args=("sampled", second, Prompt([5, 6, 7, 8, 9]),
+                                                SamplingParams(max_new_tokens=8, ignore_eos=True, temperature=0.8,
+                                                               seed=17)))
+    beside.start()
+    run("follow_up", first, Prompt([11, 12, 13]), SamplingParams(max_new_tokens=6, ignore_eos=True))
+    beside.join()
+    first.close()
+    second.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen3_5(tiny_checkpoints) -> str:
+    return str(tiny_checkpoints["qwen3_5"][1])
+
+
+def test_an_engine_that_starts_its_ranks_answers_as_tp1_and_leaves_no_process(qwen3_5):
+    want = dialogue(Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8, tensor_parallel_size=1))
+    with Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8, tensor_parallel_size=2) as engine:
+        procs = list(engine.ranks.procs)
+        assert engine.model.tp.world == 2 and engine.model.tp.rank == 0
+        got = dialogue(engine)
+        assert engine.rank_failure is None
+    for name, (ids, logits) in want.items():
+        assert got[name][0] == ids, name
+        assert float((got[name][1] - logits).abs().max()) <= TOL, name
+    assert [p.exitcode for p in procs] == [0]       # closed: the worker rank stopped by itself
+    assert engine.rank_failure == "the engine is closed"
+
+
+def test_a_killed_worker_rank_fails_turns_with_a_typed_error_not_a_hang(qwen3_5):
+    with Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8, tensor_parallel_size=2) as engine:
+        session = engine.open_session()
+        end = session.turn(Prompt([5, 6, 7]), SamplingParams(max_new_tokens=2, ignore_eos=True)).result()
+        assert end.metrics.generated_tokens == 2
+        stream = session.turn(Prompt([8, 9]), SamplingParams(max_new_tokens=50, ignore_eos=True))
+        next(iter(stream))
+        worker = engine.ranks.procs[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+        with pytest.raises(RankFailedError):      # the turn in flight
+            stream.result()
+        assert engine.rank_failure is not None
+        with pytest.raises(RankFailedError):      # and every later one, at once
+            engine.open_session().turn(Prompt([5, 6]), SamplingParams(max_new_tokens=2))
+        session.close()                           # closing still works (local bookkeeping only)
+
+
+def test_head_counts_that_do_not_split_fail_before_any_rank_starts(tmp_path):
+    import multiprocessing
+
+    import transformers
+
+    cfg = tiny.build_config("qwen3_vl")
+    folder = tiny.save_model(transformers.Qwen3VLForConditionalGeneration(cfg).eval(), tmp_path)
+    with pytest.raises(InvalidInputError, match=r"attention heads \(\d+\) must be divisible by "
+                                                r"tensor_parallel_size \(3\)"):
+        Engine.from_pretrained(folder, tensor_parallel_size=3)
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_rank_stops_when_its_engine_process_dies_unclosed(qwen3_5, tmp_path):
+    """Rank 0 exits without closing its engine and without running exit handlers (as when killed): the
+    worker rank notices and exits."""
+    script = textwrap.dedent(f"""
+        import os
+        from raincheck_core import Engine
+        engine = Engine.from_pretrained({qwen3_5!r}, num_pages=32, max_gdn_slots=4, tensor_parallel_size=2)
+        print(engine.ranks.procs[0].pid, flush=True)
+        os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pid = int(out.stdout.split()[-1])
+    assert _gone(pid, timeout_s=60)
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    """The process `pid` exited within `timeout_s` (a zombie, exited but not yet reaped, counts)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
