@@ -62,7 +62,7 @@ class WorkerRuntime:
                                                deterministic=settings.deterministic)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
-        self.colocated = ColocatedRecovery(engine.wake)
+        self.colocated = ColocatedRecovery(lambda: self.engine.wake())     # the engine may be replaced
         offered = [self.colocated] if "colocated" in settings.recovery_modes else []
         self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [*offered, *(backends or [])]}
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
@@ -105,6 +105,22 @@ class WorkerRuntime:
             backend.stop()
         for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE, PREFIX_PAGES, ENCODER_BYTES, STEP_COST_DRIFT):
             gauge.remove(self.worker_id)
+
+    def replace_engine(self, load: Callable[[], Engine]) -> Engine:
+        """Serve the engine `load()` makes instead of the current one, whose tensor-parallel ranks failed:
+        the old engine's sessions are closed (the server marked them for takeover first: frontends rebuild
+        them from their turn logs) and its remaining ranks stopped, before the new one loads (its ranks
+        start afresh, its memory is free). Turns are refused until the new engine is in place; if `load`
+        raises, the worker stays failed."""
+        self.engine.close()
+        for session_id in list(self.sessions):
+            self.close(session_id)
+        engine = self.engine = load()
+        self.encoder_hits = 0
+        engine.start_background(self._after_step, idle_wait_s=STEP_IDLE_S)
+        self.rank_failure = None
+        self.on_change()
+        return engine
 
     # ---------------------------------------------------------------- sessions
     def open(self, request: worker_pb2.OpenSessionRequest) -> WorkerSession:

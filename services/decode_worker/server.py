@@ -90,14 +90,31 @@ class DecodeWorkerServer:
 
     def _rank_failed(self, why: str) -> None:
         """A tensor-parallel rank of the engine died or stopped answering: health NOT_SERVING and out of
-        the registry (frontends route elsewhere); its turns fail with RankFailedError (UNAVAILABLE). A new
-        worker process (k8s restarts the pod: its liveness probe) serves again."""
+        the registry (frontends route elsewhere; its turns fail with RankFailedError, UNAVAILABLE), its
+        sessions marked for takeover, and a new engine started with new ranks (`_restart`)."""
         log.error("engine ranks failed, not serving: %s", why, extra={"worker_id": self.worker_id})
         self.health.set_ready(False)
         try:
             self.store.remove_worker(self.worker_id)
         except Exception:   # the registration lapses by itself
             log.exception("cannot deregister worker %s", self.worker_id, extra={"worker_id": self.worker_id})
+        if not self._stopping.is_set():
+            threading.Thread(target=self._restart, name="raincheck-engine-restart", daemon=True).start()
+
+    def _restart(self) -> None:
+        """Load the model again (its ranks started afresh), warm it up, and serve: SERVING and registered."""
+        self._detach_sessions()
+        try:
+            engine = self.runtime.replace_engine(lambda: load_engine(self.settings.model_spec()))
+            warm_up(engine, calibrate=self.settings.calibrate)
+        except Exception:   # stays NOT_SERVING: the pod's restart (or an operator) takes over
+            log.exception("cannot restart the engine", extra={"worker_id": self.worker_id})
+            return
+        if self._stopping.is_set():
+            return
+        self.health.set_ready(True)
+        self.register()
+        log.info("engine restarted: serving again", extra={"worker_id": self.worker_id})
 
     def _beat(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_s):
