@@ -36,7 +36,6 @@ from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
 from ..parallel.group import RankGroup, joined_group
-from ..parallel.shard import Shard, rank_config
 from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -434,7 +433,10 @@ def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,
         return None, None
     if dist.is_initialized():
         return None, joined_group(world)
-    rank_config(model_config, Shard(0, world))      # head counts that do not split fail before any rank starts
+    # a head count or width that does not split raises here, before any rank starts: rank 0's decoder is
+    # built once without memory (the meta device), which checks every split the real build makes
+    with torch.device("meta"):
+        build_decoder(model_config, RankGroup(0, world), config.expert_parallel)
     threads = config.num_threads
     if threads is None and config.device == "cpu":      # the ranks share this machine's cores
         threads = max(1, (os.cpu_count() or 1) // world)

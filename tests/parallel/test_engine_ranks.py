@@ -87,19 +87,6 @@ def test_a_killed_worker_rank_fails_turns_with_a_typed_error_not_a_hang(qwen3_5)
         session.close()                           # closing still works (local bookkeeping only)
 
 
-def test_head_counts_that_do_not_split_fail_before_any_rank_starts(tmp_path):
-    import multiprocessing
-
-    import transformers
-
-    cfg = tiny.build_config("qwen3_vl")
-    folder = tiny.save_model(transformers.Qwen3VLForConditionalGeneration(cfg).eval(), tmp_path)
-    with pytest.raises(InvalidInputError, match=r"attention heads \(\d+\) must be divisible by "
-                                                r"tensor_parallel_size \(3\)"):
-        Engine.from_pretrained(folder, tensor_parallel_size=3)
-    assert not multiprocessing.active_children()
-
-
 def test_a_worker_rank_stops_when_its_engine_process_dies_unclosed(qwen3_5, tmp_path):
     """Rank 0 exits without closing its engine and without running exit handlers (as when killed): the
     worker rank notices and exits."""
@@ -130,3 +117,26 @@ def _gone(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+
+def _wider_mlp(cfg) -> None:
+    cfg.text_config.intermediate_size += 1
+
+
+@pytest.mark.parametrize(("family", "model", "tp", "change", "match"), [
+    ("qwen3_vl", "Qwen3VLForConditionalGeneration", 3, None, r"the attention heads \(\d+\) must"),
+    ("qwen3_5", "Qwen3_5ForConditionalGeneration", 2, _wider_mlp, r"the MLP's intermediate size \(\d+\) must"),
+])
+def test_heads_or_widths_that_do_not_split_fail_before_any_rank_starts(tmp_path, family, model, tp, change, match):
+    import multiprocessing
+
+    import transformers
+
+    cfg = tiny.build_config(family)
+    if change is not None:
+        change(cfg)
+    folder = tiny.save_model(getattr(transformers, model)(cfg).eval(), tmp_path)
+    with pytest.raises(InvalidInputError, match=match + rf" be divisible by tensor_parallel_size \({tp}\)"):
+        Engine.from_pretrained(folder, tensor_parallel_size=tp)
+    assert not multiprocessing.active_children()
