@@ -82,6 +82,7 @@ class EngineCore:
         self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
         self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
+        self.recovery_serials = itertools.count(1)     # this engine's own: replicas count alike
 
     # ---------------------------------------------------------------- what the runner and update read
     def cache(self, session: str) -> SessionCache:
@@ -241,7 +242,7 @@ class EngineCore:
                 if self.gdn is not None:
                     join = GDNJoin(self.gdn, cache.gdn_slot, self.model_config.linear_conv_kernel,
                                    keep_factors=self.audit_gdn_join)
-                rec = Recovery(deferred, cfg, join, turn=cache.turns)
+                rec = Recovery(deferred, cfg, join, turn=cache.turns, serial=next(self.recovery_serials))
                 # behind a previous turn's rows still pending (a bounded barrier): restored after them
                 if cache.recovery is None:
                     cache.recovery = rec

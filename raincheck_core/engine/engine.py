@@ -16,6 +16,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,7 @@ from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
 from ..parallel.group import RankGroup, joined_group
+from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part, result_part, to_cpu
 from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
 from . import residual
@@ -52,6 +54,7 @@ from .session_cache import SessionCache
 from .stepper import Stepper
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", ResidualPayload, ResidualResult)
 
 
 class Engine:
@@ -62,6 +65,8 @@ class Engine:
         # the worker ranks this engine started (from_pretrained at tensor_parallel_size > 1); None: it runs
         # alone, or it is one of ranks the caller started, each making the same calls
         self.ranks = ranks
+        # rank 0 or a replica of ranks an engine started (engine/mirror.py): its hand-offs carry whole heads
+        self.replicated = ranks is not None
         # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
         self.selector_options = dict(selector_options or {})
         # GDN decays drive states into subnormal floats, which run 10-70x slower on x86 CPUs; flushing
@@ -344,15 +349,15 @@ class Engine:
         and the rows, as soon as the turn's I0 is prefilled (before that, or once the recovery is not held
         or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
         already holds; they are not shipped."""
-        self._check_handoff()
-        with self.lock:
-            return residual.export(self.core, session.cache, ticket, have)
+        with self.lock, self.core.replicate("export_residual", session.id, ticket, have):
+            return self._whole(residual.export(self.core, session.cache, ticket, have), merge_payloads)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
-        self._check_handoff()
-        with self.lock:
-            return residual.prefill(self.stepper, payload)
+        with self.lock, self.core.replicate("prefill_residual", payload):
+            if self.replicated:
+                payload = payload_part(payload, self.model_config, self.model.tp.shard)
+            return self._whole(residual.prefill(self.stepper, payload), merge_results)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
@@ -360,8 +365,9 @@ class Engine:
         the answer streams and no chunk may join now (a policy without fused chunks, or the guard): call
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
-        self._check_handoff()
-        with self.lock:
+        with self.lock, self.core.replicate("apply_residual", session.id, ticket, result):
+            if self.replicated:
+                result = result_part(result, self.model_config, self.model.tp.shard)
             return residual.apply(self.stepper, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
@@ -375,13 +381,14 @@ class Engine:
             self.wake()
             return True
 
-    def _check_handoff(self) -> None:
-        """A hand-off's payload and result are one rank's heads: between engines that started their own
-        ranks, every rank's would have to travel (not built yet; ranks started by the caller each ship
-        their own)."""
-        if self.ranks is not None:
-            raise InvalidInputError("hand-offs of deferred rows are not supported by an engine that started its "
-                                    "own tensor-parallel ranks yet")
+    def _whole(self, part: T, merge: Callable[[list[T], ModelConfig], T]) -> T:
+        """A hand-off's payload or result as this engine ships it: its own, or on ranks an engine started,
+        every rank's part merged on rank 0 (whole heads, for a receiver of any tensor_parallel_size;
+        parallel/handoff_parts.py). A replica gets None back (nobody reads it)."""
+        if not self.replicated:
+            return part
+        parts = self.model.tp.gather_object(to_cpu(part))
+        return None if parts is None else merge(parts, self.model_config)
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -449,6 +456,7 @@ def serve_rank(group: RankGroup, commands: object, folder: str, device: str, dty
     """A worker rank of an engine that started its ranks: its replica loads its shard, then replays rank 0's
     calls (engine/mirror.py) until rank 0 stops it."""
     engine = Engine.from_pretrained(folder, device=device, dtype=dtype, **options)
+    engine.replicated = True
     replay_commands(engine, commands)
 
 

@@ -117,6 +117,9 @@ REPLAY: dict[str, Callable[..., Any]] = {
     "use_step_graphs": lambda e, capture: e.use_step_graphs(capture),
     "hold_residual": lambda e, sid, fuse: e.hold_residual(_session(e, sid), fuse=fuse),
     "take_back": lambda e, sid, ticket: e.take_back(_session(e, sid), ticket),
+    "export_residual": lambda e, sid, ticket, have: e.export_residual(_session(e, sid), ticket, have),
+    "prefill_residual": lambda e, payload: e.prefill_residual(payload),
+    "apply_residual": lambda e, sid, ticket, result: e.apply_residual(_session(e, sid), ticket, result),
     "forward_logits": lambda e, ids, embeds, positions, visual: e.forward_logits(
         ids, inputs_embeds=embeds, position_ids=positions, visual=visual),
 }

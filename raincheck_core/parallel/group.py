@@ -3,7 +3,7 @@
 The layers only reduce (`all_reduce`, after a row-parallel projection or the experts) and gather
 (`all_gather`, the vocabulary-parallel LM head's logits). The engine compares digests across ranks
 (`check_same`: of each step's plan, of each turn's input ids) and measures with rank 0's clock
-(`shared`); `broadcast_object` carries plain data from rank 0. Every collective has the group's
+(`shared`); `broadcast_object` carries plain data from rank 0, `gather_object` to it. Every collective has the group's
 timeout: a rank that died makes the others fail with `RankFailedError` instead of waiting for it forever.
 """
 
@@ -87,6 +87,16 @@ class RankGroup:
         except (RuntimeError, dist.DistBackendError) as e:
             raise RankFailedError(f"broadcast from rank {src} failed: {e}") from e
         return box[0]
+
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` (pickled: plain data, CPU tensors), in rank order, on rank 0; None elsewhere."""
+        out = [None] * self.world if self.rank == 0 else None
+        try:
+            dist.gather_object(obj, out, dst=0, group=self.control)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"gathering from {self.world} ranks failed: {e}") from e
+        return out
 
 
 def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",

@@ -140,3 +140,38 @@ def test_heads_or_widths_that_do_not_split_fail_before_any_rank_starts(tmp_path,
     with pytest.raises(InvalidInputError, match=match + rf" be divisible by tensor_parallel_size \({tp}\)"):
         Engine.from_pretrained(folder, tensor_parallel_size=tp)
     assert not multiprocessing.active_children()
+
+
+def handoff(engine: Engine, worker: Engine | None) -> dict:
+    """An image turn whose deferred rows are pending after its answer, recovered by `worker` (a hand-off:
+    export, prefill there, apply) or locally; then a follow-up: its ids and logits, and the K/V heads the
+    payload carried."""
+    cfg = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
+    session = engine.open_session(deferral=cfg)
+    session.turn(image_prompt(engine, seed=31), SamplingParams(max_new_tokens=4, ignore_eos=True)).result()
+    out = {}
+    if worker is None:
+        session.complete_recovery()
+    else:
+        ticket = engine.hold_residual(session)
+        payload = engine.export_residual(session, ticket)
+        out["kv_heads"] = payload.context_k.shape[2]
+        engine.apply_residual(session, ticket, worker.prefill_residual(payload))
+    events = session.turn(Prompt([11, 12, 13]), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                          return_logits=True).tokens()
+    session.close()
+    return {**out, "ids": [e.token_id for e in events], "logits": torch.stack([e.logits for e in events])}
+
+
+def test_an_engine_that_started_its_ranks_hands_off_whole_heads(qwen3_5):
+    """Its payload and result carry every rank's heads, merged on rank 0, so the other side may run at
+    any tensor_parallel_size: a TP = 2 decoder handing off to a TP = 1 worker and the other way round
+    give the answers of a recovery finished locally at TP = 1."""
+    single = Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8)
+    want = handoff(single, None)
+    with Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8, tensor_parallel_size=2) as split:
+        results = [handoff(split, single), handoff(single, split)]
+    for got in results:
+        assert got["ids"] == want["ids"]
+        assert float((got["logits"] - want["logits"]).abs().max()) <= TOL
+        assert got["kv_heads"] == single.model_config.num_kv_heads
