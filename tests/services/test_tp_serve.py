@@ -75,22 +75,26 @@ class Serve:
         return grpc_status, httpx.get(self.url + "/health", timeout=30).status_code
 
     def rank_pids(self) -> list[int]:
-        """The worker ranks the engine started: children of serve made by multiprocessing's spawn (not its
-        resource tracker)."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                cmdline = (stat.parent / "cmdline").read_bytes()
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == self.proc.pid and b"spawn_main" in cmdline:
-                pids.append(int(stat.parent.name))
-        return pids
+        return rank_pids(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(timeout=120) == 0
+
+
+def rank_pids(parent: int) -> list[int]:
+    """The worker ranks an engine in process `parent` started: its children made by multiprocessing's spawn
+    (not its resource tracker)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def test_serve_at_tp2_answers_as_tp1_and_a_killed_rank_gives_not_serving():
