@@ -81,8 +81,11 @@ class WorkerRanks:
         ranks = cls(world, procs, commands)
         try:
             group = init_rank_group(0, world, address, device, timeout_s)
-        except BaseException:
+        except BaseException as e:
+            why = ranks.failure()
             ranks.close()
+            if why is not None:     # the rendezvous waited for a rank that died starting (its error is on stderr)
+                raise RankFailedError(f"a worker rank failed to start: {why}") from e
             raise
         return ranks, group
 
