@@ -89,7 +89,7 @@ def _turn(engine: Engine, sid: str, prompt: Any, chat_level: bool, params: Any, 
 
 
 def _step(engine: Engine, sid: str | None) -> None:
-    engine.step(None if sid is None else _session(engine, sid).cache)
+    engine.step(None if sid is None else engine.core.cache(sid))
 
 
 def _set(name: str) -> Callable[..., None]:
