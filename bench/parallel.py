@@ -15,9 +15,11 @@ the cores.
 
 `engine_started`: `Engine.from_pretrained(folder, tensor_parallel_size=N)` as a user calls it, in a fresh
 process that becomes rank 0 and starts the other ranks itself; per process (rank 0, then the workers),
-after the load and one turn, its peak RSS (VmHWM) and resident anonymous memory, at N = 1 and 2. Every
-process also holds the interpreter, torch and the engine's buffers: the difference to N = 1 is the part
-of the weights a process does not hold.
+after the load and the same greedy turn, its peak RSS (VmHWM) and resident anonymous memory, at N = 1
+and 2; and rank 0's decode step time, to set beside the ranks above that run the same calls themselves
+(the difference is what sending each call to the workers costs). Every process also holds the
+interpreter, torch and the engine's buffers: the difference to N = 1 is the part of the weights and
+pools a process does not hold.
 
     python -m bench.parallel [--quick] [--json] [--family qwen3_5]
 """
@@ -143,24 +145,32 @@ def _single(group: RankGroup, folder: str, tokens: int, prompt_len: int) -> dict
     return rank_run(None, folder, 1, tokens, prompt_len)
 
 
-def engine_started(folder: str, world: int) -> list[dict]:
-    """In a fresh process: the engine loaded as a user loads it, one turn run (so every worker rank has
-    loaded too); per process, rank 0 first, its peak RSS and resident anonymous memory."""
+def engine_started(folder: str, world: int, tokens: int, prompt_len: int) -> list[dict]:
+    """In a fresh process: the engine loaded as a user loads it and a greedy turn run (so every worker rank
+    has loaded too); per process, rank 0 first, its peak RSS and resident anonymous memory, and rank 0's
+    median decode step."""
     torch.set_num_threads(1)
     engine = Engine.from_pretrained(folder, tensor_parallel_size=world, num_threads=1, num_pages=256,
                                     max_gdn_slots=4, prefix_cache=False)
     with engine:
         session = engine.open_session()
-        session.turn(Prompt(list(range(16, 32))), SamplingParams(max_new_tokens=2)).result()
+        session.turn(Prompt(list(range(16, 24))), SamplingParams(max_new_tokens=2)).result()     # warm-up
+        session.close()
+        session = engine.open_session()
+        prompt = torch.randint(16, 2000, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        stamps = [time.perf_counter() for e in session.turn(Prompt(prompt), SamplingParams(
+            max_new_tokens=tokens, ignore_eos=True)) if isinstance(e, TokenEvent)]
         session.close()
         pids = [os.getpid(), *(p.pid for p in (engine.ranks.procs if engine.ranks is not None else []))]
-        return [dict(peak_rss_mib=_memory("VmHWM", pid) / 2**20, anon_mib=_memory("RssAnon", pid) / 2**20)
-                for pid in pids]
+        out = [dict(peak_rss_mib=_memory("VmHWM", pid) / 2**20, anon_mib=_memory("RssAnon", pid) / 2**20)
+               for pid in pids]
+    out[0]["step_ms"] = 1e3 * statistics.median(b - a for a, b in itertools.pairwise(stamps))
+    return out
 
 
-def _engine_started(folder: str, world: int) -> list[dict]:
+def _engine_started(folder: str, world: int, tokens: int, prompt_len: int) -> list[dict]:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(engine_started, folder, world).result()
+        return pool.submit(engine_started, folder, world, tokens, prompt_len).result()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint_mib = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) / 2**20
         res = dict(family=args.family, size="bench", checkpoint_mib=checkpoint_mib, tokens=tokens,
                    prompt_tokens=prompt_len, tp={w: _run(folder, w, tokens, prompt_len) for w in (1, 2)},
-                   engine_started={w: _engine_started(folder, w) for w in (1, 2)})
+                   engine_started={w: _engine_started(folder, w, tokens, prompt_len) for w in (1, 2)})
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -191,13 +201,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['load_peak_anon_mib']:.1f} | {r['load_anon_mib']:.1f} | {r['step_ms']:.2f} | "
                   f"{p['all_reduce']:.0f} | {d['all_reduce']:.0f} | {d['all_gather']:.0f} |")
     print("\nEngine.from_pretrained(tensor_parallel_size=N) in a fresh process (rank 0 starts the others):\n")
-    print("| TP | process | peak RSS MiB | resident anon MiB | anon less TP = 1's |")
-    print("|---|---|---|---|---|")
+    print("| TP | process | peak RSS MiB | resident anon MiB | anon less TP = 1's | decode step ms |")
+    print("|---|---|---|---|---|---|")
     (alone,) = res["engine_started"][1]
     for world, procs in res["engine_started"].items():
         for rank, r in enumerate(procs):
+            step = f"{r['step_ms']:.2f}" if "step_ms" in r else ""
             print(f"| {world} | rank {rank} | {r['peak_rss_mib']:.1f} | {r['anon_mib']:.1f} | "
-                  f"{r['anon_mib'] - alone['anon_mib']:+.1f} |")
+                  f"{r['anon_mib'] - alone['anon_mib']:+.1f} | {step} |")
 
 
 if __name__ == "__main__":

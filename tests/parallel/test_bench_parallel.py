@@ -26,6 +26,6 @@ def test_quick_json_counts_two_all_reduces_per_layer_and_a_halved_shard_per_proc
     assert single["decode_bytes_per_step"] == {"all_reduce": 0, "all_gather": 0}
     # as a user loads it (rank 0 starting the other rank): each process holds half the weights less
     (alone,), started = res["engine_started"]["1"], res["engine_started"]["2"]
-    assert len(started) == 2
+    assert len(started) == 2 and "step_ms" in started[0]
     for process in started:
         assert process["anon_mib"] < alone["anon_mib"] - 0.4 * single["param_mib"]
