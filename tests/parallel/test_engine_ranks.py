@@ -178,3 +178,23 @@ def test_an_engine_that_started_its_ranks_hands_off_whole_heads(qwen3_5):
         assert got["ids"] == want["ids"]
         assert float((got["logits"] - want["logits"]).abs().max()) <= TOL
         assert got["kv_heads"] == single.model_config.num_kv_heads
+
+
+def test_a_plan_hook_failing_on_rank_0_fails_the_turn_and_the_engine_serves_on(qwen3_5):
+    """Fault injection on rank 0 only (its worker has no hooks): the worker is told before the forward,
+    fails the same step, and both ranks go on in step: the next turn answers as at TP = 1."""
+    from raincheck_core.errors import StepFailedError
+
+    want = Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8).open_session().turn(
+        Prompt([5, 6, 7, 8]), SamplingParams(max_new_tokens=5, ignore_eos=True)).result().token_ids
+    with Engine.from_pretrained(qwen3_5, num_pages=64, max_gdn_slots=8, tensor_parallel_size=2) as engine:
+        def fail(plan) -> None:
+            raise RuntimeError("injected")
+
+        remove = engine.on_plan(fail)
+        with pytest.raises(StepFailedError, match="injected"):
+            engine.open_session().turn(Prompt([9, 10]), SamplingParams(max_new_tokens=3)).result()
+        remove()
+        session = engine.open_session()
+        end = session.turn(Prompt([5, 6, 7, 8]), SamplingParams(max_new_tokens=5, ignore_eos=True)).result()
+        assert end.token_ids == want and engine.rank_failure is None
