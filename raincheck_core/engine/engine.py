@@ -440,6 +440,9 @@ def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,
         return None, None
     if dist.is_initialized():
         return None, joined_group(world)
+    if torch.device(config.device).index is not None:
+        raise InvalidInputError(f"device {config.device!r} at tensor_parallel_size {world}: give 'cuda' (rank r takes "
+                                "the r-th visible GPU; choose them with CUDA_VISIBLE_DEVICES)")
     # a head count or width that does not split raises here, before any rank starts: rank 0's decoder is
     # built once without memory (the meta device), which checks every split the real build makes
     with torch.device("meta"):

@@ -198,3 +198,11 @@ def test_a_plan_hook_failing_on_rank_0_fails_the_turn_and_the_engine_serves_on(q
         session = engine.open_session()
         end = session.turn(Prompt([5, 6, 7, 8]), SamplingParams(max_new_tokens=5, ignore_eos=True)).result()
         assert end.token_ids == want and engine.rank_failure is None
+
+
+def test_one_gpu_named_for_several_ranks_is_refused_before_any_rank_starts(qwen3_5):
+    import multiprocessing
+
+    with pytest.raises(InvalidInputError, match="give 'cuda'"):
+        Engine.from_pretrained(qwen3_5, device="cuda:1", tensor_parallel_size=2)
+    assert not multiprocessing.active_children()
