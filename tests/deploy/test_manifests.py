@@ -461,7 +461,7 @@ def test_multi_gpu_decode_example(rendered: dict) -> None:
     tp = env["RAINCHECK_TENSOR_PARALLEL_SIZE"]
     resources = c["resources"]
     assert int(tp) > 1 and resources["limits"]["nvidia.com/gpu"] == tp == resources["requests"]["nvidia.com/gpu"]
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["NCCL_SOCKET_IFNAME"] == "lo"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert mounts["dshm"] == "/dev/shm" and volumes["dshm"]["emptyDir"]["medium"] == "Memory"
