@@ -37,10 +37,13 @@ class RecoverySnapshot:
 
 
 class Recovery:
-    def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None, turn: int = 0):
+    def __init__(self, rows: TurnInput, cfg: DeferralConfig, join: GDNJoin | None, turn: int = 0,
+                 serial: int | None = None):
         self.rows = rows
         self.turn = turn               # the session's turn index: names this recovery (hand-off tickets)
-        self.serial = next(_serials)   # unique: a result made for an undone attempt of the same turn is refused
+        # unique in its engine: a result made for an undone attempt of the same turn is refused (the engine
+        # numbers its own, so that the replicas of an engine's ranks number theirs alike)
+        self.serial = next(_serials) if serial is None else serial
         self.cfg = cfg
         self.join = join
         self.cursor = 0

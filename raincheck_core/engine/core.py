@@ -17,7 +17,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from ..speculative.factory import speculative_drafter
 from .cost_model import StepCostModel
 from .hooks import Hooks, StepStats
 from .memory import reserve
+from .mirror import Mirror
 from .plan import StepPlan
 from .request import Admission, TurnRequest
 from .resolve import resolve
@@ -56,11 +58,14 @@ _scratch_ids = itertools.count(1)
 
 class EngineCore:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig,
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, mirror: Mirror | None = None):
         """`drafter`: what proposes draft tokens when `config.speculative` is on (default: the n-gram
-        drafter for method "ngram"; an "mtp" drafter comes from the checkpoint, `Engine.from_pretrained`)."""
+        drafter for method "ngram"; an "mtp" drafter comes from the checkpoint, `Engine.from_pretrained`);
+        `mirror`: this engine is rank 0 of worker ranks it started (engine/mirror.py)."""
         cfg = model_config
         self.config = config
+        # rank 0 of worker ranks this engine started: its state-changing calls are replayed there
+        self.mirror = mirror
         self.model = model
         self.model_config = cfg
         self.device = torch.device(config.device)
@@ -88,6 +93,7 @@ class EngineCore:
         self.scratches: dict[str, ScratchWork] = {}      # scratch session -> its rows and their cursor
         self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
+        self.recovery_serials = itertools.count(1)     # this engine's own: replicas count alike
 
     # ---------------------------------------------------------------- what the runner and update read
     def cache(self, session: str) -> SessionCache:
@@ -112,8 +118,20 @@ class EngineCore:
 
     def _clock(self, clock: Callable[[], float]) -> Callable[[], float]:
         """`clock`, or on a tensor-parallel rank rank 0's reading of it: ranks must take the same
-        scheduling decisions, which depend on measured times (parallel/group.py `shared`)."""
-        return clock if self.model.tp is None else self.model.tp.shared(clock)
+        scheduling decisions, which depend on measured times (parallel/group.py `shared`). Rank 0 of
+        ranks it started shares its readings inside the calls its replicas replay, and only there."""
+        if self.model.tp is None:
+            return clock
+        shared = self.model.tp.shared(clock)
+        mirror = self.mirror
+        if mirror is None:
+            return shared
+        return lambda: shared() if mirror.replaying() else clock()
+
+    def replicate(self, op: str, *args: Any, required: bool = True) -> AbstractContextManager[None]:
+        """The body is call `op(*args)` of the facade or a session: on rank 0 of worker ranks the engine
+        started, sent to them first (engine/mirror.py `Mirror.call`; enter under the engine lock)."""
+        return nullcontext() if self.mirror is None else self.mirror.call(op, *args, required=required)
 
     def stepped(self, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> None:
         """A step ran: teach the TPOT objective (a step that did not fail) and tell the hooks."""
@@ -142,7 +160,8 @@ class EngineCore:
 
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Work to step (none once the engine's ranks failed: a step would only raise)."""
+        return self.scheduler.has_work() and (self.mirror is None or self.mirror.failure is None)
 
     def cancel(self, plan: StepPlan) -> None:
         """Drop a plan whose forward failed: the claimed slots go back to their sessions unfilled."""
@@ -251,7 +270,7 @@ class EngineCore:
                 if self.gdn is not None:
                     join = GDNJoin(self.gdn, cache.gdn_slot, self.model_config.linear_conv_kernel,
                                    keep_factors=self.audit_gdn_join)
-                rec = Recovery(deferred, cfg, join, turn=cache.turns)
+                rec = Recovery(deferred, cfg, join, turn=cache.turns, serial=next(self.recovery_serials))
                 # behind a previous turn's rows still pending (a bounded barrier): restored after them
                 if cache.recovery is None:
                     cache.recovery = rec
@@ -372,6 +391,8 @@ class EngineCore:
     def step_failed(self, cache: SessionCache, error: Exception) -> None:
         """A step holding only `cache`'s rows failed: its running turn fails, or its recovery's chunk is
         retried, and the recovery given up after `MAX_RECOVERY_FAILURES`."""
+        if isinstance(error, RankFailedError) and self.mirror is not None:
+            self.mirror.fail(error)
         req = self.turns.get(cache.session)
         if req is not None:
             # a tensor-parallel rank that died is the server's fault, not the turn's: its own error says so

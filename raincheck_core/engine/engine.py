@@ -8,13 +8,18 @@ under one lock (engine/engine_lock.py). No module of the engine package imports 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
+import os
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
@@ -31,7 +36,9 @@ from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
-from ..parallel.group import joined_group
+from ..parallel.group import RankGroup, joined_group
+from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part, result_part, to_cpu
+from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
 from ..speculative.drafter import Drafter
 from . import residual
@@ -40,6 +47,7 @@ from .cost_model import StepCostModel
 from .engine_lock import EngineLock
 from .graphs import StepGraphs
 from .hooks import StepStats
+from .mirror import Mirror, replay_commands
 from .plan import Segment, StepPlan
 from .scheduler import Scheduler
 from .session import Session, TurnStream
@@ -47,13 +55,19 @@ from .session_cache import SessionCache
 from .stepper import Stepper
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", ResidualPayload, ResidualResult)
 
 
 class Engine:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
                  formatter=None, vision=None, selector_options: dict[str, dict] | None = None,
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, ranks: WorkerRanks | None = None):
         self.config = config or EngineConfig()
+        # the worker ranks this engine started (from_pretrained at tensor_parallel_size > 1); None: it runs
+        # alone, or it is one of ranks the caller started, each making the same calls
+        self.ranks = ranks
+        # rank 0 or a replica of ranks an engine started (engine/mirror.py): its hand-offs carry whole heads
+        self.replicated = ranks is not None
         # the checkpoint's calibrated selector options ({selector: {option: value}}, selector_options.json)
         self.selector_options = dict(selector_options or {})
         # GDN decays drive states into subnormal floats, which run 10-70x slower on x86 CPUs; flushing
@@ -69,10 +83,13 @@ class Engine:
         self.grammars = Grammars(formatter.tokenizer if formatter is not None else None, model_config.vocab_size)
         if vision is not None and self.config.encoder_cache_bytes:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)
-        self.core = EngineCore(self.model, model_config, self.config, drafter)
+        self.core = EngineCore(self.model, model_config, self.config, drafter,
+                               None if ranks is None else Mirror(ranks))
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
         self.sessions: dict[str, Session] = {}
+        if ranks is not None:      # no worker rank outlives its engine, closed or not
+            atexit.register(_close_ranks, weakref.ref(self))
 
     # the pools and the scheduler are the core's; read here for the services, benchmarks and tests
     @property
@@ -106,7 +123,8 @@ class Engine:
 
     @audit_gdn_join.setter
     def audit_gdn_join(self, value: bool) -> None:
-        self.core.audit_gdn_join = value
+        with self.lock, self.core.replicate("audit_gdn_join", value):
+            self.core.audit_gdn_join = value
 
     # what the services, benchmarks and the warm-up read: nothing outside the engine package reads `core`,
     # `scheduler` or `stepper` (tests/test_boundaries.py)
@@ -130,12 +148,14 @@ class Engine:
 
     @prefill_alignment.setter
     def prefill_alignment(self, value: tuple[int, int | None] | None) -> None:
-        self.core.scheduler.align = value
+        with self.lock, self.core.replicate("prefill_alignment", value):
+            self.core.scheduler.align = value
 
     def use_step_graphs(self, capture: bool) -> None:
         """Pad decode steps to their bucket and replay them from captured graphs (`capture`, CUDA), or run
         them eagerly over the same static buffers (`capture` False: the padded path timed on a CPU)."""
-        self.core.runner.use_graphs(capture)
+        with self.lock, self.core.replicate("use_step_graphs", capture):
+            self.core.runner.use_graphs(capture)
 
     @property
     def step_graphs(self) -> StepGraphs | None:
@@ -165,21 +185,58 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_config = ModelConfig.from_folder(folder)
-        # a tensor-parallel rank builds and loads only its shard
-        tp = joined_group(config.tensor_parallel_size) if config.tensor_parallel_size > 1 else None
-        model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
-                                                                           dtype=config.torch_dtype)
-        others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
-        vision = None
-        if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):
-            vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
-                                                   config.torch_dtype)
-        formatter = ChatFormatter.from_checkpoint(folder)
-        if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
-            drafter = _mtp_drafter(folder, model, model_config, config)
-        log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
-        return cls(model, model_config, config, formatter=formatter, vision=vision,
-                   selector_options=load_selector_options(folder), drafter=drafter)
+        if config.tensor_parallel_size > 1 and (drafter is not None or config.speculative.method == "mtp"):
+            # the replicas of rank 0 build their drafter from the settings alone, and the MTP head reads the
+            # whole vocabulary, which the ranks split
+            raise InvalidInputError("speculative decoding at tensor_parallel_size > 1 takes method 'ngram' only "
+                                    "(an MTP head or a drafter object is not split across ranks yet)")
+        ranks, tp = _rank_group(folder, model_config, config, engine_options)
+        try:
+            # a tensor-parallel rank builds and loads only its shard
+            model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
+                                                                               dtype=config.torch_dtype)
+            others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
+            vision = None
+            if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):
+                vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
+                                                       config.torch_dtype)
+            formatter = ChatFormatter.from_checkpoint(folder)
+            if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
+                drafter = _mtp_drafter(folder, model, model_config, config)
+            log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
+            return cls(model, model_config, config, formatter=formatter, vision=vision,
+                       selector_options=load_selector_options(folder), drafter=drafter, ranks=ranks)
+        except BaseException:
+            if ranks is not None:
+                ranks.close()
+            raise
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Stop the background stepper and the worker ranks this engine started (their processes exit).
+        The engine serves nothing afterwards at tensor_parallel_size > 1; at 1 it only stops stepping."""
+        self.stop_background()
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def rank_failure(self) -> str | None:
+        """Why the engine's tensor-parallel ranks cannot serve (a worker rank exited, a collective failed
+        or timed out); None while they can, or without worker ranks. Serving needs a new engine then."""
+        if self.ranks is None:
+            return None
+        failure = self.core.mirror.failure
+        if failure is not None:
+            return str(failure)
+        if self.ranks.closed:
+            return "the engine is closed"
+        return self.ranks.failure()
 
     def build_prompt(self, message: Message, *, first_turn: bool, selection_signals: bool = False) -> Prompt:
         """`message` as a token-level prompt, as a session's turn prefills it: rendered by the checkpoint's
@@ -208,10 +265,11 @@ class Engine:
                      deferral: DeferralConfig | None = None) -> Session:
         """A new chat session; `deferral` is its policy (default `full`), overridable per turn."""
         limit = max_pages or self.config.max_pages_per_session
-        with self.lock:
-            if session_id is not None and session_id in self.sessions:
-                raise InvalidInputError(f"a session with id {session_id!r} already exists")
-            session = Session(self, self.core.open_cache(session_id or uuid.uuid4().hex, limit), deferral)
+        sid = session_id or uuid.uuid4().hex
+        with self.lock, self.core.replicate("open_session", sid, limit, deferral):
+            if sid in self.sessions:
+                raise InvalidInputError(f"a session with id {sid!r} already exists")
+            session = Session(self, self.core.open_cache(sid, limit), deferral)
             self.sessions[session.id] = session
         return session
 
@@ -237,7 +295,7 @@ class Engine:
 
     def clear_caches(self) -> None:
         """Empty the prefix cache and the encoder cache (sessions keep the pages they hold)."""
-        with self.lock:
+        with self.lock, self.core.replicate("clear_caches"):
             if self.core.prefix is not None:
                 self.core.prefix.clear()
         if self.vision is not None and self.vision.cache is not None:
@@ -269,7 +327,7 @@ class Engine:
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure with `clock` from now on (thread CPU time, a simulated clock), with a fresh cost model."""
-        with self.lock:
+        with self.lock, self.core.replicate("use_clock"):
             self.core.use_clock(clock)
 
     def speculate(self, num_tokens: int | None) -> None:
@@ -297,7 +355,7 @@ class Engine:
         """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
         alone, and fused chunks during the answer run only with `fuse`. Returns the recovery's ticket (its
         turn index), or None when nothing is left."""
-        with self.lock:
+        with self.lock, self.core.replicate("hold_residual", session.id, fuse):
             rec = session.cache.recovery
             if rec is None or rec.done:
                 return None
@@ -309,13 +367,15 @@ class Engine:
         and the rows, as soon as the turn's I0 is prefilled (before that, or once the recovery is not held
         or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
         already holds; they are not shipped."""
-        with self.lock:
-            return residual.export(self.core, session.cache, ticket, have)
+        with self.lock, self.core.replicate("export_residual", session.id, ticket, have):
+            return self._whole(residual.export(self.core, session.cache, ticket, have), merge_payloads)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
-        with self.lock:
-            return residual.prefill(self.stepper, payload)
+        with self.lock, self.core.replicate("prefill_residual", payload):
+            if self.replicated:
+                payload = payload_part(payload, self.model_config, self.model.tp.shard)
+            return self._whole(residual.prefill(self.stepper, payload), merge_results)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
@@ -323,19 +383,30 @@ class Engine:
         the answer streams and no chunk may join now (a policy without fused chunks, or the guard): call
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
-        with self.lock:
+        with self.lock, self.core.replicate("apply_residual", session.id, ticket, result):
+            if self.replicated:
+                result = result_part(result, self.model_config, self.model.tp.shard)
             return residual.apply(self.stepper, session.cache, ticket, result)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
         never lost) and refuses a result that comes later. False when that recovery is no longer held."""
-        with self.lock:
+        with self.lock, self.core.replicate("take_back", session.id, ticket):
             rec = session.cache.recovery
             if rec is None or rec.turn != ticket or not rec.held:
                 return False
             rec.take_back()
             self.wake()
             return True
+
+    def _whole(self, part: T, merge: Callable[[list[T], ModelConfig], T]) -> T:
+        """A hand-off's payload or result as this engine ships it: its own, or on ranks an engine started,
+        every rank's part merged on rank 0 (whole heads, for a receiver of any tensor_parallel_size;
+        parallel/handoff_parts.py). A replica gets None back (nobody reads it)."""
+        if not self.replicated:
+            return part
+        parts = self.model.tp.gather_object(to_cpu(part))
+        return None if parts is None else merge(parts, self.model_config)
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -345,6 +416,12 @@ class Engine:
 
         `input_ids [T]` (placeholders for `visual`, which are scattered in and get 3-D positions), or
         `inputs_embeds [T, d]`; `position_ids [T]` or `[3, T]` override the computed positions."""
+        # under the lock throughout: the input ids' digest is compared across ranks, in the calls' order
+        with self.lock, self.core.replicate("forward_logits", input_ids, inputs_embeds, position_ids, visual):
+            return self._forward_logits(input_ids, inputs_embeds, position_ids, visual)
+
+    def _forward_logits(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                        position_ids: torch.Tensor | None, visual: list[VisualInput] | None) -> torch.Tensor:
         cfg = self.model_config
         if (input_ids is None) == (inputs_embeds is None):
             raise InvalidInputError("pass exactly one of input_ids and inputs_embeds")
@@ -380,6 +457,44 @@ def _mtp_drafter(folder: Path, model: DecoderLM, model_config: ModelConfig, conf
     except ModuleNotFoundError as e:
         raise UnsupportedModelError("speculative method 'mtp': this build has no MTP drafter") from e
     return load_mtp_drafter(folder, model, model_config, config)
+
+
+def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,
+                options: dict) -> tuple[WorkerRanks | None, RankGroup | None]:
+    """This process's rank group at tensor_parallel_size > 1 (None at 1), and the worker ranks it started
+    for it when the caller did not start the ranks itself (this process is then rank 0)."""
+    world = config.tensor_parallel_size
+    if world == 1:
+        return None, None
+    if dist.is_initialized():
+        return None, joined_group(world)
+    if torch.device(config.device).index is not None:
+        raise InvalidInputError(f"device {config.device!r} at tensor_parallel_size {world}: give 'cuda' (rank r takes "
+                                "the r-th visible GPU; choose them with CUDA_VISIBLE_DEVICES)")
+    # a head count or width that does not split raises here, before any rank starts: rank 0's decoder is
+    # built once without memory (the meta device), which checks every split the real build makes
+    with torch.device("meta"):
+        build_decoder(model_config, RankGroup(0, world), config.expert_parallel)
+    threads = config.num_threads
+    if threads is None and config.device == "cpu":      # the ranks share this machine's cores
+        threads = max(1, (os.cpu_count() or 1) // world)
+    options = {**options, "tensor_parallel_size": world}
+    return WorkerRanks.start(world, serve_rank, (str(folder), config.device, config.dtype, options),
+                             device=config.device, threads=threads)
+
+
+def serve_rank(group: RankGroup, commands: object, folder: str, device: str, dtype: str, options: dict) -> None:
+    """A worker rank of an engine that started its ranks: its replica loads its shard, then replays rank 0's
+    calls (engine/mirror.py) until rank 0 stops it."""
+    engine = Engine.from_pretrained(folder, device=device, dtype=dtype, **options)
+    engine.replicated = True
+    replay_commands(engine, commands)
+
+
+def _close_ranks(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None and engine.ranks is not None:
+        engine.ranks.close()
 
 
 def _as_list(ids: torch.Tensor | list[int]) -> list[int]:

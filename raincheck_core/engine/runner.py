@@ -18,6 +18,7 @@ update fills those slots)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -27,6 +28,7 @@ import torch
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
 from ..deferral.suffix import input_factors
+from ..errors import RankFailedError
 from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
@@ -144,6 +146,16 @@ class ModelRunner:
         them eagerly over the same static buffers (the CPU tests). Holds a scratch KV page and GDN slot."""
         self.padding = Scratch.reserve(self.kv, self.gdn)
         self.graphs = StepGraphs(self.model, capture)
+
+    def skip(self) -> None:
+        """This rank does not run the pass it was about to (a plan hook raised here): tensor-parallel ranks
+        that do run it are told through the plan comparison they make first, and fail it too, instead of
+        waiting in its collectives."""
+        if self.model.tp is not None:
+            # no digest is negative: the others see another plan; this rank fails the pass with the hook's
+            # error whatever they saw (a rank gone too)
+            with contextlib.suppress(RankFailedError):
+                self.model.tp.check_same(-1, "the step's plan")
 
     def run(self, plan: StepPlan, ops: OpSet) -> StepOutputs:
         """One pass of a step, on the step's op set `ops` (`ops()`, asked once per step)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -101,17 +102,28 @@ class Session:
             cfg = dataclasses.replace(cfg, policy="full")
         self._check_idle()
         # Tokenizing and running the vision tower happen outside the engine lock: other sessions keep
-        # stepping meanwhile. Only one turn of this session can get past the re-check below.
+        # stepping meanwhile. Only one turn of this session can get past the re-check in `admit`.
         prompt, chat_level = self._prompt(message, cfg)
-        constraints = [self._constraint(params, chat_level) for _ in range(params.n)]
-        with engine.lock:
-            self._check_idle()
-            admission = self.prepare_turn(prompt, chat_level, params, cfg, constraints, return_logits)
-            engine.core.admit(admission)
-            request = self._current = admission.request
-            self._undo = request.checkpoint
-            engine.stepper.wake()
+        constraints = [self.constraint(params, chat_level) for _ in range(params.n)]
+        core = engine.core
+        if core.mirror is not None and params.seed is None and params.temperature > 0:
+            # worker ranks sample each token too, and must draw the same one: the turn's seed is drawn here
+            params = dataclasses.replace(params, seed=random.getrandbits(63))
+        with engine.lock, core.replicate("turn", self.id, prompt, chat_level, params, cfg, return_logits):
+            request = self.admit(prompt, chat_level, params, cfg, constraints, return_logits)
         return TurnStream(self, request)
+
+    def admit(self, prompt: Prompt, chat_level: bool, params: SamplingParams, cfg: DeferralConfig,
+              constraints: list[TokenConstraint | None], return_logits: bool = False) -> TurnRequest:
+        """Admit a turn of the rendered `prompt` (call under the engine lock): `prepare_turn`, then the
+        core admits it. Returns answer 0's request."""
+        self._check_idle()
+        admission = self.prepare_turn(prompt, chat_level, params, cfg, constraints, return_logits)
+        self.engine.core.admit(admission)
+        request = self._current = admission.request
+        self._undo = request.checkpoint
+        self.engine.stepper.wake()
+        return request
 
     def prepare_turn(self, prompt: Prompt, chat_level: bool, params: SamplingParams, cfg: DeferralConfig,
                      constraints: list[TokenConstraint | None], return_logits: bool = False) -> Admission:
@@ -174,7 +186,7 @@ class Session:
     def complete_recovery(self) -> float:
         """Prefill whatever deferred input is left now (normally done in idle gaps or at the next
         turn's barrier). Returns the time it took."""
-        with self.engine.lock:
+        with self.engine.lock, self.engine.core.replicate("complete_recovery", self.id):
             return self._barrier()
 
     @property
@@ -210,7 +222,7 @@ class Session:
         return self.engine.build_prompt(message, first_turn=self.turns == 0,
                                         selection_signals=cfg.needs_vision_signals), True
 
-    def _constraint(self, params: SamplingParams, chat_level: bool) -> TokenConstraint | None:
+    def constraint(self, params: SamplingParams, chat_level: bool) -> TokenConstraint | None:
         """The turn's grammar, compiled against the token that ends its answer (outside the engine lock:
         compiling a large schema takes a while)."""
         if params.grammar is None:
@@ -226,7 +238,7 @@ class Session:
 
     def cancel(self) -> None:
         """Stop the running turn (if any) after the current step; it ends with finish_reason "cancelled"."""
-        with self.engine.lock:
+        with self.engine.lock, self.engine.core.replicate("cancel", self.id, required=False):
             if self._current is not None:
                 self.engine.core.cancel_turn(self._current)
 
@@ -235,7 +247,7 @@ class Session:
         and put the session back as it was before the turn was admitted (as after a failed turn; its
         recovery, if any, is dropped). For a turn whose reader has gone, so that the session holds only
         turns someone saw to the end."""
-        with self.engine.lock:
+        with self.engine.lock, self.engine.core.replicate("abort", self.id, required=False):
             req, undo = self._current, self._undo
             if req is None or undo is None or req.error is not None:
                 return
@@ -246,18 +258,20 @@ class Session:
                 self.engine.core.undo_ended_turn(req, undo, error)
             self._undo = None
 
-    def _end_read(self, request: TurnRequest) -> None:
-        """`request`'s end was handed to its reader: it is part of the session for good."""
-        if self._current is request:
+    def end_read(self, turn: int) -> None:
+        """The end of the session's turn `turn` was handed to its reader: it is part of the session for
+        good (call under the engine lock)."""
+        if self._current is not None and self._current.turn == turn:
             self._undo = None
 
     def close(self) -> None:
         """Cancel any running turn and return the session's pages and state slot."""
         if self.closed:
             return
-        self.cancel()
-        self.closed = True
-        self.engine.release_session(self)
+        with self.engine.lock, self.engine.core.replicate("close", self.id, required=False):
+            self.cancel()
+            self.closed = True
+            self.engine.release_session(self)
 
     @property
     def cached_tokens(self) -> int:
@@ -302,8 +316,10 @@ class TurnStream:
             self.ends[req.choice] = event
             if req is self.request:
                 self.end = event
-                with self.session.engine.lock:
-                    self.session._end_read(req)
+                session = self.session
+                with session.engine.lock, session.engine.core.replicate("end_read", session.id, req.turn,
+                                                                        required=False):
+                    session.end_read(req.turn)
         return event
 
     def tokens(self) -> list[TokenEvent]:

@@ -108,8 +108,12 @@ def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic |
     ops = core.runner.ops()     # once per step: every pass, the joins' folds and the update run on it
     for i, part in enumerate(passes):
         try:
-            for hook in core.hooks.plan:
-                hook(part)
+            try:
+                for hook in core.hooks.plan:
+                    hook(part)
+            except Exception:
+                core.runner.skip()
+                raise
             # what the runner reads of the sessions, read now: as the step's earlier passes left them
             out = core.runner.run(core.resolve(part, ops.gdn), ops)
         except Exception as e:

@@ -36,7 +36,7 @@ class Stepper:
 
     def step(self, only: SessionCache | None = None) -> bool:
         """One step over every running turn (and recoveries in the gaps; only `only`'s when given)."""
-        with self.lock.for_step():
+        with self.lock.for_step(), self.core.replicate("step", None if only is None else only.session):
             return run_step(self.core, only)
 
     def drive(self, *requests: TurnRequest) -> None:

@@ -3,7 +3,7 @@
 The layers only reduce (`all_reduce`, after a row-parallel projection or the experts) and gather
 (`all_gather`, the vocabulary-parallel LM head's logits). The engine compares digests across ranks
 (`check_same`: of each step's plan, of each turn's input ids) and measures with rank 0's clock
-(`shared`); `broadcast_object` carries plain data from rank 0. Every collective has the group's
+(`shared`); `broadcast_object` carries plain data from rank 0, `gather_object` to it. Every collective has the group's
 timeout: a rank that died makes the others fail with `RankFailedError` instead of waiting for it forever.
 """
 
@@ -89,6 +89,16 @@ class RankGroup:
         return box[0]
 
 
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` (pickled: plain data, CPU tensors), in rank order, on rank 0; None elsewhere."""
+        out = [None] * self.world if self.rank == 0 else None
+        try:
+            dist.gather_object(obj, out, dst=0, group=self.control)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise RankFailedError(f"gathering from {self.world} ranks failed: {e}") from e
+        return out
+
+
 def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
     """Join the engine's `world` ranks at `address` (`tcp://host:port`, rank 0 listening) and return this
@@ -117,13 +127,16 @@ _joined: dict[str, RankGroup] = {}
 def joined_group(world: int) -> RankGroup:
     """This process's rank group, when it is one of `world` ranks already joined (`init_rank_group`, or a
     default group initialised by the caller)."""
-    if not dist.is_initialized():
-        raise InvalidInputError(
-            f"tensor_parallel_size {world}: this process is not a rank of an initialised group; start the ranks "
-            "with raincheck_core.parallel.launch.spawn (the engine does not start them itself yet)")
     if dist.get_world_size() != world:
         raise InvalidInputError(f"tensor_parallel_size {world}, but this process's group has "
                                 f"{dist.get_world_size()} ranks")
     if "group" not in _joined:
         _joined["group"] = RankGroup(dist.get_rank(), world, control=_control_group(DEFAULT_TIMEOUT_S))
     return _joined["group"]
+
+
+def leave_rank_group() -> None:
+    """Leave the group this process joined (its engine stopped): another engine may start ranks afresh."""
+    _joined.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -215,12 +215,21 @@ class ModelSpec:
         "distribution", shown="off")
     speculative_tokens: int = setting(3, "RAINCHECK_SPECULATIVE_TOKENS", "draft tokens verified per decode step "
                                       "with --speculative-method", gt=0)
+    tensor_parallel_size: int = setting(1, "RAINCHECK_TENSOR_PARALLEL_SIZE", "ranks the model is split over, one "
+                                        "process (one GPU) each, started by the worker: attention and GDN heads, "
+                                        "MLP widths and the vocabulary split (docs/deploy.md, Sizing)", ge=1)
+    expert_parallel: bool = setting(False, "RAINCHECK_EXPERT_PARALLEL", "MoE models at --tensor-parallel-size > 1: "
+                                    "the experts split across the ranks (each rank holds whole experts) rather "
+                                    "than each expert's width")
 
     @model_validator(mode="after")
     def _engine_options(self) -> ModelSpec:
         for name in ("num_pages", "max_model_len", "backend"):
             if getattr(self, name) is not None:
                 self.engine = {**self.engine, name: getattr(self, name)}
+        if self.tensor_parallel_size > 1 or self.expert_parallel:
+            self.engine = {**self.engine, "tensor_parallel_size": self.tensor_parallel_size,
+                           "expert_parallel": self.expert_parallel}
         if self.prefix_cache_pages is not None:
             self.engine = {**self.engine, **({"prefix_cache_pages": self.prefix_cache_pages}
                                              if self.prefix_cache_pages else {"prefix_cache": False})}

@@ -23,6 +23,7 @@ from raincheck_core import (
     TurnMetrics,
 )
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.errors import RankFailedError
 
 from ..common.grpc_util import MESSAGE_CHARS, shown
 from ..common.recovery_modes import MODE_NAMES
@@ -32,6 +33,8 @@ _STATUS: list[tuple[type[RaincheckError], grpc.StatusCode]] = [
     (OutOfPagesError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (SessionBusyError, grpc.StatusCode.FAILED_PRECONDITION),
     (SessionClosedError, grpc.StatusCode.NOT_FOUND),
+    # a tensor-parallel rank died: the worker cannot serve (it reports NOT_SERVING); another one can
+    (RankFailedError, grpc.StatusCode.UNAVAILABLE),
 ]
 
 

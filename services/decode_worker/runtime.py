@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, RaincheckError, SessionClosedError
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.errors import RankFailedError
 
 from .._gen import worker_pb2
 from ..common.logs import bind
@@ -61,10 +62,13 @@ class WorkerRuntime:
                                                deterministic=settings.deterministic)
         self.sessions: dict[str, WorkerSession] = {}
         self._lock = threading.Lock()
-        self.colocated = ColocatedRecovery(engine.wake)
+        self.colocated = ColocatedRecovery(lambda: self.engine.wake())     # the engine may be replaced
         offered = [self.colocated] if "colocated" in settings.recovery_modes else []
         self.backends: dict[str, RecoveryBackend] = {b.mode: b for b in [*offered, *(backends or [])]}
         self.on_change: Callable[[], None] = lambda: None   # load changed (the registration refreshes)
+        # the engine's tensor-parallel ranks failed (once, with why): the worker cannot serve any more
+        self.on_rank_failure: Callable[[str], None] = lambda why: None
+        self.rank_failure: str | None = None
         self.draining = False
         self.encoder_hits = 0        # the encoder cache's hits already counted in ENCODER_HITS
         self.steps = 0
@@ -94,13 +98,29 @@ class WorkerRuntime:
         return (streams, pending) if streams or pending else None
 
     def stop(self) -> None:
-        self.engine.stop_background()
+        self.engine.close()       # its worker ranks, if it started any, exit
         for session_id in list(self.sessions):
             self.close(session_id)
         for backend in self.backends.values():
             backend.stop()
         for gauge in (DEFERRED_PENDING, SESSIONS, KV_USAGE, PREFIX_PAGES, ENCODER_BYTES, STEP_COST_DRIFT):
             gauge.remove(self.worker_id)
+
+    def replace_engine(self, load: Callable[[], Engine]) -> Engine:
+        """Serve the engine `load()` makes instead of the current one, whose tensor-parallel ranks failed:
+        the old engine's sessions are closed (the server marked them for takeover first: frontends rebuild
+        them from their turn logs) and its remaining ranks stopped, before the new one loads (its ranks
+        start afresh, its memory is free). Turns are refused until the new engine is in place; if `load`
+        raises, the worker stays failed."""
+        self.engine.close()
+        for session_id in list(self.sessions):
+            self.close(session_id)
+        engine = self.engine = load()
+        self.encoder_hits = 0
+        engine.start_background(self._after_step, idle_wait_s=STEP_IDLE_S)
+        self.rank_failure = None
+        self.on_change()
+        return engine
 
     # ---------------------------------------------------------------- sessions
     def open(self, request: worker_pb2.OpenSessionRequest) -> WorkerSession:
@@ -191,6 +211,8 @@ class WorkerRuntime:
     def _check_serving(self) -> None:
         if self.draining:
             raise DrainingError(f"worker {self.worker_id} is shutting down")
+        if self.rank_failure is not None:
+            raise RankFailedError(f"worker {self.worker_id} cannot serve: {self.rank_failure}")
 
     # ---------------------------------------------------------------- status
     def describe(self, ws: WorkerSession) -> worker_pb2.WorkerSession:
@@ -214,6 +236,9 @@ class WorkerRuntime:
         )
 
     def _after_step(self) -> None:
+        if self.rank_failure is None and (why := self.engine.rank_failure) is not None:
+            self.rank_failure = why
+            self.on_rank_failure(why)
         for backend in self.backends.values():
             backend.poll()
         sessions = list(self.sessions.values())

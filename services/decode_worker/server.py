@@ -54,6 +54,7 @@ class DecodeWorkerServer:
             backends = recovery_backends(settings, self.model, self.worker_id)
         self.runtime = WorkerRuntime(engine, settings, self.worker_id, backends)
         self.runtime.on_change = self.register
+        self.runtime.on_rank_failure = self._rank_failed
         self.server = make_server(settings.threads, settings.max_message_bytes)
         worker_pb2_grpc.add_DecodeWorkerServicer_to_server(DecodeWorkerServicer(self.runtime), self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
@@ -80,12 +81,40 @@ class DecodeWorkerServer:
 
     def register(self) -> None:
         """Create or refresh this worker's registration, with its current load."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self.runtime.rank_failure is not None:
             return
         try:
             self.store.register_worker(self.info(), self.settings.registration_ttl_s)
         except Exception:   # the store may be briefly unreachable: keep serving, retry at the next beat
             log.exception("cannot register worker %s", self.worker_id, extra={"worker_id": self.worker_id})
+
+    def _rank_failed(self, why: str) -> None:
+        """A tensor-parallel rank of the engine died or stopped answering: health NOT_SERVING and out of
+        the registry (frontends route elsewhere; its turns fail with RankFailedError, UNAVAILABLE), its
+        sessions marked for takeover, and a new engine started with new ranks (`_restart`)."""
+        log.error("engine ranks failed, not serving: %s", why, extra={"worker_id": self.worker_id})
+        self.health.set_ready(False)
+        try:
+            self.store.remove_worker(self.worker_id)
+        except Exception:   # the registration lapses by itself
+            log.exception("cannot deregister worker %s", self.worker_id, extra={"worker_id": self.worker_id})
+        if not self._stopping.is_set():
+            threading.Thread(target=self._restart, name="raincheck-engine-restart", daemon=True).start()
+
+    def _restart(self) -> None:
+        """Load the model again (its ranks started afresh), warm it up, and serve: SERVING and registered."""
+        self._detach_sessions()
+        try:
+            engine = self.runtime.replace_engine(lambda: load_engine(self.settings.model_spec()))
+            warm_up(engine, calibrate=self.settings.calibrate)
+        except Exception:   # stays NOT_SERVING: the pod's restart (or an operator) takes over
+            log.exception("cannot restart the engine", extra={"worker_id": self.worker_id})
+            return
+        if self._stopping.is_set():
+            return
+        self.health.set_ready(True)
+        self.register()
+        log.info("engine restarted: serving again", extra={"worker_id": self.worker_id})
 
     def _beat(self) -> None:
         while not self._stopping.wait(self.settings.heartbeat_s):

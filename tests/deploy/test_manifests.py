@@ -99,7 +99,7 @@ def by_id(docs: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------------ rendering
 def test_every_overlay_and_example_is_found() -> None:
-    assert set(OVERLAYS) | {"managed-redis"} <= set(NAMES)
+    assert set(OVERLAYS) | {"managed-redis", "multi-gpu-decode"} <= set(NAMES)
 
 
 @pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed: only the Python renderer runs")
@@ -449,6 +449,24 @@ def test_gpu_layout(rendered: dict, name: str) -> None:
     assert one(docs, "PersistentVolumeClaim", "raincheck-models")["spec"]["accessModes"] == ["ReadOnlyMany"]
     assert not any(t["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
                    for owner, t in pod_templates(docs) if "frontend" in owner or "head" in owner or "redis" in owner)
+
+
+def test_multi_gpu_decode_example(rendered: dict) -> None:
+    """A decode worker pod with as many GPUs as tensor-parallel ranks, NCCL's environment, a memory-backed
+    /dev/shm, and the gpu overlay's model volume still mounted."""
+    docs = rendered["multi-gpu-decode"]
+    spec = one(docs, "StatefulSet", "raincheck-decode")["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    tp = env["RAINCHECK_TENSOR_PARALLEL_SIZE"]
+    resources = c["resources"]
+    assert int(tp) > 1 and resources["limits"]["nvidia.com/gpu"] == tp == resources["requests"]["nvidia.com/gpu"]
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2" and env["NCCL_SOCKET_IFNAME"] == "lo"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["dshm"] == "/dev/shm" and volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert mounts["models"] == "/models" and "persistentVolumeClaim" in volumes["models"]
+    assert config(docs)["RAINCHECK_RECOVERY_MODES"] == "colocated"
 
 
 def test_pd_disaggregated_layout(rendered: dict) -> None:

@@ -51,7 +51,9 @@ def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool 
     of a second turn after the first one's recovery: `full`, `retention1` (raincheck keeping every visual
     token), `fused` and `serial` (chunks of 7 riding on decode steps, or in passes of their own; on a GDN
     model each chunk's state change is joined into the live state), `hard` (D never seen), `post_answer`
-    (D restored after the answer), and `…_turn2`, a second turn after the barrier restored the rest of D.
+    (D restored after the answer), and `…_turn2`, a second turn after the barrier restored the rest of D;
+    `bounded_turn2`, a follow-up admitted by a bounded barrier with all of a post-answer D still pending
+    (restored during and after it; `bounded_pending` says how much was), and `bounded_turn3` once it is in.
     No prefix cache: every run prefills in the same steps."""
     from raincheck_core.deferral.policy import DeferralConfig
     from tests.deferral.helpers import image_prompt
@@ -77,6 +79,18 @@ def deferral_logits(group: RankGroup | None, folder: str, expert_parallel: bool 
                                   return_logits=True).tokens()
             out[f"{name}_turn2"] = torch.stack([e.logits for e in events])
         session.close()
+    session = engine.open_session(deferral=settings["post_answer"])
+    session.turn(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True)).result()
+    bounded = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, barrier_timeout_s=0)
+    stream = session.turn(Prompt([11, 12, 13, 14, 15]), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                          deferral=bounded, return_logits=True)
+    out["bounded_turn2"] = torch.stack([e.logits for e in stream.tokens()])
+    out["bounded_pending"] = torch.tensor(float(stream.end.metrics.previous_pending))
+    session.complete_recovery()
+    events = session.turn(Prompt([16, 17]), SamplingParams(max_new_tokens=4, ignore_eos=True),
+                          return_logits=True).tokens()
+    out["bounded_turn3"] = torch.stack([e.logits for e in events])
+    session.close()
     return out
 
 

@@ -47,9 +47,3 @@ def test_tensor_parallel_size_defaults_to_one_or_the_environment(monkeypatch):
     with pytest.raises(InvalidInputError):
         EngineConfig(tensor_parallel_size=0)
 
-
-def test_tp2_in_a_process_that_is_no_rank_says_how_to_start_the_ranks(tiny_checkpoints):
-    from raincheck_core import Engine
-
-    with pytest.raises(InvalidInputError, match="not a rank of an initialised group"):
-        Engine.from_pretrained(tiny_checkpoints["qwen3_vl"][1], tensor_parallel_size=2)

@@ -33,14 +33,16 @@ def test_tp2_logits_equal_tp1_for_all_families(tiny_checkpoints):
 
 def test_deferral_identities_hold_at_tp2(tiny_checkpoints):
     """At TP = 2: retention 1 is the full prefill, fused chunks (with the GDN join on Qwen3.5) equal serial
-    ones, and every setting (hard and post-answer too), and a second turn after the barrier, gives TP = 1's
-    logits (which tests/deferral checks against transformers)."""
+    ones, and every setting (hard and post-answer too), a second turn after the barrier and a follow-up
+    admitted by a bounded barrier with D pending give TP = 1's logits (which tests/deferral checks against
+    transformers)."""
     jobs = [(str(tiny_checkpoints["qwen3_vl"][1]), False), (str(tiny_checkpoints["qwen3_5"][1]), False),
             (str(tiny_checkpoints["qwen3_5_moe"][1]), True)]
     rank0, _ = spawn(ranks.deferral_logits_of, 2, jobs, threads=1)
     for (folder, ep), got in zip(jobs, rank0, strict=True):
         assert float((got["full"] - got["retention1"]).abs().max()) == 0.0, folder
         assert float((got["fused"] - got["serial"]).abs().max()) <= 1e-4, folder
+        assert float(got["bounded_pending"]) > 0, folder      # the follow-up did not wait for D
         want = ranks.deferral_logits(None, folder, ep)
         for name, logits in want.items():
             assert float((got[name] - logits).abs().max()) <= TOL, (folder, name)

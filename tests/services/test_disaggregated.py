@@ -46,7 +46,7 @@ def _worker(cluster, store, address: str, namespace: str, **deferred):
                           deferred=DeferredSettings(ray_address=address, namespace=namespace, num_cpus=0, **deferred))
 
 
-def _chat(client, mode: str, follow: bool = True):
+def chat(client, mode: str, follow: bool = True):
     """Two turns; returns the session and both answers' token ids."""
     session = client.create_session(recovery=mode, **POLICY)
     text, images = TURNS[0]
@@ -73,7 +73,7 @@ def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_address,
     shipped = _metric("raincheck:recovery_bytes_shipped_sum", mode="disaggregated")
     fallbacks = _fallbacks()
 
-    session, first, second = _chat(client, "disaggregated")
+    session, first, second = chat(client, "disaggregated")
     assert session.status().pending_deferred_tokens == 0
     tokens = [first, second()]
 
@@ -84,7 +84,7 @@ def test_two_turn_image_chat_recovers_on_a_deferred_worker(cluster, ray_address,
     assert _metric("raincheck:recovery_bytes_shipped_sum", mode="disaggregated") > shipped
     assert _fallbacks() == fallbacks
 
-    _, first, second = _chat(client, "colocated")
+    _, first, second = chat(client, "colocated")
     assert tokens == [first, second()]                                    # greedy: the same answers
 
 
@@ -104,7 +104,7 @@ def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_addres
     reason = {"killed": "worker_died", "hangs": "timeout"}[failure]
     fallbacks = _fallbacks(reason)
 
-    session, first, second = _chat(client, "disaggregated", follow=False)
+    session, first, second = chat(client, "disaggregated", follow=False)
     _wait(lambda: ray.get(slow.started.remote()) == 1, 60.0)              # the payload is in the actor
     if failure == "killed":
         ray.kill(slow)
@@ -114,7 +114,7 @@ def test_a_failing_deferred_worker_loses_nothing(cluster, checkpoint, ray_addres
     if failure == "hangs":
         ray.kill(slow)
 
-    _, first, second = _chat(client, "colocated")
+    _, first, second = chat(client, "colocated")
     assert tokens == [first, second()]
 
 
@@ -150,7 +150,7 @@ def test_serve_with_deferred_workers(checkpoint, tmp_path):
         address = re.search(r"raincheck serving \S+ on (\S+)", log.read_text()).group(1)
         with Client(address) as client:
             assert client.list_models()[0].recovery_modes == ["colocated", "disaggregated"]
-            _chat(client, "disaggregated")
+            chat(client, "disaggregated")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
