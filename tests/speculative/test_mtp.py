@@ -1,76 +1,28 @@
 """Qwen3.5's MTP head (models/mtp.py) and its drafter (speculative/mtp.py), dense and MoE.
 
-The reference is the head built from transformers' own Qwen3.5 layers (a full-attention decoder layer, its
-norms and rotary embedding) under the checkpoint's names, run over all rows at once with a causal mask;
-its weights are written to a safetensors file with the checkpoint's `mtp.*` names and loaded back.
+The reference is the head built from transformers' own Qwen3.5 layers (raincheck_demo/mtp.py: a
+full-attention decoder layer, its norms and rotary embedding) under the checkpoint's names, run over all
+rows at once with a causal mask; its weights are written to a safetensors file with the checkpoint's
+`mtp.*` names and loaded back.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 
 from raincheck_core.config import ModelConfig
 from raincheck_core.errors import CheckpointError, NoMtpHeadError
 from raincheck_core.models import build_decoder
 from raincheck_core.models.mtp import load_mtp_head
 from raincheck_core.speculative.mtp import MtpDrafter
+from raincheck_demo.mtp import TransformersMtp
 from tests import tiny
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe")
-
-
-class Reference(nn.Module):
-    """The MTP module as transformers' classes compute it (names as in checkpoints below `mtp.`)."""
-
-    def __init__(self, text, moe: bool):
-        super().__init__()
-        if moe:
-            from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
-            norm, layer, rotary = m.Qwen3_5MoeRMSNorm, m.Qwen3_5MoeDecoderLayer, m.Qwen3_5MoeTextRotaryEmbedding
-        else:
-            from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-            norm, layer, rotary = m.Qwen3_5RMSNorm, m.Qwen3_5DecoderLayer, m.Qwen3_5TextRotaryEmbedding
-        cfg = copy.deepcopy(text)
-        cfg.layer_types = ["full_attention"]
-        cfg._attn_implementation = "eager"
-        d = cfg.hidden_size
-        self.pre_fc_norm_embedding = norm(d, cfg.rms_norm_eps)
-        self.pre_fc_norm_hidden = norm(d, cfg.rms_norm_eps)
-        self.fc = nn.Linear(2 * d, d, bias=False)
-        self.layers = nn.ModuleList([layer(cfg, 0)])
-        self.norm = norm(d, cfg.rms_norm_eps)
-        self.rotary = rotary(cfg)
-
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        n = embeds.shape[0]
-        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], -1))[None]
-        cos_sin = self.rotary(x, positions[:, None, :])
-        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        return self.norm(self.layers[0](x, cos_sin, attention_mask=mask))[0]
-
-    def checkpoint(self) -> dict[str, torch.Tensor]:
-        """The state as a checkpoint stores it: under `mtp.`, Qwen3.5-MoE's experts one tensor each."""
-        out = {}
-        for name, t in self.state_dict().items():
-            if name.startswith("rotary."):
-                continue
-            if name.endswith("experts.gate_up_proj"):
-                half = t.shape[1] // 2
-                for e in range(t.shape[0]):
-                    out[f"mtp.{name[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = t[e, :half]
-                    out[f"mtp.{name[:-len('gate_up_proj')]}{e}.up_proj.weight"] = t[e, half:]
-            elif name.endswith("experts.down_proj"):
-                for e in range(t.shape[0]):
-                    out[f"mtp.{name[:-len('down_proj')]}{e}.down_proj.weight"] = t[e]
-            else:
-                out[f"mtp.{name}"] = t
-        return {k: v.contiguous() for k, v in out.items()}
 
 
 def write_checkpoint(folder, family: str, seed: int = 0, with_mtp: bool = True):
@@ -80,7 +32,7 @@ def write_checkpoint(folder, family: str, seed: int = 0, with_mtp: bool = True):
     hf.text_config.mtp_num_hidden_layers = 1
     (folder / "config.json").write_text(json.dumps(hf.to_dict()))
     torch.manual_seed(seed)
-    ref = Reference(hf.text_config, family.endswith("moe")).eval()
+    ref = TransformersMtp(hf.text_config, family.endswith("moe")).eval()
     with torch.no_grad():
         for name, p in ref.named_parameters():
             # norms perturbed (a wrong `w` vs `1 + w` shows), routers sharp (a wrong top-k shows)
@@ -117,12 +69,12 @@ def rows(cfg: ModelConfig, n: int, seed: int):
     return tokens, hidden, pos
 
 
-def reference(ref: Reference, target, tokens, hidden, pos) -> torch.Tensor:
+def reference(ref: TransformersMtp, target, tokens, hidden, pos) -> torch.Tensor:
     with torch.no_grad():
-        return ref(target.embed_tokens(tokens), hidden, pos)
+        return ref(target.embed_tokens(tokens)[None], hidden[None], pos[:, None])[0]
 
 
-def reference_drafts(ref: Reference, target, tokens, hidden, pos, k: int) -> list[int]:
+def reference_drafts(ref: TransformersMtp, target, tokens, hidden, pos, k: int) -> list[int]:
     """The head chained k times, each draft recomputed from scratch over every row before it."""
     drafts: list[int] = []
     with torch.no_grad():
