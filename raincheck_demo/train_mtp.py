@@ -1,0 +1,154 @@
+"""Train the demo model's multi-token-prediction head with the target frozen, and ship it in the checkpoint.
+
+    python -m raincheck_demo.train_mtp [--model models/demo-v2] [--seed 0] [--steps 300]
+
+The head (raincheck_demo/mtp.py, Qwen3.5's layout) learns, at every row t of the world's dialogues (the
+benchmark's three families, every visual shown), to predict from the target's final-norm hidden state at t
+and the embedding of token t+1 what the target predicts at t+1: the token after next. The loss is the
+cross-entropy against the target's own distribution there (distillation: a draft is only worth what the
+target accepts), on the rows whose token after next is an answer token (where decoding drafts). The head
+starts as a copy of the target's last attention layer and final norm, its `fc` passing the hidden half
+through. Seeded and single-threaded.
+
+Written into the folder: the `mtp.*` tensors added to `model.safetensors` (every existing tensor kept
+byte for byte: the target answers exactly as before), `mtp_num_hidden_layers: 1` in config.json's text
+config, and the run (arguments, loss, CPU time, the head's acceptance from `mtp_acceptance.measure`) under
+`"mtp"` in training_log.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from . import batch as B
+from .data import formatter
+from .mtp import TransformersMtp
+from .mtp_acceptance import measure
+from .train import examples, lr_at
+from .world import FAMILIES
+
+MTP_SEED_OFFSET = 2_000_003     # the head's dialogues: apart from the target's training and held-out ones
+
+
+def warm_start(head: TransformersMtp, target) -> None:
+    """The head as the target's last full-attention layer and final norm; `fc` reads the hidden half as is
+    and a little of the embedding half."""
+    lm = target.model.language_model
+    last = max(i for i, t in enumerate(target.config.text_config.layer_types) if t == "full_attention")
+    head.layers[0].load_state_dict(lm.layers[last].state_dict())
+    head.norm.load_state_dict(lm.norm.state_dict())
+    d = head.fc.in_features // 2
+    with torch.no_grad():
+        head.fc.weight.normal_(0, 0.02)
+        head.fc.weight[:, d:] += torch.eye(d)
+
+
+def step_loss(head: TransformersMtp, target, batch: B.Batch) -> torch.Tensor:
+    """Cross-entropy of the head's distribution at row t against the target's at row t+1, on the rows
+    whose token after next is an answer token."""
+    with torch.no_grad():
+        _, out = B.language_model(target, batch)
+        hidden = out.last_hidden_state
+        teacher = target.lm_head(hidden[:, 1:]).softmax(-1)
+        ids = torch.cat([batch.flat_ids, batch.flat_ids.new_zeros(1)])[batch.gather]
+        embeds = target.model.language_model.embed_tokens(ids[:, 1:])
+        rows = batch.targets[:, 1:] != -100
+    g = head(embeds, hidden[:, :-1], batch.positions[:, :, :-1], batch.mask[:, :-1])
+    logp = F.log_softmax(target.lm_head(g), -1)
+    return -(teacher * logp).sum(-1)[rows].mean()
+
+
+def write_head(head: TransformersMtp, folder: Path) -> dict[str, int]:
+    """Add the head to the folder's checkpoint, every other tensor unchanged; returns its tensor count and
+    the file's size before and after."""
+    path = folder / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    before = path.stat().st_size
+    tensors = {k: v for k, v in load_file(str(path)).items() if not k.startswith("mtp.")}   # a rerun replaces it
+    mtp = head.checkpoint()
+    save_file({**tensors, **mtp}, str(path), metadata=metadata)
+    kept = load_file(str(path))
+    assert all(torch.equal(kept[k], v) for k, v in tensors.items()), "an existing tensor changed"
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return {"tensors": len(mtp), "bytes_before": before, "bytes_after": path.stat().st_size}
+
+
+def train(args: argparse.Namespace) -> dict:
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed + MTP_SEED_OFFSET)
+    folder = Path(args.model)
+    target = Qwen3_5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    head = TransformersMtp(target.config.text_config)
+    warm_start(head, target)
+    head.train()
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    fmt = formatter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    log, recent = [], []
+    bar = tqdm(range(args.steps), desc="train mtp", dynamic_ncols=True)
+    for step in bar:
+        families = [FAMILIES[(step * args.batch + i) % len(FAMILIES)] for i in range(args.batch)]
+        dialogues, layouts = examples(rng, fmt, families)
+        batch = B.collate(dialogues, layouts, [torch.arange(len(lay.ids)) for lay in layouts])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss = step_loss(head, target, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        recent.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % args.log_every == 0:
+            log.append({"step": step + 1, "loss": sum(recent) / len(recent),
+                        "cpu_minutes": (time.process_time() - cpu0) / 60})
+            recent = []
+    cpu_train = (time.process_time() - cpu0) / 60
+    written = write_head(head.eval(), folder)
+    acceptance = measure(folder, args.eval_n, args.eval_seed)
+    summary = {"args": vars(args), "steps_run": args.steps, "train_cpu_minutes": cpu_train,
+               "wall_minutes": (time.perf_counter() - t0) / 60, "written": written, "acceptance": acceptance,
+               "log": log}
+    tqdm.write(json.dumps({"acceptance": acceptance, "train_cpu_minutes": round(cpu_train, 2)}))
+    log_path = folder / "training_log.json"
+    training_log = json.loads(log_path.read_text()) if log_path.is_file() else {}
+    training_log["mtp"] = summary
+    log_path.write_text(json.dumps(training_log, indent=1) + "\n")
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/demo-v2", help="the checkpoint folder: read, and the head written in")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=6)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--eval-n", type=int, default=32, help="held-out dialogues per family for the acceptance")
+    p.add_argument("--eval-seed", type=int, default=7)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    train(parse_args())
