@@ -38,14 +38,16 @@ class TransformersMtp(nn.Module):
         self.rotary = rotary(cfg)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`embeds`, `hidden` `[B, T, d]`, `positions` `[3, B, T]`, `mask` `[B, T]` (1 = a real row; None:
-        all are). Causal over each example's rows."""
+                mask: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """`embeds`, `hidden` `[B, T, d]`, `positions` `[3, B, T]`; causal over each example's rows, of which
+        `mask` `[B, T]` names the real ones (None: all), unless `visible` `[B, T, T]` (True: query row sees
+        key row) says otherwise."""
         t = embeds.shape[1]
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], -1))
-        visible = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None]
-        if mask is not None:
-            visible = visible & mask.bool()[:, None, :]
+        if visible is None:
+            visible = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None]
+            if mask is not None:
+                visible = visible & mask.bool()[:, None, :]
         additive = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill(~visible, float("-inf"))
         return self.norm(self.layers[0](x, self.rotary(x, positions), attention_mask=additive[:, None]))
 

@@ -53,19 +53,99 @@ def warm_start(head: TransformersMtp, target) -> None:
         head.fc.weight[:, d:] += torch.eye(d)
 
 
-def step_loss(head: TransformersMtp, target, batch: B.Batch) -> torch.Tensor:
-    """Cross-entropy of the head's distribution at row t against the target's at row t+1, on the rows
-    whose token after next is an answer token."""
+def gather_rows(x: torch.Tensor, idx: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """`x` at rows `idx [B, n]` along `dim` (1 for `[B, T, ...]`, 2 for positions `[3, B, T]`)."""
+    if dim == 2:
+        return x.gather(2, idx[None].expand(x.shape[0], -1, -1))
+    return x.gather(1, idx.view(*idx.shape, *[1] * (x.dim() - 2)).expand(*idx.shape, *x.shape[2:]))
+
+
+def chain_rows(loss_rows: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows the chained passes run at, per example: each loss row and the depth - 2 rows before it (all
+    a loss row's chain reads). Returns them padded `[B, U]` (padding: row 1), which are real, and each
+    head row's place among them (-1: none)."""
+    b, n = loss_rows.shape
+    chains = [sorted({r - j for r in loss_rows[i].nonzero().flatten().tolist() for j in range(depth - 1)
+                      if r - j >= 1}) for i in range(b)]
+    width = max(1, max(len(c) for c in chains))
+    idx = torch.ones(b, width, dtype=torch.long)
+    real = torch.zeros(b, width, dtype=torch.bool)
+    place = torch.full((b, n), -1, dtype=torch.long)
+    for i, c in enumerate(chains):
+        idx[i, :len(c)] = torch.tensor(c, dtype=torch.long)
+        real[i, :len(c)] = True
+        place[i, c] = torch.arange(len(c))
+    return idx, real, place
+
+
+def chain_visibility(mask: torch.Tensor, idx: torch.Tensor, real: torch.Tensor, place: torch.Tensor,
+                     depth: int) -> torch.Tensor:
+    """`[B, L, L]` over pass 0's rows followed by each chained pass's: pass 0 causal; pass p's row r (the
+    head's p-th chained draft after observing row r - p) sees pass 0's rows up to r - p and pass q's row
+    r - p + q for q = 1..p, as the drafter's chain row does."""
+    b, n = mask.shape
+    width = idx.shape[1]
+    size = n + (depth - 1) * width
+    visible = torch.zeros(b, size, size, dtype=torch.bool)
+    visible[:, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() & mask.bool()[:, None, :]
+    for i in range(b):
+        for p in range(1, depth):
+            for j in range(width):
+                row = n + (p - 1) * width + j
+                r = int(idx[i, j])
+                if not real[i, j] or r < p:
+                    visible[i, row, 0] = True        # padding: sees something, is never read
+                    continue
+                visible[i, row, :r - p + 1] = True
+                for q in range(1, p + 1):
+                    at = int(place[i, r - p + q])
+                    visible[i, row, n + (q - 1) * width + at] = at >= 0
+    return visible
+
+
+def chained_passes(head: TransformersMtp, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor, rows: torch.Tensor, depth: int
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The head's outputs of `depth` passes over head rows `[B, T]` (`embeds` of token t+1, the target's
+    `hidden` at t, `positions`, `mask` of real rows), each with the rows it ran at and which of them are
+    real (`[B, T]` for pass 0, the chained rows `[B, U]` after, padded). Pass 0 reads the target's hidden
+    state; pass p at row r the head's own output of pass p - 1 at row r - 1, as the drafter chains it
+    (`rows`: where the outputs are needed; each chain runs at the depth - 2 rows before those too)."""
+    idx, real, place = chain_rows(rows, depth)
+    visible = chain_visibility(mask, idx, real, place, depth)
+    g = head(embeds, hidden, positions, mask)
+    out = [(g, torch.arange(hidden.shape[1]).expand(hidden.shape[0], -1), mask.bool())]
+    n, width = hidden.shape[1], idx.shape[1]
+    inputs = [(embeds, hidden, positions)]
+    previous = gather_rows(g, idx - 1)           # pass 0's output at row r - 1, for pass 1's row r
+    for p in range(1, depth):
+        inputs.append((gather_rows(embeds, idx), previous, gather_rows(positions, idx, dim=2)))
+        size = n + p * width
+        g = head(torch.cat([e for e, _, _ in inputs], 1), torch.cat([h for _, h, _ in inputs], 1),
+                 torch.cat([q for _, _, q in inputs], 2), visible=visible[:, :size, :size])[:, n + (p - 1) * width:]
+        out.append((g, idx, real))
+        # pass p's output at row r - 1 (its place among the chained rows), for pass p + 1's row r
+        previous = gather_rows(g, place.gather(1, idx - 1).clamp(min=0))
+    return out
+
+
+def step_loss(head: TransformersMtp, target, batch: B.Batch, depth: int) -> torch.Tensor:
+    """Mean over the `depth` passes (`chained_passes`) of the cross-entropy of the head's distribution at row
+    t against the target's at row t+1, on the rows whose token after next is an answer token (the chained
+    passes read the world's tokens, which the target says at answer rows)."""
     with torch.no_grad():
         _, out = B.language_model(target, batch)
-        hidden = out.last_hidden_state
-        teacher = target.lm_head(hidden[:, 1:]).softmax(-1)
+        teacher = target.lm_head(out.last_hidden_state[:, 1:]).softmax(-1)
         ids = torch.cat([batch.flat_ids, batch.flat_ids.new_zeros(1)])[batch.gather]
         embeds = target.model.language_model.embed_tokens(ids[:, 1:])
         rows = batch.targets[:, 1:] != -100
-    g = head(embeds, hidden[:, :-1], batch.positions[:, :, :-1], batch.mask[:, :-1])
-    logp = F.log_softmax(target.lm_head(g), -1)
-    return -(teacher * logp).sum(-1)[rows].mean()
+    losses = []
+    for g, at, real in chained_passes(head, embeds, out.last_hidden_state[:, :-1], batch.positions[:, :, :-1],
+                                batch.mask[:, :-1], rows, depth):
+        logp = F.log_softmax(target.lm_head(g), -1)
+        where = gather_rows(rows, at) & real
+        losses.append(-(gather_rows(teacher, at) * logp).sum(-1)[where].mean())
+    return sum(losses) / len(losses)
 
 
 def write_head(head: TransformersMtp, folder: Path) -> dict[str, int]:
@@ -110,7 +190,7 @@ def train(args: argparse.Namespace) -> dict:
         batch = B.collate(dialogues, layouts, [torch.arange(len(lay.ids)) for lay in layouts])
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        loss = step_loss(head, target, batch)
+        loss = step_loss(head, target, batch, args.depth)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -143,6 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--depth", type=int, default=3,
+                   help="passes per example: 1 trains the first draft only, each more one more chained draft")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-n", type=int, default=32, help="held-out dialogues per family for the acceptance")

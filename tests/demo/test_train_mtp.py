@@ -1,0 +1,47 @@
+"""The MTP head's training (raincheck_demo/train_mtp.py) runs its chained passes as the drafter chains the
+head: pass p at row r equals observing rows 0..r-p and then chaining p rows, each on the head's own output
+of the row before, computed from scratch."""
+
+from __future__ import annotations
+
+import torch
+
+from raincheck_demo.mtp import TransformersMtp
+from raincheck_demo.train_mtp import chained_passes
+from tests import tiny
+
+
+def test_chained_passes_are_the_drafters_chain():
+    torch.manual_seed(0)
+    text = tiny.build_config("qwen3_5").text_config
+    head = TransformersMtp(text).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(0.1 * torch.randn_like(p) if p.dim() == 1 else 0.15 * torch.randn_like(p))
+    b, n, d = 2, 14, text.hidden_size
+    embeds, hidden = torch.randn(b, n, d), torch.randn(b, n, d)
+    positions = torch.arange(n).repeat(3, b, 1)
+    mask = torch.ones(b, n, dtype=torch.long)
+    mask[1, 11:] = 0                                  # the second example is shorter
+    rows = torch.zeros(b, n, dtype=torch.bool)
+    rows[0, 6:10] = True
+    rows[1, [4, 5, 9]] = True
+    depth = 3
+    with torch.no_grad():
+        passes = chained_passes(head, embeds, hidden, positions, mask, rows, depth)
+        compared = [0] * depth
+        for p, (g, at, real) in enumerate(passes):
+            for i in range(b):
+                for j in range(at.shape[1]):
+                    r = int(at[i, j])
+                    if not (real[i, j] and rows[i, r]):
+                        continue
+                    e, h, q = embeds[i, :r - p + 1], hidden[i, :r - p + 1], positions[:, i, :r - p + 1]
+                    out = head(e[None], h[None], q[:, None])[0, -1]
+                    for x in range(r - p + 1, r + 1):        # chain rows, each from scratch
+                        e, h = torch.cat([e, embeds[i, x:x + 1]]), torch.cat([h, out[None]])
+                        q = torch.cat([q, positions[:, i, x:x + 1]], 1)
+                        out = head(e[None], h[None], q[:, None])[0, -1]
+                    torch.testing.assert_close(g[i, j], out, atol=1e-5, rtol=0)
+                    compared[p] += 1
+    assert compared == [int(rows.sum())] * depth
