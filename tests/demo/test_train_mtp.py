@@ -1,14 +1,19 @@
-"""The MTP head's training (raincheck_demo/train_mtp.py) runs its chained passes as the drafter chains the
-head: pass p at row r equals observing rows 0..r-p and then chaining p rows, each on the head's own output
-of the row before, computed from scratch."""
+"""The MTP head's training (raincheck_demo/train_mtp.py) and the head it shipped in demo-v2.
+
+The chained passes run as the drafter chains the head: pass p at row r equals observing rows 0..r-p and
+then chaining p rows, each on the head's own output of the row before, computed from scratch."""
 
 from __future__ import annotations
+
+import json
 
 import torch
 
 from raincheck_demo.mtp import TransformersMtp
 from raincheck_demo.train_mtp import chained_passes
 from tests import tiny
+
+from .helpers import V2, needs_v2
 
 
 def test_chained_passes_are_the_drafters_chain():
@@ -45,3 +50,16 @@ def test_chained_passes_are_the_drafters_chain():
                     torch.testing.assert_close(g[i, j], out, atol=1e-5, rtol=0)
                     compared[p] += 1
     assert compared == [int(rows.sum())] * depth
+
+
+@needs_v2
+def test_the_shipped_head_drafts_what_the_target_says():
+    """demo-v2 ships a trained MTP head: it loads into the engine's drafter, and on held-out dialogues
+    (two per family) most of its first drafts are the target's next token; a chained second draft is right
+    less often than the first."""
+    from raincheck_demo.mtp_acceptance import measure
+
+    assert json.loads((V2 / "config.json").read_text())["text_config"]["mtp_num_hidden_layers"] == 1
+    acceptance = measure(V2, per_family=2, seed=3, progress=False)
+    assert acceptance["k=1"]["acceptance"] > 0.5
+    assert acceptance["k=2"]["acceptance"] < acceptance["k=1"]["acceptance"]
