@@ -28,14 +28,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from ..cache.kv_pool import KVPool, PageTable
+from ..config import EngineConfig
 from ..errors import OutOfPagesError
 from ..layers.batch import ForwardBatch
 from ..models.decoder import DecoderLM
-from ..models.mtp import MtpHead
+from ..models.mtp import MtpHead, load_mtp_head
 from ..ops.backend import select
 
 
@@ -86,6 +88,14 @@ class MtpDrafter:
         self.max_pages = max_pages_per_session or num_pages
         self.ops = select(param.device, param.dtype, param.dtype, None, backend)
         self.tracks: dict[str, Track] = {}
+
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path, target: DecoderLM, config: EngineConfig) -> MtpDrafter:
+        """The drafter of the checkpoint's own head (NoMtpHeadError where it ships none) for an engine of
+        `config` over `target`: its pool has the engine's pages (one layer per MTP layer, so a fraction
+        of the engine's KV bytes), enough for every row the engine holds."""
+        head = load_mtp_head(target.config, folder, config.device, config.torch_dtype)
+        return cls(head, target, config.num_pages, config.page_size, config.max_pages_per_session, config.backend)
 
     @torch.no_grad()
     def observe(self, session: str, next_tokens: torch.Tensor, positions: torch.Tensor,

@@ -224,3 +224,20 @@ def test_mismatched_mtp_names_the_tensors(tmp_path):
     with pytest.raises(CheckpointError, match=r"mtp\.fc\.weight") as e:
         load_mtp_head(ModelConfig.from_folder(tmp_path), tmp_path)
     assert e.value.unexpected == ["mtp.layers.1.input_layernorm.weight"]
+
+
+def test_an_engines_drafter_from_its_checkpoint(tmp_path):
+    """`from_checkpoint` sizes the head's pool by the engine's pages and drafts as the head loaded by hand."""
+    from raincheck_core.config import EngineConfig
+
+    write_checkpoint(tmp_path, "qwen3_5")
+    cfg = ModelConfig.from_folder(tmp_path)
+    target = build_decoder(cfg)
+    d = MtpDrafter.from_checkpoint(tmp_path, target, EngineConfig(num_pages=32, page_size=8, backend="native"))
+    assert tuple(d.pool.k.shape) == (1, 32 * 8, cfg.num_kv_heads, cfg.head_dim)
+    by_hand = drafter(load_mtp_head(cfg, tmp_path), target)
+    tokens, hidden, pos = rows(cfg, 9, seed=10)
+    history = [0] * 9 + [int(tokens[-1])]
+    for each in (d, by_hand):
+        each.observe("s", tokens, pos, hidden)
+    assert d.propose("s", history, 3) == by_hand.propose("s", history, 3)
