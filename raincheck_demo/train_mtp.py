@@ -1,6 +1,6 @@
 """Train the demo model's multi-token-prediction head with the target frozen, and ship it in the checkpoint.
 
-    python -m raincheck_demo.train_mtp [--model models/demo-v2] [--seed 0] [--steps 300]
+    python -m raincheck_demo.train_mtp [--model models/demo-v2] [--seed 0] [--steps 400]
 
 The head (raincheck_demo/mtp.py, Qwen3.5's layout) learns, at every row t of the world's dialogues (the
 benchmark's three families, every visual shown), to predict from the target's final-norm hidden state at t
@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/demo-v2", help="the checkpoint folder: read, and the head written in")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=6)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=30)
