@@ -6,9 +6,11 @@ The head (raincheck_demo/mtp.py, Qwen3.5's layout) learns, at every row t of the
 benchmark's three families, every visual shown), to predict from the target's final-norm hidden state at t
 and the embedding of token t+1 what the target predicts at t+1: the token after next. The loss is the
 cross-entropy against the target's own distribution there (distillation: a draft is only worth what the
-target accepts), on the rows whose token after next is an answer token (where decoding drafts). The head
-starts as a copy of the target's last attention layer and final norm, its `fc` passing the hidden half
-through. Seeded and single-threaded.
+target accepts), on the rows whose token after next is an answer token (where decoding drafts). With
+`--depth 3` two more passes train the chained drafts: the head's own output of the row before stands in for
+the target's hidden state, and each chained row sees what the drafter's chain row sees (`chained_passes`).
+The head starts as a copy of the target's last attention layer and final norm, its `fc` passing the hidden
+half through. Seeded and single-threaded.
 
 Written into the folder: the `mtp.*` tensors added to `model.safetensors` (every existing tensor kept
 byte for byte: the target answers exactly as before), `mtp_num_hidden_layers: 1` in config.json's text
@@ -159,7 +161,8 @@ def write_head(head: TransformersMtp, folder: Path) -> dict[str, int]:
     mtp = head.checkpoint()
     save_file({**tensors, **mtp}, str(path), metadata=metadata)
     kept = load_file(str(path))
-    assert all(torch.equal(kept[k], v) for k, v in tensors.items()), "an existing tensor changed"
+    if not all(torch.equal(kept[k], v) for k, v in tensors.items()):
+        raise RuntimeError(f"writing the MTP head changed a tensor of {path}")
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["text_config"]["mtp_num_hidden_layers"] = 1
