@@ -43,7 +43,9 @@ def continuation(ids: torch.Tensor, greedy: torch.Tensor, h: int, end: int, k: i
 
 
 @torch.no_grad()
-def measure(folder: Path, per_family: int = 32, seed: int = 7, progress: bool = True) -> dict:
+def measure(folder: Path, per_family: int = 32, seed: int = 7, progress: bool = True, visual: bool = True) -> dict:
+    """`visual=False`: the drafter observes no visual row (as if every one were deferred; the target still
+    saw them all)."""
     from transformers import Qwen3_5ForConditionalGeneration
 
     hf = Qwen3_5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
@@ -64,11 +66,15 @@ def measure(folder: Path, per_family: int = 32, seed: int = 7, progress: bool = 
         hidden = out.last_hidden_state[0]
         greedy = hf.lm_head(hidden).argmax(-1)
         ids, pos = lay.ids, lay.positions
+        observed = torch.ones(len(ids), dtype=torch.bool)
+        if not visual:
+            observed[lay.visual_rows] = False
         seen = 0
         for start, end in lay.answers:
             for h in range(start + 1, end):
-                # rows seen..h-2: the next token of row i is ids[i + 1]
-                drafter.observe(family, ids[seen + 1:h], pos[:, seen:h - 1], hidden[seen:h - 1])
+                # rows seen..h-2 (those observed): the next token of row i is ids[i + 1]
+                rows = torch.arange(seen, h - 1)[observed[seen:h - 1]]
+                drafter.observe(family, ids[rows + 1], pos[:, rows], hidden[rows])
                 seen = h - 1
                 # draft m stands for token h + m, which the verify step's row h - 1 + m computes
                 want = continuation(ids, greedy, h, end, max(KS))

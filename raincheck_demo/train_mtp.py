@@ -14,8 +14,8 @@ half through. Seeded and single-threaded.
 
 Written into the folder: the `mtp.*` tensors added to `model.safetensors` (every existing tensor kept
 byte for byte: the target answers exactly as before), `mtp_num_hidden_layers: 1` in config.json's text
-config, and the run (arguments, loss, CPU time, the head's acceptance from `mtp_acceptance.measure`) under
-`"mtp"` in training_log.json.
+config, and the run (arguments, loss, CPU time, the head's acceptance from `mtp_acceptance.measure`, with
+every row observed and with no visual row observed) under `"mtp"` in training_log.json.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def chain_visibility(mask: torch.Tensor, idx: torch.Tensor, real: torch.Tensor, 
                 if not real[i, j] or r < p:
                     visible[i, row, 0] = True        # padding: sees something, is never read
                     continue
-                visible[i, row, :r - p + 1] = True
+                visible[i, row, :r - p + 1] = mask[i, :r - p + 1].bool()
                 for q in range(1, p + 1):
                     at = int(place[i, r - p + q])
                     visible[i, row, n + (q - 1) * width + at] = at >= 0
@@ -131,19 +131,22 @@ def chained_passes(head: TransformersMtp, embeds: torch.Tensor, hidden: torch.Te
     return out
 
 
-def step_loss(head: TransformersMtp, target, batch: B.Batch, depth: int) -> torch.Tensor:
+def step_loss(head: TransformersMtp, target, batch: B.Batch, depth: int, blind: torch.Tensor) -> torch.Tensor:
     """Mean over the `depth` passes (`chained_passes`) of the cross-entropy of the head's distribution at row
     t against the target's at row t+1, on the rows whose token after next is an answer token (the chained
-    passes read the world's tokens, which the target says at answer rows)."""
+    passes read the world's tokens, which the target says at answer rows). In the examples `blind` `[B]`
+    names, the head's attention reads no visual row (the target's hidden states still carry them): the
+    drafter never observes deferred rows."""
     with torch.no_grad():
         _, out = B.language_model(target, batch)
         teacher = target.lm_head(out.last_hidden_state[:, 1:]).softmax(-1)
         ids = torch.cat([batch.flat_ids, batch.flat_ids.new_zeros(1)])[batch.gather]
         embeds = target.model.language_model.embed_tokens(ids[:, 1:])
         rows = batch.targets[:, 1:] != -100
+        seen = batch.mask[:, :-1] * ~(blind[:, None] & torch.isin(batch.gather[:, :-1], batch.flat_visual))
     losses = []
     for g, at, real in chained_passes(head, embeds, out.last_hidden_state[:, :-1], batch.positions[:, :, :-1],
-                                batch.mask[:, :-1], rows, depth):
+                                      seen, rows, depth):
         logp = F.log_softmax(target.lm_head(g), -1)
         where = gather_rows(rows, at) & real
         losses.append(-(gather_rows(teacher, at) * logp).sum(-1)[where].mean())
@@ -176,6 +179,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed + MTP_SEED_OFFSET)
+    blind_rng = random.Random(args.seed + MTP_SEED_OFFSET + 1)    # its own stream: the dialogues stay put
     folder = Path(args.model)
     target = Qwen3_5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     target.requires_grad_(False)
@@ -193,7 +197,8 @@ def train(args: argparse.Namespace) -> dict:
         batch = B.collate(dialogues, layouts, [torch.arange(len(lay.ids)) for lay in layouts])
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        loss = step_loss(head, target, batch, args.depth)
+        blind = torch.tensor([blind_rng.random() < args.blind for _ in dialogues])
+        loss = step_loss(head, target, batch, args.depth, blind)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -206,7 +211,8 @@ def train(args: argparse.Namespace) -> dict:
             recent = []
     cpu_train = (time.process_time() - cpu0) / 60
     written = write_head(head.eval(), folder)
-    acceptance = measure(folder, args.eval_n, args.eval_seed)
+    acceptance = {"every_row": measure(folder, args.eval_n, args.eval_seed),
+                  "no_visual_row": measure(folder, args.eval_n, args.eval_seed, visual=False)}
     summary = {"args": vars(args), "steps_run": args.steps, "train_cpu_minutes": cpu_train,
                "wall_minutes": (time.perf_counter() - t0) / 60, "written": written, "acceptance": acceptance,
                "log": log}
@@ -228,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--depth", type=int, default=3,
                    help="passes per example: 1 trains the first draft only, each more one more chained draft")
+    p.add_argument("--blind", type=float, default=0.5,
+                   help="share of examples in which the head's attention reads no visual row (deferred rows)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-n", type=int, default=32, help="held-out dialogues per family for the acceptance")

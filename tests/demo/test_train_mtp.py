@@ -1,7 +1,8 @@
 """The MTP head's training (raincheck_demo/train_mtp.py) and the head it shipped in demo-v2.
 
-The chained passes run as the drafter chains the head: pass p at row r equals observing rows 0..r-p and
-then chaining p rows, each on the head's own output of the row before, computed from scratch."""
+The chained passes run as the drafter chains the head: pass p at row r equals observing rows 0..r-p (those
+the head may see) and then chaining p rows, each on the head's own output of the row before, computed from
+scratch."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_chained_passes_are_the_drafters_chain():
     positions = torch.arange(n).repeat(3, b, 1)
     mask = torch.ones(b, n, dtype=torch.long)
     mask[1, 11:] = 0                                  # the second example is shorter
+    mask[0, 2:4] = 0                                  # rows the head does not see (deferred visual rows)
     rows = torch.zeros(b, n, dtype=torch.bool)
     rows[0, 6:10] = True
     rows[1, [4, 5, 9]] = True
@@ -41,7 +43,9 @@ def test_chained_passes_are_the_drafters_chain():
                     r = int(at[i, j])
                     if not (real[i, j] and rows[i, r]):
                         continue
-                    e, h, q = embeds[i, :r - p + 1], hidden[i, :r - p + 1], positions[:, i, :r - p + 1]
+                    seen = mask[i, :r - p + 1].bool()      # observed rows only, at their own positions
+                    e, h = embeds[i, :r - p + 1][seen], hidden[i, :r - p + 1][seen]
+                    q = positions[:, i, :r - p + 1][:, seen]
                     out = head(e[None], h[None], q[:, None])[0, -1]
                     for x in range(r - p + 1, r + 1):        # chain rows, each from scratch
                         e, h = torch.cat([e, embeds[i, x:x + 1]]), torch.cat([h, out[None]])
