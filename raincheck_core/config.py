@@ -75,6 +75,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0     # 0: no shared expert
     moe_layers: tuple[int, ...] = ()             # layers whose MLP is the sparse MoE block
+    # Qwen3.5's multi-token-prediction head (`mtp.*` tensors, models/mtp.py): how many decoder layers it has
+    # (0: the config declares none)
+    mtp_layers: int = 0
     raw: dict = field(default_factory=dict, compare=False, repr=False)   # config.json as written
 
     @property
@@ -176,6 +179,8 @@ def _from_hf(family: str, hf, raw: dict, generation_eos: int | list[int] | None)
         moe_intermediate_size=getattr(text, "moe_intermediate_size", 0) or 0,
         shared_expert_intermediate_size=getattr(text, "shared_expert_intermediate_size", 0) or 0,
         moe_layers=_moe_layers(text),
+        # not a field of transformers' config classes: it keeps the key as an attribute, as vLLM reads it
+        mtp_layers=getattr(text, "mtp_num_hidden_layers", 0) or 0,
         raw=raw,
     )
 

@@ -40,6 +40,11 @@ class CheckpointError(RaincheckError):
         super().__init__("; ".join(parts))
 
 
+class NoMtpHeadError(CheckpointError):
+    """MTP speculative decoding was asked of a checkpoint that ships no multi-token-prediction head (no
+    `mtp.*` tensors): a Qwen3-VL checkpoint, or a Qwen3.5 one exported without it."""
+
+
 class OutOfPagesError(RaincheckError):
     """The KV page pool (or a session's page budget) cannot hold the request."""
 

@@ -216,16 +216,23 @@ def patch_embed_as_matmul(vision) -> None:
     vision.patch_embed.forward = forward
 
 
-def forward(model, batch: Batch, probes: bool = False):
-    """Logits [B, T', vocab] of transformers' VLM over each example's chosen rows; with `probes`, also the
-    visual embeddings, every layer's hidden states and the last attention layer's probabilities (the
-    model must use eager attention then)."""
+def language_model(model, batch: Batch, probes: bool = False):
+    """The visual embeddings and the output of transformers' text decoder over each example's chosen rows
+    (`last_hidden_state` after the final norm: what the LM head reads); with `probes`, every layer's hidden
+    states and attention probabilities too (the model must use eager attention then)."""
     visual = model.model.visual(batch.pixels, grid_thw=batch.grids).pooler_output
     lm = model.model.language_model
     flat = lm.embed_tokens(batch.flat_ids).index_put((batch.flat_visual,), visual)
     flat = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
-    out = lm(inputs_embeds=flat[batch.gather], attention_mask=batch.mask, position_ids=batch.positions,
-             output_hidden_states=probes, output_attentions=probes)
+    return visual, lm(inputs_embeds=flat[batch.gather], attention_mask=batch.mask, position_ids=batch.positions,
+                      output_hidden_states=probes, output_attentions=probes)
+
+
+def forward(model, batch: Batch, probes: bool = False):
+    """Logits [B, T', vocab] of transformers' VLM over each example's chosen rows; with `probes`, also the
+    visual embeddings, every layer's hidden states and the last attention layer's probabilities (the
+    model must use eager attention then)."""
+    visual, out = language_model(model, batch, probes)
     logits = model.lm_head(out.last_hidden_state)
     if not probes:
         return logits

@@ -9,16 +9,18 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NoMtpHeadError
 from ..layers.linear import MergedLinear
 from ..layers.parallel import Target, copy_into, rows_of
 
 # Prefixes under which checkpoints store the text decoder, newest first. The LM head sits at the top.
 TEXT_PREFIXES = ("model.language_model.", "model.", "language_model.model.")
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
-# Tensors that belong to parts we do not run: the vision tower (loaded by multimodal.vision) and
-# Qwen3.5's multi-token-prediction head.
-IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+# Prefixes of Qwen3.5's multi-token-prediction head (models/mtp.py; `load_mtp_weights`), top level as released
+MTP_PREFIXES = ("mtp.", "model.mtp.")
+# Tensors that belong to parts the decoder does not run: the vision tower (loaded by multimodal.vision) and
+# the MTP head.
+IGNORED_PREFIXES = ("model.visual.", "visual.", *MTP_PREFIXES)
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -100,16 +102,49 @@ def load_decoder_weights(model: nn.Module, folder: Path, tied: bool) -> dict[str
                 if local not in targets:
                     unexpected.append(name)
                     continue
-                target = targets[local]
-                # a slice: a tensor-parallel rank reads only its part of the tensor
-                part = f.get_slice(name)
-                shape = tuple(part.get_shape())
-                if shape not in target.shapes:
-                    raise CheckpointError(f"tensor {name} has shape {shape}, the config expects {target.shapes[0]}")
-                if target.write is not None:
-                    target.write(target.read(part))
+                _copy(f, name, targets[local])
                 seen.add(local)
     missing = sorted(expected - seen)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {folder} does not match its config", missing, unexpected)
     return others
+
+
+def load_mtp_weights(head: nn.Module, folder: Path) -> None:
+    """Copy the checkpoint's `mtp.*` tensors into `head` (models/mtp.py `MtpHead`), strictly by name and
+    shape. Raises NoMtpHeadError where the checkpoint has none, CheckpointError naming the missing and
+    unexpected ones where they do not match the head."""
+    targets = _targets(head)
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                prefix = next((p for p in MTP_PREFIXES if name.startswith(p)), None)
+                if prefix is None:
+                    continue
+                local = name[len(prefix):]
+                if local not in targets:
+                    unexpected.append(name)
+                    continue
+                _copy(f, name, targets[local])
+                seen.add(local)
+    if not seen and not unexpected:
+        raise NoMtpHeadError(
+            f"checkpoint {folder} has no multi-token-prediction head (no mtp.* tensors): MTP speculative "
+            "decoding needs a Qwen3.5 checkpoint that ships one; prompt-lookup (n-gram) drafts need none")
+    missing = sorted(set(targets) - seen)
+    if missing or unexpected:
+        raise CheckpointError(f"the MTP head of checkpoint {folder} does not match its config",
+                              [f"mtp.{m}" for m in missing], unexpected)
+
+
+def _copy(f, name: str, target: Target) -> None:
+    """Checkpoint tensor `name` of the open file `f` into its target, read as a slice (a tensor-parallel
+    rank reads only its part of the tensor)."""
+    part = f.get_slice(name)
+    shape = tuple(part.get_shape())
+    if shape not in target.shapes:
+        raise CheckpointError(f"tensor {name} has shape {shape}, the config expects {target.shapes[0]}")
+    if target.write is not None:
+        target.write(target.read(part))

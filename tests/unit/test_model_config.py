@@ -51,7 +51,7 @@ def test_qwen3_vl_8b(tmp_path):
         mrope_section=(24, 20, 20), layer_types=("full_attention",) * 36, tie_word_embeddings=False,
         attention_bias=False, linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
         linear_value_head_dim=0, linear_conv_kernel=4, **QWEN3VL_IDS, spatial_merge_size=2, deepstack_levels=3,
-        has_vision=True, eos_token_ids=(151645, 151643), max_position_embeddings=262144, **DENSE))
+        has_vision=True, eos_token_ids=(151645, 151643), max_position_embeddings=262144, mtp_layers=0, **DENSE))
 
 
 def test_qwen3_vl_defaults_and_the_modeling_code_mrope_default(tmp_path):
@@ -65,7 +65,7 @@ def test_qwen3_vl_defaults_and_the_modeling_code_mrope_default(tmp_path):
 def test_qwen3_5_9b(tmp_path):
     text = dict(rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                  "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-                max_position_embeddings=262144)
+                max_position_embeddings=262144, mtp_num_hidden_layers=1)   # as the released config declares
     folder = _save(Qwen3_5Config(text_config=text, vision_config=dict(out_hidden_size=4096)), tmp_path,
                    eos=[248046, 248044])
     _check(ModelConfig.from_folder(folder), dict(
@@ -73,7 +73,7 @@ def test_qwen3_5_9b(tmp_path):
         num_heads=16, num_kv_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, rotary_dim=64,
         mrope_section=(11, 11, 10), layer_types=QWEN35_LAYERS, tie_word_embeddings=False, attention_bias=False,
         **QWEN35_GDN, **QWEN35_IDS, spatial_merge_size=2, deepstack_levels=0, has_vision=True,
-        eos_token_ids=(248046, 248044), max_position_embeddings=262144, **DENSE))
+        eos_token_ids=(248046, 248044), max_position_embeddings=262144, mtp_layers=1, **DENSE))
 
 
 def test_qwen3_5_small_tied_with_defaults(tmp_path):
