@@ -1,12 +1,12 @@
-"""Speculative decoding with n-gram drafts (docs/mechanism.md §13): decode speed with and without it.
+"""Speculative decoding with n-gram and MTP drafts (docs/mechanism.md §13): decode speed with and without it.
 
     python -m bench.spec [--quick] [--repeats N] [--max-new T] [--threads N] [--models M ...] [--json PATH]
 
 Per model and setting, one session per turn, greedy, each arm once per round (the order reversed every
-other round): speculation off; n-gram drafts, k = 1, 2, 3 per step; and a replay of the answer
-speculation off gave the same prompts (`BenchDrafter`), k = 1, 2, 3: every draft right wherever the answer
-is the same, so its TPOT is what verify rows cost at full acceptance, the most any drafter (an MTP head)
-could save on this machine. Models: the demo model
+other round): speculation off; n-gram drafts, k = 1, 2, 3 per step; on demo-v2 its trained MTP head's
+drafts, k = 1, 2, 3; and a replay of the answer speculation off gave the same prompts (`BenchDrafter`),
+k = 1, 2, 3: every draft right wherever the answer is the same, so its TPOT is what verify rows cost at full
+acceptance, the most any drafter could save on this machine. Models: the demo model
 (models/demo-v2, a single-image dialogue whose every turn asks for a list of the scene's objects: its
 longest answers, whose words repeat the earlier lists') and the
 random `bench` checkpoints of both families (an image prompt; a random model's greedy answer falls into
@@ -41,6 +41,7 @@ from raincheck_core import Engine, Message, Prompt, SamplingParams, TurnMetrics
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.models.random_init import save_random_checkpoint
 from raincheck_core.speculative.config import SpeculativeConfig
+from raincheck_core.speculative.mtp import MtpDrafter
 from raincheck_core.speculative.ngram import NgramDrafter
 
 from .common import image_prompt, setup_torch, use_clock
@@ -50,6 +51,7 @@ from .common import image_prompt, setup_torch, use_clock
 # is right, the most any drafter could save)
 ARMS = (("off", None, None), *((f"ngram k={k}", "ngram", k) for k in (1, 2, 3)),
         *((f"replay k={k}", "replay", k) for k in (1, 2, 3)))
+MTP_ARMS = tuple((f"mtp k={k}", "mtp", k) for k in (1, 2, 3))     # a checkpoint with a head (demo-v2)
 POLICIES = {"full": DeferralConfig("full"),
             "raincheck": DeferralConfig("raincheck", selector="uniform", tpot_slo=None, guard=0, chunk_size=7)}
 V2 = Path(__file__).resolve().parents[1] / "models" / "demo-v2"
@@ -64,23 +66,27 @@ class Turn:
 
 
 class BenchDrafter:
-    """The n-gram drafter (`mode` "ngram"), or a replay of `answers` (`mode` "replay": the next k tokens of
-    the answer the history ends in the middle of)."""
+    """The n-gram drafter (`mode` "ngram"), the checkpoint's MTP head (`mode` "mtp", once `mtp` is set: it
+    observes every arm's kept rows, so its K/V are current whichever arm runs), or a replay of `answers`
+    (`mode` "replay": the next k tokens of the answer the history ends in the middle of)."""
 
-    needs_hidden = False
-
-    def __init__(self) -> None:
+    def __init__(self, mtp: bool = False) -> None:
         self.ngram = NgramDrafter(SpeculativeConfig("ngram"))
+        self.mtp: MtpDrafter | None = None
+        self.needs_hidden = mtp                 # read by the engine when it is built
         self.mode = "ngram"
         self.answers: list[list[int]] = []
 
     def observe(self, session: str, next_tokens: torch.Tensor, positions: torch.Tensor,
                 hidden: torch.Tensor | None) -> None:
-        pass
+        if self.mtp is not None:
+            self.mtp.observe(session, next_tokens, positions, hidden)
 
     def propose(self, session: str, history: Sequence[int], k: int) -> list[int]:
         if self.mode == "ngram":
             return self.ngram.propose(session, history, k)
+        if self.mode == "mtp":
+            return self.mtp.propose(session, history, k) if self.mtp is not None else []
         tail = list(history[-max(map(len, self.answers), default=0):])
         for g in range(len(tail), 0, -1):       # the longest start of an answer the history ends with
             for answer in self.answers:
@@ -89,10 +95,12 @@ class BenchDrafter:
         return []
 
     def rollback(self, session: str, length: int) -> None:
-        pass
+        if self.mtp is not None:
+            self.mtp.rollback(session, length)
 
     def release(self, session: str) -> None:
-        pass
+        if self.mtp is not None:
+            self.mtp.release(session)
 
 
 def run_turns(engine: Engine, prompts: list[Prompt | Message], cfg: DeferralConfig, params: SamplingParams
@@ -117,13 +125,14 @@ def measure(engine: Engine, drafter: BenchDrafter, prompts: list[Prompt | Messag
             params: SamplingParams) -> dict:
     """Policy -> arm -> medians (keys as in the module docstring); `drafter`: the engine's."""
     use_clock(engine, time.perf_counter)
+    arms = ARMS + (MTP_ARMS if drafter.mtp is not None else ())
     out = {}
     for name, cfg in POLICIES.items():
         engine.speculate(None)
         drafter.answers = [t.answer for t in run_turns(engine, prompts, cfg, params)]     # and a warm-up
-        runs: dict[str, list[list[Turn]]] = {label: [] for label, _, _ in ARMS}
+        runs: dict[str, list[list[Turn]]] = {label: [] for label, _, _ in arms}
         for r in range(repeats):
-            for label, mode, k in ARMS if r % 2 == 0 else reversed(ARMS):
+            for label, mode, k in arms if r % 2 == 0 else reversed(arms):
                 drafter.mode = mode or drafter.mode
                 engine.speculate(k)
                 runs[label].append(run_turns(engine, prompts, cfg, params))
@@ -187,8 +196,10 @@ def main(argv: list[str] | None = None) -> None:
     options = dict(prefix_cache=False, speculative=SpeculativeConfig("ngram"), drafter=drafter)
     results = {}
     if "demo-v2" in args.models and (V2 / "model.safetensors").is_file():
-        engine = Engine.from_pretrained(V2, **options)
-        results["demo-v2"] = measure(engine, drafter, demo_prompts(2 if args.quick else 3), args.repeats,
+        with_head = BenchDrafter(mtp=True)       # demo-v2 ships a trained MTP head
+        engine = Engine.from_pretrained(V2, **{**options, "drafter": with_head})
+        with_head.mtp = MtpDrafter.from_checkpoint(V2, engine.model, engine.config)
+        results["demo-v2"] = measure(engine, with_head, demo_prompts(2 if args.quick else 3), args.repeats,
                                      SamplingParams(max_new_tokens=args.max_new))
     with tempfile.TemporaryDirectory() as tmp:
         for family in (m for m in MODELS[1:] if m in args.models):
@@ -197,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             # a random model's answer runs to the limit
             results[f"bench {family}"] = measure(engine, drafter, [image_prompt(engine, args.side)], args.repeats,
                                                  SamplingParams(max_new_tokens=args.max_new, ignore_eos=True))
-    print(f"Speculative decoding, n-gram drafts ({args.max_new}-token answers, median of {args.repeats} rounds, "
-          f"{args.threads} thread(s)):\n\n{table(results)}")
+    print(f"Speculative decoding, n-gram and MTP drafts ({args.max_new}-token answers, median of {args.repeats} "
+          f"rounds, {args.threads} thread(s)):\n\n{table(results)}")
     if args.json:
         args.json.write_text(json.dumps({"spec": results, "args": vars(args) | {"json": str(args.json)}}, indent=2))
 

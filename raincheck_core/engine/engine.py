@@ -28,7 +28,7 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
 from ..deferral.recovery import Recovery
-from ..errors import InvalidInputError, UnsupportedModelError
+from ..errors import InvalidInputError
 from ..grammar import Grammars
 from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM, build_decoder
@@ -41,6 +41,7 @@ from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part
 from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
 from ..speculative.drafter import Drafter
+from ..speculative.mtp import MtpDrafter
 from . import residual
 from .core import EngineCore
 from .cost_model import StepCostModel
@@ -202,7 +203,7 @@ class Engine:
                                                        config.torch_dtype)
             formatter = ChatFormatter.from_checkpoint(folder)
             if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
-                drafter = _mtp_drafter(folder, model, model_config, config)
+                drafter = MtpDrafter.from_checkpoint(folder, model, config)    # NoMtpHeadError without one
             log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
             return cls(model, model_config, config, formatter=formatter, vision=vision,
                        selector_options=load_selector_options(folder), drafter=drafter, ranks=ranks)
@@ -447,16 +448,6 @@ class Engine:
             inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
-
-
-def _mtp_drafter(folder: Path, model: DecoderLM, model_config: ModelConfig, config: EngineConfig) -> Drafter:
-    """The checkpoint's MTP head as a drafter (speculative/mtp.py `load_mtp_drafter`, which raises a typed
-    error for a checkpoint without one)."""
-    try:
-        from ..speculative.mtp import load_mtp_drafter
-    except ModuleNotFoundError as e:
-        raise UnsupportedModelError("speculative method 'mtp': this build has no MTP drafter") from e
-    return load_mtp_drafter(folder, model, model_config, config)
 
 
 def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,

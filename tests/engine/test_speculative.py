@@ -37,9 +37,9 @@ RAINCHECK = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard
 LATE = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=4, chunk_size=7)
 
 
-def _engine(folder, k: int = 3, **options) -> Engine:
+def _engine(folder, k: int = 3, method: str = "ngram", **options) -> Engine:
     # no prefix cache: both runs prefill the same rows in the same steps
-    return Engine.from_pretrained(folder, prefix_cache=False, speculative=SpeculativeConfig("ngram", k), **options)
+    return Engine.from_pretrained(folder, prefix_cache=False, speculative=SpeculativeConfig(method, k), **options)
 
 
 def _turns(engine: Engine, prompts: list[Prompt], cfg: DeferralConfig | None = None, n: int = 16):
@@ -175,15 +175,17 @@ def test_a_drafter_observes_every_kept_row_with_its_final_norm_hidden_state(tiny
 
 
 @needs_v2
+@pytest.mark.parametrize("method", ["ngram", "mtp"])       # demo-v2 ships a trained MTP head
 @pytest.mark.parametrize("kind", ["single", "multi", "video"])
-def test_demo_dialogues_are_token_identical(kind):
+def test_demo_dialogues_are_token_identical(kind, method):
     from raincheck_demo.world import make_dialogue, make_multi_dialogue, make_video_dialogue
 
     rng = random.Random(4242)
     d = {"single": lambda: make_dialogue(rng, turns=3),
          "multi": lambda: make_multi_dialogue(rng, images=2, turns=3),
          "video": lambda: make_video_dialogue(rng, frames=3, turns=3)}[kind]()
-    engine = _engine(V2, num_threads=1)
+    engine = _engine(V2, method=method, num_threads=1)
+    proposed = accepted = 0
     for policy in ("full", "hard"):
         answers = {}
         for k in (None, 1, 2, 3):
@@ -191,8 +193,11 @@ def test_demo_dialogues_are_token_identical(kind):
             session = engine.open_session(deferral=DeferralConfig(policy, selector="uniform"))
             out = []
             for t in range(len(d.questions)):
-                events = session.turn(d.message(t), SamplingParams(max_new_tokens=24), return_logits=True).tokens()
+                stream = session.turn(d.message(t), SamplingParams(max_new_tokens=24), return_logits=True)
+                events = list(stream.tokens())
                 out.append(([e.token_id for e in events], torch.stack([e.logits for e in events])))
+                proposed += stream.end.metrics.drafts_proposed
+                accepted += stream.end.metrics.drafts_accepted
             session.close()
             answers[k] = out
         for k in (1, 2, 3):
@@ -200,6 +205,8 @@ def test_demo_dialogues_are_token_identical(kind):
                 assert ids_s == ids
                 # a trained model's logits reach |16|: fp32 rounding of other row batches is relative to them
                 assert float((logits_s - logits).abs().max()) <= TOL * float(logits.abs().max())
+    if method == "mtp":     # the trained head drafts at every step and is often right (n-gram rarely finds a match)
+        assert proposed > 0 and accepted > 0
 
 
 def _plans(engine: Engine) -> tuple[list, object]:
