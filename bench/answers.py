@@ -7,6 +7,11 @@ The engine is exact: a change that is not meant to change the model's arithmetic
     (in the other checkout, the same with --json B.json)
     python -m bench.answers --compare A.json B.json
 
+With `--speculative-method ngram|mtp --speculative-tokens K` the same engine verifies drafts: under `full`
+and `hard` greedy answers must be the same as with speculation off (docs/mechanism.md §13; `--arms
+full,hard/hiprune` runs only those); under raincheck a verify step changes which tokens see a fused chunk,
+so its answers may differ.
+
 Arms: full; hard and raincheck with HiPrune; raincheck and post_answer with MMTok (the model's selector
 options). Raincheck runs with a fixed schedule (`tpot_slo=None`, 31-row chunks): at the default TPOT
 objective, which chunks ride on which decode step follows measured step times, so two runs may fuse
@@ -24,6 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from raincheck_core import Engine
+from raincheck_core.speculative.config import METHODS, SpeculativeConfig
 
 from . import quality
 
@@ -31,15 +37,18 @@ ARMS = (("full", "full", "mmtok"), ("hard/hiprune", "hard", "hiprune"), ("rainch
         ("raincheck/mmtok", "raincheck", "mmtok"), ("post_answer/mmtok", "post_answer", "mmtok"))
 
 
-def dump(model: str, families: list[str], dialogues: int) -> dict[str, dict[str, list[list[str]]]]:
-    """{family: {arm: per dialogue, per turn, the answer text}}."""
-    engine = Engine.from_pretrained(model, num_threads=1)
+def dump(model: str, families: list[str], dialogues: int, arms: list[str] | None = None,
+         speculative: SpeculativeConfig | None = None) -> dict[str, dict[str, list[list[str]]]]:
+    """{family: {arm: per dialogue, per turn, the answer text}}; `arms`: by name (None: all)."""
+    engine = Engine.from_pretrained(model, num_threads=1, speculative=speculative or SpeculativeConfig())
     out: dict[str, dict[str, list[list[str]]]] = {}
     for family in families:
         held_out = quality.held_out(family, dialogues)
         messages = [[d.message(t) for t in range(len(d.questions))] for d in held_out]
         out[family] = {}
         for name, policy, selector in ARMS:
+            if arms is not None and name not in arms:
+                continue
             cfg = dataclasses.replace(quality.Arm(name, policy, selector).config(engine.selector_options),
                                       tpot_slo=None)
             out[family][name] = [quality.run_engine_arm(engine, cfg, d, m) for d, m in
@@ -73,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dialogues", type=int, default=40)
     p.add_argument("--json", type=Path, help="where to write the answers")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="compare two reports instead")
+    p.add_argument("--arms", help=f"comma-separated, of {', '.join(a for a, _, _ in ARMS)} (default: all)")
+    p.add_argument("--speculative-method", choices=METHODS, help="verify drafts of this drafter (default: off)")
+    p.add_argument("--speculative-tokens", type=int, default=3, help="drafts per step with --speculative-method")
     args = p.parse_args(argv)
     if args.compare:
         total, diffs = compare(*(json.loads(path.read_text()) for path in args.compare))
@@ -81,7 +93,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1 if diffs else 0)
     if args.json is None:
         p.error("--json PATH is required (or --compare A B)")
-    out = dump(args.model, args.families.split(","), args.dialogues)
+    arms = args.arms.split(",") if args.arms else None
+    unknown = set(arms or ()) - {a for a, _, _ in ARMS}
+    if unknown:
+        p.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    speculative = SpeculativeConfig(args.speculative_method, args.speculative_tokens) if args.speculative_method \
+        else None
+    out = dump(args.model, args.families.split(","), args.dialogues, arms, speculative)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {sum(len(d) for f in out.values() for a in f.values() for d in a)} answers to {args.json}")
