@@ -145,19 +145,20 @@ def _single(group: RankGroup, folder: str, tokens: int, prompt_len: int) -> dict
     return rank_run(None, folder, 1, tokens, prompt_len)
 
 
-def engine_started(folder: str, world: int, tokens: int, prompt_len: int) -> list[dict]:
+def engine_started(folder: str, world: int, tokens: int, prompt_len: int, device: str = "cpu") -> list[dict]:
     """In a fresh process: the engine loaded as a user loads it and a greedy turn run (so every worker rank
     has loaded too); per process, rank 0 first, its peak RSS and resident anonymous memory, and rank 0's
     median decode step."""
     torch.set_num_threads(1)
-    engine = Engine.from_pretrained(folder, tensor_parallel_size=world, num_threads=1, num_pages=256,
-                                    max_gdn_slots=4, prefix_cache=False)
+    engine = Engine.from_pretrained(folder, device=device, tensor_parallel_size=world, num_threads=1,
+                                    num_pages=256, max_gdn_slots=4, prefix_cache=False)
     with engine:
         session = engine.open_session()
         session.turn(Prompt(list(range(16, 24))), SamplingParams(max_new_tokens=2)).result()     # warm-up
         session.close()
         session = engine.open_session()
-        prompt = torch.randint(16, 2000, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        top = min(2000, ModelConfig.from_folder(folder).vocab_size)
+        prompt = torch.randint(16, top, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
         stamps = [time.perf_counter() for e in session.turn(Prompt(prompt), SamplingParams(
             max_new_tokens=tokens, ignore_eos=True)) if isinstance(e, TokenEvent)]
         session.close()
@@ -168,9 +169,23 @@ def engine_started(folder: str, world: int, tokens: int, prompt_len: int) -> lis
     return out
 
 
-def _engine_started(folder: str, world: int, tokens: int, prompt_len: int) -> list[dict]:
+def _engine_started(folder: str, world: int, tokens: int, prompt_len: int, device: str = "cpu") -> list[dict]:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(engine_started, folder, world, tokens, prompt_len).result()
+        return pool.submit(engine_started, folder, world, tokens, prompt_len, device).result()
+
+
+def device_run(device: str, tiny: bool) -> dict:
+    """`bench.gpu`'s part: the engine-started measurement on `device` at TP = 1 and, where the machine has
+    two accelerators, TP = 2 (NCCL); with one, it says that TP = 1 is all it ran. The CPU dry run stays at
+    TP = 1 (this module's own run and tests measure TP = 2 with gloo)."""
+    count = torch.cuda.device_count() if torch.device(device).type == "cuda" else 0
+    worlds = (1, 2) if count >= 2 else (1,)
+    tokens, prompt_len = (8, 16) if tiny else (40, 64)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = str(save_random_checkpoint(Path(tmp) / "qwen3_5", "qwen3_5", "tiny" if tiny else "bench"))
+        runs = {w: _engine_started(folder, w, tokens, prompt_len, device) for w in worlds}
+    note = None if count >= 2 else f"{count or 'no'} accelerator(s) here: ran at tensor_parallel_size 1 only"
+    return dict(devices=count, engine_started=runs, note=note)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from raincheck_core.ops import backend, fla_adapter
 
-from .. import attention
+from .. import attention, parallel
 from . import exact, kernels, timing
 from .models import Shape, import_reference_models, shapes
 from .parts import Parts
@@ -127,6 +127,8 @@ def run(args: argparse.Namespace) -> dict:
     for shape in models:     # speculative decoding: what verify rows cost where a decode step is memory-bound
         parts.run(("speculation", shape.name), lambda shape=shape: timing.speculation(
             shape, device, dtype, first, text, answer, timed_backend, 1 if tiny else 3))
+    # tensor parallelism: TP = 2 over NCCL where two accelerators are lent (one today: TP = 1, said so)
+    parts.run(("parallel",), lambda: parallel.device_run(device, tiny))
     for v in more:
         for shape in models:
             timings(shape, v, True)

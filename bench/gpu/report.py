@@ -102,12 +102,24 @@ def kernels(result: dict) -> list[str]:
     return lines
 
 
+def parallel(result: dict) -> list[str]:
+    par = result.get("parallel", {})
+    if "engine_started" not in par:
+        return []
+    lines = ["| TP | process | peak RSS MiB | decode step ms |", "|---|---|---|---|"]
+    for world, procs in par["engine_started"].items():
+        for rank, proc in enumerate(procs):
+            step = "" if "step_ms" not in proc else f"{proc['step_ms']:.2f}"
+            lines.append(f"| {world} | rank {rank} | {proc['peak_rss_mib']:.0f} | {step} |")
+    return lines + ([f"({par['note']})"] if par.get("note") else [])
+
+
 def report(result: dict) -> str:
     head = (f"{result.get('device')}, torch {result.get('versions', {}).get('torch')}, backend "
             f"{result.get('backend')} (auto on CUDA: {result.get('auto_on_cuda')}), reference GDN "
             f"`{result.get('reference_gdn')}`")
     return "\n".join([head, "", *exactness(result), "", *policies(result), "", *floors(result), "",
-                      *kernels(result)]) + "\n"
+                      *kernels(result), "", *parallel(result)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
