@@ -4,7 +4,9 @@ A frontend and a decode worker start in this process (gRPC over loopback, in-pro
 client SDK then plays one scripted multi-turn dialogue under each policy — full, hard, raincheck,
 post_answer — printing every answer with its TTFT and TPOT, and how much of the turn's visuals was
 deferred and still pending when the answer ended. A second image arrives mid-conversation, as in real
-chats: every new image is a new deferral. It serves the default model, the demo model ("demo": v2,
+chats: every new image is a new deferral. Where the checkpoint ships an MTP head (demo-v2 does), the
+dialogue is played once more under `full` on a worker that verifies the head's drafts (speculative
+decoding, k = 3): the same answers, in fewer decode steps. It serves the default model, the demo model ("demo": v2,
 `models/demo-v2`, which reads images arriving at any turn), unless `--model` names another checkpoint
 (`--model demo-v1`: v1, which answers from the first image only).
 """
@@ -16,6 +18,8 @@ import random
 
 from raincheck_client import Client
 from raincheck_client.events import Final, Metrics
+from raincheck_core.config import ModelConfig
+from raincheck_core.models.shipped import resolve_model_path
 from raincheck_demo.world import NUMBERS, Dialogue, Question, make_multi_dialogue
 
 from .common.model_loading import default_model
@@ -24,6 +28,7 @@ from .common.store import MemoryStore
 
 POLICIES = ("full", "hard", "raincheck", "post_answer")
 DEMO_SEED = 0
+DRAFTS = 3          # MTP drafts verified per decode step in the speculative section
 
 
 def demo_model(model: str | None) -> str | None:
@@ -41,43 +46,66 @@ def demo_dialogue(seed: int) -> Dialogue:
 # asked about were pruned), and `raincheck` turns 2, 3 and 4: image one's deferred part is back by then. Turns 1 and 3
 # are the arrival turns, where raincheck has only the kept part of the new image, like hard.
 def run_demo(model: str | None, max_new_tokens: int, seed: int = DEMO_SEED) -> None:
-    from .decode_worker.server import DecodeWorkerServer
-    from .frontend.server import FrontendServer
-
     for name in ("services", "raincheck_core"):    # the demo's own lines are the output
         logging.getLogger(name).setLevel(logging.WARNING)
     model = demo_model(model)
     if model is None:
         print("The demo model is not in this checkout: serving a RANDOM model (answers are noise).")
-    store = MemoryStore(3600)
-    worker = DecodeWorkerServer(WorkerSettings(model=model, port=0, metrics_port=None), store).start()
-    front = FrontendServer(FrontendSettings(port=0, metrics_port=None), store).start()
     dialogue = demo_dialogue(seed)
-    messages = [dialogue.message(t) for t in range(len(dialogue.questions))]
     sizes = ", ".join(f"image {NUMBERS[i + 1]} {v.scene.rows}x{v.scene.cols} with turn {v.turn + 1}"
                       for i, v in enumerate(dialogue.visuals))
-    print(f"embedded default on {front.address}: model {worker.model}; {sizes} (one visual token per cell)\n")
-    try:
-        with Client(front.address) as client:
-            for policy in POLICIES:
-                print(f"== {policy}")
-                session = client.create_session(policy=policy, retention=0.3, chunk_size=15, guard=4)
-                for i, (question, message) in enumerate(zip(dialogue.questions, messages, strict=True)):
-                    turn = session.send(question.text, images=message.images, max_new_tokens=max_new_tokens)
-                    final, metrics = _run(turn)
-                    answer = " ".join(final.text.split())
-                    ok = "ok " if answer == question.answer else "-- "
-                    arrives = "".join(f" [+ image {NUMBERS[k + 1]}]" for k, v in enumerate(dialogue.visuals)
-                                      if v.turn == i)
-                    print(f"  T{i + 1} {ok}Q: {question.text}{arrives}\n       A: {answer!r}{_items(answer, question)}")
-                    print(f"       TTFT {1e3 * metrics.ttft_s:6.1f} ms  TPOT {1e3 * metrics.tpot_s:5.1f} ms  "
-                          f"deferred {metrics.deferred_tokens}, pending at answer end {metrics.deferred_pending}"
-                          + (f", barrier wait {1e3 * metrics.barrier_wait_s:.1f} ms" if i else ""))
-                session.close()
-    finally:
-        front.stop(1.0)
-        worker.stop(1.0)
-        store.close()
+    with _Cluster(WorkerSettings(model=model, port=0, metrics_port=None)) as cluster:
+        print(f"embedded default on {cluster.address}: model {cluster.model}; {sizes} (one visual token per cell)\n")
+        for policy in POLICIES:
+            print(f"== {policy}")
+            _play(cluster, policy, dialogue, max_new_tokens)
+    if model is not None and ModelConfig.from_folder(resolve_model_path(model)).mtp_layers:
+        settings = WorkerSettings(model=model, port=0, metrics_port=None, speculative_method="mtp",
+                                  speculative_tokens=DRAFTS)
+        with _Cluster(settings) as cluster:
+            print(f"== full, verifying {DRAFTS} drafts a step from the checkpoint's MTP head (the same answers)")
+            _play(cluster, "full", dialogue, max_new_tokens, drafts=True)
+
+
+class _Cluster:
+    """A frontend and a decode worker of `settings` in this process, over loopback, with a client."""
+
+    def __init__(self, settings: WorkerSettings):
+        from .decode_worker.server import DecodeWorkerServer
+        from .frontend.server import FrontendServer
+
+        self.store = MemoryStore(3600)
+        self.worker = DecodeWorkerServer(settings, self.store).start()
+        self.front = FrontendServer(FrontendSettings(port=0, metrics_port=None), self.store).start()
+        self.address, self.model = self.front.address, self.worker.model
+        self.client = Client(self.address)
+
+    def __enter__(self) -> _Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.front.stop(1.0)
+        self.worker.stop(1.0)
+        self.store.close()
+
+
+def _play(cluster: _Cluster, policy: str, dialogue: Dialogue, max_new_tokens: int, drafts: bool = False) -> None:
+    """The dialogue in one session under `policy`, each answer printed with its metrics."""
+    session = cluster.client.create_session(policy=policy, retention=0.3, chunk_size=15, guard=4)
+    for i, question in enumerate(dialogue.questions):
+        message = dialogue.message(i)
+        final, metrics = _run(session.send(question.text, images=message.images, max_new_tokens=max_new_tokens))
+        answer = " ".join(final.text.split())
+        ok = "ok " if answer == question.answer else "-- "
+        arrives = "".join(f" [+ image {NUMBERS[k + 1]}]" for k, v in enumerate(dialogue.visuals) if v.turn == i)
+        print(f"  T{i + 1} {ok}Q: {question.text}{arrives}\n       A: {answer!r}{_items(answer, question)}")
+        extra = f", barrier wait {1e3 * metrics.barrier_wait_s:.1f} ms" if i else ""
+        if drafts:
+            extra = f", drafts accepted {metrics.drafts_accepted} of {metrics.drafts_proposed}"
+        print(f"       TTFT {1e3 * metrics.ttft_s:6.1f} ms  TPOT {1e3 * metrics.tpot_s:5.1f} ms  "
+              f"deferred {metrics.deferred_tokens}, pending at answer end {metrics.deferred_pending}{extra}")
+    session.close()
 
 
 def _items(answer: str, question: Question) -> str:
