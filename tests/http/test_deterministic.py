@@ -27,7 +27,10 @@ REPEATS = 5
 def objective_stack():
     if not (FOLDER / "model.safetensors").is_file():
         pytest.skip("models/demo has no trained checkpoint")
-    s = Stack(MemoryStore(), tpot_slo=1.10, calibrate=True)    # as `raincheck serve` starts
+    # calibrated as `raincheck serve` starts; a generous objective, so that the calibration lets chunks fuse
+    # within these short answers on any host (at 1.10 a host whose chunk steps cost more than a tenth of a
+    # plain step's slack per token fuses none, and the idle-server check would hold vacuously)
+    s = Stack(MemoryStore(), tpot_slo=2.0, calibrate=True)
     yield s
     s.close()
 
