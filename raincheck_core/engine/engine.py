@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
 import uuid
 import weakref
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PoolStats
@@ -36,7 +34,7 @@ from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
-from ..parallel.group import RankGroup, joined_group
+from ..parallel.group import RankGroup
 from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part, result_part, to_cpu
 from ..parallel.workers import WorkerRanks
 from ..pruning.settings import load_selector_options
@@ -50,6 +48,7 @@ from .graphs import StepGraphs
 from .hooks import StepStats
 from .mirror import Mirror, replay_commands
 from .plan import Segment, StepPlan
+from .rank_start import rank_group
 from .scheduler import Scheduler
 from .session import Session, TurnStream
 from .session_cache import SessionCache
@@ -191,7 +190,7 @@ class Engine:
             # whole vocabulary, which the ranks split
             raise InvalidInputError("speculative decoding at tensor_parallel_size > 1 takes method 'ngram' only "
                                     "(an MTP head or a drafter object is not split across ranks yet)")
-        ranks, tp = _rank_group(folder, model_config, config, engine_options)
+        ranks, tp = rank_group(folder, model_config, config, engine_options, serve_rank)
         try:
             # a tensor-parallel rank builds and loads only its shard
             model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
@@ -448,30 +447,6 @@ class Engine:
             inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
             inputs.batch.logit_rows = None
             return runner.forward(inputs).logits
-
-
-def _rank_group(folder: Path, model_config: ModelConfig, config: EngineConfig,
-                options: dict) -> tuple[WorkerRanks | None, RankGroup | None]:
-    """This process's rank group at tensor_parallel_size > 1 (None at 1), and the worker ranks it started
-    for it when the caller did not start the ranks itself (this process is then rank 0)."""
-    world = config.tensor_parallel_size
-    if world == 1:
-        return None, None
-    if dist.is_initialized():
-        return None, joined_group(world)
-    if torch.device(config.device).index is not None:
-        raise InvalidInputError(f"device {config.device!r} at tensor_parallel_size {world}: give 'cuda' (rank r takes "
-                                "the r-th visible GPU; choose them with CUDA_VISIBLE_DEVICES)")
-    # a head count or width that does not split raises here, before any rank starts: rank 0's decoder is
-    # built once without memory (the meta device), which checks every split the real build makes
-    with torch.device("meta"):
-        build_decoder(model_config, RankGroup(0, world), config.expert_parallel)
-    threads = config.num_threads
-    if threads is None and config.device == "cpu":      # the ranks share this machine's cores
-        threads = max(1, (os.cpu_count() or 1) // world)
-    options = {**options, "tensor_parallel_size": world}
-    return WorkerRanks.start(world, serve_rank, (str(folder), config.device, config.dtype, options),
-                             device=config.device, threads=threads)
 
 
 def serve_rank(group: RankGroup, commands: object, folder: str, device: str, dtype: str, options: dict) -> None:

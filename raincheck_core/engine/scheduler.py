@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
 from .plan import ANSWERING, Kind, Segment, StepPlan
+from .prefill_cuts import aligned, attention_splits, checkpoint_rows
 from .speculation import Speculation, join_pending
 from .step_sessions import ScratchWork
 
@@ -100,7 +101,7 @@ class Scheduler:
         # (page, every): where prefix hits resume (`attention_splits`; None: no prefix cache), and where a
         # hybrid model's prefills keep GDN checkpoints (`checkpoint_rows`; every None: no GDN layers)
         self.align = align
-        # whether a prefill of n rows must also end its step where a hit resumes (`_aligned`): its GDN
+        # whether a prefill of n rows must also end its step where a hit resumes (`prefill_cuts.aligned`): its GDN
         # rows would not run token by token, so the rows after would not get the hit's arithmetic
         self.cut_for_hits = cut_for_hits
         self.deferred_budget = deferred_budget
@@ -180,7 +181,7 @@ class Scheduler:
                     marks = [start - req.cursor + b for b in req.boundaries]   # the input's, as session slots
                     last = start + req.input_remaining - 1           # a repeat's hit resumes before it
                     if self.cut_for_hits is not None and self.cut_for_hits(n):
-                        n = _aligned(start, n, self.align[0], marks[-1:])
+                        n = aligned(start, n, self.align[0], marks[-1:])
                     checkpoints = checkpoint_rows(start, n, self.align, [*marks, last])
                     splits = attention_splits(start, n, self.align[0], [*marks[-1:], last])
                 plan.segments.append(prefill_segment(req, n, checkpoints, splits))
@@ -293,44 +294,6 @@ class _Fit:
         n = max(n, 0)
         self.carried += n
         return n
-
-
-def _aligned(start: int, n: int, page: int, last_mark: list[int]) -> int:
-    """`n` rows from slot `start`, cut at the page boundary at or before the input's last message boundary
-    (`last_mark`: its slot, or none) where they cross it, else back to the last page boundary before their
-    last row: where a prefix hit of a new question after the same conversation, or of a repeat, resumes,
-    for a step whose GDN rows would not run token by token (`Scheduler.cut_for_hits`). The rest then runs
-    as the same steps as in the cold run and gets bit-identical results."""
-    end = start + n
-    for mark in last_mark:
-        cut = mark // page * page
-        if start < cut < end:
-            return cut - start
-    boundary = (end - 1) // page * page
-    return boundary - start if start < boundary else n
-
-
-def attention_splits(start: int, n: int, page: int, hits: list[int]) -> tuple[int, ...]:
-    """The rows of a prefill of `n` rows from slot `start` where its attention runs as separate segments: the
-    page boundaries at or before `hits` (slots: the input's last message boundary, its last row), where a
-    prefix-cache hit of a new question after the same conversation, or of a repeat, resumes. The rows after
-    such a boundary then get the arithmetic the hit's step gives them (the same attention call over the
-    same keys), so a hit is bit-identical to its cold run without ending the cold run's step there: the
-    linear layers and the GDN recurrence give a row the same result whatever rows run beside it."""
-    return tuple(sorted({m // page * page - start for m in hits if start < m // page * page < start + n}))
-
-
-def checkpoint_rows(start: int, n: int, align: tuple[int, int | None], marks: list[int]) -> tuple[int, ...]:
-    """The rows of a prefill of `n` rows from slot `start` after which a hybrid model's prefix cache keeps
-    the GDN state, taken inside the step (ops/gdn_rows.py): at the page boundaries at or before each message
-    boundary `marks` (slots) and at every multiple of `every` (`align = (page, every)`; `every` None: no GDN
-    layers, none). A boundary where the step ends keeps the step's own final state (engine/core.py)."""
-    page, every = align
-    if every is None:
-        return ()
-    end = start + n
-    at = {m // page * page for m in marks} | set(range((start // every + 1) * every, end, every))
-    return tuple(sorted(c - start - 1 for c in at if start < c < end))
 
 
 def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:

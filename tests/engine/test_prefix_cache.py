@@ -11,7 +11,7 @@ import torch
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.memory import MAX_DEFAULT_CHECKPOINT_BYTES
-from raincheck_core.engine.scheduler import checkpoint_rows
+from raincheck_core.engine.prefill_cuts import checkpoint_rows
 from raincheck_core.multimodal.turn_input import MessageMarks, message_boundaries
 from tests import tiny
 from tests.deferral.helpers import split
