@@ -20,6 +20,23 @@ from .linear import Linear, MergedLinear
 from .norm import GatedRMSNorm
 from .parallel import RowParallelLinear, Target, copy_into, rows_of
 
+# torch runs an elementwise op over whole vectors and a scalar tail, which round differently; the gates
+# have a few values per row (one per head), so which path a row's values took depended on how many rows
+# the step had. Each row padded to whole vectors (64 floats: a multiple of every CPU's two-vector stride)
+# gets the same bits whatever rows run beside it (a verify segment's rows, another batch).
+LANES = 64
+
+
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` for an elementwise `fn` of a 2-D `x`, each row computed on whole vectors."""
+    rows, n = x.shape
+    width = -(-n // LANES) * LANES
+    if width == n:
+        return fn(x)
+    padded = x.new_zeros(rows, width)
+    padded[:, :n] = x
+    return fn(padded)[:, :n].contiguous()
+
 
 class GatedDeltaNet(nn.Module):
     """With a rank group (tensor parallelism) this rank holds a block of the key heads and the value heads
@@ -70,8 +87,8 @@ class GatedDeltaNet(nn.Module):
         r = x.shape[0]
         u, z, b, a = self.in_proj(x)
         z = z.reshape(r, self.hv, self.dv)
-        beta = torch.sigmoid(b).float()          # sigmoid in model dtype, as transformers does
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        beta = rowwise(torch.sigmoid, b).float()          # sigmoid in model dtype, as transformers does
+        g = -self.A_log.float().exp() * rowwise(F.softplus, a.float() + self.dt_bias)
         o = torch.empty(r, self.hv, self.dv, dtype=x.dtype, device=x.device)
         batch.gdn.layer(self.gdn_index, u, g, beta, self.conv1d.weight[:, 0], o)
         y = self.norm(o, z)

@@ -203,8 +203,7 @@ def test_demo_dialogues_are_token_identical(kind, method):
         for k in (1, 2, 3):
             for (ids, logits), (ids_s, logits_s) in zip(answers[None], answers[k], strict=True):
                 assert ids_s == ids
-                # a trained model's logits reach |16|: fp32 rounding of other row batches is relative to them
-                assert float((logits_s - logits).abs().max()) <= TOL * float(logits.abs().max())
+                assert float((logits_s - logits).abs().max()) <= TOL
     if method == "mtp":     # the trained head drafts at every step and is often right (n-gram rarely finds a match)
         assert proposed > 0 and accepted > 0
 

@@ -48,6 +48,25 @@ def test_kernel_equals_the_reference_for_every_segment(heads, kv, d):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [2, 3, 4])
+def test_a_verify_segments_rows_have_the_bits_of_decode_rows(rows):
+    """Row i of a segment of up to 4 rows (a verify segment at k <= 3) gives exactly what a decode row over
+    the same keys gives: speculation's kept rows then match plain decoding's bit for bit."""
+    gen = torch.Generator().manual_seed(rows)
+    heads, kv, d = 8, 2, 64
+    k_cache, v_cache = torch.randn(2048, kv, d, generator=gen), torch.randn(2048, kv, d, generator=gen)
+    read = _paged_reads([rows], [600], 2048, 16, gen)[0]
+    q = 4 * torch.randn(rows, heads, d, generator=gen)
+    out = torch.empty_like(q)
+    paged_attention(q, k_cache, v_cache, out, paged_segments([0], [rows], [0], [read]))
+    for i in range(rows):
+        alone = torch.empty_like(q[i:i + 1])
+        keys = read[:len(read) - rows + i + 1]
+        paged_attention(q[i:i + 1].contiguous(), k_cache, v_cache, alone, paged_segments([0], [1], [0], [keys]))
+        assert torch.equal(out[i:i + 1], alone), i
+
+
+@needs_kernel
 def test_kernel_writes_only_its_segments_rows_and_checks_its_inputs():
     gen = torch.Generator().manual_seed(3)
     k_cache, v_cache = torch.randn(64, 2, 16, generator=gen), torch.randn(64, 2, 16, generator=gen)

@@ -10,7 +10,7 @@
    [rows x d] x [d x keys] matmuls of a few rows each; at 32 decode rows it moved each byte of K/V three
    times and ran the tiny matmuls at a fraction of the core's rate. Here each K/V row is read once, in
    place, through the slot list (the page table), and a slot's K/V for every head is consumed while it is
-   in cache. A segment of several rows (a deferred or short prefill chunk) first copies each block of
+   in cache. A segment of more than DOT_ROWS rows (a deferred or prefill chunk) first copies each block of
    keys transposed, so that its rows' scores run along contiguous keys. */
 #include <math.h>
 #include <stdint.h>
@@ -38,6 +38,11 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 #define ROWS 4
 #endif
 #define KEYS 16
+/* segments of up to DOT_ROWS rows take the decode row's code, row by row (a dot product per key, summed
+   as a decode row sums it): a verify segment (speculative decoding, k <= 3 drafts) then gives each row the
+   bits a decode row would get, so greedy answers and their logits match plain decoding's exactly. The
+   register tiles, faster from a few rows on, sum along d in another order (fp32 rounding apart). */
+#define DOT_ROWS 4
 
 static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 16) __builtin_prefetch(p + o);    /* 16 floats: one 64-byte line */
@@ -68,14 +73,16 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
         memset(acc, 0, sizeof(float) * (size_t)(n * heads * d));
         for (int64_t j0 = 0; j0 < ks; j0 += KEY_BLOCK) {
             const int64_t j1 = j0 + KEY_BLOCK < ks ? j0 + KEY_BLOCK : ks;
-            if (n == 1) {
+            if (n <= DOT_ROWS) {
                 /* key-major: one slot's K for all heads is contiguous; slots are scattered over pages,
                    so the hardware prefetcher loses them at page ends: fetch a few slots ahead */
                 for (int64_t j = j0; j < j1; j++) {
                     if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
                     const float *kp = k_cache + slot[j] * row;
-                    for (int64_t hq = 0; hq < heads; hq++)
-                        scores[hq * KEY_BLOCK + j - j0] = dot(qs + hq * d, kp + (hq / rep) * d, d) * scale;
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t hq = 0; hq < heads; hq++)
+                            scores[(hq * n + i) * KEY_BLOCK + j - j0] =
+                                dot(qs + (i * heads + hq) * d, kp + (hq / rep) * d, d) * scale;
                 }
             } else {
                 /* several rows share each key: copy the block's K once, transposed to [kv, d, keys], so
@@ -146,7 +153,7 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     }
                     run_sum[x] += sum;
                 }
-            if (n == 1 || d % KEYS) {
+            if (n <= DOT_ROWS || d % KEYS) {
                 for (int64_t j = j0; j < j1; j++) {
                     if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
                     const float *vp = v_cache + slot[j] * row;
