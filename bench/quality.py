@@ -1,7 +1,7 @@
 """Answer quality of the demo model (models/demo) under full / hard / raincheck / post_answer.
 
     python -m bench.quality [--quick] [--families single,multi,video] [--dialogues 160] [--json PATH] [--img DIR]
-                            [--speculative-tokens K]
+                            [--speculative-tokens K [--speculative-method ngram|mtp]]
     python -m bench.quality --merge SINGLE.json MULTI.json VIDEO.json [--json PATH] [--img DIR]
 
 Held-out dialogues of the demo world (seed `HELD_OUT_SEED` and the next ones, never used in training) run
@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raincheck_core import DeferralConfig, Engine, Message, SamplingParams
-from raincheck_core.speculative.config import SpeculativeConfig
+from raincheck_core.speculative.config import METHODS, SpeculativeConfig
 from raincheck_demo.world import FAMILIES, Dialogue, make
 
 from . import quality_control, quality_overlap
@@ -278,10 +278,12 @@ def run(args: argparse.Namespace) -> dict:
         args.model, args.quick = runs[0]["model"], runs[0]["quick"]
         args.selector_options = runs[0].get("selector_options", {})
         args.dialogues = max(run["dialogues"] for run in runs)
+        args.speculative_tokens = runs[0].get("speculative_tokens", 0)
+        args.speculative_method = runs[0].get("speculative_method") or "ngram"
         return report({name: found[name] for name in FAMILIES if name in found}, args)
-    # with speculative decoding (n-gram drafts): under raincheck it changes which tokens see which chunk
+    # with speculative decoding: under raincheck it changes which tokens see which chunk
     k = args.speculative_tokens
-    speculative = SpeculativeConfig("ngram", k) if k else SpeculativeConfig()
+    speculative = SpeculativeConfig(args.speculative_method, k) if k else SpeculativeConfig()
     engine = Engine.from_pretrained(args.model, num_threads=args.threads, speculative=speculative)
     args.selector_options = engine.selector_options     # what the folder ships, as its sessions use them
     families = {family: run_family(engine, family, args) for family in args.families}
@@ -293,6 +295,7 @@ def report(families: dict[str, dict], args: argparse.Namespace) -> dict:
     out = {
         "model": str(args.model), "dialogues": args.dialogues, "quick": args.quick, "seed": HELD_OUT_SEED,
         "speculative_tokens": args.speculative_tokens,
+        "speculative_method": args.speculative_method if args.speculative_tokens else None,
         "default": {"selector": DEFAULT[0], "retention": DEFAULT[1], "chunk_size": DEFAULT[2]},
         "selector_options": args.selector_options,
         **{k: v for k, v in main.items() if k not in ("family", "dialogues")},
@@ -321,7 +324,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--selectors", default=",".join(PAPER_SELECTORS),
                    help="paper selectors to measure, comma-separated (default: all four)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--speculative-tokens", type=int, default=0, help="n-gram drafts per decode step (0: off)")
+    p.add_argument("--speculative-tokens", type=int, default=0, help="drafts per decode step (0: off)")
+    p.add_argument("--speculative-method", choices=METHODS, default="ngram",
+                   help="who drafts: prompt lookup, or the checkpoint's MTP head (demo-v2 ships one)")
     p.add_argument("--json", default=None)
     p.add_argument("--img", default=None, help="folder for the PNG plots (e.g. docs/img)")
     p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
