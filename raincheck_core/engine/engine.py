@@ -33,7 +33,7 @@ from ..models import DecoderLM, build_decoder
 from ..models.loader import load_decoder_weights
 from ..models.shipped import resolve_model_path
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
-from ..multimodal.turn_input import MessageMarks, TurnInput, build_turn_input
+from ..multimodal.turn_input import MessageMarks
 from ..parallel.group import RankGroup
 from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part, result_part, to_cpu
 from ..parallel.workers import WorkerRanks
@@ -44,10 +44,11 @@ from . import residual
 from .core import EngineCore
 from .cost_model import StepCostModel
 from .engine_lock import EngineLock
+from .forward_logits import scratch_logits, sequence_rows
 from .graphs import StepGraphs
 from .hooks import StepStats
 from .mirror import Mirror, replay_commands
-from .plan import Segment, StepPlan
+from .plan import StepPlan
 from .rank_start import rank_group
 from .scheduler import Scheduler
 from .session import Session, TurnStream
@@ -418,35 +419,9 @@ class Engine:
         `inputs_embeds [T, d]`; `position_ids [T]` or `[3, T]` override the computed positions."""
         # under the lock throughout: the input ids' digest is compared across ranks, in the calls' order
         with self.lock, self.core.replicate("forward_logits", input_ids, inputs_embeds, position_ids, visual):
-            return self._forward_logits(input_ids, inputs_embeds, position_ids, visual)
-
-    def _forward_logits(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
-                        position_ids: torch.Tensor | None, visual: list[VisualInput] | None) -> torch.Tensor:
-        cfg = self.model_config
-        if (input_ids is None) == (inputs_embeds is None):
-            raise InvalidInputError("pass exactly one of input_ids and inputs_embeds")
-        if input_ids is not None:
-            rows = build_turn_input(self.model, cfg, _as_list(input_ids), list(visual or []), 0)
-        else:
-            if visual:
-                raise InvalidInputError("visual inputs need input_ids with their placeholder tokens")
-            embeds = inputs_embeds.to(device=self.device, dtype=self.dtype)
-            if embeds.dim() != 2 or embeds.shape[1] != cfg.hidden_size:
-                raise InvalidInputError(f"inputs_embeds must be [T, {cfg.hidden_size}], got {tuple(embeds.shape)}")
-            t = embeds.shape[0]
-            rows = TurnInput([0] * t, embeds, torch.arange(t).expand(3, -1), t, None,
-                             torch.empty(0, dtype=torch.long), [])
-        if position_ids is not None:
-            rows.positions = _positions(position_ids, len(rows))
-        with self.lock, self.core.scratch_session(rows) as cache:
-            n = len(rows)
-            write = cache.claim(n)
-            runner = self.core.runner
-            plan = StepPlan([Segment.residual(cache.session, 0, n, write, cache.readable(n), cache.gdn_slot)])
-            ops = runner.ops()
-            inputs = runner.prepare(self.core.resolve(plan, ops.gdn), ops)
-            inputs.batch.logit_rows = None
-            return runner.forward(inputs).logits
+            rows = sequence_rows(self.model, self.model_config, input_ids, inputs_embeds, position_ids, visual,
+                                 self.device, self.dtype)
+            return scratch_logits(self.core, rows)
 
 
 def serve_rank(group: RankGroup, commands: object, folder: str, device: str, dtype: str, options: dict) -> None:
@@ -461,22 +436,6 @@ def _close_ranks(ref: weakref.ref) -> None:
     engine = ref()
     if engine is not None and engine.ranks is not None:
         engine.ranks.close()
-
-
-def _as_list(ids: torch.Tensor | list[int]) -> list[int]:
-    if isinstance(ids, torch.Tensor):
-        if ids.dim() != 1:
-            raise InvalidInputError(f"input_ids must be 1-D [T], got shape {tuple(ids.shape)}")
-        return ids.tolist()
-    return list(ids)
-
-
-def _positions(position_ids: torch.Tensor, t: int) -> torch.Tensor:
-    if position_ids.dim() == 1:
-        position_ids = position_ids.expand(3, -1)
-    if tuple(position_ids.shape) != (3, t):
-        raise InvalidInputError(f"position_ids must be [T] or [3, T] with T={t}, got {tuple(position_ids.shape)}")
-    return position_ids.long()
 
 
 __all__ = ["Engine"]
