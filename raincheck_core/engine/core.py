@@ -78,7 +78,7 @@ class EngineCore:
             Speculation(self.drafter, config.speculative.num_tokens, model_config.vocab_size)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
-        cut = None if self.gdn is None else (lambda rows: not token_by_token(self.runner.ops(), rows))
+        cut = self.gdn is not None and not token_by_token(self.runner.ops())
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
                                    StepCostModel(), align=memory.align, cut_for_hits=cut, speculation=speculation)
         # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host

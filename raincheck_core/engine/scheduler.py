@@ -95,7 +95,7 @@ class TurnView(Protocol):
 class Scheduler:
     def __init__(self, max_rows_per_step: int, deferred_budget: int, recovery_chunk: int,
                  cost: StepCostModel | None = None, align: tuple[int, int | None] | None = None,
-                 cut_for_hits: Callable[[int], bool] | None = None, speculation: Speculation | None = None):
+                 cut_for_hits: bool = False, speculation: Speculation | None = None):
         self.max_rows = max_rows_per_step
         self.speculation = speculation           # None: every decoding turn runs one decode row a step
         # (page, every): where prefix hits resume (`attention_splits`; None: no prefix cache), and where a
@@ -180,7 +180,7 @@ class Scheduler:
                     start = req.cache.length + ahead
                     marks = [start - req.cursor + b for b in req.boundaries]   # the input's, as session slots
                     last = start + req.input_remaining - 1           # a repeat's hit resumes before it
-                    if self.cut_for_hits is not None and self.cut_for_hits(n):
+                    if self.cut_for_hits:
                         n = aligned(start, n, self.align[0], marks[-1:])
                     checkpoints = checkpoint_rows(start, n, self.align, [*marks, last])
                     splits = attention_splits(start, n, self.align[0], [*marks[-1:], last])

@@ -32,10 +32,6 @@ from .gdn_op_types import RowsOp, VarlenOp
 from .gdn_step import COPIED, IN_PLACE, FusedGDN, GDNLayerOp, GDNStep, GroupedGDN
 from .moe import ExpertsOp, grouped_experts, grouped_mm_available, grouped_mm_experts
 
-# With several torch threads, sequences longer than this take the chunked form, whose matmuls use the
-# threads; the native kernel runs one thread (and on one thread is faster at every length measured).
-NATIVE_MAX_ROWS_THREADED = 256
-
 
 @dataclass(frozen=True)
 class AttentionOps:
@@ -78,22 +74,16 @@ class OpSet:
 
 
 def prepare_native(step: GDNStep, key_heads: int) -> GDNLayerOp:
-    """Both groups in one kernel call per layer; where the multi-row sequences are long and torch has
-    several threads, those take the torch ops (one thread is all the kernel uses) and the decode rows
-    still the kernel."""
-    if step.multi is None or torch.get_num_threads() == 1 \
-            or step.multi.layout.seqs.longest <= NATIVE_MAX_ROWS_THREADED:
-        return FusedGDN(step, key_heads)
-    return GroupedGDN(step, key_heads, gdn_varlen.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows,
-                      in_place=(COPIED, IN_PLACE))
+    """Both groups in one kernel call per layer (a long call splits its heads among torch's threads)."""
+    return FusedGDN(step, key_heads)
 
 
-def token_by_token(ops: OpSet, rows: int) -> bool:
-    """Whether a step of `ops` runs a GDN sequence of `rows` rows token by token (`prepare_native`), so that
-    its rows after any point get the arithmetic a sequence starting there gets: a prefix hit that resumes
-    mid-prompt then reproduces the cold run bit for bit without the cold run ending its step there. The
-    chunked rules (torch, fla) group rows into chunks counted from the sequence's start."""
-    return ops.gdn is NATIVE_GDN and (torch.get_num_threads() == 1 or rows <= NATIVE_MAX_ROWS_THREADED)
+def token_by_token(ops: OpSet) -> bool:
+    """Whether a step of `ops` runs its GDN sequences token by token (`prepare_native`), so that a
+    sequence's rows after any point get the arithmetic a sequence starting there gets: a prefix hit that
+    resumes mid-prompt then reproduces the cold run bit for bit without the cold run ending its step there.
+    The chunked rules (torch, fla) group rows into chunks counted from the sequence's start."""
+    return ops.gdn is NATIVE_GDN
 
 
 def prepare_torch(step: GDNStep, key_heads: int) -> GDNLayerOp:

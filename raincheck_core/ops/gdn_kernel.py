@@ -16,6 +16,10 @@ import torch
 from . import native
 from .gdn_layout import PackedSequences, VarlenLayout
 
+# packed rows from which a call splits its heads among torch's threads (below, a thread's start costs more
+# than the rows' work); a head's arithmetic is the same in any part, so the bits do not depend on it
+THREADED_ROWS = 64
+
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype is torch.float32 and t.is_contiguous() else t.float().contiguous()
@@ -93,7 +97,7 @@ class GDNArgs(ctypes.Structure):
                     "seed_hist_stride", "p_stride", "ref_stride", "out_state_stride", "out_hist_stride", "kernel",
                     "key_heads", "heads", "dk", "dv")),
                 *((name, ctypes.c_void_p) for name in ("cap_first", "cap_row", "cap_state", "cap_hist")),
-                ("cap_state_stride", ctypes.c_int64), ("cap_hist_stride", ctypes.c_int64)]
+                ("cap_state_stride", ctypes.c_int64), ("cap_hist_stride", ctypes.c_int64), ("threads", ctypes.c_int64)]
 
 
 class GDNKernel:
@@ -170,6 +174,7 @@ class GDNKernel:
         # the tensors the struct points into live as long as the kernel (some may be copies made here)
         self._operands = (conv_pool, ssm_pool, xu, xg, xb, p, s_ref, seed_hist, seed_state, captures)
         args = self._args = GDNArgs(
+            threads=torch.get_num_threads() if seqs.source.shape[0] >= THREADED_ROWS else 1,
             n=seqs.count, joins=seqs.joins, joins_after=seqs.joins_after, hist_stride=conv_pool.stride(0),
             state_stride=ssm_pool.stride(0), out_state_stride=out.finals.stride(0),
             out_hist_stride=out.tails.stride(0), kernel=self.kernel, key_heads=key_heads, heads=heads, dk=dk, dv=dv,

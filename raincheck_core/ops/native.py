@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 # fast-math in part only: reassociation lets the dot products and sums vectorize; nothing may assume
 # finite values (no -ffinite-math-only): the running max starts at -inf, and a NaN must stay a NaN
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+FLAGS = ["-O3", "-fPIC", "-shared", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
          "-fassociative-math", "-fno-signed-zeros",
          "-march=native" if platform.machine() in ("x86_64", "AMD64") else "-mcpu=native"]
 

@@ -209,17 +209,24 @@ def threads(request):
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("family,threads,steps", [
-    ("qwen3_vl", 2, [600]),
-    ("qwen3_5", 1, [600]),        # GDN token by token (the native kernel on one thread)
-    ("qwen3_5", 2, [592, 8]),     # a 600-row GDN sequence takes the chunked rule: the step ends where hits resume
+@pytest.mark.parametrize("family,threads,backend,steps", [
+    ("qwen3_vl", 2, "native", [600]),
+    ("qwen3_5", 1, "native", [600]),    # GDN token by token (the native kernel)
+    ("qwen3_5", 2, "native", [600]),    # still token by token, the heads split between the threads
+    ("qwen3_5", 2, "torch", [592, 8]),  # the chunked rule: the step ends where hits resume
 ], indirect=["threads"])
-def test_a_prefill_ends_a_step_for_the_prefix_cache_only_where_its_gdn_rows_must(engines, family, threads, steps):
+def test_a_prefill_ends_a_step_for_the_prefix_cache_only_where_its_gdn_rows_must(engines, tiny_checkpoints, family,
+                                                                                 threads, backend, steps):
     """The 600-row prompt is one step where every op gives a row the same bits whatever rows run beside it
     (attention split where a repeat resumes, 599 -> 592; GDN checkpoints every 256 slots and at 592 taken
     inside it); where the GDN rows would run the chunked rule, the step ends at 592. Either way the repeat
     resumes at 592 and gets the cold run's logits bit for bit."""
-    warm, fresh = engines[family]
+    if backend == "native":
+        warm, fresh = engines[family]
+    else:
+        folder = tiny_checkpoints[family][1]
+        warm = Engine.from_pretrained(folder, backend=backend)
+        fresh = Engine.from_pretrained(folder, backend=backend, prefix_cache=False)
     warm.core.prefix.clear()
     rows: list[int] = []
     remove = warm.on_step(lambda s: rows.append(s.prefill_rows) if s.prefill_rows else None)

@@ -1,6 +1,6 @@
 """The op set a step runs (ops/backend.py): what `select` picks, and a step's GDN op by each backend —
-both groups in one native call, the groups apart through the torch ops, and long chunks through torch
-with the decode rows native — giving the same outputs, new states and factors."""
+both groups in one native call (on one thread, or its heads split among threads), the groups apart
+through the torch ops — giving the same outputs, new states and factors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raincheck_core.cache.gdn_state import GDNStatePool
-from raincheck_core.ops import backend, gdn_state_map, native
+from raincheck_core.ops import backend, gdn_kernel, gdn_state_map, native
 from raincheck_core.ops.gdn_layout import varlen_layout
 from raincheck_core.ops.gdn_step import FusedGDN, GDNCorrections, GDNMulti, GDNSingle, GDNStep, GroupedGDN
 
@@ -92,27 +92,32 @@ def test_a_steps_gdn_op_gives_the_same_by_every_backend(monkeypatch):
     assert kind is GroupedGDN
     kind, fused = _run(backend.NATIVE_GDN)
     assert kind is FusedGDN
-    monkeypatch.setattr(backend, "NATIVE_MAX_ROWS_THREADED", 4)     # the chunks count as long
+    _threaded(monkeypatch)
+    kind, threaded = _run(backend.NATIVE_GDN)
+    assert kind is FusedGDN
+    for name, t in expected.items():
+        assert not t.isnan().any() and float((fused[name] - t).abs().max()) <= 1e-5, name
+        # each head computed by one thread as by the one thread: the very bits (prefix hits rely on it)
+        assert torch.equal(threaded[name], fused[name]), name
+
+
+def _threaded(monkeypatch) -> None:
+    """The kernel's calls split their heads between two threads, however few rows they have."""
+    monkeypatch.setattr(gdn_kernel, "THREADED_ROWS", 1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    kind, mixed = _run(backend.NATIVE_GDN)
-    assert kind is GroupedGDN
-    for got in (fused, mixed):
-        for name, t in expected.items():
-            assert not t.isnan().any() and float((got[name] - t).abs().max()) <= 1e-5, name
 
 
 @needs_kernels
-@pytest.mark.parametrize("name", ["torch", "native", "mixed", "fla"])
+@pytest.mark.parametrize("name", ["torch", "native", "threaded", "fla"])
 def test_new_states_written_into_the_pools_other_rows_are_the_same(monkeypatch, name):
     """As the engine runs a step: each sequence reads its slot's current row and writes the other (the
     update then flips), by every backend: the same states as into the step's buffers, and no current row
     is written."""
     from tests.ops.fla_naive import naive_kernels
 
-    ops = {"torch": backend.TORCH_GDN, "native": backend.NATIVE_GDN, "mixed": backend.NATIVE_GDN}.get(name)
-    if name == "mixed":     # long chunks through torch, decode rows native
-        monkeypatch.setattr(backend, "NATIVE_MAX_ROWS_THREADED", 4)
-        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    ops = {"torch": backend.TORCH_GDN, "native": backend.NATIVE_GDN, "threaded": backend.NATIVE_GDN}.get(name)
+    if name == "threaded":
+        _threaded(monkeypatch)
     _, expected = _run(backend.TORCH_GDN)
     _, got = _run(ops or backend.fla_gdn(naive_kernels()), in_place=True)
     for key, t in expected.items():

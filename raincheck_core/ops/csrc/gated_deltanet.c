@@ -41,6 +41,7 @@
    ~50 tensor ops per layer cost more in dispatch than their arithmetic; token by token, a head's state
    stays in L1 and the whole layer is one call. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,13 +157,17 @@ typedef struct {
     const int64_t *cap_first, *cap_row;
     float *cap_state, *cap_hist;
     int64_t cap_state_stride, cap_hist_stride;
+    /* threads the call may use (each takes a block of key heads and the value heads that read them) */
+    int64_t threads;
 } gdn_args;
 
-/* Returns 0, or 1 when the scratch buffer cannot be allocated. */
-int gated_deltanet_f32(const gdn_args *args) {
-    const float *u = args->u, *g = args->g, *beta = args->beta, *conv_w = args->conv_w, *xu = args->xu,
-                *xg = args->xg, *xb = args->xb, *seed_state = args->seed_state, *seed_hist = args->seed_hist,
-                *p = args->p, *s_ref = args->s_ref;
+/* The kernel's work for key heads [a0, a1) and the value heads that read them: their conv channels (q, k
+   and v blocks), l2 norms, delta rules, states, histories and joins. Heads share nothing, so parts run
+   side by side, and a head's arithmetic is the same whatever part it is in (a row's bits do not depend
+   on the thread count). `wt`: the conv weight tap-major [K, C], shared; `scratch`: this part's own. */
+static void run_part(const gdn_args *args, const float *wt, int64_t a0, int64_t a1, float *scratch) {
+    const float *u = args->u, *g = args->g, *beta = args->beta, *xu = args->xu, *xg = args->xg, *xb = args->xb,
+                *seed_state = args->seed_state, *seed_hist = args->seed_hist, *p = args->p, *s_ref = args->s_ref;
     float *hist = args->hist, *state_in = args->state_in, *o = args->o, *x_out = args->x_out,
           *state_out = args->state_out, *split_out = args->split_out, *tails = args->tails,
           *split_tails = args->split_tails, *corrected = args->corrected;
@@ -178,18 +183,14 @@ int gated_deltanet_f32(const gdn_args *args) {
                   kernel = args->kernel, key_heads = args->key_heads, heads = args->heads, dk = args->dk,
                   dv = args->dv;
     const int64_t kd = key_heads * dk, C = 2 * kd + heads * dv, hist_rows = kernel - 1, rep = heads / key_heads;
-    const int64_t state_size = dk * dv;
+    const int64_t state_size = dk * dv, h0 = a0 * rep, h1 = a1 * rep, part_state = (h1 - h0) * state_size;
+    /* this part's channels: its q block, k block and v block of [q | k | v] */
+    const int64_t lo[3] = {a0 * dk, kd + a0 * dk, 2 * kd + h0 * dv}, hi[3] = {a1 * dk, kd + a1 * dk, 2 * kd + h1 * dv};
     const int64_t *cap_first = args->cap_first, *cap_row = args->cap_row;
     float *cap_state = args->cap_state, *cap_hist = args->cap_hist;
     const int64_t cap_state_stride = args->cap_state_stride, cap_hist_stride = args->cap_hist_stride;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    /* scratch: the weight tap-major [K, C], one conv row [C], delta [Dv], a dropped output row [Dv], the
-       join's difference of states [Dk, Dv] */
-    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + C + 2 * dv + (joins ? state_size : 0)));
-    if (!wt) return 1;
-    float *x = wt + kernel * C, *delta = x + C, *dropped = delta + dv, *diff = dropped + dv;
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = conv_w[c * kernel + j];
+    float *x = scratch, *delta = x + C, *dropped = delta + dv, *diff = dropped + dv;
     /* where sequence s's (and split i's) new state and history go: a pool row, or a row of the buffers */
 #define OUT(rows, s, pool, pool_stride, buf, buf_stride)                                                 \
     ((rows) && (rows)[s] >= 0 ? (pool) + (rows)[s] * (pool_stride)                                    \
@@ -198,48 +199,55 @@ int gated_deltanet_f32(const gdn_args *args) {
 #define TAIL(s) OUT(out_row, s, hist, hist_stride, tails, out_hist_stride)
 #define SPLIT_FINAL(i) OUT(split_out_row, i, state_in, state_stride, split_out, out_state_stride)
 #define SPLIT_TAIL(i) OUT(split_out_row, i, hist, hist_stride, split_tails, out_hist_stride)
+    /* this part's channels of a row (dst and src rows of C floats) */
+#define COPY_CHANNELS(dst, src)                                                                            \
+    for (int b = 0; b < 3; b++) memcpy((dst) + lo[b], (src) + lo[b], sizeof(float) * (size_t)(hi[b] - lo[b]))
     /* the joins run once the first joins_after sequences are done: later sequences (a joining turn's
        decode row) may start from the states they correct */
 #define RUN_JOINS()                                                                                        \
     for (int64_t j = 0; j < joins; j++)                                                                   \
-        join_heads(corrected + j * out_state_stride, state_in + live_slot[j] * state_stride, p + j * p_stride, \
-                   FINAL(join_seq[j]), s_ref + j * ref_stride, diff, heads, dk, dv)
+        join_heads(corrected + j * out_state_stride + h0 * state_size,                                    \
+                   state_in + live_slot[j] * state_stride + h0 * state_size, p + j * p_stride + h0 * dk * dk, \
+                   FINAL(join_seq[j]) + h0 * state_size, s_ref + j * ref_stride + h0 * state_size, diff,  \
+                   h1 - h0, dk, dv)
     for (int64_t s = 0; s < n; s++) {
         if (s == joins_after) RUN_JOINS();
         const int64_t first = start[s], end = start[s] + len[s];
         /* where the sequence starts: its pool slot, or a seed (a state corrected by a join this step) */
-        const float *h0 = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * seed_hist_stride
-                                                              : hist + slot[s] * hist_stride;
+        const float *h0p = seed_hist_at && seed_hist_at[s] >= 0 ? seed_hist + seed_hist_at[s] * seed_hist_stride
+                                                               : hist + slot[s] * hist_stride;
         const float *s0 = seed_state_at && seed_state_at[s] >= 0 ? seed_state + seed_state_at[s] * seed_state_stride
                                                                  : state_in + slot[s] * state_stride;
         /* a packed row of this sequence, or before its first row, its history (oldest first) */
 #define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
-                                 : h0 + (hist_rows - (first - (pos))) * C)
+                                 : h0p + (hist_rows - (first - (pos))) * C)
         float *const S0 = FINAL(s);
-        memcpy(S0, s0, sizeof(float) * (size_t)(heads * state_size));
+        memcpy(S0 + h0 * state_size, s0 + h0 * state_size, sizeof(float) * (size_t)part_state);
         int64_t m = cap_first ? cap_first[s] : 0;
         const int64_t m_end = cap_first ? cap_first[s + 1] : 0;
         for (int64_t t = first; t < end; t++) {
-            /* taps in order, oldest row first, as the torch path accumulates them */
-            const float *r0 = ROW(t - hist_rows);
+            for (int b = 0; b < 3; b++) {
+                /* taps in order, oldest row first, as the torch path accumulates them */
+                const float *r0 = ROW(t - hist_rows);
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) x[c] = r0[c] * wt[c];
-            for (int64_t j = 1; j < kernel; j++) {
-                const float *r = ROW(t - hist_rows + j), *w = wt + j * C;
+                for (int64_t c = lo[b]; c < hi[b]; c++) x[c] = r0[c] * wt[c];
+                for (int64_t j = 1; j < kernel; j++) {
+                    const float *r = ROW(t - hist_rows + j), *w = wt + j * C;
 #pragma omp simd
-                for (int64_t c = 0; c < C; c++) x[c] += r[c] * w[c];
+                    for (int64_t c = lo[b]; c < hi[b]; c++) x[c] += r[c] * w[c];
+                }
+#pragma omp simd
+                for (int64_t c = lo[b]; c < hi[b]; c++) x[c] = x[c] / (1.0f + exp_approx(-x[c]));
             }
-#pragma omp simd
-            for (int64_t c = 0; c < C; c++) x[c] = x[c] / (1.0f + exp_approx(-x[c]));
-            for (int64_t a = 0; a < key_heads; a++) {
+            for (int64_t a = a0; a < a1; a++) {
                 l2norm(x + a * dk, dk, q_scale);
                 l2norm(x + kd + a * dk, dk, 1.0f);
             }
             const int64_t src = source[t];
-            if (x_out && src >= 0) memcpy(x_out + src * C, x, sizeof(float) * (size_t)C);
+            if (x_out && src >= 0) COPY_CHANNELS(x_out + src * C, x);
             const float *gt = src >= 0 ? g + src * heads : xg + (-1 - src) * heads;
             const float *bt = src >= 0 ? beta + src * heads : xb + (-1 - src) * heads;
-            for (int64_t h = 0; h < heads; h++) {
+            for (int64_t h = h0; h < h1; h++) {
                 const int64_t a = h / rep;
                 float *S = S0 + h * state_size;
                 delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(gt[h]), bt[h],
@@ -248,27 +256,76 @@ int gated_deltanet_f32(const gdn_args *args) {
                     memcpy(SPLIT_FINAL(split_index[s]) + h * state_size, S, sizeof(float) * (size_t)state_size);
             }
             if (m < m_end && cap_row[m] == t - first) {     /* a chosen row: a copy, the state stays in cache */
-                memcpy(cap_state + m * cap_state_stride, S0, sizeof(float) * (size_t)(heads * state_size));
+                memcpy(cap_state + m * cap_state_stride + h0 * state_size, S0 + h0 * state_size,
+                       sizeof(float) * (size_t)part_state);
                 for (int64_t i = 0; i < hist_rows; i++)
-                    memcpy(cap_hist + m * cap_hist_stride + i * C, ROW(t + 1 - hist_rows + i), sizeof(float) * (size_t)C);
+                    COPY_CHANNELS(cap_hist + m * cap_hist_stride + i * C, ROW(t + 1 - hist_rows + i));
                 m++;
             }
         }
         for (int64_t i = 0; i < hist_rows; i++) {
-            memcpy(TAIL(s) + i * C, ROW(end - hist_rows + i), sizeof(float) * (size_t)C);
+            COPY_CHANNELS(TAIL(s) + i * C, ROW(end - hist_rows + i));
             if (split_row[s] >= 0)
-                memcpy(SPLIT_TAIL(split_index[s]) + i * C, ROW(first + split_row[s] - hist_rows + i),
-                       sizeof(float) * (size_t)C);
+                COPY_CHANNELS(SPLIT_TAIL(split_index[s]) + i * C, ROW(first + split_row[s] - hist_rows + i));
         }
 #undef ROW
     }
     if (joins_after >= n) RUN_JOINS();
 #undef RUN_JOINS
+#undef COPY_CHANNELS
 #undef SPLIT_TAIL
 #undef SPLIT_FINAL
 #undef TAIL
 #undef FINAL
 #undef OUT
+}
+
+/* A part of the call, run by one thread. */
+typedef struct {
+    const gdn_args *args;
+    const float *wt;
+    int64_t a0, a1;
+    float *scratch;
+} gdn_part;
+
+static void *run_thread(void *arg) {
+    const gdn_part *p = arg;
+    run_part(p->args, p->wt, p->a0, p->a1, p->scratch);
+    return NULL;
+}
+
+/* Returns 0, or 1 when the scratch buffer cannot be allocated. */
+int gated_deltanet_f32(const gdn_args *args) {
+    const int64_t key_heads = args->key_heads, heads = args->heads, dv = args->dv, dk = args->dk,
+                  kernel = args->kernel;
+    const int64_t C = 2 * key_heads * dk + heads * dv;
+    int64_t parts = args->threads < key_heads ? args->threads : key_heads;
+    if (parts < 1) parts = 1;
+    /* scratch: the weight tap-major [K, C]; per part one conv row [C], delta [Dv], a dropped output row
+       [Dv], the join's difference of states [Dk, Dv] */
+    const int64_t per_part = C + 2 * dv + (args->joins ? dk * dv : 0);
+    float *wt = malloc(sizeof(float) * (size_t)(kernel * C + parts * per_part));
+    if (!wt) return 1;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t j = 0; j < kernel; j++) wt[j * C + c] = args->conv_w[c * kernel + j];
+    float *scratch = wt + kernel * C;
+    if (parts == 1) {
+        run_part(args, wt, 0, key_heads, scratch);
+        free(wt);
+        return 0;
+    }
+    gdn_part part[parts];
+    pthread_t thread[parts];
+    int started[parts];
+    for (int64_t i = 0; i < parts; i++) {
+        part[i] = (gdn_part){args, wt, key_heads * i / parts, key_heads * (i + 1) / parts, scratch + i * per_part};
+        /* part 0 runs on this thread; a thread that cannot start leaves its part to this one too */
+        started[i] = i > 0 && pthread_create(&thread[i], NULL, run_thread, &part[i]) == 0;
+    }
+    for (int64_t i = 0; i < parts; i++)
+        if (!started[i]) run_part(args, wt, part[i].a0, part[i].a1, part[i].scratch);
+    for (int64_t i = 1; i < parts; i++)
+        if (started[i]) pthread_join(thread[i], NULL);
     free(wt);
     return 0;
 }
