@@ -66,6 +66,8 @@ class Tracked:
     g: torch.Tensor                 # [layers, H]
     beta: torch.Tensor              # [layers, H]
     state: torch.Tensor | None      # [layers, H, Dk, Dv], for a lead token only (the join's S_lead)
+    row: int = 0                    # its row in its segment: a verify segment's rows past the kept ones are
+                                    # rejected, and extend no join (engine/update.py)
 
 
 @dataclass
@@ -121,7 +123,7 @@ class StepInputs:
 
     @cached_property
     def inputs(self) -> list[Segment]:
-        """Multi-row input rows a pending join tracks."""
+        """Multi-row sequences a pending join tracks (a follow-up's input, a verify segment)."""
         return [s for s in self.multi if s.tracked]
 
 
@@ -349,8 +351,9 @@ class ModelRunner:
                 out.tracked += self._tracked_inputs(inputs)
 
     def _tracked_inputs(self, inputs: StepInputs) -> list[Tracked]:
-        """The tracked multi-row input rows, one `Tracked` per row (deferral/suffix.py): recomputed from the
-        live state before the step, which the update has not replaced yet."""
+        """The tracked multi-row rows (a follow-up's input, a verify segment), one `Tracked` per row
+        (deferral/suffix.py): recomputed from the live state before the step, which the update has not
+        replaced yet."""
         factors, out, at = inputs.batch.gdn.out.input_factors, [], 0
         layers = self.model.gdn_layers()
         for seg in inputs.inputs:
@@ -360,7 +363,7 @@ class ModelRunner:
                               [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
                               lead, inputs.batch.ops.gdn)
             at += seg.rows
-            out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None)
+            out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None, j)
                     for j in range(seg.rows)]
         return out
 

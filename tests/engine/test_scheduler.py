@@ -80,6 +80,8 @@ class Turn:
     decode_s: float = 0.0
     plain_s: float = 0.0
     step_tokens: int = 1                 # tokens its latest decode step emitted
+    drafts_accepted: int = 0             # over the turn: its acceptance rate (engine/draft_choice.py)
+    drafts_tried: int = 0
 
     @property
     def decoding(self) -> bool:
