@@ -12,7 +12,8 @@ longest answers, whose words repeat the earlier lists') and the
 random `bench` checkpoints of both families (an image prompt; a random model's greedy answer falls into
 loops, which the n-gram drafter continues). Settings: `full` (no deferred rows in flight) and `raincheck`
 (fixed chunks fused from the first decode step, `tpot_slo=None`: deferred rows in flight beside the
-verify rows; on Qwen3.5 a turn with its GDN join pending decodes plainly until D is in). Reported per
+verify rows; on Qwen3.5 a turn with its GDN join pending carries drafts or a chunk in a step, whichever
+is worth more: docs/mechanism.md §13). Reported per
 arm: the medians of the answer's mean TPOT and decode tokens/s (tokens after the first over the time
 after the first), the ratio of each to speculation off in the same round, the drafts' acceptance rate
 (accepted / verified) and tokens emitted per decode step. Greedy answers are the same in every arm of

@@ -3,7 +3,9 @@ describes them as a `StepPlan` (claiming their slots; nothing else changes until
 
 Order of claims on a step: every turn in decode gets its one row, plus a deferred chunk of its own
 input when its policy fuses one (after the guard, within the per-step deferred budget; the chunk goes
-right before the row, so the row sees it — docs/mechanism.md §6); then turns still prefilling share what
+right before the row, so the row sees it — docs/mechanism.md §6), and, with speculation, its drafts
+(beside the chunk, or instead of it while a GDN join of its session is pending: whichever is worth more,
+engine/draft_choice.py, §13); then turns still prefilling share what
 is left, oldest first; then sessions recovering after their answer fill the gap with larger
 prefill-only chunks — the whole remaining budget in a step with no decode rows, else only the deferred
 budget left over.
