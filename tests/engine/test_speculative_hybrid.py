@@ -3,8 +3,9 @@ a verify segment is tracked, and only its kept rows extend the join. Every token
 reference over the rows of the speculative run's own schedule (verify steps while the join is pending,
 rejected drafts included); a join's P_rest, lead and S_lead after verify steps that rejected drafts equal
 those of plain decoding; deferred rows never read a draft or rejected slot (checked as the steps are
-planned); a verify segment and a chunk of its own session never share a step. With rejected rows fed to
-the join both fail (the identity by 2e-2 on this model's slow decays)."""
+planned); a verify segment and a chunk of its own session never share a step; a bounded follow-up verifies
+beside two pending joins, the younger one's lead recorded from inside its verify rows. With rejected rows
+fed to the joins all three fail (the identities by 2e-2 on this model's slow decays)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import itertools
 import pytest
 import torch
 
-from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core import Engine, Prompt, SamplingParams, Session
 from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine import scheduler
 from raincheck_core.engine.plan import Kind, StepPlan
 from raincheck_core.speculative.config import SpeculativeConfig
 from tests.deferral.cross_turn import Row, RowLog, reference
-from tests.deferral.helpers import image_prompt, on_join_release, slow_decays, two_attention_hybrid
+from tests.deferral.helpers import image_prompt, on_join_release, rel_err, slow_decays, two_attention_hybrid
+from tests.engine.reference import image_tokens, random_visual
 
 TOL = 1e-5
 # the native kernel copies a verify segment's states out as it passes; the chunked rules replay them (§5.8)
@@ -30,27 +33,28 @@ AFTER = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=64,
 
 
 class _EveryOther:
-    """Replays an answer (speculation off's), silent on every other step: steps without drafts carry the
+    """Replays answers (speculation off's), silent on every other step: steps without drafts carry the
     turn's chunks, so verify steps and joins interleave; the answer drifts from the replayed one as the
     chunks' schedule does, so drafts are rejected too."""
 
     needs_hidden = False
 
-    def __init__(self):
-        self.answer: list[int] = []
-        self.calls = 0
+    def __init__(self, every: int = 2):
+        self.answers: list[list[int]] = []
+        self.calls, self.every = 0, every       # drafts on one call of `every`
 
     def observe(self, session, next_tokens, positions, hidden):
         pass
 
     def propose(self, session, history, k):
         self.calls += 1
-        if not self.calls % 2:
+        if self.calls % self.every:
             return []
-        for g in range(min(len(self.answer), len(history)), 0, -1):   # the answer's start the history ends with
-            if list(history[-g:]) == self.answer[:g]:
-                return self.answer[g:g + k]
-        return []
+        # the longest start of an answer the history ends with
+        starts = [(g, a) for a in self.answers for g in range(min(len(a), len(history)), 0, -1)
+                  if list(history[-g:]) == a[:g]]
+        g, answer = max(starts, key=lambda s: s[0], default=(0, []))
+        return answer[g:g + k]
 
     def rollback(self, session, length):
         pass
@@ -77,32 +81,46 @@ class _Schedule:
 
     def __init__(self, engine: Engine):
         self.engine, self.log, self.verify = engine, RowLog(), []
+        self.answering: dict[int, list] = {}      # turn -> its decode and verify segments, in order
         self.plans: list[StepPlan] = []
-        self.writer: dict[int, Kind] = {}       # each slot's last writer
+        self.writer: dict[int, int | None] = {}     # slot -> the turn of its last writer if a verify segment
+        self.joins_in_lead: list[list[bool]] = []   # per verify segment: which pending joins lack lead tokens
 
     def __call__(self, plan: StepPlan) -> None:
         self.plans.append(plan)
         for seg in plan.segments:
+            cache = self.engine.core.cache(seg.session)
+            turn = cache.latest_turn
             for slot in seg.write_slots.tolist():
-                self.writer[slot] = seg.kind
-            if seg.kind is Kind.DEFERRED:    # deferred rows never read a draft's or a rejected row's slot
-                assert not any(self.writer.get(s) is Kind.VERIFY for s in seg.read_slots.tolist())
+                self.writer[slot] = turn if seg.kind is Kind.VERIFY else None
+            if seg.kind is Kind.DEFERRED:
+                # deferred rows never read a draft's or a rejected row's slot of their turn or a later one
+                # (an earlier turn's kept answer rows they do read: docs/mechanism.md §10.1)
+                verified = [self.writer.get(s) for s in seg.read_slots.tolist()]
+                assert not any(t is not None and t >= cache.recovery.turn for t in verified)
+            if seg.kind in (Kind.DECODE, Kind.VERIFY):
+                self.answering.setdefault(turn, []).append(seg)
             if seg.kind is not Kind.VERIFY:
                 self.log.record(self.engine, StepPlan([seg]))
                 continue
-            turn = self.engine.core.cache(seg.session).latest_turn
             self.verify.append((seg, len(self.log.rows)))
+            joins = [r.join for r in self.engine.core.cache(seg.session).recoveries()
+                     if r.join is not None and not r.done]
+            self.joins_in_lead.append([j.fed < j.lead for j in joins])
             self.log.rows += [Row(t, None, torch.full((3,), seg.position + i), [], turn, True, False, sample=True)
                               for i, t in enumerate(seg.tokens)]
 
-    def keep(self, answer_end: int) -> int:
-        """Drop each verify segment's rejected rows (a segment kept the rows up to where the next answer row
-        starts; the last, up to the answer's last fed position `answer_end`); returns how many rows were."""
-        answer = [s for p in self.plans for s in p.segments if s.kind in (Kind.DECODE, Kind.VERIFY)]
-        ends = {id(a): b.position for a, b in itertools.pairwise(answer)}
+    def keep(self, answers: list[list[int]]) -> int:
+        """Drop each verify segment's rejected rows, given each turn's answer: a segment kept the rows up to
+        where its turn's next answer row starts, the last up to the answer's last fed token; returns how many
+        rows were dropped."""
+        ends = {}
+        for turn, segs in self.answering.items():
+            ends |= {id(a): b.position for a, b in itertools.pairwise(segs)}
+            ends[id(segs[-1])] = segs[0].position + len(answers[turn]) - 1
         dropped = 0
         for seg, at in reversed(self.verify):
-            kept = ends.get(id(seg), answer_end) - seg.position
+            kept = ends[id(seg)] - seg.position
             del self.log.rows[at + kept:at + seg.rows]
             dropped += seg.rows - kept
         return dropped
@@ -123,7 +141,7 @@ def test_hybrid_tokens_see_exactly_the_rows_of_their_own_schedule(hybrid, backen
     prompt = _prompt(engine, 71)
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     engine.speculate(None)
-    drafter.answer = engine.open_session(deferral=LATE).turn(prompt, params).result().token_ids
+    drafter.answers = [engine.open_session(deferral=LATE).turn(prompt, params).result().token_ids]
     engine.speculate(3)
     schedule = _Schedule(engine)
     remove = engine.on_plan(schedule)
@@ -143,8 +161,7 @@ def test_hybrid_tokens_see_exactly_the_rows_of_their_own_schedule(hybrid, backen
     for p in plans:      # never a tracked verify and a chunk of its own session in one step
         verifying = {s.session for s in p.segments if s.kind is Kind.VERIFY and s.tracked}
         assert not verifying & {s.session for s in p.segments if s.kind is Kind.DEFERRED}
-    start = next(s.position for p in plans for s in p.segments if s.kind in (Kind.DECODE, Kind.VERIFY))
-    assert schedule.keep(start + len(ids) - 1) > 0       # some drafts were rejected
+    assert schedule.keep([ids]) > 0       # some drafts were rejected
     rows = schedule.log.rows
     ref = reference(hf, rows)
     sampled = [i for i, r in enumerate(rows) if r.sample]
@@ -195,3 +212,59 @@ def test_rejected_rows_never_enter_a_join(hybrid, monkeypatch, backend):
         for token, token_plain in zip(layer, layer_plain, strict=True):
             for f, f_plain in zip(token, token_plain, strict=True):
                 assert float((f - f_plain).abs().max()) <= TOL
+
+
+FIRST = DeferralConfig("post_answer", selector="uniform", chunk_size=7)       # all of D left after the answer
+FOLLOW = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7, barrier_timeout_s=0)
+
+
+def _dialogue(engine: Engine, follow_up: Prompt) -> tuple[list[list[int]], list[torch.Tensor], Session]:
+    """A turn that leaves its D pending, then a follow-up with its own image admitted past a bounded
+    barrier (tests/deferral/test_bounded_barrier.py); everything restored after. Each turn's answer and
+    logits, and the session."""
+    session = engine.open_session(deferral=FIRST)
+    ids, logits = [], []
+    for prompt, n, cfg in ((image_prompt(engine, seed=30), 6, None), (follow_up, 12, FOLLOW)):
+        stream = session.turn(prompt, SamplingParams(max_new_tokens=n, ignore_eos=True), deferral=cfg,
+                              return_logits=True)
+        events = stream.tokens()
+        ids.append([e.token_id for e in events])
+        logits.append(torch.stack([e.logits for e in events]))
+    session.complete_recovery()
+    return ids, logits, session
+
+
+def test_a_follow_up_verifies_beside_two_pending_joins(hybrid, monkeypatch):
+    """A bounded follow-up with its own deferred rows decodes while the previous turn's late rows and its
+    own D are pending: tracked verify steps extend both joins (the younger one's lead while the older's is
+    complete), and every token of both turns and the live state after both are restored equal the exact
+    cross-turn reference over the run's own schedule (docs/mechanism.md §10.3, §13). Drafts at every step,
+    and they win over chunks wherever offered (the choice is test_draft_choice.py's): the late rows wait
+    for steps without drafts or the gap after the answer."""
+    hf, folder = hybrid
+    monkeypatch.setattr(scheduler, "drafts_win", lambda *_: True)
+    drafter = _EveryOther(every=1)
+    engine = Engine.from_pretrained(folder, prefix_cache=False, speculative=SpeculativeConfig("ngram", 3),
+                                    drafter=drafter)
+    slow_decays(hf, engine)
+    engine.core.scheduler.recovery_chunk = 5        # 5 rows ahead of the follow-up's input, 11 late
+    mc = engine.model_config
+    visual = random_visual("image", (1, 8, 8), mc.hidden_size, mc.deepstack_levels, seed=31)
+    follow_up = Prompt([11, 12, *image_tokens((1, 8, 8)), 13], [visual])
+    engine.speculate(None)
+    drafter.answers, _, plain = _dialogue(engine, follow_up)
+    plain.close()
+    engine.speculate(3)
+    schedule = _Schedule(engine)
+    remove = engine.on_plan(schedule)
+    ids, logits, session = _dialogue(engine, follow_up)
+    remove()
+    # some verify step ran beside both joins, the younger one's lead incomplete, the older one's complete
+    assert [False, True] in schedule.joins_in_lead
+    schedule.keep(ids)
+    ref = reference(hf, schedule.log.rows)
+    for turn in (0, 1):
+        assert float((logits[turn] - ref.logits[schedule.log.sampled(turn)]).abs().max()) <= TOL, turn
+    for g, layer in enumerate(sorted(ref.live)):
+        assert rel_err(engine.gdn.ssm[session.cache.gdn_slot][g], ref.live[layer]) <= TOL, layer
+    session.close()
