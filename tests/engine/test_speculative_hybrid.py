@@ -239,7 +239,7 @@ def test_a_follow_up_verifies_beside_two_pending_joins(hybrid, monkeypatch):
     own D are pending: tracked verify steps extend both joins (the younger one's lead while the older's is
     complete), and every token of both turns and the live state after both are restored equal the exact
     cross-turn reference over the run's own schedule (docs/mechanism.md §10.3, §13). Drafts at every step,
-    and they win over chunks wherever offered (the choice is test_draft_choice.py's): the late rows wait
+    and they win over chunks wherever offered (the choice is test_scheduler.py's): the late rows wait
     for steps without drafts or the gap after the answer."""
     hf, folder = hybrid
     monkeypatch.setattr(scheduler, "drafts_win", lambda *_: True)
