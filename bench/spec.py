@@ -12,7 +12,9 @@ longest answers, whose words repeat the earlier lists') and the
 random `bench` checkpoints of both families (an image prompt; a random model's greedy answer falls into
 loops, which the n-gram drafter continues). Settings: `full` (no deferred rows in flight) and `raincheck`
 (fixed chunks fused from the first decode step, `tpot_slo=None`: deferred rows in flight beside the
-verify rows; on Qwen3.5 a turn with its GDN join pending decodes plainly until D is in). Reported per
+verify rows; on Qwen3.5 a turn with its GDN join pending carries drafts or a chunk in a step, whichever
+is worth more: docs/mechanism.md §13, so there the replay tries first the answer decoded with no chunk
+riding on it, which a turn whose drafts are always right decodes). Reported per
 arm: the medians of the answer's mean TPOT and decode tokens/s (tokens after the first over the time
 after the first), the ratio of each to speculation off in the same round, the drafts' acceptance rate
 (accepted / verified) and tokens emitted per decode step. Greedy answers are the same in every arm of
@@ -26,6 +28,7 @@ every accepted draft is nearly a free token (the device run is expected to show 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -130,6 +133,11 @@ def measure(engine: Engine, drafter: BenchDrafter, prompts: list[Prompt | Messag
     for name, cfg in POLICIES.items():
         engine.speculate(None)
         drafter.answers = [t.answer for t in run_turns(engine, prompts, cfg, params)]     # and a warm-up
+        if cfg.policy == "raincheck" and engine.model_config.num_gdn_layers:
+            # a hybrid turn whose drafts are always right carries them instead of its chunks while D is
+            # pending (docs/mechanism.md §13): its answer is the one no chunk rides on, tried first
+            late = dataclasses.replace(cfg, guard=params.max_new_tokens)
+            drafter.answers = [t.answer for t in run_turns(engine, prompts, late, params)] + drafter.answers
         runs: dict[str, list[list[Turn]]] = {label: [] for label, _, _ in arms}
         for r in range(repeats):
             for label, mode, k in arms if r % 2 == 0 else reversed(arms):

@@ -82,8 +82,8 @@ class Segment:
     position: int = 0
     drafts: tuple[int, ...] = ()          # a verify segment's draft tokens, its rows after the first
     sample: bool = False                  # the turn samples its next token from the last row's logits
-    tracked: bool = False                 # a decode or input row while a GDN join is pending: its tokens
-                                          # extend the join's map (and complete its lead)
+    tracked: bool = False                 # a decode, verify or input row while a GDN join is pending: its
+                                          # (kept) tokens extend the join's map (and complete its lead)
     serial: bool = False                  # a deferred chunk run in a pass before the rest (fused=False, or
                                           # ahead of a follow-up's input on a GDN model)
     lead: int = 0                         # a chunk with a GDN join: lead rows appended
@@ -120,14 +120,15 @@ class Segment:
 
     @classmethod
     def verify(cls, session: str, token: int, drafts: tuple[int, ...], position: int, write: torch.Tensor,
-               read: torch.Tensor, gdn_slot: int | None) -> Segment:
+               read: torch.Tensor, gdn_slot: int | None, tracked: bool = False) -> Segment:
         """A decode row followed by `drafts` (docs/mechanism.md §13): rows `token, *drafts` at positions
         `position, position + 1, ...`, causal among themselves; every row's logits are kept. On a GDN
         model the state after each row but the last is kept too (`checkpoints`): the update commits the
-        one after the last accepted row."""
+        one after the last accepted row. `tracked`: a GDN join of the session is pending, and the kept
+        rows extend it (never a step where a chunk of the session joins: §13)."""
         rows = 1 + len(drafts)
         return cls(Kind.VERIFY, session, rows, write, read, gdn_slot, token=token, position=position, sample=True,
-                   drafts=drafts, checkpoints=tuple(range(rows - 1)) if gdn_slot is not None else ())
+                   drafts=drafts, checkpoints=tuple(range(rows - 1)) if gdn_slot is not None else (), tracked=tracked)
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -91,6 +91,7 @@ class TurnRequest:
         # the tokens its latest decode step emitted (the TPOT objective counts a step by them)
         self.drafts_proposed = 0
         self.drafts_accepted = 0
+        self.drafts_tried = 0       # drafts a draw was compared with (after a rejection the rest are not)
         self.step_tokens = 0
 
     def branch(self, choice: int, cache: SessionCache, constraint: TokenConstraint | None) -> TurnRequest:

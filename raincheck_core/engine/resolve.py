@@ -45,9 +45,12 @@ def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, Resid
         join_inputs = JoinInputs(join.lead_u[:, :seg.lead], join.lead_g[:, :seg.lead], join.lead_beta[:, :seg.lead],
                                  p_rest, join.s_lead, join.fed < join.lead)
     if seg.tracked:
-        pending = [r.join for r in cache.recoveries() if r.join is not None and not r.done]
-        head = cache.recovery.join
-        tracking = Tracking(max(0, head.lead - head.fed), any(j.fed < j.lead for j in pending),
+        recs = [r for r in cache.recoveries() if r.join is not None and not r.done]
+        pending = [r.join for r in recs]
+        # the joins these rows extend: a follow-up's input only earlier turns' (its own begins after it); a
+        # verify segment's may reach into a younger join's lead while the older one's is complete
+        extended = [r.join for r in recs if seg.kind is not Kind.PREFILL or r.turn < cache.latest_turn]
+        tracking = Tracking(max([0, *(j.lead - j.fed for j in extended)]), any(j.fed < j.lead for j in pending),
                             any(j.factors is not None for j in pending))
     source = result = None
     if seg.kind is Kind.HANDOFF:

@@ -66,6 +66,8 @@ class Tracked:
     g: torch.Tensor                 # [layers, H]
     beta: torch.Tensor              # [layers, H]
     state: torch.Tensor | None      # [layers, H, Dk, Dv], for a lead token only (the join's S_lead)
+    row: int = 0                    # its row in its segment: a verify segment's rows past the kept ones are
+                                    # rejected, and extend no join (engine/update.py)
 
 
 @dataclass
@@ -121,7 +123,7 @@ class StepInputs:
 
     @cached_property
     def inputs(self) -> list[Segment]:
-        """Multi-row input rows a pending join tracks."""
+        """Multi-row sequences a pending join tracks (a follow-up's input, a verify segment)."""
         return [s for s in self.multi if s.tracked]
 
 
@@ -345,12 +347,16 @@ class ModelRunner:
         copies += sum(s.nbytes for _, s in out.joined) + sum(t.state.nbytes for t in out.tracked if t.state is not None)
         out.gdn_traffic = step_traffic(step, 2 * copies)
         if inputs.inputs:
+            kept = {seg: ssm for seg, _, ssm in out.checkpoints if seg.kind is Kind.VERIFY}
             with torch.inference_mode():
-                out.tracked += self._tracked_inputs(inputs)
+                out.tracked += self._tracked_inputs(inputs, kept)
 
-    def _tracked_inputs(self, inputs: StepInputs) -> list[Tracked]:
-        """The tracked multi-row input rows, one `Tracked` per row (deferral/suffix.py): recomputed from the
-        live state before the step, which the update has not replaced yet."""
+    def _tracked_inputs(self, inputs: StepInputs, kept: dict[Segment, torch.Tensor]) -> list[Tracked]:
+        """The tracked multi-row rows (a follow-up's input, a verify segment), one `Tracked` per row
+        (deferral/suffix.py): recomputed from the live state before the step, which the update has not
+        replaced yet. A verify segment's lead states are those its forward kept (`kept`: the states after
+        each row but the last; the last's is its slot's written row), the very states the turn goes on
+        from, as a decode row's are."""
         factors, out, at = inputs.batch.gdn.out.input_factors, [], 0
         layers = self.model.gdn_layers()
         for seg in inputs.inputs:
@@ -358,9 +364,14 @@ class ModelRunner:
             part = slice(at, at + seg.rows)
             f = input_factors(layers, [x[0][part] for x in factors], [x[1][part] for x in factors],
                               [x[2][part] for x in factors], self.gdn.conv[seg.gdn_slot], self.gdn.ssm[seg.gdn_slot],
-                              lead, inputs.batch.ops.gdn)
+                              0 if seg in kept else lead, inputs.batch.ops.gdn)
             at += seg.rows
-            out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], f.states[j] if j < lead else None)
+            if seg in kept:
+                last = self.gdn.ssm.rows[self.gdn.rows([seg.gdn_slot]).write[0]]
+                states = [kept[seg][j] if j < seg.rows - 1 else last for j in range(lead)]
+            else:
+                states = list(f.states[:lead]) if lead else []
+            out += [Tracked(seg, f.u[j], f.k[j], f.v[j], f.g[j], f.beta[j], states[j] if j < lead else None, j)
                     for j in range(seg.rows)]
         return out
 

@@ -3,7 +3,9 @@ describes them as a `StepPlan` (claiming their slots; nothing else changes until
 
 Order of claims on a step: every turn in decode gets its one row, plus a deferred chunk of its own
 input when its policy fuses one (after the guard, within the per-step deferred budget; the chunk goes
-right before the row, so the row sees it — docs/mechanism.md §6); then turns still prefilling share what
+right before the row, so the row sees it — docs/mechanism.md §6), and, with speculation, its drafts
+(beside the chunk, or instead of it while a GDN join of its session is pending: whichever is worth more,
+engine/draft_choice.py, §13); then turns still prefilling share what
 is left, oldest first; then sessions recovering after their answer fill the gap with larger
 prefill-only chunks — the whole remaining budget in a step with no decode rows, else only the deferred
 budget left over.
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..deferral.policy import CHUNK_SIZES
 from .cost_model import StepCostModel
+from .draft_choice import Prices, acceptance, drafts_win
 from .plan import ANSWERING, Kind, Segment, StepPlan
 from .prefill_cuts import aligned, attention_splits, checkpoint_rows
 from .speculation import Speculation, join_pending
@@ -66,6 +69,8 @@ class TurnView(Protocol):
     turn: int                 # the session's turn index
     tpot_slo: float | None
     step_tokens: int          # tokens its latest decode step emitted (several after a verify)
+    drafts_accepted: int      # over the turn (engine/draft_choice.py: its acceptance rate)
+    drafts_tried: int
 
     @property
     def decoding(self) -> bool: ...
@@ -156,12 +161,11 @@ class Scheduler:
         plan = StepPlan()
         decoding = [r for r in running if r.decoding][:budget]
         fit = _Fit(self.cost, decoding)
+        prices = Prices.of(self.cost, len(decoding), self.recovery_chunk) if self.speculation is not None else None
         for req in decoding:
             if budget <= 0:
                 break
-            drafts = self.speculation.drafts(req, budget - 1) if self.speculation is not None else ()
-            fit.fixed(len(drafts))      # verify rows cost rows: deferred rows are predicted on top of them
-            c = fused_rows(req, fit, min(deferred_budget, budget - 1 - len(drafts)))
+            drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
@@ -208,6 +212,25 @@ class Scheduler:
             gap -= n
         return plan
 
+    def _answer_rows(self, req: TurnView, fit: _Fit, prices: Prices | None, room: int, deferred_budget: int
+                     ) -> tuple[tuple[int, ...], int]:
+        """A decoding turn's drafts and fused deferred rows beside its one row (`room`: the rows the budget
+        leaves besides it). Where it could carry both, the one of higher expected value takes its rows
+        first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
+        joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13)."""
+        drafts = self.speculation.drafts(req, room) if self.speculation is not None else ()
+        limit = min(deferred_budget, room)
+        alone = fused_rows(req, fit, limit, take=False) if drafts else 0
+        exclusive = bool(drafts) and join_pending(req.cache)
+        if alone and not drafts_win(prices, len(drafts), acceptance(req.drafts_accepted, req.drafts_tried), alone,
+                                    fit.carried, exclusive):
+            c = fused_rows(req, fit, limit)
+            drafts = () if exclusive else drafts[:room - c]
+            fit.fixed(len(drafts))
+            return drafts, c
+        fit.fixed(len(drafts))      # verify rows cost rows: deferred rows are predicted on top of them
+        return drafts, 0 if exclusive else fused_rows(req, fit, min(deferred_budget, room - len(drafts)))
+
     def handoff(self, cache: CacheView) -> StepPlan:
         """The step that joins a deferred worker's result into the cache's recovery: its pending rows as one
         hand-off segment, in a step of their own (they are applied between steps, as they arrive; a decode
@@ -253,7 +276,7 @@ class Scheduler:
         server gets the same chunks; a step with other turns' prefill, as measured (the load it saw)."""
         if plan.count(Kind.PREFILL):
             return seconds
-        tracked = any(s.tracked for s in plan.segments if s.kind is Kind.DECODE)
+        tracked = any(s.tracked for s in plan.segments if s.kind in ANSWERING)
         expected = self.cost.expected_s(batch, _extra_rows(plan), tracked)
         return seconds if expected is None else expected
 
@@ -277,9 +300,9 @@ class _Fit:
         else:   # nothing is known before a plain step was measured: fuse nothing yet
             self.allowance = 0.0 if plain is None else min(r.slack_s(plain) for r in bound)
 
-    def rows(self, limit: int) -> int:
+    def rows(self, limit: int, take: bool = True) -> int:
         """The largest chunk bucket (or all `limit` rows, when fewer) whose predicted extra cost, with what
-        the step already carries, fits the allowance; 0 if none does."""
+        the step already carries, fits the allowance; 0 if none does. `take`: later chunks count them."""
         if self.allowance == math.inf:
             n = limit
         else:
@@ -287,19 +310,20 @@ class _Fit:
             for size in (min(b, limit) for b in CHUNK_SIZES):
                 if size > n and self.predict is not None and self.predict(self.carried + size) <= self.allowance:
                     n = size
-        return self.fixed(n)
+        return self.fixed(n, take)
 
-    def fixed(self, n: int) -> int:
-        """`n` rows whatever the allowance (a turn without an objective); later chunks count them."""
+    def fixed(self, n: int, take: bool = True) -> int:
+        """`n` rows whatever the allowance (a turn without an objective); `take`: later chunks count them."""
         n = max(n, 0)
-        self.carried += n
+        if take:
+            self.carried += n
         return n
 
 
-def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:
+def fused_rows(req: TurnView, fit: _Fit, limit: int, take: bool = True) -> int:
     """Deferred rows of `req`'s session that ride on its decode step (at most `limit`): its own turn's
     once past the guard (docs/mechanism.md §7), or a previous turn's late rows from its first decode step
-    on (§10), by the decoding turn's objective."""
+    on (§10), by the decoding turn's objective. `take`: the step carries them (else only asked)."""
     rec = req.cache.recovery
     if rec is None:
         return 0
@@ -309,7 +333,7 @@ def fused_rows(req: TurnView, fit: _Fit, limit: int) -> int:
     elif rec.done or rec.handed_off:
         return 0
     limit = min(rec.pending, limit)
-    return fit.rows(limit) if req.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit))
+    return fit.rows(limit, take) if req.tpot_slo is not None else fit.fixed(min(rec.cfg.chunk_size, limit), take)
 
 
 def ahead_rows(req: TurnView, limit: int) -> int:
@@ -352,7 +376,7 @@ def verify_segment(req: TurnView, drafts: tuple[int, ...]) -> Segment:
     rows = 1 + len(drafts)
     write = cache.claim(rows, generated=True)     # draft rows are generated rows: deferred rows never read them
     return Segment.verify(cache.session, req.last_token, drafts, cache.next_position, write, cache.readable(rows),
-                          cache.gdn_slot)
+                          cache.gdn_slot, tracked=join_pending(cache))
 
 
 def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) -> Segment:

@@ -1,5 +1,6 @@
 """Which decoding turns verify draft tokens in a step, and which (docs/mechanism.md §13): the scheduler
-asks for each decoding turn's drafts; a turn with none decodes one row as usual."""
+asks for each decoding turn's drafts; a turn with none decodes one row as usual. A turn whose session has
+a GDN join pending verifies tracked: its kept rows extend the join (engine/update.py)."""
 
 from __future__ import annotations
 
@@ -44,11 +45,11 @@ class Speculation:
         self.vocab_size = vocab_size
 
     def drafts(self, req: DraftingTurn, limit: int) -> tuple[int, ...]:
-        """At most `limit` draft tokens for `req`'s next decode step (fewer where its length limit is near;
-        none while a GDN join of its session is pending: its decode rows extend the join's map one by one,
-        §13)."""
+        """At most `limit` draft tokens for `req`'s next decode step (fewer where its length limit is near).
+        Whether the step carries them, beside or instead of a deferred chunk, is the scheduler's choice
+        (engine/draft_choice.py)."""
         k = min(self.num_tokens, req.draft_room, limit)
-        if k <= 0 or join_pending(req.cache):
+        if k <= 0:
             return ()
         try:
             drafts = [int(t) for t in self.drafter.propose(req.cache.session, req.history(), k)[:k]]

@@ -132,7 +132,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                     gdn.conv[slot].copy_(conv)
                 if ssm is not None:
                     gdn.ssm[slot].copy_(ssm)
-        _join_bookkeeping(out, sessions, gdn_ops)
+        _join_bookkeeping(out, sessions, gdn_ops, verified)
     # 3. cursors
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
@@ -227,7 +227,8 @@ def chunk_carriers(plan: StepPlan) -> set[str]:
     return {s.session for s in plan.segments if s.kind in CHUNKS}
 
 
-def _join_bookkeeping(out: StepOutputs, sessions: StepSessions, gdn_ops: GDNOps) -> None:
+def _join_bookkeeping(out: StepOutputs, sessions: StepSessions, gdn_ops: GDNOps,
+                      verified: dict[str, Verified]) -> None:
     for seg, s_lead in out.joined:
         cache = sessions.cache(seg.session)
         head = cache.recovery.join
@@ -236,6 +237,8 @@ def _join_bookkeeping(out: StepOutputs, sessions: StepSessions, gdn_ops: GDNOps)
             later.rebase(head, s_lead - head.s_lead, gdn_ops)
         head.set_joined(s_lead)
     for t in out.tracked:
+        if t.segment.kind is Kind.VERIFY and t.row >= verified[t.segment.session].kept:
+            continue    # a rejected row: plain decoding never fed it, so it is no part of the recorded suffix
         cache = sessions.cache(t.segment.session)
         # a follow-up's input extends only earlier turns' joins (its own begins after it)
         joins = [r.join for r in cache.recoveries() if r.join is not None and not r.done

@@ -51,6 +51,7 @@ def verify(seg: Segment, req: TurnRequest, logits: torch.Tensor, maxima: list[tu
                             SamplingError(f"sampling failed: {e}"))
         accepted += token == draft
         req.drafts_accepted += token == draft     # before `accept`: the turn's metrics are taken when it ends
+        req.drafts_tried += draft is not None     # drafts a draw was compared with: the acceptance rate's base
         req.step_tokens += 1
         req.accept(token, logits[i], now, restoring=restoring and i == 0)
         if token != draft or req.finished:

@@ -50,6 +50,39 @@ def record_joined_states(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Te
     return on_join_release(monkeypatch, lambda j: (j.s_lead.clone(), j.pool.ssm[j.live].clone(), j.factors))
 
 
+def two_attention_hybrid(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
+    """A tiny Qwen3.5 (transformers model, saved folder) with a second attention layer after GDN layers:
+    the shared tiny one has its only attention layer last, where no later layer reads a deferred row's
+    attention output."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from raincheck_core.models.random_init import build_config
+
+    cfg = build_config("qwen3_5")
+    text = cfg.text_config
+    text.num_hidden_layers = 5
+    text.layer_types = ["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                        "full_attention"]
+    torch.manual_seed(3)
+    hf = Qwen3_5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("qwen3_5_two_attention")
+    hf.save_pretrained(folder, safe_serialization=True)
+    return hf, folder
+
+
+def slow_decays(hf, engine: Engine) -> None:
+    """Slow GDN decays in both the transformers model and the engine's, so that a missing or wrong join
+    shows: the tiny model's own decays take P_rest to zero within a few tokens (test_gdn_join.py)."""
+    with torch.no_grad():
+        for m in (*[layer.linear_attn for layer in hf.model.language_model.layers
+                    if getattr(layer, "block_type", "") == "linear_attention"], *engine.model.gdn_layers()):
+            m.A_log.fill_(-4.0)
+
+
 def split(engine: Engine, prompt: Prompt, cfg: DeferralConfig, start: int = 0) -> tuple[TurnInput, TurnInput]:
     """(I0, D) exactly as the engine builds them."""
     full = build_turn_input(engine.model, engine.model_config, prompt.token_ids, prompt.visuals, start)

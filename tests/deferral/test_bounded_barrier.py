@@ -15,7 +15,7 @@ from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.plan import Kind
 from tests.deferral.cross_turn import RowLog, reference
-from tests.deferral.helpers import image_prompt, rel_err
+from tests.deferral.helpers import image_prompt, rel_err, slow_decays, two_attention_hybrid
 from tests.engine.reference import image_tokens
 
 FAMILIES = ["qwen3_vl", "qwen3_5"]
@@ -26,40 +26,14 @@ OWN_GRID = (1, 8, 8)          # the follow-up's own image: 16 visual tokens, 5 k
 AHEAD = 5                     # rows of the previous turn's D ahead of the follow-up's input (recovery_chunk)
 
 
-def _two_attention_layers(tmp_path_factory):
-    """A tiny Qwen3.5 with a second attention layer after GDN layers: the shared tiny one has its only
-    attention layer last, where no later layer reads a deferred row's attention output."""
-    from transformers import Qwen3_5ForConditionalGeneration
-
-    from raincheck_core.models.random_init import build_config
-
-    cfg = build_config("qwen3_5")
-    text = cfg.text_config
-    text.num_hidden_layers = 5
-    text.layer_types = ["linear_attention", "full_attention", "linear_attention", "linear_attention",
-                        "full_attention"]
-    torch.manual_seed(3)
-    hf = Qwen3_5ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name and p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    folder = tmp_path_factory.mktemp("qwen3_5_two_attention")
-    hf.save_pretrained(folder, safe_serialization=True)
-    return hf, folder
-
-
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoints, tmp_path_factory):
     out = {}
-    checkpoints = {"qwen3_vl": tiny_checkpoints["qwen3_vl"], "qwen3_5": _two_attention_layers(tmp_path_factory)}
+    checkpoints = {"qwen3_vl": tiny_checkpoints["qwen3_vl"], "qwen3_5": two_attention_hybrid(tmp_path_factory)}
     for family, (hf, folder) in checkpoints.items():
         engine = Engine.from_pretrained(folder)
-        if engine.gdn is not None:      # slow decays, so that a missing or wrong join shows (test_gdn_join.py)
-            with torch.no_grad():
-                for m in (*[layer.linear_attn for layer in hf.model.language_model.layers
-                            if getattr(layer, "block_type", "") == "linear_attention"], *engine.model.gdn_layers()):
-                    m.A_log.fill_(-4.0)
+        if engine.gdn is not None:
+            slow_decays(hf, engine)
         out[family] = (hf, engine)
     return out
 
