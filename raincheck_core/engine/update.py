@@ -22,8 +22,9 @@ import torch
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
 from ..sampling import row_maxima
+from .packing import KEPT
 from .plan import CHUNKS, RESTORING, Kind, StepPlan
-from .runner import KEPT, StepOutputs
+from .runner import StepOutputs
 from .step_sessions import StepSessions
 from .verify import Verified, verify
 
