@@ -197,7 +197,7 @@ class PageTable:
             ps = self.pool.page_size
             if not 0 <= i < self._slot_ids.shape[0]:
                 raise InvalidInputError(f"slot {i} outside the {self._slot_ids.shape[0]} reserved slots")
-            views = self._page_slots[page] = self._slot_ids[page * ps:(page + 1) * ps].split(1)
+            views = self._page_slots[page] = self._slot_ids[page * ps:(page + 1) * ps, None].unbind(0)
         return views[at]
 
     def _index(self) -> None:
