@@ -96,6 +96,7 @@ class PageTable:
         self.pages: list[int] = []
         self.length = 0
         self._slot_ids = torch.empty(0, dtype=torch.long)   # of every reserved slot, rebuilt as pages come
+        self._page_slots: dict[int, tuple[torch.Tensor, ...]] = {}    # `reserved_slot`'s views, by page
 
     def pages_needed(self, n: int) -> int:
         ps = self.pool.page_size
@@ -117,7 +118,7 @@ class PageTable:
         the length does not move (a step claims slots when it is planned and fills them if it runs)."""
         self.reserve(offset + n)
         start = self.length + offset
-        return self.reserved_slots(start, start + n)
+        return self.reserved_slot(start) if n == 1 else self.reserved_slots(start, start + n)
 
     def advance(self, n: int) -> None:
         """`n` more slots are filled (their pages were reserved by `ahead` or `reserve`)."""
@@ -187,10 +188,23 @@ class PageTable:
             raise InvalidInputError(f"slot range [{start}, {end}) outside the {reserved} reserved slots")
         return self._slot_ids[start:end]
 
+    def reserved_slot(self, i: int) -> torch.Tensor:
+        """Slot id `i` of the reserved ones as a one-element tensor: a view of its page's ids made once per
+        page (a decode row claims one slot a step, and a tensor slice per row was most of the claim's cost)."""
+        page, at = divmod(i, self.pool.page_size)
+        views = self._page_slots.get(page)
+        if views is None:
+            ps = self.pool.page_size
+            if not 0 <= i < self._slot_ids.shape[0]:
+                raise InvalidInputError(f"slot {i} outside the {self._slot_ids.shape[0]} reserved slots")
+            views = self._page_slots[page] = self._slot_ids[page * ps:(page + 1) * ps, None].unbind(0)
+        return views[at]
+
     def _index(self) -> None:
         ps = self.pool.page_size
         pages = torch.tensor(self.pages, dtype=torch.long)
         self._slot_ids = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()
+        self._page_slots = {}
 
     def release(self) -> None:
         self.pool.release(self.pages)

@@ -218,6 +218,10 @@ class StepPlan:
         before it and its own, bottom-right causal)."""
         q_lens, reads = [], []
         for s in self.segments:
+            if not s.splits:        # most segments (every decode row): one piece, its whole read list
+                q_lens.append(s.rows)
+                reads.append(s.read_slots)
+                continue
             cuts = (0, *s.splits, s.rows)
             for a, b in itertools.pairwise(cuts):
                 q_lens.append(b - a)

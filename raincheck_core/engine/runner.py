@@ -35,12 +35,9 @@ from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from .gdn_inputs import Placed, gdn_step
 from .graphs import NotCaptured, StepGraphs
+from .packing import pack_rows
 from .padding import Padded, Scratch, bucket_of, pad
-from .plan import ANSWERING, Kind, Segment, StepPlan
-
-# the rows whose last-layer hidden states a drafter observes (`ModelRunner.keep_hidden`): a turn's input and
-# answer rows, never deferred ones
-KEPT = (Kind.PREFILL, *ANSWERING)
+from .plan import Kind, Segment, StepPlan
 
 
 @dataclass
@@ -186,45 +183,7 @@ class ModelRunner:
     # ---------------------------------------------------------------- tensors from the plan
     def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None) -> StepInputs:
         """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes."""
-        embeds: list[torch.Tensor | None] = []
-        positions, ds_rows, ds_feats, logit_rows, hidden_rows = [], [], [], [], []
-        decode_at, decode_tokens = [], []
-        row = 0
-        starts = []
-        for seg in plan.segments:
-            starts.append(row)
-            if seg.kind in ANSWERING:      # text rows: positions run on from the turn's
-                decode_at.append(len(embeds))
-                decode_tokens += seg.tokens
-                embeds.append(None)
-                positions.append(torch.arange(seg.position, seg.position + seg.rows).expand(3, -1))
-            elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)
-                embeds.append(self.model.embed_tokens.weight.new_zeros(seg.rows, self.model.config.hidden_size))
-                positions.append(torch.zeros((3, seg.rows), dtype=torch.long))
-            else:
-                src, first, n = seg.source, seg.first, seg.rows
-                embeds.append(src.embeds[first:first + n])
-                positions.append(src.positions[:, first:first + n].cpu())
-                if src.deepstack:
-                    sel = (src.deepstack_index >= first) & (src.deepstack_index < first + n)
-                    if bool(sel.any()):
-                        ds_rows.append(src.deepstack_index[sel] - first + row)
-                        ds_feats.append([level[sel.to(level.device)] for level in src.deepstack])
-            logit_rows += range(row + seg.rows - seg.logit_rows, row + seg.rows)
-            if self.keep_hidden and seg.kind in KEPT:
-                hidden_rows += range(row, row + seg.rows)
-            row += seg.rows
-        if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
-            n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
-            ds_rows.append(torch.zeros(n, dtype=torch.long))
-            ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
-        if decode_tokens:
-            ids = torch.tensor(decode_tokens, dtype=torch.long, device=self.device)
-            with torch.inference_mode():
-                rows = self.model.embed_tokens(ids)
-            # one embeds entry per segment: `at` is the segment's index
-            for at, e in zip(decode_at, rows.split([plan.segments[at].rows for at in decode_at]), strict=True):
-                embeds[at] = e
+        rows = pack_rows(plan, self.model.embed_tokens, self.keep_hidden, padded)
         attention = None
         if self.model.config.num_attention_layers:
             layout = ops.attention.layout if padded is None else partial(ops.attention.layout, fixed=padded.groups)
@@ -235,15 +194,16 @@ class ModelRunner:
         # in a padded step every chunk is multi-row (it runs filled to its bucket's rows)
         fills = set() if padded is None else set(padded.fills.values())
         placed = [Placed(seg, start, seg.rows > 1 or seg.joins or (padded is not None and seg.kind is Kind.DEFERRED),
-                         i in fills) for i, (seg, start) in enumerate(zip(plan.segments, starts, strict=True))]
+                         i in fills) for i, (seg, start) in enumerate(zip(plan.segments, rows.starts, strict=True))]
         gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device,
                                                      padded)
         batch = ForwardBatch(
-            embeds=torch.cat(embeds), positions=torch.cat(positions, dim=1).to(self.device), kv=self.kv, ops=ops,
-            attention=attention, gdn=gdn, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=self.device),
-            deepstack_rows=torch.cat(ds_rows).to(self.device) if ds_rows else None,
-            deepstack=[torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [],
-            hidden_rows=torch.tensor(hidden_rows, dtype=torch.long, device=self.device) if self.keep_hidden else None,
+            embeds=rows.embeds, positions=rows.positions.to(self.device), kv=self.kv, ops=ops, attention=attention,
+            gdn=gdn, logit_rows=torch.tensor(rows.logit_rows, dtype=torch.long, device=self.device),
+            deepstack_rows=None if rows.deepstack_rows is None else rows.deepstack_rows.to(self.device),
+            deepstack=rows.deepstack,
+            hidden_rows=torch.tensor(rows.hidden_rows, dtype=torch.long, device=self.device) if self.keep_hidden
+            else None,
         )
         return StepInputs(batch, placed)
 

@@ -22,8 +22,9 @@ import torch
 from ..cache.prefix import ROW_KEY_WIDTH
 from ..errors import SamplingError
 from ..sampling import row_maxima
-from .plan import CHUNKS, RESTORING, Kind, StepPlan
-from .runner import KEPT, StepOutputs
+from .packing import KEPT
+from .plan import ANSWERING, CHUNKS, RESTORING, Kind, Segment, StepPlan
+from .runner import StepOutputs
 from .step_sessions import StepSessions
 from .verify import Verified, verify
 
@@ -68,6 +69,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         restoring = chunk_carriers(plan)
     # each sampling segment's rows of the step's logits
     maxima = row_maxima(out.logits) if len(out.logits) else []
+    logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
     starts = itertools.accumulate((s.logit_rows for s in plan.segments), initial=0)
     logit_at = dict(zip(plan.segments, starts, strict=False))     # `starts` has one more: the total
     # 0. verify segments first: how many of their rows are kept decides what is filled and committed
@@ -85,14 +87,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             elif req.finished:
                 result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
+    text_keys = text_row_keys([seg for seg in plan.segments if seg.kind in ANSWERING])
     for seg in plan.segments:
         cache = sessions.cache(seg.session)
         if seg.kind is Kind.VERIFY:
             # the kept rows only; the rejected rows' slots were claimed, never filled: the next step claims them
             # again and overwrites them, nobody reads them meanwhile
             kept = verified[seg.session].kept
-            keys = np.concatenate([text_row_key(t, seg.position + i) for i, t in enumerate(seg.tokens[:kept])]) \
-                if cache.recovery is None else None
+            keys = text_keys[seg][:kept] if cache.recovery is None else None
             grown = cache.fill(kept, tokens=list(seg.tokens[:kept]), next_position=seg.position + kept, keys=keys)
             cache.cancel_claims()
         elif seg.kind is Kind.PREFILL:
@@ -106,7 +108,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         elif seg.kind is Kind.DECODE:
             # a token generated while deferred rows are pending ends the prefix chain: the rows restored
             # after it do not see it, so no request processes these slots in this order
-            key = text_row_key(seg.token, seg.position) if cache.recovery is None else None
+            key = text_keys[seg] if cache.recovery is None else None
             grown = cache.fill(1, tokens=[seg.token], next_position=seg.position + 1, keys=key)
         else:
             grown = cache.fill(seg.rows)
@@ -148,15 +150,17 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         req = sessions.turn(seg.session)
         was_prefilling = not req.decoding
         req.fed(seg.rows, now)
+        if not was_prefilling or not req.decoding:
+            continue
         own = cache.own_recovery(req.turn)
-        if was_prefilling and req.decoding and own is not None and own.join is not None:
+        if own is not None and own.join is not None:
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample (verify segments drew theirs first)
     for seg in plan.segments:
         if not seg.sample or seg.kind is Kind.VERIFY:
             continue
-        req, logits, maximum = sessions.turn(seg.session), out.logits[logit_at[seg]], maxima[logit_at[seg]]
+        req, logits, maximum = sessions.turn(seg.session), logit_rows[logit_at[seg]], maxima[logit_at[seg]]
         if req.finished:
             continue
         try:
@@ -217,9 +221,14 @@ def _rows(t: torch.Tensor | None, n: int) -> list[torch.Tensor | None]:
     return [None] * n if t is None else list(t.unbind(0))
 
 
-def text_row_key(token: int, position: int) -> np.ndarray:
-    """The prefix cache's description of a text row (as `turn_input.row_keys` writes it)."""
-    return np.array([(token, position, position, position, *[0] * (ROW_KEY_WIDTH - 4))], dtype=np.int64)
+def text_row_keys(segments: list[Segment]) -> dict[Segment, np.ndarray]:
+    """The prefix cache's descriptions of answer segments' rows (text rows, as `turn_input.row_keys` writes
+    them: token, its position thrice), by segment: one array for the step, a view of it each."""
+    keys = np.zeros((sum(seg.rows for seg in segments), ROW_KEY_WIDTH), dtype=np.int64)
+    keys[:, 0] = [t for seg in segments for t in seg.tokens]
+    keys[:, 1:4] = np.array([p for seg in segments for p in range(seg.position, seg.position + seg.rows)])[:, None]
+    at = itertools.accumulate((seg.rows for seg in segments), initial=0)
+    return {seg: keys[a:b] for seg, (a, b) in zip(segments, itertools.pairwise(at), strict=True)}
 
 
 def chunk_carriers(plan: StepPlan) -> set[str]:

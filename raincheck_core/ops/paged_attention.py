@@ -25,10 +25,12 @@ class PagedSegments:
 
 def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
                    read_slots: list[torch.Tensor]) -> PagedSegments:
-    k_len = torch.tensor([len(read_slots[s]) for s in ids], dtype=torch.long)
-    q_start = torch.tensor([starts[s] for s in ids], dtype=torch.long)
-    q_len = torch.tensor([q_lens[s] for s in ids], dtype=torch.long)
-    keys = torch.cat([read_slots[s].cpu().long() for s in ids]).contiguous()
+    reads = [read_slots[s] for s in ids]
+    # one tensor of the three per-segment lists, and one cat of the slot lists: a decode step has a segment
+    # per session, so nothing here is done per segment beyond reading its length
+    k_len, q_start, q_len = torch.tensor([[r.shape[0] for r in reads], [starts[s] for s in ids],
+                                          [q_lens[s] for s in ids]], dtype=torch.long)
+    keys = torch.cat(reads).to(device="cpu", dtype=torch.long).contiguous()
     if bool((k_len < q_len).any()) or int(keys.min()) < 0:
         raise ValueError("each segment reads at least its own rows' slots, and slot ids are not negative")
     return PagedSegments(q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len, keys=keys,

@@ -1,0 +1,85 @@
+"""The rows of a step packed in plan order (engine/runner.py `prepare`): their embeddings, 3-D positions,
+DeepStack features, and which rows' logits and hidden states the step keeps.
+
+A decode step is mostly answer rows (a decode row, a verify segment's rows) of many sessions side by
+side: consecutive answer segments are packed as one run (one embedding lookup and one positions tensor
+for the run), not a tensor per segment; the packed rows are the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .padding import Padded
+from .plan import ANSWERING, Kind, StepPlan
+
+# the rows whose last-layer hidden states a drafter observes (`ModelRunner.keep_hidden`): a turn's input and
+# answer rows, never deferred ones
+KEPT = (Kind.PREFILL, *ANSWERING)
+
+
+@dataclass
+class PackedRows:
+    embeds: torch.Tensor                    # [R, hidden]
+    positions: torch.Tensor                 # [3, R], on the host
+    starts: list[int]                       # each segment's first row
+    logit_rows: list[int]                   # rows whose logits the step keeps
+    hidden_rows: list[int]                  # rows whose final-norm hidden states it keeps (`KEPT`)
+    deepstack_rows: torch.Tensor | None     # visual rows that receive DeepStack features
+    deepstack: list[torch.Tensor]           # per level, [len(deepstack_rows), hidden]
+
+
+def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded: Padded | None = None
+              ) -> PackedRows:
+    """`plan`'s rows; `embed` looks up the answer rows' tokens (on its device), `keep_hidden`: list the
+    `KEPT` rows, `padded`: `plan` is that padded step's (its DeepStack rows are as many as its bucket's)."""
+    embeds: list[torch.Tensor | None] = []     # per piece: a segment's rows, or None for an answer run's
+    positions: list[torch.Tensor | list[int]] = []      # … a tensor, or an answer run's positions
+    runs: list[int] = []                        # the pieces that are answer runs
+    run_rows: list[int] = []
+    tokens: list[int] = []
+    ds_rows, ds_feats, logit_rows, hidden_rows, starts = [], [], [], [], []
+    row = 0
+    for seg in plan.segments:
+        starts.append(row)
+        if seg.kind in ANSWERING:      # text rows: positions run on from the turn's
+            if not runs or runs[-1] != len(embeds) - 1:
+                runs.append(len(embeds))
+                run_rows.append(0)
+                embeds.append(None)
+                positions.append([])
+            run_rows[-1] += seg.rows
+            tokens += seg.tokens
+            positions[-1] += range(seg.position, seg.position + seg.rows)
+        elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)
+            embeds.append(embed.weight.new_zeros(seg.rows, embed.weight.shape[1]))
+            positions.append(torch.zeros((3, seg.rows), dtype=torch.long))
+        else:
+            src, first, n = seg.source, seg.first, seg.rows
+            embeds.append(src.embeds[first:first + n])
+            positions.append(src.positions[:, first:first + n].cpu())
+            if src.deepstack:
+                sel = (src.deepstack_index >= first) & (src.deepstack_index < first + n)
+                if bool(sel.any()):
+                    ds_rows.append(src.deepstack_index[sel] - first + row)
+                    ds_feats.append([level[sel.to(level.device)] for level in src.deepstack])
+        logit_rows += range(row + seg.rows - seg.logit_rows, row + seg.rows)
+        if keep_hidden and seg.kind in KEPT:
+            hidden_rows += range(row, row + seg.rows)
+        row += seg.rows
+    if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
+        n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
+        ds_rows.append(torch.zeros(n, dtype=torch.long))
+        ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
+    if tokens:
+        ids = torch.tensor(tokens, dtype=torch.long, device=embed.weight.device)
+        with torch.inference_mode():
+            looked_up = embed(ids)
+        for at, e in zip(runs, looked_up.split(run_rows), strict=True):
+            embeds[at] = e
+            positions[at] = torch.tensor(positions[at], dtype=torch.long).expand(3, -1)
+    return PackedRows(
+        torch.cat(embeds), torch.cat(positions, dim=1), starts, logit_rows, hidden_rows,
+        torch.cat(ds_rows) if ds_rows else None,
+        [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
