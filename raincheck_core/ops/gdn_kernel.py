@@ -16,9 +16,10 @@ import torch
 from . import native
 from .gdn_layout import PackedSequences, VarlenLayout
 
-# packed rows from which a call splits its heads among torch's threads (below, a thread's start costs more
-# than the rows' work); a head's arithmetic is the same in any part, so the bits do not depend on it
-THREADED_ROWS = 64
+# packed rows from which a call splits its heads among torch's threads: a long prefill's; below, starting
+# threads beside torch's own (which spin a while after each op) cost more than they save (a test file of
+# short steps ran 25% slower at 64). A head's arithmetic is the same in any part: the bits do not depend on it
+THREADED_ROWS = 256
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
