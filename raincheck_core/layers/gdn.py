@@ -9,6 +9,8 @@ back into the pool (the engine's update writes them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,7 +29,7 @@ from .parallel import RowParallelLinear, Target, copy_into, rows_of
 LANES = 64
 
 
-def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """`fn(x)` for an elementwise `fn` of a 2-D `x`, each row computed on whole vectors."""
     rows, n = x.shape
     width = -(-n // LANES) * LANES
