@@ -24,6 +24,7 @@ from raincheck_core import Engine, Prompt, SamplingParams, TurnEnd, TurnMetrics,
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.hooks import StepStats
 from raincheck_core.models.random_init import save_random_checkpoint
+from raincheck_core.warmup import warm_up
 
 FAMILIES = ("qwen3_5", "qwen3_vl")
 POLICIES = ("full", "hard", "raincheck", "post_answer")
@@ -78,9 +79,14 @@ def step_log(engine: Engine) -> StepLog:
     return _LOGS[engine]
 
 
-def use_clock(engine: Engine, clock: Callable[[], float]) -> None:
-    """Measure with `clock` from now on, with a fresh step-cost model (its samples must share one clock)."""
+def use_clock(engine: Engine, clock: Callable[[], float], calibrate: bool = False) -> None:
+    """Measure with `clock` from now on, with a fresh step-cost model (its samples must share one clock).
+    `calibrate`: fill that model by the engine's warm-up on this clock, as a decode worker does before it
+    reports ready, so the TPOT objective decides from a full calibration from the first timed turn on
+    (without it, the model learns from the benchmark's own turns, starting from its expensive prior)."""
     engine.use_clock(clock)
+    if calibrate:
+        warm_up(engine)
 
 
 @dataclass

@@ -192,9 +192,9 @@ class GapRow:
 def think_time(engine, prompt, args) -> list[GapRow]:
     """Three turns per (arm, think time), wall clock, the engine stepping in the background; the
     median over repeats of each number."""
-    use_clock(engine, time.perf_counter)
+    use_clock(engine, time.perf_counter, calibrate=True)
     prompts = [prompt, text_prompt(seed=1), text_prompt(seed=2)]
-    for arm in GAP_ARMS:   # warm-up: the cost model learns wall-clock steps before anything is timed
+    for arm in GAP_ARMS:   # one untimed dialogue per arm (allocations at its shapes) before anything is timed
         run_dialogue(engine, prompts[:1], _cfg(args, arm), args.max_new, 0.0)
     runs: dict[tuple[str, float], list[list[TurnMetrics]]] = {}
     engine.start_background()
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for family in dict.fromkeys([*families, args.sweep_family]):
             engine = build_engine(family, Path(tmp))
-            use_clock(engine, CLOCKS[args.clock])
+            use_clock(engine, CLOCKS[args.clock], calibrate=True)
             prompt = image_prompt(engine, args.side)
             if family == args.sweep_family and not args.no_sweeps:
                 results[family], objective, chunk = sweeps(engine, prompt, args, family)

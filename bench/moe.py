@@ -93,7 +93,7 @@ def _shape(family: str) -> str:
 def latency_section(args: argparse.Namespace, workdir: Path, arms: Sequence[Arm], clock) -> dict:
     """`arms`: full, hard and raincheck as bench.latency configures them."""
     engine = build_engine(args.moe_family, workdir)
-    use_clock(engine, clock)
+    use_clock(engine, clock, calibrate=True)
     prompt = image_prompt(engine, args.side)
     counter = ExpertCounter(engine)
     turns = run_rounds(engine, prompt, arms, args.repeats, args.max_new, f"{args.moe_family} MoE")
