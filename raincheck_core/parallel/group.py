@@ -4,13 +4,16 @@ The layers only reduce (`all_reduce`, after a row-parallel projection or the exp
 (`all_gather`, the vocabulary-parallel LM head's logits). The engine compares digests across ranks
 (`check_same`: of each step's plan, of each turn's input ids) and measures with rank 0's clock
 (`shared`); `broadcast_object` carries plain data from rank 0, `gather_object` to it. Every collective has the group's
-timeout: a rank that died makes the others fail with `RankFailedError` instead of waiting for it forever.
+timeout: a rank that died makes the others fail with `RankFailedError` instead of waiting for it forever;
+so does a collective begun after this process left the group (its engine was closed by another thread
+meanwhile, which torch reports as a `ValueError`).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,28 +43,22 @@ class RankGroup:
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of `t`, in place."""
-        try:
+        with collective(f"all-reduce across {self.world} ranks"):
             dist.all_reduce(t, group=self.group)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise RankFailedError(f"all-reduce across {self.world} ranks failed: {e}") from e
         return t
 
     def all_gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's `t` (all the same shape), concatenated along `dim` in rank order."""
         parts = [torch.empty_like(t) for _ in range(self.world)]
-        try:
+        with collective(f"all-gather across {self.world} ranks"):
             dist.all_gather(parts, t.contiguous(), group=self.group)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise RankFailedError(f"all-gather across {self.world} ranks failed: {e}") from e
         return torch.cat(parts, dim=dim)
 
     def check_same(self, value: int, what: str) -> None:
         """Every rank passed the same `value` (a digest of `what`); RankFailedError where they differ."""
         t = torch.tensor([value, -value], dtype=torch.int64)
-        try:
+        with collective(f"comparing {what} across {self.world} ranks"):
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise RankFailedError(f"comparing {what} across {self.world} ranks failed: {e}") from e
         if int(t[0]) != -int(t[1]):
             raise RankFailedError(f"the {self.world} ranks disagree on {what}")
 
@@ -72,31 +69,38 @@ class RankGroup:
         running the same calls on one thread do."""
         def read() -> float:
             t = torch.tensor([clock() if self.rank == 0 else 0.0], dtype=torch.float64)
-            try:
+            with collective("reading rank 0's clock"):
                 dist.broadcast(t, src=0, group=self.control)
-            except (RuntimeError, dist.DistBackendError) as e:
-                raise RankFailedError(f"reading rank 0's clock failed: {e}") from e
             return float(t[0])
         return read
 
     def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """`obj` as rank `src` has it (pickled: plain data only)."""
         box = [obj]
-        try:
+        with collective(f"broadcast from rank {src}"):
             dist.broadcast_object_list(box, src=src, group=self.control)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise RankFailedError(f"broadcast from rank {src} failed: {e}") from e
         return box[0]
-
 
     def gather_object(self, obj: Any) -> list[Any] | None:
         """Every rank's `obj` (pickled: plain data, CPU tensors), in rank order, on rank 0; None elsewhere."""
         out = [None] * self.world if self.rank == 0 else None
-        try:
+        with collective(f"gathering from {self.world} ranks"):
             dist.gather_object(obj, out, dst=0, group=self.control)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise RankFailedError(f"gathering from {self.world} ranks failed: {e}") from e
         return out
+
+
+@contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Run a collective, `what` it does naming it: a failure of the ranks' communication (a rank died or
+    timed out), or a call after this process left the group, raises RankFailedError."""
+    try:
+        yield
+    except (RuntimeError, dist.DistBackendError) as e:
+        raise RankFailedError(f"{what} failed: {e}") from e
+    except ValueError as e:
+        if dist.is_initialized():       # a caller's mistake, not the ranks'
+            raise
+        raise RankFailedError(f"{what} failed: this rank has left the group (its engine was closed)") from e
 
 
 def init_rank_group(rank: int, world: int, address: str, device: str = "cpu",
