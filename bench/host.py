@@ -11,6 +11,11 @@ time, and so is the model's forward inside it (a hook on the decoder module: its
 arithmetic), and the host time is the difference. The random `bench` checkpoint's arithmetic is small,
 but only the difference is reported. 20th percentile and median over the steady steps of the rounds.
 `--profile` adds cProfile's top functions of the largest B by time spent outside the forward.
+
+The random checkpoint has no tokenizer, so the steps above stream no text; a served model's do. The text
+part is measured apart, with the demo model's tokenizer on a long English answer: the host time of one
+token's text at answer positions 16 to 4,096, decoding the whole answer so far (what the engine did
+before multimodal/detokenize.py, and a naive server does) against the incremental window, side by side.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import cProfile
 import gc
 import io
 import json
+import math
 import pstats
 import statistics
 import sys
@@ -33,11 +39,17 @@ import torch
 from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.multimodal.chat import ChatFormatter
+from raincheck_core.multimodal.detokenize import IncrementalText
 
 from .common import FAMILIES, STEP_QUANTILE, build_engine, quantile, setup_torch
 
 TEXT = 64
 GOAL_MS = 1.0           # issue 39: host time per decode step outside the forward at B = 64
+TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "demo-v2"
+POSITIONS = (16, 256, 1024, 4096)      # answer tokens so far, where a token's text is timed
+ANSWER = ("The red circle is to the left of the blue square, and two small green triangles sit above it; "
+          "a yellow star, partly hidden, is in the lower right corner of the picture. ")
 
 
 @contextmanager
@@ -122,6 +134,47 @@ def profile_outside(engine: Engine, b: int, max_new: int, top: int = 25) -> str:
     return stream.getvalue()
 
 
+def text_costs(positions: Sequence[int], repeats: int) -> list[dict]:
+    """Microseconds of one generated token's text at each answer position: the whole answer decoded again
+    and the incremental window (best of `repeats` rounds of 50 calls each)."""
+    formatter = ChatFormatter.from_checkpoint(TOKENIZER)
+    base = formatter.encode(ANSWER)
+    ids = (base * (max(positions) // len(base) + 1))[:max(positions)]
+    rows = []
+    for n in positions:
+        answer = ids[:n]
+
+        def whole(answer: list[int] = answer) -> None:
+            formatter.decode(answer)
+
+        def window(answer: list[int] = answer) -> None:
+            text = IncrementalText(formatter.decode)
+            text.prefix, text.read = len(answer) - 2, len(answer) - 1   # as after token n - 1's text
+            text.delta(answer)
+        rows.append(dict(position=n, whole_us=_best_us(whole, repeats), incremental_us=_best_us(window, repeats)))
+    return rows
+
+
+def _best_us(call, repeats: int, calls: int = 50) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - t) / calls)
+    return 1e6 * best
+
+
+def text_table(rows: list[dict], b: int) -> str:
+    lines = [f"| answer tokens so far | whole answer decoded, µs / token | incremental, µs / token | ratio | "
+             f"ms / step at B = {b}, whole / incremental |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['position']} | {r['whole_us']:.1f} | {r['incremental_us']:.1f} | "
+                     f"{r['incremental_us'] / r['whole_us']:.3f} | {b * r['whole_us'] / 1e3:.2f} / "
+                     f"{b * r['incremental_us'] / 1e3:.2f} |")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict[int, dict]]) -> str:
     lines = ["| family | B | host ms / step, p20 | median | µs per row | forward ms (median) | step ms (median) |",
              "|---|---|---|---|---|---|---|"]
@@ -157,15 +210,19 @@ def main(argv: list[str] | None = None) -> None:
             results[family] = measure(engine, args.bs, args.repeats, args.max_new, family)
             if args.profile:
                 profiles[family] = profile_outside(engine, max(args.bs), args.max_new)
+    texts = text_costs(POSITIONS, args.repeats) if (TOKENIZER / "tokenizer.json").is_file() else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
     print(f"\n`{cmd}`: {TEXT}-token text turns, {args.max_new} new tokens, one thread, {args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))
+    if texts:
+        print(f"\nA token's text (the demo-v2 tokenizer, an English answer), best of {args.repeats}:\n")
+        print(text_table(texts, max(args.bs)))
     for family, text in profiles.items():
         print(f"\ncProfile, {family}, B = {max(args.bs)} (the forward's own functions included):\n{text}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dict(command=cmd, results=results), indent=2))
+        args.json.write_text(json.dumps(dict(command=cmd, results=results, text=texts), indent=2))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 
 from ..deferral.policy import DeferralConfig
 from ..grammar import TokenConstraint
+from ..multimodal.detokenize import IncrementalText
 from ..multimodal.turn_input import TurnInput
 from ..sampling import Sampler
 from ..sampling_params import SamplingParams
@@ -74,7 +75,7 @@ class TurnRequest:
         self.finished = False
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
-        self._text = ""
+        self._text = IncrementalText(decode) if decode is not None else None    # the streamed deltas
         # the TPOT objective (DeferralConfig.tpot_slo): this turn's decode steps as measured, and what the
         # same steps would have cost as plain decode steps (the scheduler's cost model)
         self.tpot_slo = tpot_slo
@@ -229,13 +230,7 @@ class TurnRequest:
         return self.decode_text(self.generated) if self.decode_text else ""
 
     def _text_delta(self) -> str:
-        if self.decode_text is None:
-            return ""
-        text = self._full_text()
-        if text.endswith("\ufffd"):   # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        delta, self._text = text[len(self._text):], text
-        return delta
+        return "" if self._text is None else self._text.delta(self.generated)
 
 
 @dataclass
