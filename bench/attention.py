@@ -12,10 +12,10 @@
   64 and 1-4K contexts, from the layout alone (ops/attention_accounting.py), with the host time of the
   layout; and what one attention layer's call allocates against the K/V bytes it reads.
 `--quick` runs B = 1 and 16 at 1K only in the accounting table. `--against REV` times the layout of
-ops/flex_attention.py as it was at git revision REV beside the current one, in turn on the same inputs
-(the fastest of `LAYOUT_REPEATS` builds each: the build is the same work every time, and the fastest is
-the one a loaded host disturbed least). `python -m bench.gpu` runs the accounting table on its device
-too (the quick one with `--tiny`).
+ops/flex_layout.py (before it had a module of its own: ops/flex_attention.py) as it was at git revision
+REV beside the current one, in turn on the same inputs (the fastest of `LAYOUT_REPEATS` builds each: the
+build is the same work every time, and the fastest is the one a loaded host disturbed least).
+`python -m bench.gpu` runs the accounting table on its device too (the quick one with `--tiny`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.models.random_init import save_random_checkpoint
 from raincheck_core.ops import backend
 from raincheck_core.ops.attention_accounting import StepAccounting, allocated_bytes, flex_accounting
-from raincheck_core.ops.flex_attention import flex_layout, flex_varlen_attention
+from raincheck_core.ops.flex_attention import flex_varlen_attention
+from raincheck_core.ops.flex_layout import flex_layout
 
 from .common import setup_torch
 
@@ -110,12 +111,16 @@ def _sessions(pool: KVPool, n: int, context: int, g: torch.Generator) -> list[Pa
 
 
 def layout_at(rev: str) -> Callable[..., object]:
-    """`flex_layout` of ops/flex_attention.py as it was at git revision `rev`, loaded as a module of its own
-    (it imports only torch), with slot tables of its own."""
-    path = "raincheck_core/ops/flex_attention.py"
+    """`flex_layout` as it was at git revision `rev` (ops/flex_layout.py; at revisions before it had a module
+    of its own, ops/flex_attention.py), loaded as a module of its own (it imports only torch), with slot
+    tables of its own."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True,
-                            check=True).stdout
+    for path in ("raincheck_core/ops/flex_layout.py", "raincheck_core/ops/flex_attention.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    source = shown.stdout
     module = types.ModuleType(f"flex_attention_at_{rev}")
     sys.modules[module.__name__] = module         # dataclasses look their module up
     exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)

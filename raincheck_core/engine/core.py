@@ -1,7 +1,8 @@
 """The engine core: the one owner of every state change of sessions, turns, recoveries and the pools.
 
 It holds the scheduler, the model runner, the pools (reserved at start-up by engine/memory.py), the clock
-and every session's cache; instrumentation hooks are engine/hooks.py's.
+and every session's cache; instrumentation hooks are engine/hooks.py's, the drafter's bookkeeping
+engine/drafting.py's, and what sessions share through the prefix cache engine/prefix_sharing.py's.
 A step is `plan = schedule(); out = run(resolve(plan)); settle(apply(plan, out))` (engine/step.py): the
 core puts what the runner reads of the sessions into the plan (`resolve`), the update only reports what
 ended (engine/update.py) and the core settles it here. Only the core admits, ends, fails and undoes a
@@ -26,24 +27,24 @@ from ..config import EngineConfig, ModelConfig
 from ..deferral.gdn_join import GDNJoin
 from ..deferral.handoff import ResidualResult
 from ..deferral.recovery import Recovery
-from ..errors import InvalidInputError, RankFailedError, SamplingError, StepFailedError
+from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
 from ..speculative.drafter import Drafter
-from ..speculative.factory import speculative_drafter
 from .cost_model import StepCostModel
+from .drafting import Drafting
 from .hooks import Hooks, StepStats
 from .memory import reserve
-from .mirror import Mirror
+from .mirror import Mirror, rank_clock
 from .plan import StepPlan
+from .prefix_sharing import publish, reuse_prefix
 from .request import Admission, TurnRequest
 from .resolve import resolve
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .session_cache import Checkpoint, SessionCache
-from .speculation import Speculation
 from .step_sessions import ScratchWork
 from .update import StepResult
 
@@ -59,8 +60,7 @@ _scratch_ids = itertools.count(1)
 class EngineCore:
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig,
                  drafter: Drafter | None = None, mirror: Mirror | None = None):
-        """`drafter`: what proposes draft tokens when `config.speculative` is on (default: the n-gram
-        drafter for method "ngram"; an "mtp" drafter comes from the checkpoint, `Engine.from_pretrained`);
+        """`drafter`: what proposes draft tokens when `config.speculative` is on (engine/drafting.py);
         `mirror`: this engine is rank 0 of worker ranks it started (engine/mirror.py)."""
         cfg = model_config
         self.config = config
@@ -73,20 +73,20 @@ class EngineCore:
         # a tensor-parallel rank's pools hold only its heads
         memory = reserve(model.rank_config, config, self.device, self.dtype)
         self.kv, self.gdn, self.prefix = memory.kv, memory.gdn, memory.prefix
-        self.drafter = speculative_drafter(config.speculative, drafter)
-        speculation = None if self.drafter is None else \
-            Speculation(self.drafter, config.speculative.num_tokens, model_config.vocab_size)
+        self.drafting = Drafting(config.speculative, drafter, model_config.vocab_size)
+        self.drafter = self.drafting.drafter      # what the update tells each step's rows (StepSessions)
         self.runner = ModelRunner(model, self.kv, self.gdn, cfg.linear_conv_kernel, config.backend)
-        self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
+        self.runner.keep_hidden = self.drafting.needs_hidden
         cut = self.gdn is not None and not token_by_token(self.runner.ops())
         self.scheduler = Scheduler(config.max_rows_per_step, config.deferred_budget, config.recovery_chunk,
-                                   StepCostModel(), align=memory.align, cut_for_hits=cut, speculation=speculation)
+                                   StepCostModel(), align=memory.align, cut_for_hits=cut,
+                                   speculation=self.drafting.initial())
         # not yet at TP > 1: capturing the NCCL collectives of a step has not been run on a multi-GPU host
         if config.cuda_graphs and self.device.type == "cuda" and config.backend in ("auto", "flex", "fla") \
                 and model.tp is None:
             self.runner.use_graphs(capture=True)      # engine/graphs.py; never on the CPU
         # every time the engine measures (step costs for the TPOT objective, turn metrics, recovery times)
-        self.clock: Callable[[], float] = self._clock(time.perf_counter)
+        self.clock: Callable[[], float] = rank_clock(time.perf_counter, model.tp, mirror)
         self.audit_gdn_join = False       # keep every joined token's factors (tests, audits)
         self.caches: dict[str, SessionCache] = {}
         self.turns: dict[str, TurnRequest] = {}          # session -> its turn whose answer is streaming
@@ -113,20 +113,8 @@ class EngineCore:
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure with `clock` from now on (thread CPU time in a benchmark, a simulated clock in a test),
         with a fresh step-cost model: its samples must share one clock."""
-        self.clock = self._clock(clock)
+        self.clock = rank_clock(clock, self.model.tp, self.mirror)
         self.scheduler.cost = StepCostModel()
-
-    def _clock(self, clock: Callable[[], float]) -> Callable[[], float]:
-        """`clock`, or on a tensor-parallel rank rank 0's reading of it: ranks must take the same
-        scheduling decisions, which depend on measured times (parallel/group.py `shared`). Rank 0 of
-        ranks it started shares its readings inside the calls its replicas replay, and only there."""
-        if self.model.tp is None:
-            return clock
-        shared = self.model.tp.shared(clock)
-        mirror = self.mirror
-        if mirror is None:
-            return shared
-        return lambda: shared() if mirror.replaying() else clock()
 
     def replicate(self, op: str, *args: Any, required: bool = True) -> AbstractContextManager[None]:
         """The body is call `op(*args)` of the facade or a session: on rank 0 of worker ranks the engine
@@ -144,19 +132,7 @@ class EngineCore:
 
     def speculate(self, num_tokens: int | None) -> None:
         """Up to `num_tokens` drafts per decode step from now on (None: none), by the engine's drafter."""
-        if num_tokens is not None and self.drafter is None:
-            raise InvalidInputError("this engine was loaded without speculative decoding (EngineConfig.speculative)")
-        self.scheduler.speculation = None if num_tokens is None else \
-            Speculation(self.drafter, num_tokens, self.model_config.vocab_size)
-
-    def _tell_drafter(self, tell: Callable[[Drafter], None]) -> None:
-        """`tell(drafter)`, if there is a drafter; its failure is logged, never raised: the engine's own state
-        has changed already, and drafts only save steps."""
-        if self.drafter is not None:
-            try:
-                tell(self.drafter)
-            except Exception:
-                log.exception("the drafter failed")
+        self.scheduler.speculation = self.drafting.speculation(num_tokens)
 
     # ---------------------------------------------------------------- stepping
     def has_work(self) -> bool:
@@ -172,7 +148,7 @@ class EngineCore:
         """What a step's update found ended: failed turns are undone, ended turns' recoveries go on in
         the gaps, complete recoveries are finished."""
         for cache in result.grown:          # first: a failed turn's pages hold valid K/V all the same
-            self._publish(cache)
+            publish(self.prefix, self.kv, self.gdn, cache, cache.session in self.scratches)
         for req, logits in result.forked:   # before the parent's end: a branch copies its cache as it stands
             self.fork(req, logits)
         for req, error in result.failed:
@@ -182,19 +158,6 @@ class EngineCore:
         for cache, rec in result.recovered:
             if cache.recovery is rec:       # not undone with a failed turn meanwhile
                 self.finish_recovery(cache)
-
-    def _publish(self, cache: SessionCache) -> None:
-        """Hand the cache's newly completed full pages to the prefix cache, with the GDN state after the last
-        one when the step ended there."""
-        chain = cache.chain
-        states, cache.gdn_checkpoints = cache.gdn_checkpoints, {}    # taken inside this step's prefills
-        if self.prefix is None or cache.session in self.scratches or len(chain.hashes) <= cache.published:
-            return
-        done = len(chain.hashes)
-        if self.gdn is not None and cache.length == done * self.kv.page_size:
-            states[done] = (self.gdn.conv[cache.gdn_slot], self.gdn.ssm[cache.gdn_slot])
-        self.prefix.publish(chain.hashes[:done], cache.table.pages[:done], cache.published, states)
-        cache.published = done
 
     # ---------------------------------------------------------------- sessions
     def open_cache(self, session: str, max_pages: int) -> SessionCache:
@@ -208,7 +171,7 @@ class EngineCore:
         if cache is not None:
             self.scheduler.remove_recovering(cache)
             cache.release()
-            self._tell_drafter(lambda d: d.release(session))
+            self.drafting.release(session)
 
     @contextmanager
     def scratch_session(self, rows: TurnInput) -> Iterator[SessionCache]:
@@ -264,7 +227,7 @@ class EngineCore:
                 child = request.branch(i, self.open_cache(sid, cache.table.max_pages), admission.constraints[i])
                 request.branches.append(child)
                 child.cache.table.reserve(context % self.kv.page_size + request.params.max_new_tokens)
-            cache.table.reserve(admission.slots - self._reuse_prefix(request))
+            cache.table.reserve(admission.slots - reuse_prefix(self.prefix, self.kv.page_size, request))
             if deferred is not None:
                 join = None
                 if self.gdn is not None:
@@ -289,20 +252,6 @@ class EngineCore:
         cache.turns += 1
         self.turns[cache.session] = request
         self.scheduler.add(request)
-
-    def _reuse_prefix(self, request: TurnRequest) -> int:
-        """A new session's turn starts on the longest prefix of its input the prefix cache holds (at least
-        its last row is run: its logits give the first token). Returns the rows served from the cache."""
-        cache, rows = request.cache, request.input
-        if self.prefix is None or cache.length or cache.pending_ids or rows.row_keys is None:
-            return 0
-        hit = self.prefix.match(rows.row_keys, len(rows) - 1)
-        if hit is None:
-            return 0
-        n = len(hit.pages) * self.kv.page_size
-        cache.adopt(hit, rows.row_keys[:n], rows.token_ids[:n])
-        request.skip_cached(n)
-        return n
 
     def end_turn(self, request: TurnRequest) -> None:
         """The answer is over (stop, length, cancel): what is left of D is recovered in the gaps."""
@@ -384,7 +333,7 @@ class EngineCore:
         again (docs/mechanism.md §10.4), and goes on in the gaps."""
         self.scheduler.remove_recovering(cache)
         cache.restore(checkpoint)
-        self._tell_drafter(lambda d: d.rollback(cache.session, len(cache.tokens)))
+        self.drafting.rollback(cache.session, len(cache.tokens))
         if cache.recovery is not None:
             self.scheduler.add_recovering(cache)
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
@@ -29,34 +27,26 @@ from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError
 from ..grammar import Grammars
 from ..inputs import Message, Prompt, VisualInput
-from ..models import DecoderLM, build_decoder
-from ..models.loader import load_decoder_weights
-from ..models.shipped import resolve_model_path
+from ..models import DecoderLM
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks
 from ..parallel.group import RankGroup
-from ..parallel.handoff_parts import merge_payloads, merge_results, payload_part, result_part, to_cpu
 from ..parallel.workers import WorkerRanks
-from ..pruning.settings import load_selector_options
 from ..speculative.drafter import Drafter
-from ..speculative.mtp import MtpDrafter
-from . import residual
 from .core import EngineCore
 from .cost_model import StepCostModel
 from .engine_lock import EngineLock
 from .forward_logits import scratch_logits, sequence_rows
 from .graphs import StepGraphs
+from .handoff_verbs import HandOffVerbs
 from .hooks import StepStats
 from .mirror import Mirror, replay_commands
 from .plan import StepPlan
-from .rank_start import rank_group
+from .pretrained import load_pretrained
 from .scheduler import Scheduler
 from .session import Session, TurnStream
 from .session_cache import SessionCache
 from .stepper import Stepper
-
-log = logging.getLogger(__name__)
-T = TypeVar("T", ResidualPayload, ResidualResult)
 
 
 class Engine:
@@ -88,6 +78,7 @@ class Engine:
                                None if ranks is None else Mirror(ranks))
         self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
         self.stepper = Stepper(self.core, self.lock)
+        self.handoff = HandOffVerbs(self.core, self.stepper, self.lock)     # engine/handoff_verbs.py
         self.sessions: dict[str, Session] = {}
         if ranks is not None:      # no worker rank outlives its engine, closed or not
             atexit.register(_close_ranks, weakref.ref(self))
@@ -178,39 +169,7 @@ class Engine:
         """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present).
         `drafter`: what proposes draft tokens when `speculative` is on (default: the n-gram drafter, or the
         checkpoint's MTP head for method "mtp")."""
-        from ..multimodal.chat import ChatFormatter
-        from ..multimodal.vision import VisionEncoder
-
-        folder = resolve_model_path(path)
-        config = EngineConfig(device=device, dtype=dtype, **engine_options)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        model_config = ModelConfig.from_folder(folder)
-        if config.tensor_parallel_size > 1 and (drafter is not None or config.speculative.method == "mtp"):
-            # the replicas of rank 0 build their drafter from the settings alone, and the MTP head reads the
-            # whole vocabulary, which the ranks split
-            raise InvalidInputError("speculative decoding at tensor_parallel_size > 1 takes method 'ngram' only "
-                                    "(an MTP head or a drafter object is not split across ranks yet)")
-        ranks, tp = rank_group(folder, model_config, config, engine_options, serve_rank)
-        try:
-            # a tensor-parallel rank builds and loads only its shard
-            model = build_decoder(model_config, tp, config.expert_parallel).to(device=config.device,
-                                                                               dtype=config.torch_dtype)
-            others = load_decoder_weights(model, folder, model_config.tie_word_embeddings)
-            vision = None
-            if model_config.has_vision and any(k.startswith(("model.visual.", "visual.")) for k in others):
-                vision = VisionEncoder.from_checkpoint(folder, model_config.raw, others, config.device,
-                                                       config.torch_dtype)
-            formatter = ChatFormatter.from_checkpoint(folder)
-            if drafter is None and config.speculative.method == "mtp":     # the checkpoint's MTP head
-                drafter = MtpDrafter.from_checkpoint(folder, model, config)    # NoMtpHeadError without one
-            log.info("loaded %s from %s (%s, %s)", model_config.family, folder, device, dtype)
-            return cls(model, model_config, config, formatter=formatter, vision=vision,
-                       selector_options=load_selector_options(folder), drafter=drafter, ranks=ranks)
-        except BaseException:
-            if ranks is not None:
-                ranks.close()
-            raise
+        return load_pretrained(cls, path, device, dtype, drafter, engine_options, serve_rank)
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
@@ -352,31 +311,23 @@ class Engine:
         return self.core.hooks.on_recovery_done(hook)
 
     # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
+    # under the engine lock, across the engine's ranks: engine/handoff_verbs.py
     def hold_residual(self, session: Session, *, fuse: bool = True) -> int | None:
         """Reserve the session's current recovery for a deferred worker: local gap recovery leaves it
         alone, and fused chunks during the answer run only with `fuse`. Returns the recovery's ticket (its
         turn index), or None when nothing is left."""
-        with self.lock, self.core.replicate("hold_residual", session.id, fuse):
-            rec = session.cache.recovery
-            if rec is None or rec.done:
-                return None
-            rec.hold(fuse)
-            return rec.turn
+        return self.handoff.hold(session, fuse)
 
     def export_residual(self, session: Session, ticket: int, have: torch.Tensor | None = None) -> ResidualPayload:
         """What the held recovery's remaining rows may see (every non-GEN slot's K/V, the GDN prefix state)
         and the rows, as soon as the turn's I0 is prefilled (before that, or once the recovery is not held
         or over: RecoveryStateError). `have`: positions in the session's cache of context rows the receiver
         already holds; they are not shipped."""
-        with self.lock, self.core.replicate("export_residual", session.id, ticket, have):
-            return self._whole(residual.export(self.core, session.cache, ticket, have), merge_payloads)
+        return self.handoff.export(session, ticket, have, self.replicated)
 
     def prefill_residual(self, payload: ResidualPayload) -> ResidualResult:
         """Deferred-worker side: prefill the payload's rows on top of its context (a scratch session)."""
-        with self.lock, self.core.replicate("prefill_residual", payload):
-            if self.replicated:
-                payload = payload_part(payload, self.model_config, self.model.tp.shard)
-            return self._whole(residual.prefill(self.stepper, payload), merge_results)
+        return self.handoff.prefill(payload, self.replicated)
 
     def apply_residual(self, session: Session, ticket: int, result: ResidualResult) -> Joined | None:
         """Join a deferred worker's result: the rows it covers that are not restored yet (fused chunks may
@@ -384,30 +335,12 @@ class Engine:
         the answer streams and no chunk may join now (a policy without fused chunks, or the guard): call
         again later. RecoveryStateError (nothing applied) when the recovery named by `ticket` is no longer
         held (taken back, finished locally, an earlier turn's) or the result was made for another one."""
-        with self.lock, self.core.replicate("apply_residual", session.id, ticket, result):
-            if self.replicated:
-                result = result_part(result, self.model_config, self.model.tp.shard)
-            return residual.apply(self.stepper, session.cache, ticket, result)
+        return self.handoff.apply(session, ticket, result, self.replicated)
 
     def take_back(self, session: Session, ticket: int) -> bool:
         """The deferred worker failed or timed out: the engine recovers the rest locally (a recovery is
         never lost) and refuses a result that comes later. False when that recovery is no longer held."""
-        with self.lock, self.core.replicate("take_back", session.id, ticket):
-            rec = session.cache.recovery
-            if rec is None or rec.turn != ticket or not rec.held:
-                return False
-            rec.take_back()
-            self.wake()
-            return True
-
-    def _whole(self, part: T, merge: Callable[[list[T], ModelConfig], T]) -> T:
-        """A hand-off's payload or result as this engine ships it: its own, or on ranks an engine started,
-        every rank's part merged on rank 0 (whole heads, for a receiver of any tensor_parallel_size;
-        parallel/handoff_parts.py). A replica gets None back (nobody reads it)."""
-        if not self.replicated:
-            return part
-        parts = self.model.tp.gather_object(to_cpu(part))
-        return None if parts is None else merge(parts, self.model_config)
+        return self.handoff.take_back(session, ticket)
 
     # ---------------------------------------------------------------- session-free forward
     def forward_logits(self, input_ids: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import RankFailedError
+from ..parallel.group import RankGroup
 from ..parallel.workers import WorkerRanks, next_command
 
 # the facade (engine/engine.py), which no module of the engine package imports: a replica's calls are its
@@ -75,6 +76,18 @@ class Mirror:
             raise
         finally:
             self._inside.call = False
+
+
+def rank_clock(clock: Callable[[], float], tp: RankGroup | None, mirror: Mirror | None) -> Callable[[], float]:
+    """`clock`, or on a tensor-parallel rank (`tp`) rank 0's reading of it: ranks must take the same
+    scheduling decisions, which depend on measured times (parallel/group.py `shared`). Rank 0 of ranks it
+    started (`mirror`) shares its readings inside the calls its replicas replay, and only there."""
+    if tp is None:
+        return clock
+    shared = tp.shared(clock)
+    if mirror is None:
+        return shared
+    return lambda: shared() if mirror.replaying() else clock()
 
 
 def _session(engine: Engine, sid: str) -> Any:

@@ -1,4 +1,5 @@
-"""The engine's hand-off verbs: a turn's deferred residual prefilled on another worker (docs/mechanism.md §8).
+"""What the engine's hand-off verbs do: a turn's deferred residual prefilled on another worker (docs/mechanism.md
+§8). The facade's verbs run these under the engine lock and across its ranks (engine/handoff_verbs.py).
 
 Decode side: `Recovery.hold` keeps local gap recovery off a recovery (and, if asked, fused chunks too),
 `export` ships what its remaining rows may see (once the turn's I0 is in; a receiver that holds part of

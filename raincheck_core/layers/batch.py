@@ -16,7 +16,7 @@ import torch
 from ..cache.kv_pool import KVPool
 from ..ops.attention import AttentionLayout
 from ..ops.backend import OpSet
-from ..ops.flex_attention import FlexLayout
+from ..ops.flex_layout import FlexLayout
 from ..ops.gdn_step import GDNStep
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch.profiler import ProfilerActivity, profile
 
-from .flex_attention import STAMP, FlexLayout
+from .flex_layout import STAMP, FlexLayout
 
 
 @dataclass

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from . import fla_adapter, gdn_kernel, gdn_state_map, gdn_varlen, native
 from .attention import AttentionLayout, attention_layout, varlen_attention
-from .flex_attention import FlexLayout, flex_layout, flex_varlen_attention
+from .flex_attention import flex_varlen_attention
+from .flex_layout import FlexLayout, flex_layout
 from .gdn import Replayed, replay
 from .gdn_op_types import RowsOp, VarlenOp
 from .gdn_step import COPIED, IN_PLACE, FusedGDN, GDNLayerOp, GDNStep, GroupedGDN

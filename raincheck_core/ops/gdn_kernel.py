@@ -1,6 +1,6 @@
 """The Python side of the native Gated DeltaNet kernels (csrc/gated_deltanet.c, built and loaded by
 ops/native.py): the buffers it writes (`GDNBuffers`), its calls prepared once per step over a step's
-packed sequences as it reads them (`GDNKernel` over ops/gdn_layout.py's `PackedSequences`), one-layer
+packed sequences as it reads them (`GDNKernel` over ops/gdn_sequences.py's `PackedSequences`), one-layer
 calls (`gated_deltanet`; and `gated_deltanet_varlen` / `gated_deltanet_rows`, the native side of
 ops/gdn_varlen.py's ops of those names, with their signatures) and the fold of tokens into affine state
 maps (`fold_maps_`).
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from . import native
-from .gdn_layout import PackedSequences, VarlenLayout
+from .gdn_layout import VarlenLayout
+from .gdn_sequences import PackedSequences
 
 # packed rows from which a call splits its heads among torch's threads: a long prefill's; below, starting
 # threads beside torch's own (which spin a while after each op) cost more than they save (a test file of

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gdn_layout import PackedSequences, VarlenLayout, varlen_layout
+from .gdn_layout import VarlenLayout, varlen_layout
 from .gdn_op_types import VarlenOp
+from .gdn_sequences import PackedSequences
 
 
 @dataclass

@@ -26,9 +26,10 @@ from torch import Tensor
 
 from ..cache.gdn_state import GDNStatePool
 from .gdn_kernel import GDNBuffers, GDNKernel
-from .gdn_layout import PackedSequences, VarlenLayout, fused_sequences
+from .gdn_layout import VarlenLayout
 from .gdn_op_types import RowsOp, VarlenOp
 from .gdn_rows import RowCaptures, states_at_rows
+from .gdn_sequences import PackedSequences, fused_sequences
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import torch
 from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
-from raincheck_core.ops.flex_attention import MAX_STEP, flex_layout, flex_varlen_attention, tables_of
+from raincheck_core.ops.flex_attention import flex_varlen_attention
+from raincheck_core.ops.flex_layout import MAX_STEP, flex_layout, tables_of
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
 

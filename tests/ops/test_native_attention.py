@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raincheck_core.ops import backend, gdn_kernel, gdn_layout, native
+from raincheck_core.ops import backend, gdn_kernel, gdn_sequences, native
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.paged_attention import paged_attention, paged_segments
 
@@ -90,13 +90,13 @@ def test_gdn_kernel_refuses_rows_it_would_read_out_of_bounds():
     u, g, beta = torch.randn(5, channels), torch.rand(5, heads), torch.rand(5, heads)
     args = (torch.randn(channels, 4), torch.randn(1, 3, channels), torch.zeros(1, heads, d, d), 2)
     out = torch.empty(5, heads, d)
-    gdn_kernel.gated_deltanet(u, g, beta, None, *args, gdn_layout.packed_sequences([5], [None], None), out)
+    gdn_kernel.gated_deltanet(u, g, beta, None, *args, gdn_sequences.packed_sequences([5], [None], None), out)
     for source in (torch.arange(1, 6), torch.tensor([0, 1, 2, 3, -1])):    # a row past u; an appended row, none given
         with pytest.raises(ValueError, match="do not match"):
-            gdn_kernel.gated_deltanet(u, g, beta, None, *args, gdn_layout.packed_sequences([5], [None], source), out)
+            gdn_kernel.gated_deltanet(u, g, beta, None, *args, gdn_sequences.packed_sequences([5], [None], source), out)
     # a slot past the one-slot pools, as a sequence's start or as a join's live state
-    for seqs in (gdn_layout.packed_sequences([5], [None], None, slots=[1]),
-                 gdn_layout.packed_sequences([5], [None], None, joins=[(0, 1)])):
+    for seqs in (gdn_sequences.packed_sequences([5], [None], None, slots=[1]),
+                 gdn_sequences.packed_sequences([5], [None], None, joins=[(0, 1)])):
         with pytest.raises(ValueError, match="do not match"):
             gdn_kernel.gated_deltanet(u, g, beta, None, *args, seqs, out, (torch.zeros(1, heads, d, d),) * 2)
 

@@ -1,0 +1,353 @@
+"""Where a packed step's attention reads on FlexAttention (ops/flex_attention.py runs the call): the
+step's `FlexLayout`, built once per step on the host and read by every attention layer.
+
+The segments of a step are the batch dimension of the call, grouped by query length: one-row segments
+(decode rows) run as one batch of 1-row queries, longer segments (prefill chunks, deferred chunks) as
+batches of queries padded to a power of two, in tiles of `Q_TILE` rows. The keys are the layer's pool
+itself, `[1, kv_heads, slots, d]` (a view: nothing is copied out of it), and FlexAttention's KV block is
+the pool's page, so a segment's block list is the list of pages its readable slots sit on, in order:
+the kernel reads those pages where they are (the paged-attention layout of
+`torch.nn.attention.experimental._paged_attention`, with the pages of the segment's own read list instead
+of a per-sequence page table, and nothing of `[rows, keys]` size). A page every row of a tile may read
+whole is a *full* block (no mask evaluated); the others (a session's last, partly filled page, the pages
+holding a segment's own rows, pages a deferred chunk must skip some of) are *partial* blocks, where
+`mask_mod` decides per slot from per-slot tables of the pool (`SlotTables`) and a few numbers per
+segment:
+- a slot this step writes for the same segment (its own rows) is seen causally by row index;
+- a slot after the segment's last own slot on that slot's page was claimed later (or not at all);
+- a slot a deferred chunk must not see (docs/mechanism.md §4: its turn's generated tokens) is marked in
+  the `hidden` table for this step; every other slot on the segment's pages it may read.
+That is the bottom-right causal rule of ops/attention.py over each segment's readable list.
+
+The layout is built from the plan's slot lists with vectorised torch ops (a few passes over the keys
+read, then work per page run and query tile; one table write per row written, and slot by slot only the
+pages a deferred chunk skips slots of). Kept apart from the kernel call and its compile management
+because it is host-side work a step does once; it imports only torch (`python -m bench.attention
+--against REV` loads it by itself, as it was at a git revision, to time two builds).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
+
+# Query rows per tile of a multi-row group: an eighth of the query bucket, at most Q_TILE. A partly used
+# tile computes its padded rows too; a segment of n rows is in the bucket q with q / 2 < n <= q, so it pads
+# at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
+# GEMMs larger and its K/V re-reads (once per tile) fewer.
+Q_TILE = 16
+# block-list columns per query tile, at least: the kernel is specialised on the lists' strides, so a pool
+# whose sessions stay under this many pages (4K tokens of 16-slot pages) compiles one kernel per shape
+MIN_COLS = 256
+# A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
+# segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
+STAMP = 1 << 16
+# `_hide` tallies the segments listing a slot in multiples of this, those whose pages hold it in units
+LISTED = 1 << 20
+MAX_STEP = 1 << 31
+
+
+def bucket(n: int) -> int:
+    """A padded size: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+class SlotTables:
+    """Per-slot tables of one KV pool that each step's layout writes for the slots it touches: `writer` the
+    stamp (`step * STAMP + segment`) times `STAMP` plus the row index of the row writing the slot this
+    step, `hidden` the step's number on slots a deferred chunk of this step may not read. Entries of older
+    steps carry older stamps, so nothing is cleared. Kept per pool (`tables_of`), outside the step's
+    layout: graph capture copies a layout's tensors each step, and these are the pool's."""
+
+    def __init__(self, slots: int, page_size: int, device: torch.device | str):
+        self.slots = slots
+        self.page_size = page_size
+        self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
+        # `_hide`'s, on the host where it works: a tally per slot (zero between steps), a mark per page
+        self.tally = torch.zeros(slots, dtype=torch.long)
+        self.page_mark = torch.full((slots // page_size,), -1, dtype=torch.long)
+        self.step = 0
+        # block-list columns per tile: the most pages a segment has read, as a power of two, at least
+        # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
+        self.cols = MIN_COLS
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tables_of(pool: object, slots: int, page_size: int, device: torch.device | str) -> SlotTables:
+    """The slot tables of `pool` (any object owning a KV cache; built on first use, dropped with it)."""
+    t = _TABLES.get(pool)
+    if t is None or t.slots != slots or t.page_size != page_size:
+        t = _TABLES[pool] = SlotTables(slots, page_size, device)
+    return t
+
+
+@dataclass
+class FlexGroup:
+    """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
+    flat buffers (`_block_lists`) and the BlockMask is made from them at each call (`block_mask`), so that
+    a captured graph's static group, whose tensors later steps are copied into, is what the call reads.
+    Every tensor's shape follows from the group's segments bucket and query bucket alone."""
+
+    q_rows: Tensor          # [N * q] packed row of each padded query position (0 for padding)
+    out_rows: Tensor        # [N * q] where each position's output goes: its packed row, or R (dropped) for padding
+    stamp: Tensor           # [N] each segment's stamp (`SlotTables.writer`), -1 for padding segments
+    last: Tensor            # [N] each segment's last own slot (its readable list's last)
+    filtered: Tensor        # [N] the segment's list skips slots on its pages (a deferred chunk after GEN)
+    rows: Tensor            # [N] real query rows
+    step: Tensor            # [1] the step's number (`SlotTables.hidden`)
+    partial_num: Tensor     # [N, 1, tiles] pages each tile reads under the mask ...
+    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`_block_lists`)
+    full_num: Tensor        # [N, 1, tiles] pages each tile reads whole, no mask ...
+    full_idx: Tensor        # ... which
+    q: int                  # query bucket
+    tile: int               # query rows per tile
+    cols: int               # block-list columns per tile (a bucket of the longest list)
+
+    def block_mask(self, tables: SlotTables) -> BlockMask:
+        n, tiles, pages = self.stamp.shape[0], self.q // self.tile, tables.slots // tables.page_size
+        page_size, writer, hidden = tables.page_size, tables.writer, tables.hidden
+        stamp, last, filtered, rows, step = self.stamp, self.last, self.filtered, self.rows, self.step
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            w = writer[kv_idx]
+            own = (w // STAMP) == stamp[b]
+            lb = last[b]
+            later = (kv_idx > lb) & (kv_idx < (lb // page_size + 1) * page_size)
+            skipped = filtered[b] & (hidden[kv_idx] == step[0])
+            return torch.where(own, (w % STAMP) <= q_idx, ~later & ~skipped) & (q_idx < rows[b])
+
+        def wide(buf: Tensor) -> Tensor:
+            return buf.as_strided((n, 1, tiles, pages), (tiles * self.cols, tiles * self.cols, self.cols, 1))
+
+        return BlockMask.from_kv_blocks(self.partial_num, wide(self.partial_idx), self.full_num, wide(self.full_idx),
+                                        BLOCK_SIZE=(self.tile, page_size), mask_mod=mask_mod,
+                                        seq_lengths=(self.q, tables.slots), compute_q_blocks=False)
+
+
+class SegmentLengths:
+    """Per segment of a step, its rows and readable keys: what the accounting (ops/attention_accounting.py)
+    reads, never the forward. Not a dataclass, so that graph capture (engine/graphs.py) does not take these
+    plain values, which change every decode step, as part of a step's shape."""
+
+    def __init__(self, q: list[int], k: list[int]):
+        self.q = q
+        self.k = k
+
+
+@dataclass(frozen=True)
+class FixedGroups:
+    """A step's groups fixed by its caller rather than by its segments' rows: a padded decode step's
+    (engine/padding.py), so that every step of a bucket has the same group shapes and one graph skeleton
+    (engine/graphs.py). `query[s]` is the query bucket of segment s's group, 0 where the segment is not
+    attended (padding rows: no row reads their outputs, which are zero); `size[q]` the segments of group
+    q (at least those it holds)."""
+
+    query: list[int]
+    size: dict[int, int]
+
+
+@dataclass
+class FlexLayout:
+    """Built once per step, read by every attention layer of the step."""
+
+    write_slots: Tensor     # [R] the slot each packed row's K/V goes to
+    groups: list[FlexGroup]
+    tables: SlotTables      # the pool's (not a dataclass: graph capture leaves it alone)
+    lengths: SegmentLengths
+
+    @property
+    def q_lens(self) -> list[int]:
+        return self.lengths.q
+
+    @property
+    def k_lens(self) -> list[int]:
+        return self.lengths.k
+
+
+def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
+                device: torch.device | str = "cpu", pool: object | None = None,
+                fixed: FixedGroups | None = None) -> FlexLayout:
+    """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
+    slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
+    `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says."""
+    if pool is None:
+        raise ValueError("the flex layout reads the pool in place: it needs the pool")
+    slots, page_size = pool.k.shape[1], pool.page_size
+    tables = tables_of(pool, slots, page_size, device)
+    if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
+        for table in (tables.writer, tables.hidden, tables.page_mark):
+            table.fill_(-1)
+        tables.step = 0
+    tables.step += 1
+    step = tables.step
+    n_seg = len(q_lens)
+    q_len = torch.tensor(q_lens, dtype=torch.long)
+    k_len = torch.tensor([s.shape[0] for s in read_slots], dtype=torch.long)
+    if bool((k_len < q_len).any()):
+        raise ValueError("each segment reads at least its own rows' slots")
+    if n_seg >= STAMP or int(q_len.max()) >= STAMP:
+        raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
+    flat = torch.cat(read_slots).cpu().long()       # a few passes over the keys read, nothing per segment
+    k_start = k_len.cumsum(0) - k_len
+    last = flat[k_start + k_len - 1]
+    # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
+    stamps = step * STAMP + torch.arange(n_seg)
+    row_in_seg = torch.arange(int(q_len.sum())) - torch.repeat_interleave(q_len.cumsum(0) - q_len, q_len)
+    code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
+    tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
+    # the pages each segment reads, in order: runs of one page within one segment's list
+    page = flat // page_size
+    begins = torch.ones(flat.shape, dtype=torch.bool)
+    begins[1:] = page[1:] != page[:-1]
+    begins[k_start] = True
+    first = begins.nonzero().flatten()
+    count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
+    seg = torch.searchsorted(k_start, first, right=True) - 1
+    runs = Runs(seg=seg, page=page[first], count=count, last_rank=first + count - 1 - k_start[seg])
+    filtered = _hide(tables, step, flat, k_start, k_len, last, runs)
+    segs = Segments(q_len, k_len, stamps, last, filtered)
+    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
+    sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
+    groups = []
+    for q, size in sizes.items():
+        ids = [s for s, at in enumerate(query) if at == q]
+        if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
+            raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
+        groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
+    return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
+
+
+@dataclass
+class Runs:
+    """The pages a step's segments read: one entry per run of one page in one segment's list."""
+
+    seg: Tensor             # the segment
+    page: Tensor            # the page
+    count: Tensor           # slots of the page in the list
+    last_rank: Tensor       # the rank of the run's last slot in the segment's list
+
+
+@dataclass
+class Segments:
+    """Per segment of the step, in plan order."""
+
+    q_len: Tensor
+    k_len: Tensor
+    stamp: Tensor
+    last: Tensor            # the last slot of each list (the segment's last own row)
+    filtered: Tensor        # the list skips slots on its pages
+
+
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_start: Tensor, k_len: Tensor, last: Tensor,
+          runs: Runs) -> Tensor:
+    """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
+    deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
+    segments skip any. A list from its session's first slot covers every slot of its pages up to its last
+    unless it skips some: the segments whose counts say so are *filtered*, and of them only the pages
+    some list skips slots of (a run shorter than its page) are looked at slot by slot, all in one pass.
+    The table holds one view per slot and step, so filtered segments that read such a page (two chunks of
+    one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
+    lists is refused."""
+    page_size = tables.page_size
+    pages = torch.bincount(runs.seg, minlength=k_len.shape[0])
+    filtered = k_len != (pages - 1) * page_size + last % page_size + 1
+    if not bool(filtered.any()):
+        return filtered
+    final = torch.ones(runs.seg.shape, dtype=torch.bool)
+    final[:-1] = runs.seg[1:] != runs.seg[:-1]          # a segment's last run: the page of its last slot
+    mine = filtered[runs.seg]
+    whole = torch.where(final, last[runs.seg] % page_size + 1, page_size)       # a run's slots, skipping none
+    tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
+    at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
+    seg, count = runs.seg[at], runs.count[at]
+    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
+    spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
+    starts = k_start[seg] + runs.last_rank[at] - count + 1                         # each run's first in `flat`
+    listed = flat[torch.repeat_interleave(starts - (count.cumsum(0) - count), count)
+                  + torch.arange(int(count.sum()))]
+    # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
+    # tallied in the pool's table, which is left zero again
+    tally = tables.tally
+    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
+    tally.index_put_((listed,), torch.full_like(listed, LISTED), accumulate=True)
+    held = tally[spans]
+    tally[spans], tally[listed] = 0, 0
+    skipped = held % LISTED > held // LISTED
+    if bool((skipped & (held >= LISTED)).any()):
+        raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
+    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
+    return filtered
+
+
+def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
+           device: torch.device | str) -> FlexGroup:
+    """The group of segments `ids` (query bucket `q`), padded to `n` segments."""
+    tile = min(Q_TILE, max(1, q // 8))
+    tiles = q // tile
+    sel = torch.tensor(ids, dtype=torch.long)
+    where = torch.full((segs.q_len.shape[0],), -1, dtype=torch.long)
+    where[sel] = torch.arange(len(ids))
+    in_group = where[runs.seg] >= 0
+    pos, page, count = where[runs.seg[in_group]], runs.page[in_group], runs.count[in_group]
+    last_rank = runs.last_rank[in_group]
+    # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks
+    # < k - n + i + 1. A page is listed when the tile's last row sees its first listed slot, and read
+    # whole (no mask) when the page is whole in the list and the tile's first row sees its last slot.
+    n_rows, k_keys = segs.q_len[sel][pos], segs.k_len[sel][pos]
+    lo = torch.arange(tiles)[None] * tile
+    hi = torch.minimum(lo + tile, n_rows[:, None])                          # [runs, tiles]
+    base = (k_keys - n_rows)[:, None]
+    listed = (lo < n_rows[:, None]) & ((last_rank - count + 1)[:, None] < base + hi)
+    full = listed & (count == tables.page_size)[:, None] & (last_rank[:, None] < base + lo + 1)
+    pages = tables.slots // tables.page_size
+    per_tile = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, listed.long())
+    tables.cols = max(tables.cols, bucket(max(1, int(per_tile.max()))))
+    partial_num, partial_idx = _block_lists(listed & ~full, pos, page, n, tiles, pages, tables.cols)
+    full_num, full_idx = _block_lists(full, pos, page, n, tiles, pages, tables.cols)
+
+    def pad(t: Tensor, fill: int) -> Tensor:
+        out = torch.full((n,), fill, dtype=t.dtype)
+        out[:len(ids)] = t
+        return out.to(device)
+
+    qi = torch.arange(q)
+    real = torch.zeros(n, q, dtype=torch.bool)
+    real[:len(ids)] = qi[None, :] < segs.q_len[sel][:, None]
+    rows = torch.zeros(n, q, dtype=torch.long)
+    rows[:len(ids)] = (segs.q_len.cumsum(0) - segs.q_len)[sel][:, None] + qi[None, :]
+    rows = rows.flatten() * real.flatten()
+    out_rows = torch.where(real.flatten(), rows, int(segs.q_len.sum()))
+    return FlexGroup(
+        q_rows=rows.to(device), out_rows=out_rows.to(device),
+        stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
+        rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
+        partial_num=partial_num.to(device), partial_idx=partial_idx.to(device), full_num=full_num.to(device),
+        full_idx=full_idx.to(device), q=q, tile=tile, cols=tables.cols)
+
+
+def _block_lists(use: Tensor, pos: Tensor, page: Tensor, n: int, tiles: int, pages: int,
+                 cols: int) -> tuple[Tensor, Tensor]:
+    """`kv_num_blocks [n, 1, tiles]` and the flat buffer of `kv_indices` (`cols` per tile) for the runs
+    `use [runs, tiles]` marks (runs in order within each segment `pos`).
+    The indices' last dimension must span the pool's pages (FlexAttention checks the key length against
+    it), but the kernel reads only each tile's first `kv_num_blocks` entries: the indices are a strided
+    view (`FlexGroup.block_mask`) over `n * tiles * cols` entries plus the tail the view's last row spans,
+    so the buffer grows with the blocks listed, not with the pool."""
+    marked = use.long()
+    counts = torch.zeros(n, tiles, dtype=torch.long).index_add_(0, pos, marked)
+    # each listed run's column: the listed runs of its (segment, tile) before it (runs are in segment
+    # order: the runs listed before it in the group less those before its segment's first run)
+    before = marked.cumsum(0) - marked
+    runs_of = torch.bincount(pos, minlength=n)
+    rank = before - before[(runs_of.cumsum(0) - runs_of)[pos]]
+    at = (pos[:, None] * tiles + torch.arange(tiles)[None]) * cols + rank
+    buf = torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
+    buf[at[use]] = page[:, None].expand_as(use)[use].to(torch.int32)
+    return counts.to(torch.int32).view(n, 1, tiles), buf
