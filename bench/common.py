@@ -12,7 +12,7 @@ import math
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -228,6 +228,13 @@ def summarise(turns: list[TurnStats]) -> dict:
                prompt_tokens=last.prompt_tokens, restoring_steps=last.restoring_steps)
     out["raw"] = [{k: v for k, v in asdict(t).items() if k != "steps"} for t in turns]
     return out
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table: a line of `header`'s cells, the separator, a line per row (each cell as str)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

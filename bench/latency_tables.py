@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .common import ratio
+from .common import markdown_table, ratio
 
 if TYPE_CHECKING:
     from .latency import GapRow
@@ -27,77 +27,73 @@ def _slo(x: float | None) -> str:
 
 
 def policy_table(results: dict[str, dict]) -> str:
-    lines = ["| model | arm | prefill rows | TTFT ms (×full) | mean TPOT ms (×full; paired; step est.) | "
-             "TPOT restoring ms | E2E ms (×full) | D restored before end | completion ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for family, res in results.items():
-        for a, s in res.items():
-            lines.append(
-                f"| {family} | {a} | {s['prompt_tokens']} | {_ms(s['ttft_s'])} ({_x(s['ttft_ratio'])}) | "
-                f"{_ms(s['tpot_s'], 2)} ({_x(s['tpot_ratio'])}; {_x(s['tpot_ratio_paired'])}; "
-                f"{_x(s['tpot_steps_ratio'])}) | {_ms(s['tpot_restoring_s'], 2)} | "
-                f"{_ms(s['e2e_s'], 0)} ({_x(s['e2e_ratio'])}) | "
-                f"{_pct(s['restored_before_end'])} of {s['deferred_tokens']} | {_ms(s['completion_s'])} |")
-    return "\n".join(lines)
+    header = ["model", "arm", "prefill rows", "TTFT ms (×full)", "mean TPOT ms (×full; paired; step est.)",
+              "TPOT restoring ms", "E2E ms (×full)", "D restored before end", "completion ms"]
+    return markdown_table(header, (
+        [family, a, s["prompt_tokens"], f"{_ms(s['ttft_s'])} ({_x(s['ttft_ratio'])})",
+         f"{_ms(s['tpot_s'], 2)} ({_x(s['tpot_ratio'])}; {_x(s['tpot_ratio_paired'])}; {_x(s['tpot_steps_ratio'])})",
+         _ms(s["tpot_restoring_s"], 2), f"{_ms(s['e2e_s'], 0)} ({_x(s['e2e_ratio'])})",
+         f"{_pct(s['restored_before_end'])} of {s['deferred_tokens']}", _ms(s["completion_s"])]
+        for family, res in results.items() for a, s in res.items()))
 
 
 def objective_table(sweep: dict) -> str:
     """Also the TPOT over the turn's own median plain step, what the objective bounds (a turn with D
     pending has dearer plain steps than full's: the ratio to full is the objective times that)."""
     full_plain = sweep["full"]["plain_median_s"]
-    lines = ["| tpot_slo | mean TPOT ×full (paired; step est.) | median TPOT ÷ own plain step | own plain step ×full | "
-             "D restored before end | chunk steps | TTFT ×full | completion ms |", "|---|---|---|---|---|---|---|---|"]
-    for row in sweep["rows"]:
-        lines.append(f"| {_slo(row['objective'])} | {_x(row['tpot_ratio'])} ({_x(row['tpot_ratio_paired'])}; "
-                     f"{_x(row['tpot_steps_ratio'])}) | {_x(ratio(row['tpot_s_median'], row['plain_median_s']))} | "
-                     f"{_x(ratio(row['plain_median_s'], full_plain))} | {_pct(row['restored_before_end'])} | "
-                     f"{row['restoring_steps']} | {_x(row['ttft_ratio'])} | {_ms(row['completion_s'])} |")
-    return "\n".join(lines)
+    header = ["tpot_slo", "mean TPOT ×full (paired; step est.)", "median TPOT ÷ own plain step",
+              "own plain step ×full", "D restored before end", "chunk steps", "TTFT ×full", "completion ms"]
+    return markdown_table(header, (
+        [_slo(row["objective"]),
+         f"{_x(row['tpot_ratio'])} ({_x(row['tpot_ratio_paired'])}; {_x(row['tpot_steps_ratio'])})",
+         _x(ratio(row["tpot_s_median"], row["plain_median_s"])), _x(ratio(row["plain_median_s"], full_plain)),
+         _pct(row["restored_before_end"]), row["restoring_steps"], _x(row["ttft_ratio"]), _ms(row["completion_s"])]
+        for row in sweep["rows"]))
 
 
 def chunk_table(sweep: dict) -> str:
-    lines = ["| c (rows/step) | mean TPOT ×full (step est.), fused / serial | compute floor | "
-             "plain step ms | c-row step ms, fused / serial | extra ms (fused) | fused/serial (p20) | "
-             "chunk steps |", "|---|---|---|---|---|---|---|---|"]
-    for row in sweep["rows"]:
+    header = ["c (rows/step)", "mean TPOT ×full (step est.), fused / serial", "compute floor", "plain step ms",
+              "c-row step ms, fused / serial", "extra ms (fused)", "fused/serial (p20)", "chunk steps"]
+
+    def cells(row: dict) -> list[object]:
         f, s = row["fused"], row.get("serial")
         serial = f"{_x(s['tpot_ratio'])} ({_x(s['tpot_steps_ratio'])})" if s else "–"
-        lines.append(
-            f"| {row['chunk']} ({row['chunk'] + 1}) | {_x(f['tpot_ratio'])} ({_x(f['tpot_steps_ratio'])}) / "
-            f"{serial} | {_x(f['tpot_floor'])} | {_ms(row['plain_median_s'], 2)} | "
-            f"{_ms(row['chunk_median_s'], 2)} / {_ms(row.get('serial_chunk_median_s'), 2)} | "
-            f"{_ms(row['extra_s'], 2)} | {_x(row.get('fused_over_serial'))} "
-            f"({_x(row.get('fused_over_serial_steps'))}) | {f['restoring_steps']} |")
-    return "\n".join(lines)
+        return [f"{row['chunk']} ({row['chunk'] + 1})",
+                f"{_x(f['tpot_ratio'])} ({_x(f['tpot_steps_ratio'])}) / {serial}", _x(f["tpot_floor"]),
+                _ms(row["plain_median_s"], 2),
+                f"{_ms(row['chunk_median_s'], 2)} / {_ms(row.get('serial_chunk_median_s'), 2)}",
+                _ms(row["extra_s"], 2),
+                f"{_x(row.get('fused_over_serial'))} ({_x(row.get('fused_over_serial_steps'))})", f["restoring_steps"]]
+    return markdown_table(header, map(cells, sweep["rows"]))
 
 
 def retention_table(sweep: dict) -> str:
-    lines = ["| retention | prefill rows / deferred | TTFT ×full | mean TPOT ×full (step est.) | "
-             "D restored before end | E2E ×full | completion ms |", "|---|---|---|---|---|---|---|"]
-    for row in sweep["rows"]:
-        lines.append(f"| {row['retention']} | {row['prompt_tokens']} / {row['deferred_tokens']} | "
-                     f"{_x(row['ttft_ratio'])} | {_x(row['tpot_ratio'])} ({_x(row['tpot_steps_ratio'])}) | "
-                     f"{_pct(row['restored_before_end'])} | {_x(row['e2e_ratio'])} | {_ms(row['completion_s'])} |")
-    return "\n".join(lines)
+    header = ["retention", "prefill rows / deferred", "TTFT ×full", "mean TPOT ×full (step est.)",
+              "D restored before end", "E2E ×full", "completion ms"]
+    return markdown_table(header, (
+        [row["retention"], f"{row['prompt_tokens']} / {row['deferred_tokens']}", _x(row["ttft_ratio"]),
+         f"{_x(row['tpot_ratio'])} ({_x(row['tpot_steps_ratio'])})", _pct(row["restored_before_end"]),
+         _x(row["e2e_ratio"]), _ms(row["completion_s"])]
+        for row in sweep["rows"]))
 
 
 def think_table(rows: list[GapRow]) -> str:
-    lines = ["| arm | think time s | turn-1 TTFT ms | turn-1 mean TPOT ms | D restored before end | "
-             "barrier wait ms, turn 2 / 3 |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.arm} | {r.think_s:g} | {_ms(r.ttft_s)} | {_ms(r.tpot_s, 2)} | "
-                     f"{_pct(r.restored_before_end)} | {_ms(r.barrier_wait_s[0])} / {_ms(r.barrier_wait_s[1])} |")
-    return "\n".join(lines)
+    header = ["arm", "think time s", "turn-1 TTFT ms", "turn-1 mean TPOT ms", "D restored before end",
+              "barrier wait ms, turn 2 / 3"]
+    return markdown_table(header, (
+        [r.arm, f"{r.think_s:g}", _ms(r.ttft_s), _ms(r.tpot_s, 2), _pct(r.restored_before_end),
+         f"{_ms(r.barrier_wait_s[0])} / {_ms(r.barrier_wait_s[1])}"]
+        for r in rows))
 
 
 def gdn_table(rows: list[dict]) -> str:
-    lines = ["| layer (value heads × Dk × Dv) | suffix n | online P update µs/token (1-token call) | "
-             "GDN state step µs | join µs | join rel. error | error without join |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['shape']} ({r['heads']}×{r['dk']}×{r['dv']}) | {r['suffix']} | "
-                     f"{r['extend_us_per_token']:.0f} ({r['extend_call_us']:.0f}) | {r['state_step_us']:.0f} | "
-                     f"{r['join_us']:.0f} | {r['join_rel_err']:.1e} | {r['stale_rel_err']:.2f} |")
-    return "\n".join(lines)
+    header = ["layer (value heads × Dk × Dv)", "suffix n", "online P update µs/token (1-token call)",
+              "GDN state step µs", "join µs", "join rel. error", "error without join"]
+    return markdown_table(header, (
+        [f"{r['shape']} ({r['heads']}×{r['dk']}×{r['dv']})", r["suffix"],
+         f"{r['extend_us_per_token']:.0f} ({r['extend_call_us']:.0f})", f"{r['state_step_us']:.0f}",
+         f"{r['join_us']:.0f}", f"{r['join_rel_err']:.1e}", f"{r['stale_rel_err']:.2f}"]
+        for r in rows))
 
 
 CROSS_CHECKS = {"ttft_ratio": ("ttft_ratio_paired", "median of same-round ratios"),
@@ -111,7 +107,7 @@ CROSS_CHECKS = {"ttft_ratio": ("ttft_ratio_paired", "median of same-round ratios
 
 def goal_table(head: dict, goals: dict[str, float]) -> str:
     """Each goal (`goals`: name -> upper bound) the run measured, its cross-check, and whether both meet it."""
-    lines = ["| goal | target | measured | cross-check | met |", "|---|---|---|---|---|"]
+    rows = []
     for key, target in goals.items():
         if head.get(key) is None:
             continue
@@ -121,5 +117,5 @@ def goal_table(head: dict, goals: dict[str, float]) -> str:
         met = sum(v <= target for v in values)
         verdict = "yes" if met == len(values) else "no" if met == 0 else "on one of the two"
         check = f"{fmt.format(values[1])} ({what})" if len(values) > 1 else "–"
-        lines.append(f"| {key} | ≤ {target:g} | {fmt.format(values[0])} | {check} | {verdict} |")
-    return "\n".join(lines)
+        rows.append([key, f"≤ {target:g}", fmt.format(values[0]), check, verdict])
+    return markdown_table(["goal", "target", "measured", "cross-check", "met"], rows)
