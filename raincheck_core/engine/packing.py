@@ -51,6 +51,15 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
                 embeds.append(None)
                 positions.append([])
             run_rows[-1] += seg.rows
+            if seg.kind is Kind.DECODE:     # most rows of a decode step: one row, written out
+                tokens.append(seg.token)
+                positions[-1].append(seg.position)
+                if seg.sample:
+                    logit_rows.append(row)
+                if keep_hidden:
+                    hidden_rows.append(row)
+                row += 1
+                continue
             tokens += seg.tokens
             positions[-1] += range(seg.position, seg.position + seg.rows)
         elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)

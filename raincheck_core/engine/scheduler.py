@@ -222,8 +222,10 @@ class Scheduler:
         leaves besides it). Where it could carry both, the one of higher expected value takes its rows
         first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
         joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13)."""
-        drafts = self.speculation.drafts(req, room) if self.speculation is not None else ()
         limit = min(deferred_budget, room)
+        if self.speculation is None:
+            return (), fused_rows(req, fit, limit)
+        drafts = self.speculation.drafts(req, room)
         alone = fused_rows(req, fit, limit, take=False) if drafts else 0
         exclusive = bool(drafts) and join_pending(req.cache)
         if alone and not drafts_win(prices, len(drafts), acceptance(req.drafts_accepted, req.drafts_tried), alone,
