@@ -117,13 +117,14 @@ class PageTable:
     def ahead(self, offset: int, n: int) -> torch.Tensor:
         """Slot ids of the `n` slots `offset` past the filled ones, reserving pages for them as needed;
         the length does not move (a step claims slots when it is planned and fills them if it runs)."""
-        self.reserve(offset + n)
         start = self.length + offset
+        if start + n > len(self._slot_np):     # past the reserved pages (a decode row rarely is)
+            self.reserve(offset + n)
         return self.reserved_slot(start) if n == 1 else self.reserved_slots(start, start + n)
 
     def advance(self, n: int) -> None:
         """`n` more slots are filled (their pages were reserved by `ahead` or `reserve`)."""
-        if self.pages_needed(n):
+        if self.length + n > len(self._slot_np):
             raise InvalidInputError(f"advancing by {n} slots past the reserved pages")
         self.length += n
 
