@@ -96,6 +96,7 @@ class PageTable:
         self.pages: list[int] = []
         self.length = 0
         self._slot_ids = torch.empty(0, dtype=torch.long)   # of every reserved slot, rebuilt as pages come
+        self._slot_np = self._slot_ids.numpy()             # the same memory: a numpy slice is a tenth of a tensor's
         self._page_slots: dict[int, tuple[torch.Tensor, ...]] = {}    # `reserved_slot`'s views, by page
 
     def pages_needed(self, n: int) -> int:
@@ -116,13 +117,14 @@ class PageTable:
     def ahead(self, offset: int, n: int) -> torch.Tensor:
         """Slot ids of the `n` slots `offset` past the filled ones, reserving pages for them as needed;
         the length does not move (a step claims slots when it is planned and fills them if it runs)."""
-        self.reserve(offset + n)
         start = self.length + offset
+        if start + n > len(self._slot_np):     # past the reserved pages (a decode row rarely is)
+            self.reserve(offset + n)
         return self.reserved_slot(start) if n == 1 else self.reserved_slots(start, start + n)
 
     def advance(self, n: int) -> None:
         """`n` more slots are filled (their pages were reserved by `ahead` or `reserve`)."""
-        if self.pages_needed(n):
+        if self.length + n > len(self._slot_np):
             raise InvalidInputError(f"advancing by {n} slots past the reserved pages")
         self.length += n
 
@@ -183,10 +185,10 @@ class PageTable:
 
     def reserved_slots(self, start: int, end: int) -> torch.Tensor:
         """Slot ids of `[start, end)` within the reserved pages (filled or not); a view, not a copy."""
-        reserved = self._slot_ids.shape[0]
+        reserved = len(self._slot_np)
         if not 0 <= start <= end <= reserved:
             raise InvalidInputError(f"slot range [{start}, {end}) outside the {reserved} reserved slots")
-        return self._slot_ids[start:end]
+        return torch.from_numpy(self._slot_np[start:end])
 
     def reserved_slot(self, i: int) -> torch.Tensor:
         """Slot id `i` of the reserved ones as a one-element tensor: a view of its page's ids made once per
@@ -204,6 +206,7 @@ class PageTable:
         ps = self.pool.page_size
         pages = torch.tensor(self.pages, dtype=torch.long)
         self._slot_ids = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()
+        self._slot_np = self._slot_ids.numpy()
         self._page_slots = {}
 
     def release(self) -> None:

@@ -16,7 +16,7 @@ from .padding import Padded
 from .plan import Kind, Segment
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)     # not frozen: a frozen init costs 4x, and a step makes one per segment
 class Placed:
     """A segment as the step's tensors hold it: where its rows start and which GDN group runs them."""
 

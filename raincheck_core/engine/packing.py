@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.int_lists import long_tensor
 from .padding import Padded
 from .plan import ANSWERING, Kind, StepPlan
 
@@ -50,6 +51,15 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
                 embeds.append(None)
                 positions.append([])
             run_rows[-1] += seg.rows
+            if seg.kind is Kind.DECODE:     # most rows of a decode step: one row, written out
+                tokens.append(seg.token)
+                positions[-1].append(seg.position)
+                if seg.sample:
+                    logit_rows.append(row)
+                if keep_hidden:
+                    hidden_rows.append(row)
+                row += 1
+                continue
             tokens += seg.tokens
             positions[-1] += range(seg.position, seg.position + seg.rows)
         elif seg.kind is Kind.PADDING:      # rows of no session (engine/padding.py)
@@ -73,12 +83,12 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
         ds_rows.append(torch.zeros(n, dtype=torch.long))
         ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
     if tokens:
-        ids = torch.tensor(tokens, dtype=torch.long, device=embed.weight.device)
+        ids = long_tensor(tokens, embed.weight.device)
         with torch.inference_mode():
             looked_up = embed(ids)
         for at, e in zip(runs, looked_up.split(run_rows), strict=True):
             embeds[at] = e
-            positions[at] = torch.tensor(positions[at], dtype=torch.long).expand(3, -1)
+            positions[at] = long_tensor(positions[at]).expand(3, -1)
     return PackedRows(
         torch.cat(embeds), torch.cat(positions, dim=1), starts, logit_rows, hidden_rows,
         torch.cat(ds_rows) if ds_rows else None,

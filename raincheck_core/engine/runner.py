@@ -33,6 +33,7 @@ from ..layers.batch import ForwardBatch
 from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
+from ..ops.int_lists import long_tensor
 from .gdn_inputs import Placed, gdn_step
 from .graphs import NotCaptured, StepGraphs
 from .packing import pack_rows
@@ -199,10 +200,10 @@ class ModelRunner:
                                                      padded)
         batch = ForwardBatch(
             embeds=rows.embeds, positions=rows.positions.to(self.device), kv=self.kv, ops=ops, attention=attention,
-            gdn=gdn, logit_rows=torch.tensor(rows.logit_rows, dtype=torch.long, device=self.device),
+            gdn=gdn, logit_rows=long_tensor(rows.logit_rows, self.device),
             deepstack_rows=None if rows.deepstack_rows is None else rows.deepstack_rows.to(self.device),
             deepstack=rows.deepstack,
-            hidden_rows=torch.tensor(rows.hidden_rows, dtype=torch.long, device=self.device) if self.keep_hidden
+            hidden_rows=long_tensor(rows.hidden_rows, self.device) if self.keep_hidden
             else None,
         )
         return StepInputs(batch, placed)

@@ -159,7 +159,11 @@ class Scheduler:
         scratch = [w for w in self.scratch if shared or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
         plan = StepPlan()
-        decoding = [r for r in running if r.decoding][:budget]
+        decoding: list[TurnView] = []
+        prefilling: list[TurnView] = []
+        for r in running:       # `decoding` is a property: read once a turn
+            (decoding if r.decoding else prefilling).append(r)
+        decoding = decoding[:budget]
         fit = _Fit(self.cost, decoding)
         prices = Prices.of(self.cost, len(decoding), self.recovery_chunk) if self.speculation is not None else None
         for req in decoding:
@@ -171,8 +175,8 @@ class Scheduler:
             plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
             budget -= 1 + len(drafts) + c
             deferred_budget -= c
-        for req in running:
-            if not req.decoding and budget > 0:
+        for req in prefilling:
+            if budget > 0:
                 ahead = ahead_rows(req, min(self.recovery_chunk, budget - req.input_remaining))
                 if ahead:
                     plan.segments.append(deferred_segment(req.cache, ahead, Kind.RECOVERY, ahead=True))
@@ -218,8 +222,10 @@ class Scheduler:
         leaves besides it). Where it could carry both, the one of higher expected value takes its rows
         first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
         joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13)."""
-        drafts = self.speculation.drafts(req, room) if self.speculation is not None else ()
         limit = min(deferred_budget, room)
+        if self.speculation is None:
+            return (), fused_rows(req, fit, limit)
+        drafts = self.speculation.drafts(req, room)
         alone = fused_rows(req, fit, limit, take=False) if drafts else 0
         exclusive = bool(drafts) and join_pending(req.cache)
         if alone and not drafts_win(prices, len(drafts), acceptance(req.drafts_accepted, req.drafts_tried), alone,

@@ -148,6 +148,9 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             cache.recovery.slots.append(seg.write_slots)
             continue
         req = sessions.turn(seg.session)
+        if seg.kind in ANSWERING:       # a decoding turn's rows: nothing begins
+            req.fed(seg.rows, now)
+            continue
         was_prefilling = not req.decoding
         req.fed(seg.rows, now)
         if not was_prefilling or not req.decoding:

@@ -9,9 +9,12 @@ too (the deferred-prefill join, docs/mechanism.md §5; see ops/gdn_varlen.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+
+from .int_lists import long_tensor
 
 
 @dataclass
@@ -103,7 +106,7 @@ def packed_sequences(lengths: list[int], splits: list[int | None], source: torch
     parts = [rows, starts, lengths, [-1 if p is None else p for p in splits], split_index, slots,
              [seq for seq, _ in joins], [live for _, live in joins], seed_hists or [], seed_states or [],
              outs, split_outs]
-    flat = torch.tensor([v for part in parts for v in part], dtype=torch.long)
+    flat = long_tensor([v for part in parts for v in part])
     (source_t, start_t, len_t, split_t, index_t, slot_t, join_t, live_t, hist_t,
      state_t, out_t, split_out_t) = flat.split([len(part) for part in parts])
     return PackedSequences(
@@ -135,6 +138,12 @@ def fused_sequences(first: PackedSequences | None, then: PackedSequences | None)
         raise ValueError("fused_sequences: the sequences after the joins have none of their own, nor appended rows")
     if any(part is not None and part.live is not None for part in (first, then)):
         raise ValueError("fused_sequences: the native kernel runs every row (no idle rows)")
+    # one group alone is already that call (a decode-only step: 64 sessions' lists rebuilt cost ~0.1 ms)
+    if first is None and then is not None:
+        return dataclasses.replace(then, joins_after=0)
+    if then is None and first is not None and first.out_row is not None and first.seed_hist_at is None \
+            and first.seed_state_at is None:
+        return first
     lengths, splits, source, slots, outs, split_outs = [], [], [], [], [], []
     buffered = 0
     for part in (first, then):

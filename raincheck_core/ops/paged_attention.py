@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from . import native
+from .int_lists import long_tensor
 
 
 @dataclass
@@ -28,8 +29,8 @@ def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
     reads = [read_slots[s] for s in ids]
     # one tensor of the three per-segment lists, and one cat of the slot lists: a decode step has a segment
     # per session, so nothing here is done per segment beyond reading its length
-    k_len, q_start, q_len = torch.tensor([[r.shape[0] for r in reads], [starts[s] for s in ids],
-                                          [q_lens[s] for s in ids]], dtype=torch.long)
+    k_len, q_start, q_len = long_tensor([*(r.shape[0] for r in reads), *(starts[s] for s in ids),
+                                         *(q_lens[s] for s in ids)]).view(3, -1)
     keys = torch.cat(reads).to(device="cpu", dtype=torch.long).contiguous()
     if bool((k_len < q_len).any()) or int(keys.min()) < 0:
         raise ValueError("each segment reads at least its own rows' slots, and slot ids are not negative")

@@ -299,3 +299,24 @@ def test_attention_of_a_lone_segment_over_consecutive_slots_reads_a_view(n, past
         assert (layout.groups[0].span is not None) == bool((read.diff() == 1).all())
         out = varlen_attention(q, k, v, k_cache, v_cache, layout)
         assert float((out - reference_attention(q, k_cache, v_cache, read)).abs().max()) <= 1e-5
+
+
+def _fields(seqs) -> dict:
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in vars(seqs).items()}
+
+
+def test_one_group_is_already_the_fused_call():
+    """A step with one GDN group only (decode rows alone, or chunks alone) hands that group's sequences to the
+    kernel as they are: the same fields the two groups' merge builds for them."""
+    from raincheck_core.ops.gdn_sequences import fused_sequences, packed_sequences
+    slots, outs = [0, 6, 2, 8], [1, 7, 3, 9]
+    decode = packed_sequences([1] * 4, [None] * 4, [3, 5, 7, 9], slots, seeds=([-1, 0, -1, -1], [-1, 0, -1, 1]),
+                              out_rows=(outs, []))
+    merged = packed_sequences([1] * 4, [None] * 4, [3, 5, 7, 9], slots, [], ([-1, 0, -1, -1], [-1, 0, -1, 1]),
+                              joins_after=0, out_rows=(outs, []))
+    assert _fields(fused_sequences(None, decode)) == _fields(merged)
+    chunks = packed_sequences([5, 4], [3, None], [0, 1, 2, 3, 4, -1, -2, -3, 5], [4, 2], joins=[(0, 6)],
+                              out_rows=([-1, 3], [5]))
+    again = packed_sequences([5, 4], [3, None], [0, 1, 2, 3, 4, -1, -2, -3, 5], [4, 2], [(0, 6)], (None, None),
+                             joins_after=2, out_rows=([-1, 3], [5]))
+    assert _fields(fused_sequences(chunks, None)) == _fields(again)
