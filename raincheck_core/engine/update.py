@@ -227,9 +227,18 @@ def _rows(t: torch.Tensor | None, n: int) -> list[torch.Tensor | None]:
 def text_row_keys(segments: list[Segment]) -> dict[Segment, np.ndarray]:
     """The prefix cache's descriptions of answer segments' rows (text rows, as `turn_input.row_keys` writes
     them: token, its position thrice), by segment: one array for the step, a view of it each."""
-    keys = np.zeros((sum(seg.rows for seg in segments), ROW_KEY_WIDTH), dtype=np.int64)
-    keys[:, 0] = [t for seg in segments for t in seg.tokens]
-    keys[:, 1:4] = np.array([p for seg in segments for p in range(seg.position, seg.position + seg.rows)])[:, None]
+    tokens: list[int] = []
+    positions: list[int] = []
+    for seg in segments:
+        if seg.rows == 1:       # a decode row (most of them): no tuple or range per row
+            tokens.append(seg.token)
+            positions.append(seg.position)
+        else:
+            tokens += seg.tokens
+            positions += range(seg.position, seg.position + seg.rows)
+    keys = np.zeros((len(tokens), ROW_KEY_WIDTH), dtype=np.int64)
+    keys[:, 0] = tokens
+    keys[:, 1:4] = np.array(positions, dtype=np.int64)[:, None]
     at = itertools.accumulate((seg.rows for seg in segments), initial=0)
     return {seg: keys[a:b] for seg, (a, b) in zip(segments, itertools.pairwise(at), strict=True)}
 

@@ -106,3 +106,20 @@ def test_a_steps_row_maxima_are_each_plain_greedy_draw():
     assert Sampler(SamplingParams(logprobs=True)).from_maximum(maxima[0]) is None
     assert Sampler(SamplingParams(repetition_penalty=1.2), context=[1]).from_maximum(maxima[0]) is None
     assert Sampler(SamplingParams(temperature=0.7)).from_maximum(maxima[0]) is None
+
+
+def test_row_maxima_on_the_cpu_equal_torchs_reduction():
+    """The CPU's vectorised path finds what torch's `max(dim=-1)` finds, bit for bit: first index on ties,
+    NaN before anything, rows of -inf, several +inf, a strided view."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(9, 300, generator=g).round(decimals=1)     # rounded: many ties
+    logits[1, [4, 9]] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, [2, 8]] = float("inf")
+    logits[4, 5] = -0.0
+    for case in (logits, logits[:, ::3], logits.t().contiguous().t(), logits.double()):
+        values, indices = case.max(dim=-1)
+        expected = list(zip(values.tolist(), indices.tolist(), strict=True))
+        got = row_maxima(case)
+        assert [i for _, i in got] == [i for _, i in expected]
+        assert all(a == b or (math.isnan(a) and math.isnan(b)) for (a, _), (b, _) in zip(got, expected, strict=True))
