@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x̂` in fp32 over the last dim, before any weight (a norm's `scale` applies it)."""
     return F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
 
 
@@ -20,7 +21,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * _normalize(x, self.eps).to(x.dtype)
+        if x.dtype == self.weight.dtype == torch.float32:
+            # in fp32 torch's rms_norm with the weight is `scale(normalize(x))` bit for bit, in one call
+            # instead of four ops (not in bf16 or fp16, where it rounds differently)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.scale(normalize(x, self.eps), self.weight, x.dtype)
+
+    @staticmethod
+    def scale(x_hat: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`normalize`'s fp32 `x̂` times `weight` (broadcast over its leading dims), in `dtype`."""
+        return weight * x_hat.to(dtype)
 
 
 class OffsetRMSNorm(nn.Module):
@@ -32,7 +42,12 @@ class OffsetRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_normalize(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return self.scale(normalize(x, self.eps), self.weight, x.dtype)
+
+    @staticmethod
+    def scale(x_hat: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`normalize`'s fp32 `x̂` times `1 + weight` (broadcast over its leading dims), in `dtype`."""
+        return (x_hat * (1.0 + weight.float())).to(dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -44,5 +59,5 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        y = self.weight * _normalize(x, self.eps).to(x.dtype)
+        y = RMSNorm.scale(normalize(x, self.eps), self.weight, x.dtype)
         return (y * F.silu(gate.float())).to(x.dtype)
