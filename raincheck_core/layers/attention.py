@@ -49,20 +49,18 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         r, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv_proj(x)          # [r, q | k | v]
-        k_start = h * d * (2 if self.gated else 1)
-        v_start = k_start + kv * d
         gate = None
-        if self.gated:  # laid out per head as [q_h | gate_h]
-            q, gate = qkv[:, :k_start].view(r, h, 2 * d).chunk(2, dim=-1)
-            qk = torch.cat((q, qkv[:, k_start:v_start].view(r, kv, d)), dim=1)
+        if self.gated:  # q laid out per head as [q_h | gate_h]
+            q, gate = qkv[:, :2 * h * d].view(r, h, 2 * d).chunk(2, dim=-1)
+            k, v = qkv[:, 2 * h * d:].view(r, 2 * kv, d).split_with_sizes([kv, kv], 1)
+            qk = torch.cat((q, k), dim=1)
             gate = gate.reshape(r, -1)
         else:           # q's and k's heads are side by side already
-            qk = qkv[:, :v_start].view(r, h + kv, d)
+            qk, v = qkv.view(r, h + 2 * kv, d).split_with_sizes([h + kv, kv], 1)
         # q's and k's heads normalized and rotated together: one call of each op per layer, not two
-        qk = apply_rope(self.norm_heads(qk), batch.cos, batch.sin)
-        v = qkv[:, v_start:].view(r, kv, d)
-        out = batch.ops.attention.attend(qk[:, :h], qk[:, h:], v, batch.kv.k[self.attn_index],
-                                         batch.kv.v[self.attn_index], batch.attention)
+        q, k = apply_rope(self.norm_heads(qk), batch.cos, batch.sin).split_with_sizes([h, kv], 1)
+        out = batch.ops.attention.attend(q, k, v, batch.kv.k[self.attn_index], batch.kv.v[self.attn_index],
+                                         batch.attention)
         out = out.reshape(r, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)

@@ -9,10 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` without the call (a dispatch, several per norm) where it would return `x`."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """`x̂` in fp32 over the last dim, before any weight (a norm's `scale` applies it)."""
-    x = x.float()
-    if x.device.type != "cpu":
+    x = _to(x, torch.float32)
+    if not x.is_cpu:
         return F.rms_norm(x, (x.shape[-1],), eps=eps)
     # torch's CPU rms_norm is these ops in this order (x² by pow, mean as sum then division), bit for bit,
     # but it wraps its two Python scalars in tensors at every call: prebuilt, a norm costs ~2/3. addcdiv
@@ -25,11 +30,6 @@ def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 def _scalars(count: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.inference_mode(False):       # usable outside inference mode too (autograd saves them)
         return torch.tensor(float(count), dtype=torch.float32), torch.tensor(eps, dtype=torch.float32)
-
-
-def _to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`x.to(dtype)` without the call where it would return `x` (an op dispatch per norm, 25 a step)."""
-    return x if x.dtype == dtype else x.to(dtype)
 
 
 class RMSNorm(nn.Module):
