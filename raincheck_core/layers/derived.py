@@ -26,7 +26,7 @@ def derived(module: nn.Module, name: str, sources: tuple[torch.Tensor, ...], bui
     carry no gradient)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
         return build()
-    key = tuple(weight_key(t) for t in sources)
+    key = tuple(map(weight_key, sources))
     cached = module.__dict__.get(name)
     if cached is None or cached[0] != key:
         cached = (key, build())

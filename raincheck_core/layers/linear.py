@@ -37,7 +37,7 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     """`F.linear(x, weight, bias)`, through `module`'s prepacked copy of `weight` where that applies
     (fp32 on the CPU, no autograd)."""
     if (not _packing["available"] or torch.is_grad_enabled() or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or x.device.type != "cpu"):
+            or weight.dtype != torch.float32 or not x.is_cpu):
         return F.linear(x, weight, bias)
     try:
         packed = derived(module, "_packed_weight", (weight,),
