@@ -9,7 +9,9 @@ from ..config import ModelConfig
 from ..ops.rope import apply_rope
 from ..parallel.group import RankGroup
 from .batch import ForwardBatch
+from .derived import derived
 from .linear import Linear, MergedLinear
+from .norm import normalize
 from .parallel import RowParallelLinear
 
 
@@ -29,7 +31,7 @@ class Attention(nn.Module):
         bias = cfg.attention_bias
         if tp is None:
             self.heads, self.kv_heads = cfg.num_heads, cfg.num_kv_heads
-            self.qkv_proj = MergedLinear(cfg.hidden_size, parts, bias)
+            self.qkv_proj = MergedLinear(cfg.hidden_size, parts, bias, split=False)
             self.o_proj = Linear(self.heads * d, cfg.hidden_size, bias=bias)
         else:
             heads = tp.shard.even(cfg.num_heads, "the attention heads")
@@ -38,26 +40,36 @@ class Attention(nn.Module):
             kv_rows = [range(kv.start * d, kv.stop * d)]
             self.qkv_proj = MergedLinear(cfg.hidden_size, parts, bias, select={
                 "q_proj": [range(heads.start * d * width, heads.stop * d * width)], "k_proj": kv_rows,
-                "v_proj": kv_rows})
+                "v_proj": kv_rows}, split=False)
             self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, range(heads.start * d, heads.stop * d),
                                             tp, bias=bias)
         self.q_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = norm_cls(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        r = x.shape[0]
-        q, k, v = self.qkv_proj(x)
+        r, h, kv, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)          # [r, q | k | v]
         gate = None
-        if self.gated:  # laid out per head as [q_h | gate_h]
-            q, gate = q.view(r, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+        if self.gated:  # q laid out per head as [q_h | gate_h]
+            q, gate = qkv[:, :2 * h * d].view(r, h, 2 * d).chunk(2, dim=-1)
+            k, v = qkv[:, 2 * h * d:].view(r, 2 * kv, d).split_with_sizes([kv, kv], 1)
+            qk = torch.cat((q, k), dim=1)
             gate = gate.reshape(r, -1)
-        q = self.q_norm(q.reshape(r, self.heads, self.head_dim))
-        k = self.k_norm(k.reshape(r, self.kv_heads, self.head_dim))
-        v = v.reshape(r, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, batch.cos, batch.sin), apply_rope(k, batch.cos, batch.sin)
+        else:           # q's and k's heads are side by side already
+            qk, v = qkv.view(r, h + 2 * kv, d).split_with_sizes([h + kv, kv], 1)
+        # q's and k's heads normalized and rotated together: one call of each op per layer, not two
+        q, k = apply_rope(self.norm_heads(qk), batch.cos, batch.sin).split_with_sizes([h, kv], 1)
         out = batch.ops.attention.attend(q, k, v, batch.kv.k[self.attn_index], batch.kv.v[self.attn_index],
                                          batch.attention)
         out = out.reshape(r, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
+
+    def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
+        """`qk [r, heads + kv_heads, d]`: q's heads scaled by `q_norm`'s weight, k's by `k_norm`'s, as
+        the two norms would (each head's statistic is its own), with their weights side by side."""
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        weight = derived(self, "_qk_norm_weight", (qw, kw),
+                         lambda: torch.cat((qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1))))
+        return self.q_norm.scale(normalize(qk, self.q_norm.eps), weight, qk.dtype)

@@ -33,5 +33,5 @@ class ForwardBatch:
     deepstack: list[torch.Tensor] = field(default_factory=list)   # per level, [len(deepstack_rows), hidden]
     hidden_rows: torch.Tensor | None = None  # rows whose final-norm hidden states the model leaves in `hidden`
     hidden: torch.Tensor | None = None       # [len(hidden_rows), hidden], filled by the model
-    cos: torch.Tensor | None = None          # filled by the model once per step
-    sin: torch.Tensor | None = None
+    cos: torch.Tensor | None = None          # filled by the model once per step (ops/rope.py rope_cos_sin:
+    sin: torch.Tensor | None = None          # [R, 1, rotary_dim], sin with its first half negated)

@@ -10,8 +10,8 @@ blocked layout and multiplies with oneDNN. At the step sizes of a decode batch (
 1.2-1.6x faster than torch's default fp32 matmul (MKL) on the CPUs measured (docs/BENCHMARKS.md,
 "Batching"); at one row both read the weight once and cost about the same (in the engine's decode steps
 the packed path measured slightly faster: 9.8 vs 10.4 ms per step at the 20th percentile). The copy is
-made on first use and again whenever the weight changes (its version counter moves), so training and
-in-place loading stay correct; it doubles the resident size of the decoder's weights, which
+made on first use and again whenever the weight changes (layers/derived.py), so training and in-place
+loading stay correct; it doubles the resident size of the decoder's weights, which
 `RAINCHECK_PACKED_LINEAR=0` avoids.
 """
 
@@ -24,17 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .derived import derived
+
 log = logging.getLogger(__name__)
 ROW_BUCKET = 128
 _packing = {"available": os.environ.get("RAINCHECK_PACKED_LINEAR", "1") != "0"
             and torch.backends.mkldnn.is_available()}
-
-
-def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
-    try:
-        return weight.data_ptr(), weight._version
-    except RuntimeError:        # an inference tensor has no version counter and cannot change later
-        return weight.data_ptr(), -1
 
 
 def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -42,25 +37,26 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     """`F.linear(x, weight, bias)`, through `module`'s prepacked copy of `weight` where that applies
     (fp32 on the CPU, no autograd)."""
     if (not _packing["available"] or torch.is_grad_enabled() or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or x.device.type != "cpu"):
+            or weight.dtype != torch.float32 or not x.is_cpu):
         return F.linear(x, weight, bias)
-    key = _weight_key(weight)
-    cached = module.__dict__.get("_packed_weight")
-    if cached is None or cached[0] != key:
-        try:
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-        except RuntimeError as e:      # a torch build whose oneDNN lacks the op: the plain matmul
-            log.warning("prepacked linear weights unavailable (%s); using torch's matmul", e)
-            _packing["available"] = False
-            return F.linear(x, weight, bias)
-        module.__dict__["_packed_weight"] = cached
-    rows = x.reshape(-1, x.shape[-1])
+    try:
+        packed = derived(module, "_packed_weight", (weight,),
+                         lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    except RuntimeError as e:      # a torch build whose oneDNN lacks the op: the plain matmul
+        log.warning("prepacked linear weights unavailable (%s); using torch's matmul", e)
+        _packing["available"] = False
+        return F.linear(x, weight, bias)
+    # a decode step's input is already `[rows, in]` and needs no padding: no reshape, slice or view then
+    flat = x.dim() == 2
+    rows = x if flat else x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
     padded = _row_bucket(n)
     if padded != n:
         rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])
-    out = torch.ops.mkldnn._linear_pointwise(rows, cached[1], bias, "none", [], "")[:n]
-    return out.view(*x.shape[:-1], out.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    if padded != n:
+        out = out[:n]
+    return out if flat else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _row_bucket(n: int) -> int:
@@ -86,8 +82,11 @@ class MergedLinear(nn.Module):
     a column-parallel projection) names the row ranges of each part this rank holds; None: all of them."""
 
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False,
-                 select: dict[str, list[range]] | None = None):
+                 select: dict[str, list[range]] | None = None, split: bool = True):
+        """`split` False: the forward returns the parts side by side, `[..., sum of parts]`, for a caller
+        that reads adjacent parts as one."""
         super().__init__()
+        self.split_parts = split
         self.full = dict(parts)
         self.select = {p: select[p] if select is not None else [range(n)] for p, n in parts.items()}
         self.parts = {p: sum(len(r) for r in self.select[p]) for p in parts}
@@ -101,8 +100,9 @@ class MergedLinear(nn.Module):
             self._offsets[name] = offset
             offset += size
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return packed_linear(self, x, self.weight, self.bias).split(self.sizes, dim=-1)
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        out = packed_linear(self, x, self.weight, self.bias)
+        return out.split_with_sizes(self.sizes, dim=-1) if self.split_parts else out
 
     def part_names(self) -> list[str]:
         return [f"{p}.{leaf}" for p in self.parts for leaf in (("weight", "bias") if self.bias is not None

@@ -5,6 +5,7 @@ the `AttentionLayout`) and a layer's call (`paged_attention`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -22,6 +23,12 @@ class PagedSegments:
     k_len: torch.Tensor     # [S]
     keys: torch.Tensor      # [sum k_len] readable slot ids, segment after segment
     slot_bound: int         # 1 + the largest slot id: the kernel reads without bounds checks
+
+    @cached_property
+    def kernel_args(self) -> tuple[int, ...]:
+        """The kernel's segment arguments (data pointers, count): the same for every layer of the step."""
+        return (self.q_start.data_ptr(), self.q_len.data_ptr(), self.k_start.data_ptr(), self.k_len.data_ptr(),
+                self.keys.data_ptr(), len(self.q_len))
 
 
 def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
@@ -46,7 +53,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if lib is None:
         raise RuntimeError("the paged-attention kernel is not available (see ops/backend.py select)")
     for t in (q, k_cache, v_cache, out):
-        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        if t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
             raise ValueError(f"paged_attention needs contiguous fp32 CPU tensors, got {t.dtype} {t.device} "
                              f"contiguous={t.is_contiguous()}")
     heads, d = q.shape[1], q.shape[2]
@@ -54,11 +61,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if seg.slot_bound > k_cache.shape[0] or v_cache.shape != k_cache.shape or heads % kv:
         raise ValueError(f"paged_attention: slots up to {seg.slot_bound - 1} in a cache of {k_cache.shape[0]}, "
                          f"or caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} for {heads} heads")
-    status = lib.paged_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), seg.q_start.data_ptr(),
-        seg.q_len.data_ptr(), seg.k_start.data_ptr(), seg.k_len.data_ptr(), seg.keys.data_ptr(), len(seg.q_len),
-        heads, kv, d, d**-0.5)
+    status = lib.paged_attention_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                                     *seg.kernel_args, heads, kv, d, d**-0.5)
     if status != 0:
         raise MemoryError("paged_attention: cannot allocate its scratch buffer")
-
-

@@ -26,19 +26,24 @@ def mrope_axes(rotary_dim: int, section: tuple[int, int, int]) -> torch.Tensor:
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin `[R, rotary_dim]` for 3-D positions `[3, R]`, computed in fp32 and cast to `dtype`."""
+    """cos and sign-folded sin `[R, 1, rotary_dim]` for 3-D positions `[3, R]`, computed in fp32 and cast to
+    `dtype`, as `apply_rope` reads them: once per step, so that each layer's rotation is four ops.
+
+    The first half of sin is negated: rotate-half's `-x2 · sin` is `x2 · -sin` bit for bit (a sign flip
+    is exact), so the rotation needs no negation and no concatenation per layer."""
     pos = positions.to(inv_freq.device).float()[axes]          # [rd/2, R]: each frequency's own axis
     angle = (pos * inv_freq[:, None]).transpose(0, 1)          # [R, rd/2]
     emb = torch.cat((angle, angle), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    sin[:, :angle.shape[1]].neg_()
+    return cos[:, None], sin[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first rotary_dim dims of each head of `x [R, heads, head_dim]`; the rest pass through."""
+    """Rotate the first rotary_dim dims of each head of `x [R, heads, head_dim]` by `rope_cos_sin`'s
+    cos/sin; the rest pass through. `roll` by half swaps the halves: `(x1, x2) -> (x2, x1)`."""
     rd = cos.shape[-1]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    rot, rest = x[..., :rd], x[..., rd:]
-    half = rd // 2
-    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    out = rot * cos + rotated * sin
-    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+    if rd == x.shape[-1]:
+        return x * cos + torch.roll(x, rd // 2, -1) * sin
+    rot = x[..., :rd]
+    return torch.cat((rot * cos + torch.roll(rot, rd // 2, -1) * sin, x[..., rd:]), dim=-1)
