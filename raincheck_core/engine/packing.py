@@ -84,7 +84,7 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
         ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
     if tokens:
         ids = long_tensor(tokens, embed.weight.device)
-        with torch.inference_mode():
+        with torch.no_grad():   # not inference mode: a step's inputs may become a graph's buffers, written later
             looked_up = embed(ids)
         # one run (a step of answer rows only, as most decode steps are): nothing to split
         for at, e in zip(runs, looked_up.split(run_rows) if len(runs) > 1 else (looked_up,), strict=True):

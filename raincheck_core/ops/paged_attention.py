@@ -45,8 +45,9 @@ def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
     k_start = list(itertools.accumulate(k_len, initial=0))[:-1]
     q_start_t, q_len_t, k_start_t, k_len_t = long_tensor([*(starts[s] for s in ids), *q_len, *k_start, *k_len]
                                                          ).view(4, -1)
-    keys = reads[0] if len(reads) == 1 else torch.cat(reads)
-    keys = keys.to(device="cpu", dtype=torch.long).contiguous()
+    # a copy even of one list: the lists are views of the sessions' page tables, and a step's inputs are
+    # its own (a graph's static buffers are written by later steps)
+    keys = torch.cat(reads).to(device="cpu", dtype=torch.long).contiguous()
     low, high = torch.aminmax(keys)
     if int(low) < 0:
         raise ValueError("slot ids are not negative")
