@@ -84,12 +84,18 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
         ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
     if tokens:
         ids = long_tensor(tokens, embed.weight.device)
-        with torch.inference_mode():
+        with torch.no_grad():   # not inference mode: a step's inputs may become a graph's buffers, written later
             looked_up = embed(ids)
-        for at, e in zip(runs, looked_up.split(run_rows), strict=True):
+        # one run (a step of answer rows only, as most decode steps are): nothing to split
+        for at, e in zip(runs, looked_up.split(run_rows) if len(runs) > 1 else (looked_up,), strict=True):
             embeds[at] = e
             positions[at] = long_tensor(positions[at]).expand(3, -1)
     return PackedRows(
-        torch.cat(embeds), torch.cat(positions, dim=1), starts, logit_rows, hidden_rows,
+        _joined(embeds), _joined(positions, dim=1), starts, logit_rows, hidden_rows,
         torch.cat(ds_rows) if ds_rows else None,
         [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
+
+
+def _joined(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """`torch.cat(parts, dim)`, or the one part itself (no copy: the forward only reads its inputs)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)

@@ -4,6 +4,7 @@ the `AttentionLayout`) and a layer's call (`paged_attention`)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -34,15 +35,24 @@ class PagedSegments:
 def paged_segments(ids: list[int], q_lens: list[int], starts: list[int],
                    read_slots: list[torch.Tensor]) -> PagedSegments:
     reads = [read_slots[s] for s in ids]
-    # one tensor of the three per-segment lists, and one cat of the slot lists: a decode step has a segment
-    # per session, so nothing here is done per segment beyond reading its length
-    k_len, q_start, q_len = long_tensor([*(r.shape[0] for r in reads), *(starts[s] for s in ids),
-                                         *(q_lens[s] for s in ids)]).view(3, -1)
+    # one tensor of the four per-segment lists, and one cat of the slot lists: a decode step has a segment
+    # per session, so nothing here is done per segment beyond reading its length (a step's few torch calls
+    # are most of its host time at one session)
+    k_len = [r.shape[0] for r in reads]
+    q_len = [q_lens[s] for s in ids]
+    if any(k < q for k, q in zip(k_len, q_len, strict=True)):
+        raise ValueError("each segment reads at least its own rows' slots")
+    k_start = list(itertools.accumulate(k_len, initial=0))[:-1]
+    q_start_t, q_len_t, k_start_t, k_len_t = long_tensor([*(starts[s] for s in ids), *q_len, *k_start, *k_len]
+                                                         ).view(4, -1)
+    # a copy even of one list: the lists are views of the sessions' page tables, and a step's inputs are
+    # its own (a graph's static buffers are written by later steps)
     keys = torch.cat(reads).to(device="cpu", dtype=torch.long).contiguous()
-    if bool((k_len < q_len).any()) or int(keys.min()) < 0:
-        raise ValueError("each segment reads at least its own rows' slots, and slot ids are not negative")
-    return PagedSegments(q_start=q_start, q_len=q_len, k_start=k_len.cumsum(0) - k_len, k_len=k_len, keys=keys,
-                         slot_bound=int(keys.max()) + 1)
+    low, high = torch.aminmax(keys)
+    if int(low) < 0:
+        raise ValueError("slot ids are not negative")
+    return PagedSegments(q_start=q_start_t, q_len=q_len_t, k_start=k_start_t, k_len=k_len_t, keys=keys,
+                         slot_bound=int(high) + 1)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
