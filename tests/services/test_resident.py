@@ -87,6 +87,7 @@ def test_every_mode_answers_alike_and_resident_context_ships_only_what_is_new(cl
     assert _dialogue(resident_client, "disaggregated") == expected
     assert _dialogue(in_flight_client, "disaggregated") == expected
 
+    _wait(lambda: len(in_flight) == 3)      # a recovery is reported after the join its turn's stream ends on
     for reports in (full, resident, in_flight):
         assert [r.ticket for r in reports] == [0, 2, 3] and all(r.joined == r.rows for r in reports)
     assert all(r.context_shipped == r.context and not r.resident for r in full)
@@ -113,6 +114,8 @@ def test_stale_and_lost_copies_are_never_used(cluster, keeper, ray_address):
     def send(t: int) -> list[int]:
         turn = session.send(turns[t][0], images=turns[t][1], follow_recovery=True, **ANSWER)
         list(turn)
+        # the backend reports a recovery after the join the client's stream ends on: wait for this turn's
+        _wait(lambda: len(reports) > t)
         return turn.final.token_ids
 
     answers = [send(0)]
