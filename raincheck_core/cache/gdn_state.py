@@ -13,6 +13,7 @@ runs on it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,6 +36,11 @@ class SlotStates:
 
     def __setitem__(self, slot: int, value: torch.Tensor) -> None:
         self.rows[self._current[slot]] = value
+
+    @property
+    def slot_nbytes(self) -> int:
+        """Bytes of one slot's row, every layer (from the shape: no view is made)."""
+        return self.rows.element_size() * math.prod(self.rows.shape[1:])
 
     @property
     def shape(self) -> torch.Size:
@@ -83,7 +89,7 @@ class GDNStatePool:
     @property
     def slot_bytes(self) -> int:
         """Bytes of one slot's state (one row of each kind, every layer)."""
-        return self.conv[0].nbytes + self.ssm[0].nbytes
+        return self.conv.slot_nbytes + self.ssm.slot_nbytes
 
     def allocate(self) -> int:
         if not self._free:

@@ -50,7 +50,7 @@ def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
     """The traffic of `step`, prepared by its op set (`step.op`), whose update copies `copies` bytes of
     state besides (engine/runner.py counts them)."""
     pool = step.pool
-    state, hist = pool.ssm[0].nbytes, pool.conv[0].nbytes     # one slot's, every layer
+    state, hist = pool.ssm.slot_nbytes, pool.conv.slot_nbytes     # one slot's, every layer
     slot = state + hist
     layers, heads, dk = pool.ssm.shape[1:4]
     map_bytes = layers * heads * dk * dk * 4    # a join's P, fp32
@@ -66,8 +66,8 @@ def step_traffic(step: GDNStep, copies: int = 0) -> GDNTraffic:
         moved += reads + writes + joins
         # what is gathered out of the pool (the joins' live states too) and placed into it by copies
         each = (0 if in_place.conv else hist) + (0 if in_place.state else state)
-        placed = 0 if seqs.out_row is None else \
-            int((seqs.out_row >= 0).sum()) + int((seqs.split_out_row >= 0).sum())
+        # the sequences and splits whose states go into the pool, not the step's buffers
+        placed = 0 if seqs.out_row is None else seqs.count - seqs.buffered + seqs.splits - seqs.split_buffered
         extra = 2 * (each * (seqs.count + placed) + (0 if in_place.state else seqs.joins * state))
         moved += extra
         copied += extra
