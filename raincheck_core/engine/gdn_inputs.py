@@ -26,6 +26,39 @@ class Placed:
     idle: bool = False    # a padded step's fill of a chunk: idle rows of that chunk's sequence, none of its own
 
 
+class DecodeSteps:
+    """The GDN steps of steps of plain decode rows, kept for later steps that read the same pool rows.
+
+    Such a step's metadata (sequences, kernel arguments) depends only on which pool rows its rows read
+    (each writes its slot's other row) and on the op set, and it holds nothing of the step it served: no
+    factors, no appended rows, no states at chosen rows; its outputs are in the pool or read within the
+    step. A slot's rows alternate, so at a steady batch the same two steps come back in turn; up to
+    `KEEP` are kept, the least recently used dropped first."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, GDNStep] = {}
+
+    def step(self, placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
+             device: torch.device) -> GDNStep:
+        """`gdn_step(placed, ...)` for a step whose placed segments are all one-row decode rows, in order
+        (a padded step, tracked rows or chunks take `gdn_step` itself)."""
+        key = (ops.gdn, kernel, key_heads, device, *gdn.rows(p.segment.gdn_slot for p in placed).read)
+        step = self._kept.pop(key, None)
+        if step is None:
+            step = gdn_step(placed, ops, gdn, kernel, key_heads, device)
+            if len(self._kept) >= self.KEEP:
+                del self._kept[next(iter(self._kept))]
+        self._kept[key] = step
+        return step
+
+
+def plain_decode(placed: list[Placed]) -> bool:
+    """Whether a step's placed segments are decode rows only, none tracked (what `DecodeSteps` keeps)."""
+    return all(p.segment.kind is Kind.DECODE and not p.segment.tracked for p in placed)
+
+
 def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
              device: torch.device, padded: Padded | None = None) -> GDNStep:
     """The step's GDN groups from its placed segments: which pool rows each sequence reads and writes,

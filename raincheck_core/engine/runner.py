@@ -34,7 +34,7 @@ from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from ..ops.int_lists import long_tensor
-from .gdn_inputs import Placed, gdn_step
+from .gdn_inputs import DecodeSteps, Placed, gdn_step, plain_decode
 from .graphs import NotCaptured, StepGraphs
 from .packing import pack_rows
 from .padding import Padded, Scratch, bucket_of, pad
@@ -136,6 +136,7 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         self.ops()      # a backend this machine cannot run (fla without triton) fails at load, not at a step
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
+        self.decode_steps = DecodeSteps()           # the GDN metadata of plain decode steps, reused
         self.padding: Scratch | None = None        # where their padding rows go
         # return the final-norm hidden states of the turns' input and answer rows (`StepOutputs.hidden`), as
         # an MTP drafter reads them (speculative/drafter.py); such steps run eagerly
@@ -196,8 +197,11 @@ class ModelRunner:
         fills = set() if padded is None else set(padded.fills.values())
         placed = [Placed(seg, start, seg.rows > 1 or seg.joins or (padded is not None and seg.kind is Kind.DEFERRED),
                          i in fills) for i, (seg, start) in enumerate(zip(plan.segments, rows.starts, strict=True))]
-        gdn = None if self.gdn is None else gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device,
-                                                     padded)
+        gdn = None
+        if self.gdn is not None:
+            gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device) \
+                if padded is None and plain_decode(placed) else \
+                gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded)
         batch = ForwardBatch(
             embeds=rows.embeds, positions=rows.positions.to(self.device), kv=self.kv, ops=ops, attention=attention,
             gdn=gdn, logit_rows=long_tensor(rows.logit_rows, self.device),

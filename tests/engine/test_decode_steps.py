@@ -1,0 +1,45 @@
+"""Steps of plain decode rows reuse the GDN metadata of an earlier step that read the same pool rows
+(engine/gdn_inputs.py `DecodeSteps`): built twice for a steady batch (a slot's two rows in turn), with the
+same tokens and logits, bit for bit, as building it afresh every step, also once sessions closed and their
+slots went to new sessions."""
+
+from __future__ import annotations
+
+import torch
+
+from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.engine import gdn_inputs
+from raincheck_core.engine.plan import Kind
+
+NEW = 7
+
+
+def _rounds(engine: Engine) -> list[torch.Tensor]:
+    """Two rounds of three sessions decoding side by side (the second round's sessions take the slots the
+    first one's left), each answer's logits."""
+    out = []
+    for r in range(2):
+        sessions = [engine.open_session() for _ in range(3)]
+        turns = [s.turn(Prompt([5 + i + r, 9, 12, 30 + i, 7, 8, 40]),
+                        SamplingParams(max_new_tokens=NEW, ignore_eos=True), return_logits=True)
+                 for i, s in enumerate(sessions)]
+        out += [torch.stack([e.logits for e in t.tokens()]) for t in turns]
+        for s in sessions:
+            s.close()
+    return out
+
+
+def test_decode_steps_reuse_their_gdn_metadata_and_change_nothing(tiny_checkpoints, monkeypatch):
+    engine = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    built, decode_steps = [], []
+    build = gdn_inputs.gdn_step
+    monkeypatch.setattr(gdn_inputs, "gdn_step", lambda *a, **k: built.append(1) or build(*a, **k))
+    engine.on_plan(lambda plan: decode_steps.append(all(s.kind is Kind.DECODE for s in plan.segments)))
+    kept = _rounds(engine)
+    # each round: NEW - 1 steps of three decode rows, whose metadata is built for the first two only
+    assert sum(decode_steps) == 2 * (NEW - 1) and len(built) <= 4
+
+    fresh = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args: build(placed, *args))
+    for a, b in zip(kept, _rounds(fresh), strict=True):
+        assert torch.equal(a, b)
