@@ -36,10 +36,11 @@ def setup_torch(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def build_engine(family: str, workdir: Path, prefix_cache: bool = False) -> Engine:
-    """The `bench` checkpoint's engine; without the prefix cache unless asked (the latency benchmarks run
-    the same prompt again and again: it would serve them from the cache)."""
-    folder = save_random_checkpoint(workdir / family, family, "bench")
+def build_engine(family: str, workdir: Path, prefix_cache: bool = False, size: str = "bench") -> Engine:
+    """The `bench` checkpoint's engine (or the `size` one of models/random_init.py); without the prefix cache
+    unless asked (the latency benchmarks run the same prompt again and again: it would serve them from the
+    cache)."""
+    folder = save_random_checkpoint(workdir / family, family, size)
     return Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=63, prefix_cache=prefix_cache)
 
 

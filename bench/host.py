@@ -1,6 +1,7 @@
 """Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
 
-    python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--profile] [--json PATH]
+    python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--size bench|tiny] [--profile]
+                         [--json PATH]
 
 On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
 host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
@@ -10,7 +11,9 @@ then the engine steps until all have ended; every steady step (all B decoding) i
 time, and so is the model's forward inside it (a hook on the decoder module: its Python and its
 arithmetic), and the host time is the difference. The random `bench` checkpoint's arithmetic is small,
 but only the difference is reported. 20th percentile and median over the steady steps of the rounds.
-`--profile` adds cProfile's top functions of the largest B by time spent outside the forward.
+`--profile` adds cProfile's top functions of the largest B by time spent outside the forward. `--size tiny`
+runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave the CPU's caches
+warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of weights cause.
 
 The random checkpoint has no tokenizer, so the steps above stream no text; a served model's do. The text
 part is measured apart, with the demo model's tokenizer on a long English answer: the host time of one
@@ -66,9 +69,9 @@ def forward_timer(model: torch.nn.Module) -> Iterator[list[float]]:
         post.remove()
 
 
-def prompts(b: int, seed: int = 0) -> list[Prompt]:
+def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
     g = torch.Generator().manual_seed(seed)
-    return [Prompt(torch.randint(16, 2000, (TEXT,), generator=g).tolist()) for _ in range(b)]
+    return [Prompt(torch.randint(16, min(2000, vocab - 16), (TEXT,), generator=g).tolist()) for _ in range(b)]
 
 
 def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int,
@@ -103,12 +106,13 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int,
 
 
 def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str) -> dict[int, dict]:
-    host_steps(engine, prompts(4, seed=99), 8)      # warm-up: allocations, first-use paths
+    vocab = engine.model_config.vocab_size
+    host_steps(engine, prompts(4, seed=99, vocab=vocab), 8)      # warm-up: allocations, first-use paths
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
     with tqdm(total=repeats * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
             for b in bs if r % 2 == 0 else bs[::-1]:
-                steps, forwards = host_steps(engine, prompts(b, seed=r), max_new)
+                steps, forwards = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
                 pooled[b][0].extend(steps)
                 pooled[b][1].extend(forwards)
                 bar.update()
@@ -127,7 +131,7 @@ def profile_outside(engine: Engine, b: int, max_new: int, top: int = 25) -> str:
     """cProfile's top functions by internal time over the steady steps of one batch of `b` turns (the
     forward's own functions are listed too: read the engine's)."""
     profiler = cProfile.Profile()
-    host_steps(engine, prompts(b, seed=7), max_new, profiler)
+    host_steps(engine, prompts(b, seed=7, vocab=engine.model_config.vocab_size), max_new, profiler)
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
     stats.sort_stats("tottime").print_stats(top)
@@ -192,6 +196,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--max-new", type=int, default=None)
+    ap.add_argument("--size", choices=("bench", "tiny"), default="bench",
+                    help="the checkpoint: tiny's forward leaves the caches warm")
     ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -206,13 +212,14 @@ def main(argv: list[str] | None = None) -> None:
     results, profiles = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
-            engine = build_engine(family, Path(tmp), prefix_cache=True)
+            engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size)
             results[family] = measure(engine, args.bs, args.repeats, args.max_new, family)
             if args.profile:
                 profiles[family] = profile_outside(engine, max(args.bs), args.max_new)
     texts = text_costs(POSITIONS, args.repeats) if (TOKENIZER / "tokenizer.json").is_file() else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
-    print(f"\n`{cmd}`: {TEXT}-token text turns, {args.max_new} new tokens, one thread, {args.repeats} rounds; "
+    print(f"\n`{cmd}`: the {args.size} checkpoint, {TEXT}-token text turns, {args.max_new} new tokens, one thread, "
+          f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))
     if texts:
