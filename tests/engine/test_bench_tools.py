@@ -1,5 +1,5 @@
-"""`bench.kernels` and `bench.answers` end to end on small settings: reports carry what the docs read, and
-the answer comparison finds a difference (no timing is asserted)."""
+"""`bench.kernels`, `bench.answers` and `bench.host` end to end on small settings: reports carry what the docs
+read, and the answer comparison finds a difference (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bench import answers, kernels
+from bench import answers, host, kernels
 
 
 def test_kernels_report_has_every_op(tmp_path):
@@ -39,3 +39,16 @@ def test_answers_compare_finds_a_changed_answer(tmp_path, capsys):
     with pytest.raises(SystemExit) as differ:
         answers.main(["--compare", str(a), str(b)])
     assert differ.value.code == 1 and "1 different" in capsys.readouterr().out
+
+
+def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
+    """On the tiny checkpoint (`--size tiny`): each B's steady steps are timed, the forward apart."""
+    threads = torch.get_num_threads()
+    try:
+        host.main(["--bs", "1,3", "--families", "qwen3_vl", "--size", "tiny", "--repeats", "1", "--max-new", "4",
+                   "--json", str(tmp_path / "h.json")])
+    finally:
+        torch.set_num_threads(threads)
+    results = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_vl"]
+    assert set(results) == {"1", "3"}
+    assert all(r["steps"] > 0 and 0 < r["forward_ms_median"] < r["step_ms_median"] for r in results.values())
