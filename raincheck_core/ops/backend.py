@@ -124,13 +124,28 @@ def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype
     if backend == "torch":
         return dataclasses.replace(ops, attention=TORCH_ATTENTION, gdn=TORCH_GDN)
     if backend in ("flex", "fla"):
-        return dataclasses.replace(ops, attention=FLEX_ATTENTION, gdn=fla_gdn() if backend == "fla" else TORCH_GDN)
+        gdn = _triton_fla_gdn() if backend == "fla" else TORCH_GDN
+        return dataclasses.replace(ops, attention=FLEX_ATTENTION, gdn=gdn)
     return ops
 
 
 def accelerated_backend() -> str:
     """What `auto` runs on CUDA: fla's kernels where triton imports, else FlexAttention with torch GDN."""
     return "fla" if fla_adapter.available() else "flex"
+
+
+_triton_fla: list[GDNOps] = []      # `fla_gdn()` once made, while fla's kernels import
+
+
+def _triton_fla_gdn() -> GDNOps:
+    """`fla_gdn()`, made once: a step's op set is asked for every step, and the same GDN ops each time let a
+    plain decode step reuse an earlier step's metadata (engine/gdn_inputs.py `DecodeSteps`, keyed on them).
+    Where fla's kernels do not import, `fla_gdn` raises, naming what is missing."""
+    if not fla_adapter.available():
+        return fla_gdn()
+    if not _triton_fla:
+        _triton_fla.append(fla_gdn())
+    return _triton_fla[0]
 
 
 def fla_gdn(kernels: fla_adapter.FlaKernels | None = None) -> GDNOps:
