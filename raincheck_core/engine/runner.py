@@ -199,6 +199,8 @@ class ModelRunner:
                          i in fills) for i, (seg, start) in enumerate(zip(plan.segments, rows.starts, strict=True))]
         gdn = None
         if self.gdn is not None:
+            # never a padded step: the first batch of a graph's skeleton becomes its static buffers, which
+            # later steps are copied into (engine/graphs.py), and a kept step would be both
             gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device) \
                 if padded is None and plain_decode(placed) else \
                 gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded)
