@@ -203,9 +203,10 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
     # the pages each segment reads, in order: runs of one page within one segment's list
-    page = flat // page_size
+    shift = page_size.bit_length() - 1      # a shift where the page size is a power of two: `//` is slow
+    page = flat >> shift if page_size == 1 << shift else flat // page_size
     begins = torch.ones(flat.shape, dtype=torch.bool)
-    begins[1:] = page[1:] != page[:-1]
+    torch.ne(page[1:], page[:-1], out=begins[1:])
     begins[k_start] = True
     first = begins.nonzero().flatten()
     count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
