@@ -211,10 +211,10 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     first = begins.nonzero().flatten()
     count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
     seg = torch.searchsorted(k_start, first, right=True) - 1
-    whole = count == page_size
-    runs = Runs(seg=seg, page=page[first], count=count, first=first, end=first + count,
-                whole_before=torch.cat([torch.zeros(1, dtype=torch.long), whole.cumsum(0)]),
-                whole_pages=page[first[whole]], other_pages=page[first[~whole]])
+    whole, run_page, zero = count == page_size, page[first], torch.zeros(1, dtype=torch.long)
+    runs = Runs(seg=seg, page=run_page, count=count, first=first, end=first + count,
+                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=torch.cat([run_page[whole], zero]),
+                other_pages=run_page[~whole])
     per_seg = torch.bincount(seg, minlength=n_seg)
     filtered = _hide(tables, step, flat, k_len, per_seg, last, runs)
     segs = Segments(q_len, k_len, k_start, per_seg.cumsum(0) - per_seg, stamps, last, filtered)
@@ -239,7 +239,7 @@ class Runs:
     first: Tensor           # where the run starts in the step's concatenated lists (increasing)
     end: Tensor             # where it ends (increasing)
     whole_before: Tensor    # [runs + 1] the runs of `page_size` slots before each run (and in all)
-    whole_pages: Tensor     # the pages of those runs, in order
+    whole_pages: Tensor     # the pages of those runs, in order, and a 0 (`_prefix_lists` reads past them)
     other_pages: Tensor     # the pages of the other runs, in order
 
 
@@ -267,13 +267,14 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, pages: Ten
     one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
     lists is refused."""
     page_size = tables.page_size
-    filtered = k_len != (pages - 1) * page_size + last % page_size + 1
+    in_page = last % page_size + 1              # per segment, not per run: `%` is slow
+    filtered = k_len != (pages - 1) * page_size + in_page
     if not bool(filtered.any()):
         return filtered
     final = torch.ones(runs.seg.shape, dtype=torch.bool)
     final[:-1] = runs.seg[1:] != runs.seg[:-1]          # a segment's last run: the page of its last slot
     mine = filtered[runs.seg]
-    whole = torch.where(final, last[runs.seg] % page_size + 1, page_size)       # a run's slots, skipping none
+    whole = torch.where(final, in_page[runs.seg], page_size)       # a run's slots, skipping none
     tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
     at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
     seg, count = runs.seg[at], runs.count[at]
@@ -322,9 +323,8 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
     pages = tables.slots // tables.page_size
     # full blocks: each tile's are the first of its segment's whole runs; partial blocks: the other runs
     # before the tile's full prefix ends, then every listed run after it
-    full_buf = _block_buffer(n, tiles, cols, pages)
     whole = whole_before[run_start]                         # the whole runs before each segment's first
-    _prefix_lists(full_buf, full, runs.whole_pages, whole[:, 0], cols)
+    full_buf = _prefix_lists(full, runs.whole_pages, whole[:, 0], cols, max(0, pages - cols))
     partial_buf = _block_buffer(n, tiles, cols, pages)
     skipped_whole = (full_end - run_start) - full[:len(ids)]                   # others before the full prefix
     tile_rows = torch.arange(len(ids) * tiles)
@@ -372,15 +372,15 @@ def _write_runs(buf: Tensor, rows: Tensor, col: Tensor | int, start: Tensor, len
     buf[rows[which] * cols + at] = pages[start[which] + offset].to(torch.int32)
 
 
-def _prefix_lists(buf: Tensor, num: Tensor, pages: Tensor, start: Tensor, cols: int) -> None:
-    """Tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]` (`num [n, tiles]`, its first rows the
-    segments of `start`): each segment's longest list written once, then cut per tile."""
+def _prefix_lists(num: Tensor, pages: Tensor, start: Tensor, cols: int, tail: int) -> Tensor:
+    """A block buffer (`_block_buffer`) where tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]`
+    (`num [n, tiles]`, its first rows the segments of `start`): each segment's `cols` pages gathered once
+    (clipped to the end of `pages`) and cut per tile, every entry written once (no zero fill before)."""
     n, tiles = num.shape
-    longest = num[:start.shape[0]].max(1).values
-    if tiles == 1:
-        _write_runs(buf, torch.arange(start.shape[0]), 0, start, longest, pages, cols)
-        return
-    lists = torch.zeros(n, cols, dtype=torch.int32)
-    _write_runs(lists.view(-1), torch.arange(start.shape[0]), 0, start, longest, pages, cols)
-    torch.where(torch.arange(cols) < num[:, :, None], lists[:, None], torch.zeros((), dtype=torch.int32),
-                out=buf[:n * tiles * cols].view(n, tiles, cols))
+    m = start.shape[0]
+    buf = torch.empty(n * tiles * cols + tail, dtype=torch.int32)
+    lists = pages[(start[:, None] + torch.arange(cols)).clamp_(max=pages.shape[0] - 1)].to(torch.int32)
+    torch.where(torch.arange(cols) < num[:m, :, None], lists[:, None], torch.zeros((), dtype=torch.int32),
+                out=buf[:m * tiles * cols].view(m, tiles, cols))
+    buf[m * tiles * cols:].zero_()
+    return buf
