@@ -208,7 +208,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     begins = torch.ones(flat.shape, dtype=torch.bool)
     torch.ne(page[1:], page[:-1], out=begins[1:])
     begins[k_start] = True
-    first = begins.nonzero().flatten()
+    first = torch.from_numpy(begins.numpy().nonzero()[0])      # numpy's: torch's CPU nonzero is 3-4x slower
     count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
     seg = torch.searchsorted(k_start, first, right=True) - 1
     whole, run_page, zero = count == page_size, page[first], torch.zeros(1, dtype=torch.long)
