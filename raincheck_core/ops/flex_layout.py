@@ -213,7 +213,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     seg = torch.searchsorted(k_start, first, right=True) - 1
     whole, run_page, zero = count == page_size, page[first], torch.zeros(1, dtype=torch.long)
     runs = Runs(seg=seg, page=run_page, count=count, first=first, end=first + count,
-                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=torch.cat([run_page[whole], zero]),
+                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=run_page[whole],
                 other_pages=run_page[~whole])
     per_seg = torch.bincount(seg, minlength=n_seg)
     filtered = _hide(tables, step, flat, k_len, per_seg, last, runs)
@@ -239,7 +239,7 @@ class Runs:
     first: Tensor           # where the run starts in the step's concatenated lists (increasing)
     end: Tensor             # where it ends (increasing)
     whole_before: Tensor    # [runs + 1] the runs of `page_size` slots before each run (and in all)
-    whole_pages: Tensor     # the pages of those runs, in order, and a 0 (`_prefix_lists` reads past them)
+    whole_pages: Tensor     # the pages of those runs, in order
     other_pages: Tensor     # the pages of the other runs, in order
 
 
@@ -374,13 +374,16 @@ def _write_runs(buf: Tensor, rows: Tensor, col: Tensor | int, start: Tensor, len
 
 def _prefix_lists(num: Tensor, pages: Tensor, start: Tensor, cols: int, tail: int) -> Tensor:
     """A block buffer (`_block_buffer`) where tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]`
-    (`num [n, tiles]`, its first rows the segments of `start`): each segment's `cols` pages gathered once
-    (clipped to the end of `pages`) and cut per tile, every entry written once (no zero fill before)."""
+    (`num [n, tiles]`, its first rows the segments of `start`), every entry written once: each segment's
+    next `cols` pages copied as a row of a sliding window over them, times a row of a triangle of flags
+    (`c < num`), both row gathers rather than an elementwise index and compare."""
     n, tiles = num.shape
     m = start.shape[0]
     buf = torch.empty(n * tiles * cols + tail, dtype=torch.int32)
-    lists = pages[(start[:, None] + torch.arange(cols)).clamp_(max=pages.shape[0] - 1)].to(torch.int32)
-    torch.where(torch.arange(cols) < num[:m, :, None], lists[:, None], torch.zeros((), dtype=torch.int32),
-                out=buf[:m * tiles * cols].view(m, tiles, cols))
+    padded = torch.zeros(pages.shape[0] + cols, dtype=torch.int32)
+    padded[:pages.shape[0]] = pages
+    lists = padded.unfold(0, cols, 1).index_select(0, start)
+    below = torch.ones(cols + 1, cols, dtype=torch.bool).tril_(-1)         # below[k, c]: c < k
+    torch.mul(lists[:, None], below[num[:m]], out=buf[:m * tiles * cols].view(m, tiles, cols))
     buf[m * tiles * cols:].zero_()
     return buf
