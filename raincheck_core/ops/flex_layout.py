@@ -210,14 +210,15 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     begins[k_start] = True
     first = torch.from_numpy(begins.numpy().nonzero()[0])      # numpy's: torch's CPU nonzero is 3-4x slower
     count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
-    seg = torch.searchsorted(k_start, first, right=True) - 1
+    run_start = torch.searchsorted(first, k_start)          # each segment's first run (none: the next one's)
+    per_seg = torch.diff(run_start, append=torch.tensor([first.shape[0]]))
+    seg = torch.repeat_interleave(torch.arange(n_seg), per_seg, output_size=first.shape[0])
     whole, run_page, zero = count == page_size, page[first], torch.zeros(1, dtype=torch.long)
     runs = Runs(seg=seg, page=run_page, count=count, first=first, end=first + count,
                 whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=run_page[whole],
                 other_pages=run_page[~whole])
-    per_seg = torch.bincount(seg, minlength=n_seg)
-    filtered = _hide(tables, step, flat, k_len, per_seg, last, runs)
-    segs = Segments(q_len, k_len, k_start, per_seg.cumsum(0) - per_seg, stamps, last, filtered)
+    filtered = _hide(tables, step, flat, k_len, run_start, per_seg, last, runs)
+    segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
     groups = []
@@ -256,8 +257,8 @@ class Segments:
     filtered: Tensor        # the list skips slots on its pages
 
 
-def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, pages: Tensor, last: Tensor,
-          runs: Runs) -> Tensor:
+def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start: Tensor, pages: Tensor,
+          last: Tensor, runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
@@ -271,10 +272,13 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, pages: Ten
     filtered = k_len != (pages - 1) * page_size + in_page
     if not bool(filtered.any()):
         return filtered
-    final = torch.ones(runs.seg.shape, dtype=torch.bool)
-    final[:-1] = runs.seg[1:] != runs.seg[:-1]          # a segment's last run: the page of its last slot
+    listing = pages > 0
+    ends = (run_start + pages - 1)[listing]             # a segment's last run: the page of its last slot
+    final = torch.zeros(runs.seg.shape, dtype=torch.bool)
+    final[ends] = True
     mine = filtered[runs.seg]
-    whole = torch.where(final, in_page[runs.seg], page_size)       # a run's slots, skipping none
+    whole = torch.full_like(runs.count, page_size)      # a run's slots, skipping none
+    whole[ends] = in_page[listing]
     tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
     at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
     seg, count = runs.seg[at], runs.count[at]
