@@ -370,8 +370,11 @@ def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> Tensor:
 def _write_runs(buf: Tensor, rows: Tensor, col: Tensor | int, start: Tensor, length: Tensor, pages: Tensor,
                 cols: int) -> None:
     """Write `pages[start[i]:start[i] + length[i]]` into tile `rows[i]`'s list of `buf` from column `col[i]`."""
-    which = torch.repeat_interleave(torch.arange(length.shape[0]), length)
-    offset = torch.arange(which.shape[0]) - (length.cumsum(0) - length)[which]
+    total = int(length.sum())
+    if not total:           # often: decode rows list no run past their full prefix, prefills skip no slot
+        return
+    which = torch.repeat_interleave(torch.arange(length.shape[0]), length, output_size=total)
+    offset = torch.arange(total) - (length.cumsum(0) - length)[which]
     at = col[which] + offset if isinstance(col, Tensor) else offset
     buf[rows[which] * cols + at] = pages[start[which] + offset].to(torch.int32)
 
