@@ -91,7 +91,7 @@ def tables_of(pool: object, slots: int, page_size: int, device: torch.device | s
 @dataclass
 class FlexGroup:
     """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
-    flat buffers (`_block_lists`) and the BlockMask is made from them at each call (`block_mask`), so that
+    flat buffers (`_block_buffer`) and the BlockMask is made from them at each call (`block_mask`), so that
     a captured graph's static group, whose tensors later steps are copied into, is what the call reads.
     Every tensor's shape follows from the group's segments bucket and query bucket alone."""
 
@@ -103,7 +103,7 @@ class FlexGroup:
     rows: Tensor            # [N] real query rows
     step: Tensor            # [1] the step's number (`SlotTables.hidden`)
     partial_num: Tensor     # [N, 1, tiles] pages each tile reads under the mask ...
-    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`_block_lists`)
+    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`_block_buffer`)
     full_num: Tensor        # [N, 1, tiles] pages each tile reads whole, no mask ...
     full_idx: Tensor        # ... which
     q: int                  # query bucket
