@@ -213,10 +213,11 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     run_start = torch.searchsorted(first, k_start)          # each segment's first run (none: the next one's)
     per_seg = torch.diff(run_start, append=torch.tensor([first.shape[0]]))
     seg = torch.repeat_interleave(torch.arange(n_seg), per_seg, output_size=first.shape[0])
-    whole, run_page, zero = count == page_size, page[first], torch.zeros(1, dtype=torch.long)
+    # per run: index_select and masked_select, 2-4x faster on the CPU than indexing with [] (same result)
+    whole, run_page, zero = count == page_size, page.index_select(0, first), torch.zeros(1, dtype=torch.long)
     runs = Runs(seg=seg, page=run_page, count=count, first=first, end=first + count,
-                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=run_page[whole],
-                other_pages=run_page[~whole])
+                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=run_page.masked_select(whole),
+                other_pages=run_page.masked_select(~whole))
     filtered = _hide(tables, step, flat, k_len, run_start, per_seg, last, runs)
     segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
@@ -276,11 +277,12 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start:
     ends = (run_start + pages - 1)[listing]             # a segment's last run: the page of its last slot
     final = torch.zeros(runs.seg.shape, dtype=torch.bool)
     final[ends] = True
-    mine = filtered[runs.seg]
+    mine = filtered.index_select(0, runs.seg)
     whole = torch.full_like(runs.count, page_size)      # a run's slots, skipping none
     whole[ends] = in_page[listing]
-    tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
-    at = (mine & (tables.page_mark[runs.page] == step)).nonzero().flatten()    # filtered runs on those pages
+    tables.page_mark[runs.page.masked_select(mine & (runs.count < whole))] = step
+    on_marked = tables.page_mark.index_select(0, runs.page) == step
+    at = (mine & on_marked).nonzero().flatten()         # filtered runs on those pages
     seg, count = runs.seg[at], runs.count[at]
     every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
     spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
