@@ -67,11 +67,12 @@ def test_no_worker_yet_is_waited_for_then_served(cluster):
     frontend = cluster.frontend(store)
     with Client(frontend.address, timeout_s=1) as client:
         start = time.monotonic()
+        # the reason is the last one seen: 3 s leave a loaded host time to answer at all ("not reachable yet")
         with pytest.raises(Unavailable, match=r"not ready after \d+ s \(loading its model\)"):
-            client.wait_ready(1.0)
+            client.wait_ready(3.0)
         with pytest.raises(Unavailable, match="no healthy decode worker"):
             client.create_session()           # retried for its 1 s deadline, then the server's own reason
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 8
     threading.Timer(1.0, lambda: cluster.worker(store)).start()
     with Client(frontend.address, timeout_s=60) as client:
         assert client.create_session().send("hi", max_new_tokens=2).result().finish_reason in ("stop", "length")
