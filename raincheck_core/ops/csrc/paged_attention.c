@@ -26,6 +26,27 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return acc;
 }
 
+/* `dot` of one query against DOTS keys at once: the same sum per key, lane for lane (each has its own
+   accumulator, reduced as `dot` reduces it), but DOTS independent FMA chains instead of one. A decode
+   row's scores are otherwise bound by the latency of one chain (a few FMAs over d, then a horizontal
+   sum) per key and head, not by the bytes of K. */
+#define DOTS 4
+static inline void dots(const float *restrict a, const float *restrict b0, const float *restrict b1,
+                        const float *restrict b2, const float *restrict b3, int64_t d, float *restrict r) {
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+#pragma omp simd reduction(+ : c0, c1, c2, c3)
+    for (int64_t t = 0; t < d; t++) {
+        c0 += a[t] * b0[t];
+        c1 += a[t] * b1[t];
+        c2 += a[t] * b2[t];
+        c3 += a[t] * b3[t];
+    }
+    r[0] = c0;
+    r[1] = c1;
+    r[2] = c2;
+    r[3] = c3;
+}
+
 /* Keys are taken KEY_BLOCK at a time with a running softmax (flash-attention style), so the scratch
    holds [heads, rows, KEY_BLOCK] scores whatever the context length. */
 #define KEY_BLOCK 256
@@ -76,8 +97,23 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
             if (n <= DOT_ROWS) {
                 /* key-major: one slot's K for all heads is contiguous; slots are scattered over pages,
                    so the hardware prefetcher loses them at page ends: fetch a few slots ahead */
-                for (int64_t j = j0; j < j1; j++) {
-                    if (j + AHEAD < ks) prefetch_row(k_cache + slot[j + AHEAD] * row, row);
+                int64_t j = j0;
+                for (; j + DOTS <= j1; j += DOTS) {
+                    const float *kp[DOTS];
+                    for (int64_t u = 0; u < DOTS; u++) {
+                        if (j + u + DOTS * AHEAD < ks) prefetch_row(k_cache + slot[j + u + DOTS * AHEAD] * row, row);
+                        kp[u] = k_cache + slot[j + u] * row;
+                    }
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t hq = 0; hq < heads; hq++) {
+                            const int64_t h = (hq / rep) * d;
+                            float r[DOTS];
+                            dots(qs + (i * heads + hq) * d, kp[0] + h, kp[1] + h, kp[2] + h, kp[3] + h, d, r);
+                            float *dst = scores + (hq * n + i) * KEY_BLOCK + j - j0;
+                            for (int64_t u = 0; u < DOTS; u++) dst[u] = r[u] * scale;
+                        }
+                }
+                for (; j < j1; j++) {
                     const float *kp = k_cache + slot[j] * row;
                     for (int64_t i = 0; i < n; i++)
                         for (int64_t hq = 0; hq < heads; hq++)
@@ -153,7 +189,42 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     }
                     run_sum[x] += sum;
                 }
-            if (n <= DOT_ROWS || d % KEYS) {
+            if (n <= DOT_ROWS && d % KEYS == 0) {
+                /* decode rows: each row's query heads of one KV head, ROWS at a time, keep KEYS output
+                   columns in registers along the block's keys, V read in place; each output element still
+                   sums its keys in order, as the loop below does, but without a load and a store of the
+                   accumulator per key and head */
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0;
+                    for (int64_t h = 0; h < kv && lim > 0; h++)
+                        for (int64_t u0 = 0; u0 < rep; u0 += ROWS) {
+                            const float *p[ROWS];
+                            float *a[ROWS];
+                            for (int64_t u = 0; u < ROWS; u++) {    /* past the group: its last head again */
+                                const int64_t hq = h * rep + (u0 + u < rep ? u0 + u : rep - 1);
+                                p[u] = scores + (hq * n + i) * KEY_BLOCK;
+                                a[u] = acc + (i * heads + hq) * d;
+                            }
+                            for (int64_t t0 = 0; t0 < d; t0 += KEYS) {
+                                float r[ROWS][KEYS];
+                                for (int64_t u = 0; u < ROWS; u++)
+                                    for (int64_t x = 0; x < KEYS; x++) r[u][x] = a[u][t0 + x];
+                                for (int64_t j = 0; j < lim; j++) {
+                                    if (j + 2 * AHEAD < lim)     /* the line this pass reads, ahead */
+                                        __builtin_prefetch(v_cache + slot[j0 + j + 2 * AHEAD] * row + h * d + t0);
+                                    const float *v = v_cache + slot[j0 + j] * row + h * d + t0;
+                                    for (int64_t u = 0; u < ROWS; u++) {
+                                        const float pj = p[u][j];
+#pragma omp simd
+                                        for (int64_t x = 0; x < KEYS; x++) r[u][x] += pj * v[x];
+                                    }
+                                }
+                                for (int64_t u = 0; u < ROWS && u0 + u < rep; u++)
+                                    for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
+                            }
+                        }
+                }
+            } else if (n <= DOT_ROWS || d % KEYS) {
                 for (int64_t j = j0; j < j1; j++) {
                     if (j + AHEAD < ks) prefetch_row(v_cache + slot[j + AHEAD] * row, row);
                     const float *vp = v_cache + slot[j] * row;
