@@ -7,7 +7,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from .common import native_heap
+from .common import gc_freeze, native_heap
 from .common.metrics import serve_metrics
 from .common.settings import DeferredSettings, FrontendSettings, ModelSpec, StoreSettings, WorkerSettings
 from .common.store import MemoryStore, Store
@@ -68,6 +68,7 @@ def serve(front: FrontendSettings, worker: WorkerSettings, http: HttpSettings | 
         f.stop(0)
         store.close()
         raise
+    gc_freeze.freeze()       # the loaded, warmed engine: out of the collector's full passes
     print(f"raincheck serving {w.model} on {f.address}  (raincheck chat --address {f.address})", flush=True)
     stops = [lambda: f.stop(front.drain_s), lambda: w.stop(front.drain_s), store.close]
     if http is not None and http.port is not None:
@@ -117,6 +118,7 @@ def run_decode_worker(settings: WorkerSettings) -> None:
                     "no separate frontend can find it")
     _metrics(settings.metrics_port, settings.metrics_host)
     w = DecodeWorkerServer(settings, store).start()
+    gc_freeze.freeze()
     print(f"raincheck decode worker {w.worker_id} ({w.model}) on {w.address}", flush=True)
     _until_signal([lambda: w.stop(settings.drain_s), store.close])
 

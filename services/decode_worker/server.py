@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 from raincheck_core.warmup import warm_up
 
 from .._gen import worker_pb2, worker_pb2_grpc
-from ..common import native_heap
+from ..common import gc_freeze, native_heap
 from ..common.grpc_util import add_health_and_reflection, bind, make_server
 from ..common.metrics import RECOVERY_UP
 from ..common.model_loading import load_engine, model_name
@@ -110,6 +110,7 @@ class DecodeWorkerServer:
         except Exception:   # stays NOT_SERVING: the pod's restart (or an operator) takes over
             log.exception("cannot restart the engine", extra={"worker_id": self.worker_id})
             return
+        gc_freeze.refreeze()     # the old engine's objects were frozen with the first one's
         if self._stopping.is_set():
             return
         self.health.set_ready(True)
