@@ -190,8 +190,8 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     n_seg = len(q_lens)
     q_len = torch.tensor(q_lens, dtype=torch.long)
     k_len = torch.tensor([s.shape[0] for s in read_slots], dtype=torch.long)
-    if bool((k_len < q_len).any()):
-        raise ValueError("each segment reads at least its own rows' slots")
+    if bool((k_len < q_len).any()) or not bool(k_len.all()):
+        raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
     if n_seg >= STAMP or int(q_len.max()) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
     flat = torch.cat(read_slots).cpu().long()       # a few passes over the keys read, nothing per segment

@@ -147,6 +147,17 @@ def test_two_chunks_that_disagree_on_a_slot_are_refused():
                     torch.cat([c1, c2]), "cpu", pool)
 
 
+def test_a_segment_reading_no_slot_is_refused_with_a_value_error():
+    """Wherever it stands (last too): a list with nothing to read is a caller's error, said as such."""
+    pool = _pool()
+    t = _session(pool, 8)
+    row = t.ahead(0, 1)
+    read = torch.cat([t.reserved_slots(0, 8), row])
+    for q_lens, reads in (([1, 0], [read, row[:0]]), ([0, 1], [row[:0], read])):
+        with pytest.raises(ValueError, match="at least one slot"):
+            flex_layout(q_lens, reads, row, "cpu", pool)
+
+
 def test_a_decode_step_allocates_no_copy_of_the_keys_it_reads():
     """16 sessions decoding over ~400 slots each: what the attention call allocates (outputs, the query
     gather) is under a tenth of the K/V bytes it reads; the old path copied them all per layer."""
