@@ -42,8 +42,9 @@ class DecodeSteps:
 
     def step(self, placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
              device: torch.device) -> GDNStep:
-        """`gdn_step(placed, ...)` for a step whose placed segments are all one-row decode rows, in order
-        (a padded step, tracked rows or chunks take `gdn_step` itself)."""
+        """`gdn_step(placed, ...)` for a step whose placed segments are all one-row decode rows, in order,
+        padding rows among them (`plain_decode`: tracked rows or chunks take `gdn_step` itself). A padded
+        step's are as an unpadded one's: its padding only shapes multi-row sequences."""
         key = (ops.gdn, kernel, key_heads, device, *gdn.rows(p.segment.gdn_slot for p in placed).read)
         step = self._kept.pop(key, None)
         if step is None:
@@ -53,10 +54,18 @@ class DecodeSteps:
         self._kept[key] = step
         return step
 
+    def forget(self, step: GDNStep | None) -> None:
+        """`step` is no longer handed out: it became a graph's static buffers (engine/graphs.py), which
+        later steps of its skeleton are copied into, so it would not keep the metadata of its rows."""
+        for key in [k for k, kept in self._kept.items() if kept is step]:
+            del self._kept[key]
+
 
 def plain_decode(placed: list[Placed]) -> bool:
-    """Whether a step's placed segments are decode rows only, none tracked (what `DecodeSteps` keeps)."""
-    return all(p.segment.kind is Kind.DECODE and not p.segment.tracked for p in placed)
+    """Whether a step's placed segments are decode rows only, none tracked, and a padded step's padding
+    rows (what `DecodeSteps` keeps)."""
+    return all((p.segment.kind is Kind.DECODE and not p.segment.tracked)
+               or (p.segment.kind is Kind.PADDING and p.segment.rows == 1) for p in placed)
 
 
 def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,

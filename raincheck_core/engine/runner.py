@@ -175,10 +175,13 @@ class ModelRunner:
         try:
             replayed = self.graphs.run(bucket, inputs.batch)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
+            self.decode_steps.forget(inputs.batch.gdn)
             return self.forward(self.prepare(padded.plan, ops, padded))
         if replayed is None:
             return self.forward(inputs)
         batch, logits = replayed
+        if batch is inputs.batch:       # the first of its skeleton: its tensors are the graph's buffers now
+            self.decode_steps.forget(batch.gdn)
         # outputs read from the graph's buffers, which the next replay rewrites: copies of them
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
@@ -199,10 +202,9 @@ class ModelRunner:
                          i in fills) for i, (seg, start) in enumerate(zip(plan.segments, rows.starts, strict=True))]
         gdn = None
         if self.gdn is not None:
-            # never a padded step: the first batch of a graph's skeleton becomes its static buffers, which
-            # later steps are copied into (engine/graphs.py), and a kept step would be both
+            # a padded step's too: the one that becomes a graph's static buffers is forgotten then (`run`)
             gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device) \
-                if padded is None and plain_decode(placed) else \
+                if plain_decode(placed) else \
                 gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded)
         batch = ForwardBatch(
             embeds=rows.embeds, positions=rows.positions.to(self.device), kv=self.kv, ops=ops, attention=attention,

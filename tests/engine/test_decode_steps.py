@@ -1,7 +1,9 @@
 """Steps of plain decode rows reuse the GDN metadata of an earlier step that read the same pool rows
 (engine/gdn_inputs.py `DecodeSteps`): built twice for a steady batch (a slot's two rows in turn), with the
 same tokens and logits, bit for bit, as building it afresh every step, also once sessions closed and their
-slots went to new sessions."""
+slots went to new sessions; and so do padded steps run over a graph's static buffers (engine/graphs.py, eagerly
+on the CPU), whose first step of a skeleton is never handed out again (its tensors are the buffers later
+steps are copied into)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.engine import gdn_inputs
+from raincheck_core.engine.padding import bucket_of
 from raincheck_core.engine.plan import Kind
 
 NEW = 7
@@ -40,6 +43,32 @@ def test_decode_steps_reuse_their_gdn_metadata_and_change_nothing(tiny_checkpoin
     assert sum(decode_steps) == 2 * (NEW - 1) and len(built) <= 4
 
     fresh = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
+    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args: build(placed, *args))
+    for a, b in zip(kept, _rounds(fresh), strict=True):
+        assert torch.equal(a, b)
+
+
+def _graph_engine(folder) -> Engine:
+    engine = Engine.from_pretrained(folder, backend="flex")
+    engine.core.runner.use_graphs(capture=False)
+    return engine
+
+
+def test_padded_decode_steps_reuse_their_gdn_metadata_and_change_nothing(tiny_checkpoints, monkeypatch):
+    engine = _graph_engine(tiny_checkpoints["qwen3_5"][1])
+    built, padded_steps = [], []
+    build = gdn_inputs.gdn_step
+    monkeypatch.setattr(gdn_inputs, "gdn_step", lambda *a, **k: built.append(1) or build(*a, **k))
+    engine.on_plan(lambda plan: padded_steps.append(bucket_of(plan) is not None))
+    graphs = engine.core.runner.graphs
+    kept = _rounds(engine)
+    # three decode rows padded to four: all 2 * (NEW - 1) decode steps replayed over one skeleton's buffers
+    assert sum(padded_steps) == 2 * (NEW - 1) and graphs.replays == 2 * (NEW - 1)
+    # the two row sets of the slots (the second round takes the first one's slots), and once more the set
+    # whose step became the static buffers: built 5 times where every step built it (12)
+    assert len(built) <= 6
+
+    fresh = _graph_engine(tiny_checkpoints["qwen3_5"][1])
     monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args: build(placed, *args))
     for a, b in zip(kept, _rounds(fresh), strict=True):
         assert torch.equal(a, b)
