@@ -368,7 +368,7 @@ class ModelRunner:
         else:               # the kernel wrote each row's [q | k | v] for every layer: slice them once
             heads, dk, dv = self.gdn.ssm.shape[2:]
             kd = self.key_heads * dk
-            rows = inputs.batch.gdn.single.layout.step_rows
+            rows = inputs.batch.gdn.single.layout.step_rows(x.shape[1])
             xs = (x if rows is None else x[:, rows]).transpose(0, 1)             # [N, layers, C]
             xs = xs if every else xs[keep]
             k = xs[..., kd:2 * kd].unflatten(-1, (self.key_heads, dk))

@@ -289,7 +289,7 @@ def gated_deltanet_rows(u: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, co
                                             layout.seqs, out, None, seeds, x_out)
     if x_out is None:
         return tails, finals, None
-    rows = layout.step_rows
+    rows = layout.step_rows(x_out.shape[0])
     x = x_out if rows is None else x_out[rows]
     kd = key_heads * key_dim
     k, v = x[:, kd:2 * kd].view(-1, key_heads, key_dim), x[:, 2 * kd:].view(x.shape[0], ssm_pool.shape[1], -1)

@@ -180,11 +180,15 @@ class VarlenLayout:
             return seqs.to(self.device), at[seqs].to(self.device)
         return pairs(self.seqs.seed_hist_at), pairs(self.seqs.seed_state_at)
 
+    def step_rows(self, total: int) -> Tensor | None:
+        """For one-row sequences, in a step (or buffer) of `total` rows: the step row of each, or None when
+        they are exactly those rows in order (a decode-only step: no gather, no scatter). Rows 0, 1, ... of
+        a step that holds more rows after them (decode rows before prefill chunks) are not all of it."""
+        return None if self.seqs.in_order and total == self.seqs.source.shape[0] else self.source_rows
+
     @cached_property
-    def step_rows(self) -> Tensor | None:
-        """For one-row sequences: the step row of each, or None when they are exactly the step's rows in
-        order (a decode-only step: no gather, no scatter)."""
-        return None if self.seqs.in_order else self.seqs.source.to(self.device)
+    def source_rows(self) -> Tensor:
+        return self.seqs.source.to(self.device)
 
     @cached_property
     def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -150,7 +150,7 @@ class GDNStep:
     def keep_factors(self, u: Tensor, g: Tensor, beta: Tensor, k: Tensor | None, v: Tensor | None) -> None:
         """A layer's u, g, beta of every one-row sequence, with k and v where the op does not leave them in
         `out.x` (the runner picks the tracked rows once)."""
-        rows = self.single.layout.step_rows
+        rows = self.single.layout.step_rows(u.shape[0])
         us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
         self.out.factors.append((us, k, v, gs, bs))
 

@@ -113,7 +113,7 @@ def gated_deltanet_rows(u: Tensor, g: Tensor, beta: Tensor, conv_weight: Tensor,
 
     One batched recurrent step."""
     heads, dv = ssm_pool.shape[1], ssm_pool.shape[3]
-    rows = layout.step_rows
+    rows = layout.step_rows(u.shape[0])
     us, gs, bs = (u, g, beta) if rows is None else (u[rows], g[rows], beta[rows])
     if pooled is not None and layout.seqs.out_row is not None and not layout.seqs.buffered:
         write = layout.targets[0].pool_rows     # every sequence's, in order
