@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.row_linear import row_linear
 from .derived import derived
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     flat = x.dim() == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
+    if n == 1:      # one session's decode row: the one-row kernel, where it sums as oneDNN's rows do
+        sources = (weight,) if bias is None else (weight, bias)
+        one_row = derived(module, "_row_kernel", sources, lambda: row_linear(
+            weight, bias, lambda a: torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")))
+        if one_row is not None:
+            out = one_row(rows.contiguous())
+            return out if flat else out.view(*x.shape[:-1], out.shape[-1])
     padded = _row_bucket(n)
     if padded != n:
         rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])

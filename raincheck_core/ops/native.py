@@ -123,6 +123,10 @@ _ENTRY = {
         "gated_deltanet_f32": ([_PTR], ctypes.c_int),       # its arguments' struct (ops/gdn_kernel.py GDNArgs)
         "fold_maps_f32": ([_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64], None),
     },
+    "row_linear": {
+        "row_linear_pack_f32": ([_PTR, _PTR, _I64, _I64], None),
+        "row_linear_f32": ([_PTR] * 4 + [_I64] * 4, None),
+    },
 }
 
 
