@@ -6,13 +6,13 @@ writes each into its rows of the merged weight (`load_part`), so the forward rea
 and makes one call instead of three or four: at decode batch sizes the per-call cost dominates.
 
 Prepacked weights: for fp32 inference on the CPU a layer keeps a copy of its weight in oneDNN's
-blocked layout and multiplies with oneDNN. At the step sizes of a decode batch (4-64 rows) that is
-1.2-1.6x faster than torch's default fp32 matmul (MKL) on the CPUs measured (docs/BENCHMARKS.md,
-"Batching"); at one row both read the weight once and cost about the same (in the engine's decode steps
-the packed path measured slightly faster: 9.8 vs 10.4 ms per step at the 20th percentile). The copy is
-made on first use and again whenever the weight changes (layers/derived.py), so training and in-place
-loading stay correct; it doubles the resident size of the decoder's weights, which
-`RAINCHECK_PACKED_LINEAR=0` avoids.
+blocked layout and multiplies with oneDNN: at the step sizes of a decode batch (4-64 rows) as fast as
+torch's default fp32 matmul (MKL) or up to 1.6x faster on the CPUs measured (docs/BENCHMARKS.md), and a
+row's result does not depend on the rows beside it, which MKL's does. One row (one session's decode step)
+goes to a kernel that sums it in oneDNN's order of a many-row product at the speed of a plain pass over
+the weight (ops/row_linear.py; oneDNN ran it at half that). The copies are made on first use and again
+whenever the weight changes (layers/derived.py), so training and in-place loading stay correct; they take
+twice the resident size of the decoder's weights besides them, which `RAINCHECK_PACKED_LINEAR=0` avoids.
 """
 
 from __future__ import annotations
