@@ -69,6 +69,29 @@ static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 16) __builtin_prefetch(p + o);    /* 16 floats: one 64-byte line */
 }
 
+/* Output columns [t0, t0 + KEYS) of ROWS query rows over `keys` keys: a[u][t0...] += p[u][j] * V_j, in
+   registers along the keys, each column summing its keys in order. V_j is `base + slot[j] * stride + t0`
+   (read in place through the slot list, fetched ahead) or, without slots, `base + j * stride + t0` (a
+   copied block). Only the first `kept` rows are stored (the others repeat a row to fill the tile). */
+static inline void pv_tile(const float *const p[ROWS], float *const a[ROWS], int64_t kept, int64_t t0,
+                           int64_t keys, const float *base, const int64_t *slot, int64_t stride) {
+    float r[ROWS][KEYS];
+    for (int64_t u = 0; u < ROWS; u++)
+        for (int64_t x = 0; x < KEYS; x++) r[u][x] = a[u][t0 + x];
+    for (int64_t j = 0; j < keys; j++) {
+        if (slot && j + 2 * AHEAD < keys)       /* the line this pass reads, ahead */
+            __builtin_prefetch(base + slot[j + 2 * AHEAD] * stride + t0);
+        const float *v = base + (slot ? slot[j] : j) * stride + t0;
+        for (int64_t u = 0; u < ROWS; u++) {
+            const float pj = p[u][j];
+#pragma omp simd
+            for (int64_t x = 0; x < KEYS; x++) r[u][x] += pj * v[x];
+        }
+    }
+    for (int64_t u = 0; u < kept; u++)
+        for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
+}
+
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
 int paged_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                         const int64_t *q_start, const int64_t *q_len, const int64_t *k_start,
@@ -205,23 +228,9 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                                 p[u] = scores + (hq * n + i) * KEY_BLOCK;
                                 a[u] = acc + (i * heads + hq) * d;
                             }
-                            for (int64_t t0 = 0; t0 < d; t0 += KEYS) {
-                                float r[ROWS][KEYS];
-                                for (int64_t u = 0; u < ROWS; u++)
-                                    for (int64_t x = 0; x < KEYS; x++) r[u][x] = a[u][t0 + x];
-                                for (int64_t j = 0; j < lim; j++) {
-                                    if (j + 2 * AHEAD < lim)     /* the line this pass reads, ahead */
-                                        __builtin_prefetch(v_cache + slot[j0 + j + 2 * AHEAD] * row + h * d + t0);
-                                    const float *v = v_cache + slot[j0 + j] * row + h * d + t0;
-                                    for (int64_t u = 0; u < ROWS; u++) {
-                                        const float pj = p[u][j];
-#pragma omp simd
-                                        for (int64_t x = 0; x < KEYS; x++) r[u][x] += pj * v[x];
-                                    }
-                                }
-                                for (int64_t u = 0; u < ROWS && u0 + u < rep; u++)
-                                    for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
-                            }
+                            const int64_t kept = rep - u0 < ROWS ? rep - u0 : ROWS;
+                            for (int64_t t0 = 0; t0 < d; t0 += KEYS)
+                                pv_tile(p, a, kept, t0, lim, v_cache + h * d, slot + j0, row);
                         }
                 }
             } else if (n <= DOT_ROWS || d % KEYS) {
@@ -261,21 +270,8 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                             p[u] = scores + (h * group + x) * KEY_BLOCK;
                             a[u] = acc + (i * heads + h * rep + x / n) * d;
                         }
-                        for (int64_t t0 = 0; t0 < d; t0 += KEYS) {
-                            float r[ROWS][KEYS];
-                            for (int64_t u = 0; u < ROWS; u++)
-                                for (int64_t x = 0; x < KEYS; x++) r[u][x] = a[u][t0 + x];
-                            for (int64_t j = 0; j < upto; j++) {
-                                const float *v = vh + j * d + t0;
-                                for (int64_t u = 0; u < ROWS; u++) {
-                                    const float pj = p[u][j];
-#pragma omp simd
-                                    for (int64_t x = 0; x < KEYS; x++) r[u][x] += pj * v[x];
-                                }
-                            }
-                            for (int64_t u = 0; u < ROWS && x0 + u < group; u++)
-                                for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
-                        }
+                        const int64_t kept = group - x0 < ROWS ? group - x0 : ROWS;
+                        for (int64_t t0 = 0; t0 < d; t0 += KEYS) pv_tile(p, a, kept, t0, upto, vh, NULL, d);
                     }
                 }
             }
