@@ -8,11 +8,12 @@ and makes one call instead of three or four: at decode batch sizes the per-call 
 Prepacked weights: for fp32 inference on the CPU a layer keeps a copy of its weight in oneDNN's
 blocked layout and multiplies with oneDNN: at the step sizes of a decode batch (4-64 rows) as fast as
 torch's default fp32 matmul (MKL) or up to 1.6x faster on the CPUs measured (docs/BENCHMARKS.md), and a
-row's result does not depend on the rows beside it, which MKL's does. One row (one session's decode step)
-goes to a kernel that sums it in oneDNN's order of a many-row product at the speed of a plain pass over
-the weight (ops/row_linear.py; oneDNN ran it at half that). The copies are made on first use and again
-whenever the weight changes (layers/derived.py), so training and in-place loading stay correct; they take
-twice the resident size of the decoder's weights besides them, which `RAINCHECK_PACKED_LINEAR=0` avoids.
+row's result does not depend on the rows beside it, which MKL's does. A decode step's few rows (one per
+session, up to 16) go to a kernel that sums them in oneDNN's order of a many-row product at the speed of a
+plain pass over the weight (ops/row_linear.py; oneDNN ran one row at half that). The copies are made on
+first use and again whenever the weight changes (layers/derived.py), so training and in-place loading stay
+correct; they take twice the resident size of the decoder's weights besides them, which
+`RAINCHECK_PACKED_LINEAR=0` avoids.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.row_linear import row_linear
+from ..ops.row_linear import MAX_ROWS, row_linear
 from .derived import derived
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,12 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     flat = x.dim() == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
-    if n == 1:      # one session's decode row: the one-row kernel, where it sums as oneDNN's rows do
+    if n <= MAX_ROWS:      # a decode step's few rows: the row kernel, where it sums as oneDNN's rows do
         sources = (weight,) if bias is None else (weight, bias)
-        one_row = derived(module, "_row_kernel", sources, lambda: row_linear(
+        few_rows = derived(module, "_row_kernel", sources, lambda: row_linear(
             weight, bias, lambda a: torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")))
-        if one_row is not None:
-            out = one_row(rows.contiguous())
+        if few_rows is not None and n <= few_rows.max_rows:
+            out = few_rows(rows.contiguous())
             return out if flat else out.view(*x.shape[:-1], out.shape[-1])
     padded = _row_bucket(n)
     if padded != n:

@@ -125,7 +125,8 @@ _ENTRY = {
     },
     "row_linear": {
         "row_linear_pack_f32": ([_PTR, _PTR, _I64, _I64], None),
-        "row_linear_f32": ([_PTR] * 4 + [_I64] * 4, None),
+        "row_linear_f32": ([_PTR] * 4 + [_I64] * 5, None),
+        "row_linear_max_rows": ([], _I64),
     },
 }
 

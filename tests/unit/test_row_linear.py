@@ -1,7 +1,8 @@
-"""The one-row linear kernel (ops/row_linear.py, csrc/row_linear.c): a row alone gets the bits oneDNN gives
-it among many rows, at every K block (one block up to 512, blocks of 512 up to 1,024, past that 1,024),
-with or without a bias, on one thread or several; a weight it cannot reproduce keeps oneDNN; the linear
-layers use it for one-row products, so their rows no longer depend on their neighbours at K > 1,024."""
+"""The row linear kernel (ops/row_linear.py, csrc/row_linear.c): a row alone, or among a few, gets the bits
+oneDNN gives it among many rows, at every K block (one block up to 512, blocks of 512 up to 1,024, past
+that 1,024), with or without a bias, on one thread or several; a weight it cannot reproduce keeps oneDNN;
+the linear layers use it for a decode step's few rows, so their rows no longer depend on their neighbours
+at K > 1,024."""
 
 from __future__ import annotations
 
@@ -38,11 +39,14 @@ def test_one_row_equals_its_row_in_a_many_row_product(n, k, with_bias):
     if kernel is None:
         assert not X86, "the one-row kernel should reproduce oneDNN's order on x86"
         return
-    x = torch.randn(9, k, generator=gen)
+    x = torch.randn(40, k, generator=gen)
     with torch.inference_mode():
         want = many(x)
         for r in range(9):
             assert torch.equal(kernel(x[r:r + 1].contiguous()), want[r:r + 1])
+        for m in (2, 3, 5, 8, 16):      # rows four at a time and a remainder, where the build takes them
+            if m <= kernel.max_rows:
+                assert torch.equal(kernel(x[20:20 + m]), want[20:20 + m])
 
 
 @needs_kernel
@@ -54,7 +58,7 @@ def test_threads_split_the_tiles_and_change_no_bit():
     if kernel is None:
         assert not X86
         return
-    x = torch.randn(1, 1024, generator=gen)
+    x = torch.randn(kernel.max_rows, 1024, generator=gen)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -86,11 +90,11 @@ def test_a_layer_s_rows_do_not_depend_on_their_neighbours(k):
     with torch.no_grad():
         layer.weight.copy_(torch.randn(72, k, generator=gen))
         layer.bias.copy_(torch.randn(72, generator=gen))
-    x = torch.randn(5, k, generator=gen)
+    x = torch.randn(40, k, generator=gen)
     with torch.inference_mode():
         whole = layer(x)
-        for r in range(5):
-            assert torch.equal(layer(x[r:r + 1]), whole[r:r + 1]) or (not X86 and k > 1024)
+        for r, m in ((0, 1), (1, 1), (2, 2), (4, 3), (7, 5), (12, 16)):
+            assert torch.equal(layer(x[r:r + m]), whole[r:r + m]) or (not X86 and k > 1024)
         assert layer.__dict__["_row_kernel"][1] is not None or not X86
 
 

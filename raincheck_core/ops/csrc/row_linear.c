@@ -1,19 +1,25 @@
-/* A linear layer's product for one row, in the summation order of oneDNN's many-row products.
+/* A linear layer's product for a few rows, in the summation order of oneDNN's many-row products.
 
-   Built and loaded by raincheck_core/ops/native.py; used by raincheck_core/ops/row_linear.py. At one row
-   oneDNN's prepacked matmul (layers/linear.py) runs at about half the rate of a plain pass over the weight,
-   and for K > 1024 it sums in another order than it does at two rows or more, so a row's result depended
-   on whether it ran alone. Here out[n] = sum_k x[k] * w[n][k] is summed as oneDNN sums each row of a
-   many-row product: K in blocks of `kb` rows, each block's partial sum from zero by one FMA per k in
-   order, the partials added left to right, then the bias. The Python side checks that order against
-   oneDNN on the layer's own weight before it uses the kernel, and keeps oneDNN where they differ.
+   Built and loaded by raincheck_core/ops/native.py; used by raincheck_core/ops/row_linear.py. At a decode
+   step's few rows oneDNN's prepacked matmul (layers/linear.py) runs well below the rate of a plain pass
+   over the weight (at one row, half of it), and for K > 1024 it sums a lone row in another order than
+   any row of a product of two rows or more, so a row's result depended on whether it ran alone. Here
+   out[r][n] = sum_k x[r][k] * w[n][k] is summed as oneDNN sums each row of a many-row product: K in blocks
+   of `kb`, each block's partial from zero by one FMA per k in order, the partials added left to right,
+   then the bias. The Python side checks that order against oneDNN on the layer's own weight before it
+   uses the kernel, and keeps oneDNN where they differ.
 
    The weight is packed once as [tiles][K][TILE] (TILE output columns per tile, the last one zero-padded),
-   so a tile's pass over K streams one contiguous block and keeps TILE accumulators in vector registers.
-   `threads` > 1 splits the tiles among threads (each output is summed by one thread, in the same order). */
+   so a tile's pass over K streams one contiguous block. One row keeps its TILE accumulators in vector
+   registers; with AVX-512, rows go four at a time through one pass over the tile (16 accumulator
+   registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). `threads` > 1
+   splits the tiles among threads (each output is summed by one thread, in the same order). */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define TILE 64
 
@@ -27,45 +33,117 @@ void row_linear_pack_f32(const float *w, float *packed, int64_t n, int64_t k) {
             }
 }
 
+/* Rows up to which the kernel is faster than oneDNN on the hosts measured (more go to oneDNN). */
+int64_t row_linear_max_rows(void) {
+#ifdef __AVX512F__
+    return 16;
+#else
+    return 1;
+#endif
+}
+
+/* The first `width` outputs of a tile's row `total`, plus the bias, to `out`. */
+static inline void store(float *out, const float *total, const float *bias, int64_t width) {
+    for (int64_t j = 0; j < width; j++) out[j] = bias ? total[j] + bias[j] : total[j];
+}
+
+/* One row of one tile. */
+static void tile_row(const float *x, const float *wt, int64_t k, int64_t kb, float *out, const float *bias,
+                     int64_t width) {
+    float total[TILE], acc[TILE];
+    for (int64_t k0 = 0; k0 < k; k0 += kb) {
+        const int64_t k1 = k0 + kb < k ? k0 + kb : k;
+#pragma omp simd
+        for (int64_t j = 0; j < TILE; j++) acc[j] = 0.0f;
+        for (int64_t i = k0; i < k1; i++) {
+            const float xv = x[i];
+            const float *w = wt + i * TILE;
+#pragma omp simd
+            for (int64_t j = 0; j < TILE; j++) acc[j] = fmaf(xv, w[j], acc[j]);
+        }
+        if (k0 == 0) {
+#pragma omp simd
+            for (int64_t j = 0; j < TILE; j++) total[j] = acc[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < TILE; j++) total[j] = total[j] + acc[j];
+        }
+    }
+    store(out, total, bias, width);
+}
+
+#ifdef __AVX512F__
+#define FMA4(a, b) \
+    a##0 = _mm512_fmadd_ps(b, w0, a##0); a##1 = _mm512_fmadd_ps(b, w1, a##1); \
+    a##2 = _mm512_fmadd_ps(b, w2, a##2); a##3 = _mm512_fmadd_ps(b, w3, a##3)
+
+/* Four rows of one tile in one pass over it (rows past `kept` repeat the last and are not stored): each
+   output's FMAs and block sums exactly as `tile_row` does them. */
+static void tile_rows4(const float *const x[4], const float *wt, int64_t k, int64_t kb, float *const out[4],
+                       const float *bias, int64_t kept, int64_t width) {
+    float total[4][TILE];
+    for (int64_t k0 = 0; k0 < k; k0 += kb) {
+        const int64_t k1 = k0 + kb < k ? k0 + kb : k;
+        __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
+        __m512 r0 = p0, r1 = p0, r2 = p0, r3 = p0, s0 = p0, s1 = p0, s2 = p0, s3 = p0;
+        for (int64_t i = k0; i < k1; i++) {
+            const float *w = wt + i * TILE;
+            const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
+                         w3 = _mm512_loadu_ps(w + 48);
+            __m512 b = _mm512_set1_ps(x[0][i]);
+            FMA4(p, b);
+            b = _mm512_set1_ps(x[1][i]);
+            FMA4(q, b);
+            b = _mm512_set1_ps(x[2][i]);
+            FMA4(r, b);
+            b = _mm512_set1_ps(x[3][i]);
+            FMA4(s, b);
+        }
+        const __m512 acc[4][4] = {{p0, p1, p2, p3}, {q0, q1, q2, q3}, {r0, r1, r2, r3}, {s0, s1, s2, s3}};
+        for (int u = 0; u < 4; u++)
+            for (int c = 0; c < 4; c++) {
+                float *t = total[u] + 16 * c;
+                _mm512_storeu_ps(t, k0 == 0 ? acc[u][c] : _mm512_add_ps(_mm512_loadu_ps(t), acc[u][c]));
+            }
+    }
+    for (int64_t u = 0; u < kept; u++) store(out[u], total[u], bias, width);
+}
+#endif
+
 struct part {
     const float *x, *packed, *bias;
     float *out;
-    int64_t k, n, kb, first, last;      /* tiles [first, last) */
+    int64_t rows, k, n, kb, first, last;        /* tiles [first, last) */
 };
 
 static void *run_part(void *arg) {
     const struct part *p = arg;
     for (int64_t t = p->first; t < p->last; t++) {
         const float *wt = p->packed + t * p->k * TILE;
-        float total[TILE], acc[TILE];
-        for (int64_t k0 = 0; k0 < p->k; k0 += p->kb) {
-            const int64_t k1 = k0 + p->kb < p->k ? k0 + p->kb : p->k;
-#pragma omp simd
-            for (int64_t j = 0; j < TILE; j++) acc[j] = 0.0f;
-            for (int64_t i = k0; i < k1; i++) {
-                const float xv = p->x[i];
-                const float *w = wt + i * TILE;
-#pragma omp simd
-                for (int64_t j = 0; j < TILE; j++) acc[j] = fmaf(xv, w[j], acc[j]);
-            }
-            if (k0 == 0) {
-#pragma omp simd
-                for (int64_t j = 0; j < TILE; j++) total[j] = acc[j];
-            } else {
-#pragma omp simd
-                for (int64_t j = 0; j < TILE; j++) total[j] = total[j] + acc[j];
-            }
-        }
+        const float *bias = p->bias ? p->bias + t * TILE : NULL;
         const int64_t width = p->n - t * TILE < TILE ? p->n - t * TILE : TILE;
-        float *o = p->out + t * TILE;
-        for (int64_t j = 0; j < width; j++) o[j] = p->bias ? total[j] + p->bias[t * TILE + j] : total[j];
+        int64_t r0 = 0;
+#ifdef __AVX512F__
+        for (; p->rows > 1 && r0 < p->rows; r0 += 4) {
+            const float *x[4];
+            float *out[4];
+            for (int64_t u = 0; u < 4; u++) {
+                const int64_t r = r0 + u < p->rows ? r0 + u : p->rows - 1;
+                x[u] = p->x + r * p->k;
+                out[u] = p->out + r * p->n + t * TILE;
+            }
+            tile_rows4(x, wt, p->k, p->kb, out, bias, p->rows - r0 < 4 ? p->rows - r0 : 4, width);
+        }
+#endif
+        for (; r0 < p->rows; r0++)
+            tile_row(p->x + r0 * p->k, wt, p->k, p->kb, p->out + r0 * p->n + t * TILE, bias, width);
     }
     return NULL;
 }
 
-/* out[n] for one row x[k]; `bias` may be NULL. */
-void row_linear_f32(const float *x, const float *packed, const float *bias, float *out, int64_t k, int64_t n,
-                    int64_t kb, int64_t threads) {
+/* out[rows][n] for x[rows][k]; `bias` may be NULL. */
+void row_linear_f32(const float *x, const float *packed, const float *bias, float *out, int64_t rows, int64_t k,
+                    int64_t n, int64_t kb, int64_t threads) {
     const int64_t tiles = (n + TILE - 1) / TILE;
     int64_t parts = threads < tiles ? threads : tiles;
     if (parts < 1) parts = 1;
@@ -73,7 +151,7 @@ void row_linear_f32(const float *x, const float *packed, const float *bias, floa
     pthread_t thread[parts];
     int started[parts];
     for (int64_t i = 0; i < parts; i++)
-        part[i] = (struct part){x, packed, bias, out, k, n, kb, tiles * i / parts, tiles * (i + 1) / parts};
+        part[i] = (struct part){x, packed, bias, out, rows, k, n, kb, tiles * i / parts, tiles * (i + 1) / parts};
     /* part 0 runs on this thread; a thread that cannot start leaves its part to this one too */
     for (int64_t i = 1; i < parts; i++) started[i] = pthread_create(&thread[i], NULL, run_part, &part[i]) == 0;
     run_part(&part[0]);
