@@ -33,7 +33,7 @@ CHECK_ROWS = (0, 1, 77)     # rows of a 128-row product the kernel must reproduc
 
 @dataclass(frozen=True)
 class RowLinear:
-    """One weight (and bias) packed for the one-row kernel, with the K block its order was checked with."""
+    """One weight (and bias) packed for the row kernel, with the K block its order was checked with."""
 
     packed: Tensor          # [tiles * K * TILE]
     bias: Tensor | None
