@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.row_linear import MAX_ROWS, row_linear
+from ..ops.row_linear import MAX_ROWS, RowLinear, row_linear
 from .derived import derived
 
 log = logging.getLogger(__name__)
@@ -41,24 +41,19 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     if (not _packing["available"] or torch.is_grad_enabled() or x.dtype != torch.float32
             or weight.dtype != torch.float32 or not x.is_cpu):
         return F.linear(x, weight, bias)
-    try:
-        packed = derived(module, "_packed_weight", (weight,),
-                         lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-    except RuntimeError as e:      # a torch build whose oneDNN lacks the op: the plain matmul
-        log.warning("prepacked linear weights unavailable (%s); using torch's matmul", e)
-        _packing["available"] = False
-        return F.linear(x, weight, bias)
     # a decode step's input is already `[rows, in]` and needs no padding: no reshape, slice or view then
     flat = x.dim() == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
     if n <= MAX_ROWS:      # a decode step's few rows: the row kernel, where it sums as oneDNN's rows do
-        sources = (weight,) if bias is None else (weight, bias)
-        few_rows = derived(module, "_row_kernel", sources, lambda: row_linear(
-            weight, bias, lambda a: torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")))
+        few_rows = derived(module, "_row_kernel", (weight,) if bias is None else (weight, bias),
+                           lambda: _row_kernel(module, weight, bias))
         if few_rows is not None and n <= few_rows.max_rows:
             out = few_rows(rows.contiguous())
             return out if flat else out.view(*x.shape[:-1], out.shape[-1])
+    packed = _prepacked(module, weight)
+    if packed is None:
+        return F.linear(x, weight, bias)
     padded = _row_bucket(n)
     if padded != n:
         rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])
@@ -66,6 +61,26 @@ def packed_linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias
     if padded != n:
         out = out[:n]
     return out if flat else out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _prepacked(module: nn.Module, weight: torch.Tensor) -> torch.Tensor | None:
+    """`module`'s oneDNN copy of `weight`, or None where this torch's oneDNN lacks the op (packing is then
+    off for good: the plain matmul)."""
+    try:
+        return derived(module, "_packed_weight", (weight,),
+                       lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    except RuntimeError as e:
+        log.warning("prepacked linear weights unavailable (%s); using torch's matmul", e)
+        _packing["available"] = False
+        return None
+
+
+def _row_kernel(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> RowLinear | None:
+    """The row kernel for `weight`, checked against the oneDNN product it stands in for."""
+    packed = _prepacked(module, weight)
+    if packed is None:
+        return None
+    return row_linear(weight, bias, lambda a: torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], ""))
 
 
 def _row_bucket(n: int) -> int:
