@@ -53,6 +53,9 @@ class Sampler:
         self.params = params
         self.rules = LogitRules(params, context, stop_ids) if LogitRules.needed(params) else None
         self.constraint = constraint
+        # greedy with no rule, grammar or logprobs: the draw is the row's first largest logit (fixed for the
+        # sampler's life, and read for every decode row)
+        self.plain_greedy = params.greedy and self.rules is None and constraint is None and not params.logprobs
         self.logprob: float | None = None
         self.top_logprobs: tuple[tuple[int, float], ...] = ()
         self.generator = torch.Generator()
@@ -62,11 +65,6 @@ class Sampler:
             self.generator.seed()
         self.fallback: str | None = None     # what the latest draw did differently from what was asked
         self._warned: set[str] = set()
-
-    @property
-    def plain_greedy(self) -> bool:
-        """Greedy with no rule, grammar or logprobs: the draw is the row's first largest logit."""
-        return self.params.greedy and self.rules is None and self.constraint is None and not self.params.logprobs
 
     def from_maximum(self, maximum: tuple[float, int]) -> int | None:
         """The draw, when the row's largest logit and its index (`row_maxima`, found for a whole step at

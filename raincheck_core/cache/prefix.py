@@ -78,7 +78,7 @@ class PrefixChain:
             grown = np.zeros((max(2 * self.keys.shape[0], end, 64), ROW_KEY_WIDTH), dtype=np.int64)
             grown[: self.described] = self.keys[: self.described]
             self.keys = grown
-        self.keys[start:end] = row_keys(keys)
+        self.keys[start:end] = keys.numpy() if isinstance(keys, torch.Tensor) else keys    # numpy casts to int64
         self.described = end
         before = len(self.hashes)
         ps = self.page_size

@@ -56,6 +56,7 @@ class TurnRequest:
         self.turn = cache.turns           # the session's turn index (set again at admission)
         self.cache = cache
         self.input = turn_input
+        self._input_rows = len(turn_input)    # `decoding` is asked several times per row and step
         self.params = params
         self.sampler = Sampler(params, turn_input.token_ids, stop_ids, constraint)
         self.stop_ids = stop_ids
@@ -106,11 +107,11 @@ class TurnRequest:
 
     @property
     def decoding(self) -> bool:
-        return self.cursor >= len(self.input)
+        return self.cursor >= self._input_rows
 
     @property
     def input_remaining(self) -> int:
-        return len(self.input) - self.cursor
+        return self._input_rows - self.cursor
 
     @property
     def boundaries(self) -> list[int]:

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cached_property
 
 from ..deferral.policy import CHUNK_SIZES
-from .cost_model import StepCostModel
+from .cost_model import ChunkCost, StepCostModel
 from .draft_choice import Prices, acceptance, drafts_win
 from .plan import ANSWERING, Kind, StepPlan
 from .prefill_cuts import aligned, attention_splits, checkpoint_rows
@@ -118,7 +119,9 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
-            drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
+            # most decoding turns have no deferred rows nor drafts: nothing to weigh (a call per row saved)
+            drafts, c = ((), 0) if prices is None and req.cache.recovery is None else \
+                self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
@@ -247,13 +250,23 @@ class _Fit:
 
     def __init__(self, cost: StepCostModel, decoding: list[TurnView]):
         self.carried = 0
-        self.predict = cost.predictor(len(decoding))    # once per step: the estimates do not change within it
-        bound = [r for r in decoding if r.tpot_slo is not None]
-        plain = cost.plain_s(len(decoding))
+        self.cost = cost
+        self.decoding = decoding
+
+    @cached_property
+    def predict(self) -> ChunkCost | None:
+        """Once per step, if any chunk is weighed (most steps weigh none): the estimates do not change within it."""
+        return self.cost.predictor(len(self.decoding))
+
+    @cached_property
+    def allowance(self) -> float:
+        """The extra seconds the tightest objective lets this step cost (asked only if a chunk is weighed)."""
+        bound = [r for r in self.decoding if r.tpot_slo is not None]
         if not bound:
-            self.allowance = math.inf
-        else:   # nothing is known before a plain step was measured: fuse nothing yet
-            self.allowance = 0.0 if plain is None else min(r.slack_s(plain) for r in bound)
+            return math.inf
+        plain = self.cost.plain_s(len(self.decoding))
+        # nothing is known before a plain step was measured: fuse nothing yet
+        return 0.0 if plain is None else min(r.slack_s(plain) for r in bound)
 
     def rows(self, limit: int, take: bool = True) -> int:
         """The largest chunk bucket (or all `limit` rows, when fewer) whose predicted extra cost, with what

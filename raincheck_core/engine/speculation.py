@@ -18,13 +18,15 @@ log = logging.getLogger(__name__)
 
 class DraftingCache(Protocol):
     session: str
+    recovery: Recovery | None     # None: no recovery pending (nor queued behind one)
 
     def recoveries(self) -> list[Recovery]: ...
 
 
 def join_pending(cache: DraftingCache) -> bool:
     """A GDN join of the session is pending: its decode rows are tracked (they extend the join's map)."""
-    return any(not r.done and r.join is not None for r in cache.recoveries())
+    # most sessions have no recovery: a decode row asks once a step, so that case reads one attribute
+    return cache.recovery is not None and any(not r.done and r.join is not None for r in cache.recoveries())
 
 
 class DraftingTurn(Protocol):

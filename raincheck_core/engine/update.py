@@ -72,11 +72,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
     starts = itertools.accumulate((s.logit_rows for s in plan.segments), initial=0)
     logit_at = dict(zip(plan.segments, starts, strict=False))     # `starts` has one more: the total
+    # each segment's cache and running turn (None: a scratch session's, a recovery's after its answer), looked
+    # up once: the phases below each visit every segment
+    owners = [(seg, sessions.cache(seg.session), sessions.turn(seg.session)) for seg in plan.segments]
     # 0. verify segments first: how many of their rows are kept decides what is filled and committed
     verified: dict[str, Verified] = {}
-    for seg in plan.segments:
+    for seg, _, req in owners:
         if seg.kind is Kind.VERIFY:
-            req, at = sessions.turn(seg.session), logit_at[seg]
+            at = logit_at[seg]
             if req.finished:      # cancelled meanwhile: its last token is fed, as a decode row's would be
                 verified[seg.session] = Verified(1, 0)
                 continue
@@ -88,8 +91,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                 result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
     text_keys = text_row_keys([seg for seg in plan.segments if seg.kind in ANSWERING])
-    for seg in plan.segments:
-        cache = sessions.cache(seg.session)
+    for seg, cache, req in owners:
         if seg.kind is Kind.VERIFY:
             # the kept rows only; the rejected rows' slots were claimed, never filled: the next step claims them
             # again and overwrites them, nobody reads them meanwhile
@@ -98,7 +100,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             grown = cache.fill(kept, tokens=list(seg.tokens[:kept]), next_position=seg.position + kept, keys=keys)
             cache.cancel_claims()
         elif seg.kind is Kind.PREFILL:
-            rows = sessions.turn(seg.session).input
+            rows = req.input
             end, start = seg.first + seg.rows, cache.length
             keys = rows.row_keys[seg.first:end] if rows.row_keys is not None else None
             grown = cache.fill(seg.rows, tokens=rows.token_ids[seg.first:end], keys=keys,
@@ -136,8 +138,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                     gdn.ssm[slot].copy_(ssm)
         _join_bookkeeping(out, sessions, gdn_ops, verified)
     # 3. cursors
-    for seg in plan.segments:
-        cache = sessions.cache(seg.session)
+    for seg, cache, req in owners:
         if seg.kind is Kind.RESIDUAL:
             work = sessions.scratch(seg.session)
             if work is not None:
@@ -147,7 +148,6 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             cache.recovery.advance(seg.rows, now)
             cache.recovery.slots.append(seg.write_slots)
             continue
-        req = sessions.turn(seg.session)
         if seg.kind in ANSWERING:       # a decoding turn's rows: nothing begins
             req.fed(seg.rows, now)
             continue
@@ -160,10 +160,10 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample (verify segments drew theirs first)
-    for seg in plan.segments:
+    for seg, _, req in owners:
         if not seg.sample or seg.kind is Kind.VERIFY:
             continue
-        req, logits, maximum = sessions.turn(seg.session), logit_rows[logit_at[seg]], maxima[logit_at[seg]]
+        logits, maximum = logit_rows[logit_at[seg]], maxima[logit_at[seg]]
         if req.finished:
             continue
         try:
