@@ -12,7 +12,7 @@ left to right, then the bias), so a row gets the same bits alone, among a few or
 speculative verify row those of a plain decode row, a step padded to its bucket those of the step.
 Whether the order holds is checked on each weight against oneDNN, bit for bit, before the kernel serves
 it (`row_linear`); where it does not, oneDNN runs the rows as before. Up to `RowLinear.max_rows` rows (16
-with AVX-512, where four rows share a pass over the weight; else 1).
+with AVX-512, where six or four rows share a pass over the weight; else 1).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@
 
    The weight is packed once as [tiles][K][TILE] (TILE output columns per tile, the last one zero-padded),
    so a tile's pass over K streams one contiguous block. One row keeps its TILE accumulators in vector
-   registers; with AVX-512, rows go four at a time through one pass over the tile (16 accumulator
-   registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). `threads` > 1
+   registers; with AVX-512, rows go six (or four) at a time through one pass over the tile (24 or 16
+   accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). `threads` > 1
    splits the tiles among threads (each output is summed by one thread, in the same order). */
 #include <math.h>
 #include <pthread.h>
@@ -73,34 +73,35 @@ static void tile_row(const float *x, const float *wt, int64_t k, int64_t kb, flo
 }
 
 #ifdef __AVX512F__
-#define FMA4(a, b) \
-    a##0 = _mm512_fmadd_ps(b, w0, a##0); a##1 = _mm512_fmadd_ps(b, w1, a##1); \
-    a##2 = _mm512_fmadd_ps(b, w2, a##2); a##3 = _mm512_fmadd_ps(b, w3, a##3)
-
-/* Four rows of one tile in one pass over it (rows past `kept` repeat the last and are not stored): each
-   output's FMAs and block sums exactly as `tile_row` does them. */
-static void tile_rows4(const float *const x[4], const float *wt, int64_t k, int64_t kb, float *const out[4],
-                       const float *bias, int64_t kept, int64_t width) {
-    float total[4][TILE];
+/* R rows of one tile in one pass over it (rows past `kept` repeat the last and are not stored): each output's
+   FMAs and block sums exactly as `tile_row` does them. R is a constant at each call: the accumulators
+   (R x 4 vectors) stay in registers. */
+static inline __attribute__((always_inline)) void tile_rows(const int R, const float *const *x, const float *wt,
+        int64_t k, int64_t kb, float *const *out, const float *bias, int64_t kept, int64_t width) {
+    float total[6][TILE];
     for (int64_t k0 = 0; k0 < k; k0 += kb) {
         const int64_t k1 = k0 + kb < k ? k0 + kb : k;
-        __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
-        __m512 r0 = p0, r1 = p0, r2 = p0, r3 = p0, s0 = p0, s1 = p0, s2 = p0, s3 = p0;
+        __m512 acc[6][4];
+#pragma GCC unroll 6
+        for (int u = 0; u < R; u++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) acc[u][c] = _mm512_setzero_ps();
         for (int64_t i = k0; i < k1; i++) {
             const float *w = wt + i * TILE;
             const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
                          w3 = _mm512_loadu_ps(w + 48);
-            __m512 b = _mm512_set1_ps(x[0][i]);
-            FMA4(p, b);
-            b = _mm512_set1_ps(x[1][i]);
-            FMA4(q, b);
-            b = _mm512_set1_ps(x[2][i]);
-            FMA4(r, b);
-            b = _mm512_set1_ps(x[3][i]);
-            FMA4(s, b);
+#pragma GCC unroll 6
+            for (int u = 0; u < R; u++) {
+                const __m512 b = _mm512_set1_ps(x[u][i]);
+                acc[u][0] = _mm512_fmadd_ps(b, w0, acc[u][0]);
+                acc[u][1] = _mm512_fmadd_ps(b, w1, acc[u][1]);
+                acc[u][2] = _mm512_fmadd_ps(b, w2, acc[u][2]);
+                acc[u][3] = _mm512_fmadd_ps(b, w3, acc[u][3]);
+            }
         }
-        const __m512 acc[4][4] = {{p0, p1, p2, p3}, {q0, q1, q2, q3}, {r0, r1, r2, r3}, {s0, s1, s2, s3}};
-        for (int u = 0; u < 4; u++)
+#pragma GCC unroll 6
+        for (int u = 0; u < R; u++)
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 float *t = total[u] + 16 * c;
                 _mm512_storeu_ps(t, k0 == 0 ? acc[u][c] : _mm512_add_ps(_mm512_loadu_ps(t), acc[u][c]));
@@ -124,15 +125,23 @@ static void *run_part(void *arg) {
         const int64_t width = p->n - t * TILE < TILE ? p->n - t * TILE : TILE;
         int64_t r0 = 0;
 #ifdef __AVX512F__
-        for (; p->rows > 1 && r0 < p->rows; r0 += 4) {
-            const float *x[4];
-            float *out[4];
-            for (int64_t u = 0; u < 4; u++) {
-                const int64_t r = r0 + u < p->rows ? r0 + u : p->rows - 1;
+        const float *x[6];
+        float *out[6];
+        while (p->rows - r0 >= 2) {
+            /* six rows a pass (24 accumulators: the most FMAs per weight load that fit the registers), four
+               where fewer than five are left, and 8 as 4 + 4 rather than 6 + 2 */
+            const int64_t left = p->rows - r0, group = left >= 5 && left != 8 ? 6 : 4;
+            const int64_t kept = left < group ? left : group;
+            for (int64_t u = 0; u < group; u++) {
+                const int64_t r = r0 + (u < kept ? u : kept - 1);
                 x[u] = p->x + r * p->k;
                 out[u] = p->out + r * p->n + t * TILE;
             }
-            tile_rows4(x, wt, p->k, p->kb, out, bias, p->rows - r0 < 4 ? p->rows - r0 : 4, width);
+            if (group == 6)
+                tile_rows(6, x, wt, p->k, p->kb, out, bias, kept, width);
+            else
+                tile_rows(4, x, wt, p->k, p->kb, out, bias, kept, width);
+            r0 += kept;
         }
 #endif
         for (; r0 < p->rows; r0++)
