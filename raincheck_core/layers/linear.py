@@ -30,6 +30,7 @@ from .derived import derived
 
 log = logging.getLogger(__name__)
 ROW_BUCKET = 128
+ROW_STEP = 8
 _packing = {"available": os.environ.get("RAINCHECK_PACKED_LINEAR", "1") != "0"
             and torch.backends.mkldnn.is_available()}
 
@@ -86,12 +87,16 @@ def _row_kernel(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | No
 def _row_bucket(n: int) -> int:
     """oneDNN builds and keeps a primitive (about 0.7 MiB at the demo's sizes) for every row count it
     multiplies: a server meeting every prompt length and batch size would keep growing. Row counts are
-    padded to a power of two up to ROW_BUCKET and to a multiple of it past that, so at most ~23 counts
-    occur below 2,048 rows. A row's result does not depend on the rows beside it (the oneDNN matmul is
-    row-invariant, tests/unit/test_packed_linear.py), so padding changes no output."""
-    if n <= ROW_BUCKET:
+    padded to a power of two up to ROW_STEP, to a multiple of ROW_STEP up to ROW_BUCKET and to a multiple of
+    ROW_BUCKET past that, so at most ~35 counts occur below 2,048 rows. Its time grows with the rows it is
+    given, padding included (a fused step of 16 decode rows and a 63-row chunk ran as 128 rows under
+    powers of two: 1.5x the time of 80), so the buckets are as fine as that bound allows. A row's result
+    does not depend on the rows beside it (the oneDNN matmul is row-invariant,
+    tests/unit/test_packed_linear.py), so padding changes no output."""
+    if n <= ROW_STEP:
         return 1 << (n - 1).bit_length()
-    return -(-n // ROW_BUCKET) * ROW_BUCKET
+    step = ROW_STEP if n <= ROW_BUCKET else ROW_BUCKET
+    return -(-n // step) * step
 
 
 class Linear(nn.Linear):

@@ -65,12 +65,13 @@ def test_packing_can_be_turned_off(monkeypatch):
 @needs_packing
 def test_row_counts_are_bucketed_and_rows_do_not_depend_on_their_neighbours():
     """Padding a step's rows to a bucket (bounded oneDNN primitives) must change no row's result."""
-    assert [linear_mod._row_bucket(n) for n in (1, 3, 5, 64, 100, 128, 129, 2000)] == \
-        [1, 4, 8, 64, 128, 128, 256, 2048]
+    assert [linear_mod._row_bucket(n) for n in (1, 3, 5, 8, 9, 17, 64, 79, 100, 128, 129, 2000)] == \
+        [1, 4, 8, 8, 16, 24, 64, 80, 104, 128, 256, 2048]
+    assert len({linear_mod._row_bucket(n) for n in range(1, 2049)}) <= 35
     gen = torch.Generator().manual_seed(3)
     layer = Linear(96, 80, bias=True)
     x = torch.randn(300, 96, generator=gen)
     with torch.inference_mode():
         whole = layer(x)
-        for n in (1, 3, 17, 129, 257):
+        for n in (1, 3, 9, 17, 33, 47, 79, 129, 257):
             assert torch.equal(layer(x[:n]), whole[:n])
