@@ -10,7 +10,9 @@ same host time: B sessions each start a 64-token text turn (distinct ids, prefix
 then the engine steps until all have ended; every steady step (all B decoding) is timed in thread CPU
 time, and so is the model's forward inside it (a hook on the decoder module: its Python and its
 arithmetic), and the host time is the difference. The random `bench` checkpoint's arithmetic is small,
-but only the difference is reported. 20th percentile and median over the steady steps of the rounds.
+but only the difference is reported. 20th percentile and median over the steady steps of the rounds. A
+second table splits it by stage (planning, the runner's inputs and outputs, the update, the cost model's
+accounting, and the rest: the step's own calls around them).
 `--profile` adds cProfile's top functions of the largest B by time spent outside the forward. `--size tiny`
 runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave the CPU's caches
 warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of weights cause.
@@ -42,6 +44,7 @@ import torch
 from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.engine import step as step_module
 from raincheck_core.multimodal.chat import ChatFormatter
 from raincheck_core.multimodal.detokenize import IncrementalText
 
@@ -69,25 +72,64 @@ def forward_timer(model: torch.nn.Module) -> Iterator[list[float]]:
         post.remove()
 
 
+# the stages of a step outside the forward, by what runs them: (owner, attribute), where owner "step" is
+# engine/step.py (the update is a function there)
+STAGES = {"schedule": ("scheduler", "schedule"), "inputs": ("runner", "prepare"), "outputs": ("runner", "collect"),
+          "update": ("step", "apply_step"), "accounting": ("core", "stepped")}
+
+
+@contextmanager
+def stage_timer(engine: Engine) -> Iterator[dict[str, list[float]]]:
+    """Thread CPU seconds of each call of each of `STAGES`, appended as they end (the engine's own calls
+    wrapped for the context: measurement only)."""
+    core = engine.core
+    owners = {"scheduler": core.scheduler, "runner": core.runner, "core": core, "step": step_module}
+    spent: dict[str, list[float]] = {name: [] for name in STAGES}
+    wrapped = []
+    for name, (owner, attr) in STAGES.items():
+        target = owners[owner]
+        original = getattr(target, attr)
+
+        def timed(*args, _call=original, _out=spent[name], **kwargs):
+            t = time.thread_time()
+            try:
+                return _call(*args, **kwargs)
+            finally:
+                _out.append(time.thread_time() - t)
+        wrapped.append((target, attr, original))
+        setattr(target, attr, timed)
+    try:
+        yield spent
+    finally:
+        for target, attr, original in wrapped:
+            if target is step_module:
+                setattr(target, attr, original)
+            else:       # an instance's method: drop the wrapper, the class's method shows again
+                delattr(target, attr)
+
+
 def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
     g = torch.Generator().manual_seed(seed)
     return [Prompt(torch.randint(16, min(2000, vocab - 16), (TEXT,), generator=g).tolist()) for _ in range(b)]
 
 
-def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int,
-               profiler: cProfile.Profile | None = None) -> tuple[list[float], list[float]]:
-    """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns."""
+def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: cProfile.Profile | None = None
+               ) -> tuple[list[float], list[float], dict[str, list[float]]]:
+    """(step CPU seconds, forward CPU seconds, CPU seconds by stage) of the steady decode steps of one
+    batch of turns."""
     sessions = [engine.open_session() for _ in batch]
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     steps, forwards = [], []
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
     gc.collect()
     gc.disable()
     try:
-        with forward_timer(engine.model) as spent:
+        with forward_timer(engine.model) as spent, stage_timer(engine) as by_stage:
             turns = [s.turn(p, params).request for s, p in zip(sessions, batch, strict=True)]
             while not all(t.finished for t in turns):
                 steady = all(t.decoding and not t.finished for t in turns)
                 calls = len(spent)
+                stage_calls = {name: len(v) for name, v in by_stage.items()}
                 if steady and profiler is not None:
                     profiler.enable()
                 cpu = time.thread_time()
@@ -98,23 +140,28 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int,
                 if steady:
                     steps.append(cpu)
                     forwards.append(sum(spent[calls:]))
+                    for name, v in by_stage.items():
+                        stages[name].append(sum(v[stage_calls[name]:]))
     finally:
         gc.enable()
         for s in sessions:
             s.close()
-    return steps, forwards
+    return steps, forwards, stages
 
 
 def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str) -> dict[int, dict]:
     vocab = engine.model_config.vocab_size
     host_steps(engine, prompts(4, seed=99, vocab=vocab), 8)      # warm-up: allocations, first-use paths
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
+    by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in STAGES} for b in bs}
     with tqdm(total=repeats * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
             for b in bs if r % 2 == 0 else bs[::-1]:
-                steps, forwards = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
+                steps, forwards, stages = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
                 pooled[b][0].extend(steps)
                 pooled[b][1].extend(forwards)
+                for name, v in stages.items():
+                    by_stage[b][name].extend(v)
                 bar.update()
     out = {}
     for b, (steps, forwards) in pooled.items():
@@ -124,6 +171,7 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
                       step_ms_median=1e3 * statistics.median(steps),
                       forward_ms_median=1e3 * statistics.median(forwards))
         out[b]["host_us_per_row"] = 1e3 * out[b]["host_ms_median"] / b
+        out[b]["stage_ms_median"] = {name: 1e3 * statistics.median(v) for name, v in by_stage[b].items()}
     return out
 
 
@@ -189,6 +237,20 @@ def table(results: dict[str, dict[int, dict]]) -> str:
     return "\n".join(lines)
 
 
+def stage_table(results: dict[str, dict[int, dict]]) -> str:
+    """The host time by stage (medians over the steady steps; what is left is the step's own calls: the
+    lock, the clock, the op set, the forward's call around the decoder)."""
+    lines = ["| family | B | " + " | ".join(f"{name} ms" for name in STAGES) + " | rest ms |",
+             "|---|---|" + "---|" * (len(STAGES) + 1)]
+    for family, by_b in results.items():
+        for b, r in by_b.items():
+            stages = r["stage_ms_median"]
+            rest = r["host_ms_median"] - sum(stages.values())
+            lines.append(f"| {family} | {b} | " + " | ".join(f"{stages[name]:.2f}" for name in STAGES)
+                         + f" | {rest:.2f} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 rounds of 16 new tokens (~1 min)")
@@ -222,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))
+    print(f"\nBy stage (thread CPU ms, medians of the steady steps):\n\n{stage_table(results)}")
     if texts:
         print(f"\nA token's text (the demo-v2 tokenizer, an English answer), best of {args.repeats}:\n")
         print(text_table(texts, max(args.bs)))
