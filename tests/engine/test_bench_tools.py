@@ -52,3 +52,6 @@ def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
     results = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_vl"]
     assert set(results) == {"1", "3"}
     assert all(r["steps"] > 0 and 0 < r["forward_ms_median"] < r["step_ms_median"] for r in results.values())
+    for r in results.values():      # every stage timed in the steady steps
+        stages = r["stage_ms_median"]
+        assert set(stages) == set(host.STAGES) and stages["schedule"] > 0 and stages["update"] > 0
