@@ -11,8 +11,8 @@ then the engine steps until all have ended; every steady step (all B decoding) i
 time, and so is the model's forward inside it (a hook on the decoder module: its Python and its
 arithmetic), and the host time is the difference. The random `bench` checkpoint's arithmetic is small,
 but only the difference is reported. 20th percentile and median over the steady steps of the rounds. A
-second table splits it by stage (planning, the runner's inputs and outputs, the update, the cost model's
-accounting, and the rest: the step's own calls around them).
+second table splits it by stage (`STAGES`), in a round of its own: the engine's plan and step hooks and the
+decoder's forward hooks mark the stages' ends.
 `--profile` adds cProfile's top functions of the largest B by time spent outside the forward. `--size tiny`
 runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave the CPU's caches
 warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of weights cause.
@@ -36,15 +36,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams
-from raincheck_core.engine import step as step_module
 from raincheck_core.multimodal.chat import ChatFormatter
 from raincheck_core.multimodal.detokenize import IncrementalText
 
@@ -72,40 +71,37 @@ def forward_timer(model: torch.nn.Module) -> Iterator[list[float]]:
         post.remove()
 
 
-# the stages of a step outside the forward, by what runs them: (owner, attribute), where owner "step" is
-# engine/step.py (the update is a function there)
-STAGES = {"schedule": ("scheduler", "schedule"), "inputs": ("runner", "prepare"), "outputs": ("runner", "collect"),
-          "update": ("step", "apply_step"), "accounting": ("core", "stepped")}
+# the host time of a step by stage, from marks the engine's public hooks and the decoder's forward hooks set:
+# planning (the scheduler, until the plan is handed to the forward's hooks), inputs (resolving the plan, the
+# op set, the runner's tensors), after the forward (its outputs, the update, settling, the cost model, the
+# step hooks), and the rest of the step's own calls (the lock, the clock)
+STAGES = ("planning", "inputs", "after the forward", "rest")
 
 
 @contextmanager
-def stage_timer(engine: Engine) -> Iterator[dict[str, list[float]]]:
-    """Thread CPU seconds of each call of each of `STAGES`, appended as they end (the engine's own calls
-    wrapped for the context: measurement only)."""
-    core = engine.core
-    owners = {"scheduler": core.scheduler, "runner": core.runner, "core": core, "step": step_module}
-    spent: dict[str, list[float]] = {name: [] for name in STAGES}
-    wrapped = []
-    for name, (owner, attr) in STAGES.items():
-        target = owners[owner]
-        original = getattr(target, attr)
+def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
+    """Thread CPU times at which the current step planned (its first pass's plan), entered and left the
+    forward (first entry, last exit) and ended (the step hooks), in a dict the caller clears per step."""
+    marks: dict[str, float] = {}
 
-        def timed(*args, _call=original, _out=spent[name], **kwargs):
-            t = time.thread_time()
-            try:
-                return _call(*args, **kwargs)
-            finally:
-                _out.append(time.thread_time() - t)
-        wrapped.append((target, attr, original))
-        setattr(target, attr, timed)
+    def first(name: str) -> Callable[..., None]:
+        def mark(*_args: object) -> None:     # returns None: a forward hook's value would replace the inputs
+            marks.setdefault(name, time.thread_time())
+        return mark
+
+    def last(*_args: object) -> None:
+        marks["forwarded"] = time.thread_time()
+
+    model = engine.model
+    removers = [engine.on_plan(first("planned")), engine.on_step(first("stepped"))]
+    pre, post = model.register_forward_pre_hook(first("forward")), model.register_forward_hook(last)
     try:
-        yield spent
+        yield marks
     finally:
-        for target, attr, original in wrapped:
-            if target is step_module:
-                setattr(target, attr, original)
-            else:       # an instance's method: drop the wrapper, the class's method shows again
-                delattr(target, attr)
+        for remove in removers:
+            remove()
+        pre.remove()
+        post.remove()
 
 
 def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
@@ -113,26 +109,27 @@ def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
     return [Prompt(torch.randint(16, min(2000, vocab - 16), (TEXT,), generator=g).tolist()) for _ in range(b)]
 
 
-def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: cProfile.Profile | None = None
-               ) -> tuple[list[float], list[float], dict[str, list[float]]]:
-    """(step CPU seconds, forward CPU seconds, CPU seconds by stage) of the steady decode steps of one
-    batch of turns."""
+def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: cProfile.Profile | None = None,
+               stages: dict[str, list[float]] | None = None) -> tuple[list[float], list[float]]:
+    """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns; with
+    `stages`, each steady step's CPU seconds by stage are appended to it too (`STAGES`: the hooks that
+    mark them cost a little of the steps they time, so the main figures are measured without them)."""
     sessions = [engine.open_session() for _ in batch]
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     steps, forwards = [], []
-    stages: dict[str, list[float]] = {name: [] for name in STAGES}
     gc.collect()
     gc.disable()
     try:
-        with forward_timer(engine.model) as spent, stage_timer(engine) as by_stage:
+        with forward_timer(engine.model) as spent, \
+                (step_marks(engine) if stages is not None else nullcontext({})) as marks:
             turns = [s.turn(p, params).request for s, p in zip(sessions, batch, strict=True)]
             while not all(t.finished for t in turns):
                 steady = all(t.decoding and not t.finished for t in turns)
                 calls = len(spent)
-                stage_calls = {name: len(v) for name, v in by_stage.items()}
+                marks.clear()
                 if steady and profiler is not None:
                     profiler.enable()
-                cpu = time.thread_time()
+                start = cpu = time.thread_time()
                 engine.step()
                 cpu = time.thread_time() - cpu
                 if profiler is not None:
@@ -140,13 +137,23 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: 
                 if steady:
                     steps.append(cpu)
                     forwards.append(sum(spent[calls:]))
-                    for name, v in by_stage.items():
-                        stages[name].append(sum(v[stage_calls[name]:]))
+                    if stages is not None:
+                        _split(marks, start, cpu, forwards[-1], stages)
     finally:
         gc.enable()
         for s in sessions:
             s.close()
-    return steps, forwards, stages
+    return steps, forwards
+
+
+def _split(marks: dict[str, float], start: float, step: float, forward: float, stages: dict[str, list[float]]
+           ) -> None:
+    """One step's marks (`step_marks`) as CPU seconds by stage, appended to `stages`."""
+    parts = {"planning": marks["planned"] - start, "inputs": marks["forward"] - marks["planned"],
+             "after the forward": marks["stepped"] - marks["forwarded"]}
+    parts["rest"] = step - forward - sum(parts.values())
+    for name, seconds in parts.items():
+        stages[name].append(seconds)
 
 
 def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str) -> dict[int, dict]:
@@ -154,15 +161,16 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
     host_steps(engine, prompts(4, seed=99, vocab=vocab), 8)      # warm-up: allocations, first-use paths
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
     by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in STAGES} for b in bs}
-    with tqdm(total=repeats * len(bs), desc=desc, leave=False) as bar:
+    with tqdm(total=(repeats + 1) * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
             for b in bs if r % 2 == 0 else bs[::-1]:
-                steps, forwards, stages = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
+                steps, forwards = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
                 pooled[b][0].extend(steps)
                 pooled[b][1].extend(forwards)
-                for name, v in stages.items():
-                    by_stage[b][name].extend(v)
                 bar.update()
+        for b in bs:        # the stages: a round of their own, with the hooks that mark them
+            host_steps(engine, prompts(b, seed=repeats, vocab=vocab), max_new, stages=by_stage[b])
+            bar.update()
     out = {}
     for b, (steps, forwards) in pooled.items():
         host = [s - f for s, f in zip(steps, forwards, strict=True)]
@@ -238,16 +246,13 @@ def table(results: dict[str, dict[int, dict]]) -> str:
 
 
 def stage_table(results: dict[str, dict[int, dict]]) -> str:
-    """The host time by stage (medians over the steady steps; what is left is the step's own calls: the
-    lock, the clock, the op set, the forward's call around the decoder)."""
-    lines = ["| family | B | " + " | ".join(f"{name} ms" for name in STAGES) + " | rest ms |",
-             "|---|---|" + "---|" * (len(STAGES) + 1)]
+    """The host time by stage (`STAGES`; medians over a round's steady steps)."""
+    lines = ["| family | B | " + " | ".join(f"{name} ms" for name in STAGES) + " |",
+             "|---|---|" + "---|" * len(STAGES)]
     for family, by_b in results.items():
         for b, r in by_b.items():
             stages = r["stage_ms_median"]
-            rest = r["host_ms_median"] - sum(stages.values())
-            lines.append(f"| {family} | {b} | " + " | ".join(f"{stages[name]:.2f}" for name in STAGES)
-                         + f" | {rest:.2f} |")
+            lines.append(f"| {family} | {b} | " + " | ".join(f"{stages[name]:.2f}" for name in STAGES) + " |")
     return "\n".join(lines)
 
 
@@ -284,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))
-    print(f"\nBy stage (thread CPU ms, medians of the steady steps):\n\n{stage_table(results)}")
+    print(f"\nBy stage (thread CPU ms, medians of the steady steps of a round of their own):\n\n"
+          f"{stage_table(results)}")
     if texts:
         print(f"\nA token's text (the demo-v2 tokenizer, an English answer), best of {args.repeats}:\n")
         print(text_table(texts, max(args.bs)))

@@ -54,4 +54,4 @@ def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
     assert all(r["steps"] > 0 and 0 < r["forward_ms_median"] < r["step_ms_median"] for r in results.values())
     for r in results.values():      # every stage timed in the steady steps
         stages = r["stage_ms_median"]
-        assert set(stages) == set(host.STAGES) and stages["schedule"] > 0 and stages["update"] > 0
+        assert set(stages) == set(host.STAGES) and stages["planning"] > 0 and stages["after the forward"] > 0
