@@ -119,9 +119,7 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
-            # most decoding turns have no deferred rows nor drafts: nothing to weigh (a call per row saved)
-            drafts, c = ((), 0) if prices is None and req.cache.recovery is None else \
-                self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
+            drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
