@@ -20,7 +20,7 @@ import torch
 from raincheck_core.ops import backend, fla_adapter
 
 from .. import attention, parallel
-from . import exact, kernels, timing
+from . import batched, exact, kernels, timing
 from .models import Shape, import_reference_models, shapes
 from .parts import Parts
 
@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> dict:
         floor(shape, first)
     for shape in models:
         hf(shape, first)
+    for shape in models:     # B sessions over their own pages: the step's attention and GDN states in place
+        parts.run(("batched_decode", shape.name), lambda shape=shape: batched.batched_decode(
+            shape, device, dtype, timed_backend, tiny))
     parts.run(("gdn",), lambda: timing.gdn_update_and_join(device, tiny))
     parts.run(("attention_accounting",), lambda: {"rows": attention.accounting_table(device, tiny)})
     parts.run(("profile",), lambda: timing.profile_fused_step(models[0], device, dtype, first, text, timed_backend))

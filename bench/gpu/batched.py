@@ -1,0 +1,90 @@
+"""Batched decode on the device (issue 39): B sessions, each decoding over its own long text context, with
+decode graphs on, so the step's attention reads each session's pages in place and the GDN states stay in
+the pool. Per B: the steady step's wall time, decode tokens/s, and the device's kernel time per step (the
+profiler sees kernels inside graph replays too), so wall - device is the host time the GPU waits on."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from raincheck_core import Engine, Prompt, SamplingParams
+
+from .models import Shape, random_engine
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def decode_round(engine: Engine, batch: list[Prompt], answer: int, device: str,
+                 around: Callable[[bool], None] | None = None) -> list[float]:
+    """Wall seconds of each steady decode step (every turn of the batch decoding) of one batch of turns;
+    `around(True)` is called before the first steady step and `around(False)` after the last."""
+    sessions = [engine.open_session() for _ in batch]
+    params = SamplingParams(max_new_tokens=answer, ignore_eos=True)
+    walls: list[float] = []
+    started = False
+    try:
+        turns = [s.turn(p, params).request for s, p in zip(sessions, batch, strict=True)]
+        while not all(t.finished for t in turns):
+            steady = all(t.decoding and not t.finished for t in turns)
+            if steady and not started and around is not None:
+                around(True)
+            started = started or steady
+            _sync(device)
+            t0 = time.perf_counter()
+            engine.step()
+            _sync(device)
+            if steady:
+                walls.append(time.perf_counter() - t0)
+        if started and around is not None:
+            around(False)
+    finally:
+        for s in sessions:
+            s.close()
+    return walls
+
+
+def _prompts(engine: Engine, b: int, context: int, seed: int) -> list[Prompt]:
+    """`b` distinct text prompts of `context` ids (distinct, so the prefix cache shares nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    top = min(2000, engine.model_config.vocab_size - 16)
+    return [Prompt(torch.randint(16, top, (context,), generator=g).tolist()) for _ in range(b)]
+
+
+def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bool) -> dict:
+    """{B: wall_ms, tokens_per_s, device_ms (kernel time per steady step), host_gap_ms (wall - device),
+    steps} for B = 1, 16, 64 sessions over 1,536-token contexts (tiny: 1 and 4 over 24), each B after a
+    warm-up batch of the same shape (compiles and captures what the timed batch meets)."""
+    sizes, context, answer = ((1, 4), 24, 6) if tiny else ((1, 16, 64), 1536, 24)
+    on_cuda = torch.device(device).type == "cuda"
+    pages = max(sizes) * -(-(context + answer + 16) // 16) + 256
+    engine = random_engine(shape, device, dtype, backend=backend, cuda_graphs=on_cuda, num_pages=pages)
+    if not on_cuda:
+        engine.use_step_graphs(capture=False)          # the same padded path, eagerly
+    out: dict = {"context": context, "answer": answer, "graphs": on_cuda}
+    for b in sizes:
+        decode_round(engine, _prompts(engine, b, context, seed=3 * b), answer, device)
+        walls = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 1), answer, device)
+        prof = profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU])
+        profiled = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device,
+                                around=lambda start, prof=prof: prof.start() if start else prof.stop())
+        wall = statistics.median(walls)
+        row = dict(steps=len(walls), wall_ms=1e3 * wall, tokens_per_s=b / wall, device_ms=None, host_gap_ms=None)
+        if on_cuda and profiled:
+            kernels_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()
+                             if e.device_type == torch.autograd.DeviceType.CUDA)
+            row["device_ms"] = 1e-3 * kernels_us / len(profiled)
+            row["host_gap_ms"] = 1e3 * statistics.fmean(profiled) - row["device_ms"]
+        out[str(b)] = row
+    first = out[str(sizes[0])]["tokens_per_s"]
+    for b in sizes:
+        out[str(b)]["scaling"] = out[str(b)]["tokens_per_s"] / first
+    del engine
+    return out
