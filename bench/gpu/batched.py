@@ -45,6 +45,9 @@ def decode_round(engine: Engine, batch: list[Prompt], answer: int, device: str,
                 walls.append(time.perf_counter() - t0)
         if started and around is not None:
             around(False)
+        failed = next((t.error for t in turns if t.error is not None), None)
+        if failed is not None:
+            raise failed
     finally:
         for s in sessions:
             s.close()

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 
-from .flex_layout import FlexLayout
+from .flex_layout import Q_TILE, FlexGroup, FlexLayout
 
 # one compiled kernel per (segments bucket, query bucket, block-list columns, pool shape, heads, dtype):
 # far more than dynamo's default of 8 per function when a process serves several models or shapes (the
@@ -22,7 +22,7 @@ RECOMPILE_LIMIT = 512
 # The CPU template picks its split-KV decoding kernel for 1-row queries when the partition size is a
 # multiple of the KV block; that kernel walks every partition of the whole key tensor (here: the pool)
 # when segments have different block counts. A partition size no page size divides keeps the main kernel,
-# which walks only each segment's block list (GPU backends ignore the option).
+# which walks only each segment's block list.
 CPU_PARTITION = 24
 
 
@@ -37,14 +37,29 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     # row r takes the outputs of padding positions (fixed shapes: no per-step count of real rows), and
     # rows no group attends stay zero
     out = q.new_zeros(r + 1, heads, d)
-    options = {"PARTITION_SIZE": CPU_PARTITION} if q.device.type == "cpu" else None
+    shared = heads // keys.shape[1]
     for g in layout.groups:
         n = g.stamp.shape[0]
         qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
-        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables), enable_gqa=heads != keys.shape[1],
-                         kernel_options=options)
+        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables, shared), enable_gqa=shared != 1,
+                    kernel_options=kernel_options(g, shared, layout.tables.page_size, q.device))
         out[g.out_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d).to(q.dtype)
     return out[:r]
+
+
+def kernel_options(group: FlexGroup, shared_heads: int, page_size: int, device: torch.device) -> dict | None:
+    """FlexAttention's options for one group's call. On the CPU, the partition size that keeps the main
+    kernel. On a GPU, a one-tile group shorter than Q_TILE runs FlexAttention's decoding kernel on its
+    defaults where it can (query heads per KV head a power of two; `FlexGroup.declared_q_block`); the
+    others run the main kernel on blocks of Q_TILE rows and one page (its default blocks of 64-128 rows and
+    keys would not divide the declared ones, and below 128 query rows it would pick the decoding kernel,
+    which reads one block list per segment, not one per tile)."""
+    if device.type == "cpu":
+        return {"PARTITION_SIZE": CPU_PARTITION}
+    if group.tile < Q_TILE and shared_heads & (shared_heads - 1) == 0:
+        return None
+    return {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": Q_TILE, "BLOCK_N": page_size, "num_warps": 4,
+            "num_stages": 2}
 
 
 def compiled():

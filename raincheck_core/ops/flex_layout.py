@@ -35,10 +35,12 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-# Query rows per tile of a multi-row group: an eighth of the query bucket, at most Q_TILE. A partly used
-# tile computes its padded rows too; a segment of n rows is in the bucket q with q / 2 < n <= q, so it pads
-# at most q / 8 - 1 < n / 4 rows (computed / visible < 1.25 from the rows). Larger tiles make the kernel's
-# GEMMs larger and its K/V re-reads (once per tile) fewer.
+# Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
+# Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
+# smallest M): the main kernel then runs 16-row blocks, and a one-tile group below 16 rows takes
+# FlexAttention's decoding kernel, which packs a KV head's query heads into one block (`declared_q_block`).
+# A tile computes its padded rows too: a segment of n rows pads at most 15 rows past 16 and its bucket's
+# rows below (a decode row: none; a 31-row deferred chunk: 1; prefill chunks of 128+ rows: < 12%).
 Q_TILE = 16
 # block-list columns per query tile, at least: the kernel is specialised on the lists' strides, so a pool
 # whose sessions stay under this many pages (4K tokens of 16-slot pages) compiles one kernel per shape
@@ -110,7 +112,13 @@ class FlexGroup:
     tile: int               # query rows per tile
     cols: int               # block-list columns per tile (a bucket of the longest list)
 
-    def block_mask(self, tables: SlotTables) -> BlockMask:
+    def declared_q_block(self, shared_heads: int) -> int:
+        """The query block size the BlockMask declares: the tile, or for a one-tile group shorter than Q_TILE
+        the rows FlexAttention's decoding kernel packs into one block (the bucket's rows times the query
+        heads sharing a KV head, at least Q_TILE; the kernel needs its block to divide the declared one)."""
+        return self.tile if self.tile == Q_TILE else max(Q_TILE, bucket(self.q * shared_heads))
+
+    def block_mask(self, tables: SlotTables, shared_heads: int = 1) -> BlockMask:
         n, tiles, pages = self.stamp.shape[0], self.q // self.tile, tables.slots // tables.page_size
         page_size, writer, hidden = tables.page_size, tables.writer, tables.hidden
         stamp, last, filtered, rows, step = self.stamp, self.last, self.filtered, self.rows, self.step
@@ -127,7 +135,8 @@ class FlexGroup:
             return buf.as_strided((n, 1, tiles, pages), (tiles * self.cols, tiles * self.cols, self.cols, 1))
 
         return BlockMask.from_kv_blocks(self.partial_num, wide(self.partial_idx), self.full_num, wide(self.full_idx),
-                                        BLOCK_SIZE=(self.tile, page_size), mask_mod=mask_mod,
+                                        BLOCK_SIZE=(self.declared_q_block(shared_heads), page_size),
+                                        mask_mod=mask_mod,
                                         seq_lengths=(self.q, tables.slots), compute_q_blocks=False)
 
 
@@ -305,7 +314,7 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start:
 def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
     """The group of segments `ids` (query bucket `q`), padded to `n` segments."""
-    tile = min(Q_TILE, max(1, q // 8))
+    tile = min(Q_TILE, q)
     tiles = q // tile
     sel = torch.tensor(ids, dtype=torch.long)
     # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks

@@ -2,8 +2,9 @@
 on real engine steps of both families: a first prefill, decode steps of two sessions, and decode steps
 with fused deferred chunks. Every segment reads only the pages of its own read list (a decode row computes
 no score outside its session), score entries computed / visible <= 1.25 and K/V bytes read / visible <=
-1.1 (contexts of a few hundred tokens: the last partly filled page, the padded query tile and the
-causal diagonal's pages are what the bounds cover)."""
+1.1 (contexts of about a thousand tokens, the shortest the issue bounds: the last partly filled page, the
+16-row query tiles the GPU kernels need and the causal diagonal's pages are what the bounds cover; over a
+few hundred tokens a 31-row chunk's two tiles alone come near 1.25)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, famil
     remove = engine.on_plan(lambda plan: kinds.append({s.kind for s in plan.segments}))
     cfg = engine.model_config
     visual = random_visual("image", GRID, cfg.hidden_size, cfg.deepstack_levels, seed=3)
-    text = [10 + i % 50 for i in range(300)]
+    text = [10 + i % 50 for i in range(1000)]
     deferring = engine.open_session()
     plain = engine.open_session()
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
