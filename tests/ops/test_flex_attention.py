@@ -10,8 +10,8 @@ import torch
 from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
-from raincheck_core.ops.flex_attention import flex_varlen_attention
-from raincheck_core.ops.flex_layout import MAX_STEP, flex_layout, tables_of
+from raincheck_core.ops.flex_attention import flex_varlen_attention, kernel_options
+from raincheck_core.ops.flex_layout import MAX_STEP, Q_TILE, bucket, flex_layout, tables_of
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
 
@@ -185,3 +185,34 @@ def test_the_step_counter_wraps_with_clean_tables():
         _run(pool, [1], [t.reserved_slots(0, t.length + 1)], [row])
         t.advance(1)
     assert tables.step == 2         # MAX_STEP - 1, then 1 and 2 after the wrap
+
+
+@pytest.mark.parametrize("shared_heads", [1, 3, 4, 8])
+def test_every_group_declares_blocks_the_gpu_kernels_accept(shared_heads):
+    """What torch's FlexAttention lowering requires on a GPU, checked where no GPU is: the main kernel
+    needs the declared query block and the page to be multiples of its BLOCK_M and BLOCK_N (at least 16,
+    Triton's smallest matrix tile) and reads one block list per block of BLOCK_M rows; the decoding kernel
+    (a KV head's query heads packed in one block, a power of two of them) needs the declared query block
+    to be a multiple of max(16, next power of two of rows x shared heads) and reads the first list only.
+    The first device run failed every call on these rules."""
+    pool = _pool(128)
+    q_lens, reads, writes = [], [], []
+    for filled, n in ((40, 1), (20, 2), (33, 3), (7, 5), (100, 16), (300, 31), (0, 70), (10, 130), (0, 300)):
+        t = _session(pool, filled)
+        writes.append(t.ahead(0, n))
+        reads.append(t.reserved_slots(0, filled + n))
+        q_lens.append(n)
+    layout = _run(pool, q_lens, reads, writes)
+    assert sorted(g.q for g in layout.groups) == [1, 2, 4, 8, 16, 32, 128, 256, 512]
+    for g in layout.groups:
+        declared = g.declared_q_block(shared_heads)
+        assert (declared, PAGE) == g.block_mask(layout.tables, shared_heads).BLOCK_SIZE
+        options = kernel_options(g, shared_heads, PAGE, torch.device("cuda"))
+        if options is None:             # the decoding kernel
+            assert g.q // g.tile == 1 and g.q < 128 and shared_heads & (shared_heads - 1) == 0
+            assert declared % max(16, bucket(g.q * shared_heads)) == 0
+        else:                           # the main kernel, one block list per tile
+            assert options["FORCE_USE_FLEX_ATTENTION"]
+            assert options["BLOCK_M"] >= 16 and options["BLOCK_N"] >= 16
+            assert declared % options["BLOCK_M"] == 0 and PAGE % options["BLOCK_N"] == 0
+            assert declared >= g.q if g.q < Q_TILE else declared == options["BLOCK_M"] == g.tile
