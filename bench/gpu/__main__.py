@@ -20,7 +20,7 @@ import torch
 from raincheck_core.ops import backend, fla_adapter
 
 from .. import attention, parallel
-from . import batched, exact, kernels, timing
+from . import batched, exact, flex_check, kernels, timing
 from .models import Shape, import_reference_models, shapes
 from .parts import Parts
 
@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> dict:
         parts.run(("fla_smoke",), lambda: kernels.fla_smoke(device, tiny))
     elif not parts.done(("fla_smoke",)):
         result["fla_smoke"] = {"skipped": f"fla does not import: {fla_adapter.import_error()}"}
+
+    # the attention every engine step runs, on its own first: a failure here names the group kind at fault
+    parts.run(("flex_check",), lambda: flex_check.flex_check(device, tiny, timing.copy_bandwidth(device, tiny)))
 
     def timings(shape: Shape, v: int, graphs: bool) -> None:
         parts.run(("shapes", shape.name, f"{v}_visual", "graphs_on" if graphs else "graphs_off"),

@@ -1,6 +1,6 @@
 """`python -m bench.gpu.report RESULT.json`: a device run's JSON as the markdown tables docs/BENCHMARKS.md
 carries (exactness, the policies per shape beside the paper's Table 4, TPOT over its floor, the GDN
-kernels, the fused step's top kernels)."""
+kernels, the fused step's top kernels, FlexAttention over the pool alone and batched decode steps)."""
 
 from __future__ import annotations
 
@@ -102,6 +102,35 @@ def kernels(result: dict) -> list[str]:
     return lines
 
 
+def attention(result: dict) -> list[str]:
+    """FlexAttention over the pool on its own (flex_check) and batched decode steps (batched_decode)."""
+    lines = []
+    check = result.get("flex_check", {})
+    for case, c in check.get("groups", {}).items():
+        lines.append(f"FlexAttention groups, {case}: query buckets {c['buckets']}, max error / max |ref| "
+                     f"{c['max_error']:.1e}, first call {c['first_s']:.1f} s.")
+    if check.get("decode"):
+        lines += ["", "| decode, B x context | ms / call | layout host ms | K+V visible MB | read / visible | GB/s "
+                      "| over copy bandwidth |", "|---|---|---|---|---|---|---|"]
+        for r in check["decode"]:
+            over = "-" if r["over_copy_bandwidth"] is None else f"{r['over_copy_bandwidth']:.2f}"
+            lines.append(f"| {r['sessions']} x {r['context']} | {r['ms']:.3f} | {r['layout_host_ms']:.2f} "
+                         f"| {r['kv_visible_mb']:.1f} | {r['kv_read_over_visible']:.3f} | {r['gb_per_s']:.0f} "
+                         f"| {over} |")
+    batched = {name: r for name, r in result.get("batched_decode", {}).items() if "context" in r}
+    if batched:
+        lines += ["", "| shape | B | step ms | tokens/s | scaling | device ms | wall - device ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, r in batched.items():
+            for b, row in r.items():
+                if isinstance(row, dict):
+                    dev = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
+                    gap = "-" if row["host_gap_ms"] is None else f"{row['host_gap_ms']:.2f}"
+                    lines.append(f"| {name} | {b} | {row['wall_ms']:.2f} | {row['tokens_per_s']:.0f} "
+                                 f"| {row['scaling']:.2f} | {dev} | {gap} |")
+    return lines
+
+
 def parallel(result: dict) -> list[str]:
     par = result.get("parallel", {})
     if "engine_started" not in par:
@@ -119,7 +148,8 @@ def report(result: dict) -> str:
             f"{result.get('backend')} (auto on CUDA: {result.get('auto_on_cuda')}), reference GDN "
             f"`{result.get('reference_gdn')}`")
     return "\n".join([head, "", *exactness(result), "", *policies(result), "", *floors(result), "",
-                      *kernels(result), "", *parallel(result)]) + "\n"
+                      *kernels(result), "", *attention(result), "",
+                      *parallel(result)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -131,6 +131,15 @@ def transformers_timing(shape: Shape, device: str, dtype: str, visual: int, text
     return dict(ttft=ttft, tpot=(time.perf_counter() - t0) / answer)
 
 
+def copy_bandwidth(device: str, tiny: bool) -> float:
+    """Bytes read + written per second by a device-to-device copy (1 GiB on a GPU: far past its caches)."""
+    n = (1 << 20) if tiny else (1 << 28)
+    src = torch.empty(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), device, 5)
+    return 2 * 4 * n / seconds
+
+
 def floor(shape: Shape, device: str, dtype: str, tiny: bool) -> dict:
     """The decode step's physical floor: the weight bytes a step reads (every layer, the LM head) over the
     device-to-device copy bandwidth measured here (bytes read + written per second)."""
@@ -141,11 +150,7 @@ def floor(shape: Shape, device: str, dtype: str, tiny: bool) -> dict:
     weights = sum(p.numel() for n, p in decoder.named_parameters() if not n.startswith("embed_tokens"))
     if cfg.tie_word_embeddings:
         weights += cfg.vocab_size * cfg.hidden_size
-    n = (1 << 20) if tiny else (1 << 28)
-    src = torch.empty(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    seconds = timed(lambda: dst.copy_(src), device, 5)
-    bandwidth = 2 * 4 * n / seconds
+    bandwidth = copy_bandwidth(device, tiny)
     return dict(weight_bytes=weights * item, copy_bandwidth=bandwidth, floor_s=weights * item / bandwidth)
 
 
