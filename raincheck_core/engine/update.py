@@ -6,7 +6,8 @@ each later one), move cursors, then sample each turn's next token. What ends her
 turns whose answer is over, the turns whose sampling failed (one turn's failure is its own), the
 recoveries that are complete, the `n > 1` turns whose prompt is in (their other answers fork now). The
 engine core settles them (engine/core.py): it alone ends, fails and undoes turns, forks answers and
-finishes recoveries.
+finishes recoveries. Only sampling reads values the forward computed (a speculative step's verification
+first), so on a GPU everything before it runs while the forward is still computing.
 """
 
 from __future__ import annotations
@@ -68,13 +69,15 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     if restoring is None:
         restoring = chunk_carriers(plan)
     # each sampling segment's rows of the step's logits
-    maxima = row_maxima(out.logits) if len(out.logits) else []
-    logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
     starts = itertools.accumulate((s.logit_rows for s in plan.segments), initial=0)
     logit_at = dict(zip(plan.segments, starts, strict=False))     # `starts` has one more: the total
     # each segment's cache and running turn (None: a scratch session's, a recovery's after its answer), looked
     # up once: the phases below each visit every segment
     owners = [(seg, sessions.cache(seg.session), sessions.turn(seg.session)) for seg in plan.segments]
+    # the logits' values are read where tokens are drawn: a verify segment's before anything is filled, the
+    # others' after the bookkeeping of phases 1-3, which needs no result of the forward, so on a GPU it runs
+    # while the forward computes (the first read of a value waits for it)
+    maxima = row_maxima(out.logits) if any(seg.kind is Kind.VERIFY for seg in plan.segments) else None
     # 0. verify segments first: how many of their rows are kept decides what is filled and committed
     verified: dict[str, Verified] = {}
     for seg, _, req in owners:
@@ -160,6 +163,9 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             # I0 is in: the live state is the insertion boundary (moved later by a previous turn's join)
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample (verify segments drew theirs first)
+    if maxima is None:
+        maxima = row_maxima(out.logits) if len(out.logits) else []
+    logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
     for seg, _, req in owners:
         if not seg.sample or seg.kind is Kind.VERIFY:
             continue

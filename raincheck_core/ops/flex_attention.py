@@ -47,19 +47,19 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     return out[:r]
 
 
-def kernel_options(group: FlexGroup, shared_heads: int, page_size: int, device: torch.device) -> dict | None:
+def kernel_options(group: FlexGroup, shared_heads: int, page_size: int, device: torch.device) -> dict:
     """FlexAttention's options for one group's call. On the CPU, the partition size that keeps the main
-    kernel. On a GPU, a one-tile group shorter than Q_TILE runs FlexAttention's decoding kernel on its
-    defaults where it can (query heads per KV head a power of two; `FlexGroup.declared_q_block`); the
-    others run the main kernel on blocks of Q_TILE rows and one page (its default blocks of 64-128 rows and
-    keys would not divide the declared ones, and below 128 query rows it would pick the decoding kernel,
-    which reads one block list per segment, not one per tile)."""
+    kernel. On a GPU, a one-tile group shorter than Q_TILE runs FlexAttention's decoding kernel where it
+    can (query heads per KV head a power of two; its block is `FlexGroup.declared_q_block`); the others
+    run the main kernel on blocks of Q_TILE rows and one page (its default blocks of 64-128 rows and keys
+    would not divide the declared ones, and below 128 query rows AUTO would pick the decoding kernel, which
+    reads one block list per segment, not one per tile). Named, not AUTO: a kernel that cannot take the
+    group fails at compile time instead of another being chosen."""
     if device.type == "cpu":
         return {"PARTITION_SIZE": CPU_PARTITION}
     if group.tile < Q_TILE and shared_heads & (shared_heads - 1) == 0:
-        return None
-    return {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": Q_TILE, "BLOCK_N": page_size, "num_warps": 4,
-            "num_stages": 2}
+        return {"BACKEND": "TRITON_DECODE"}
+    return {"BACKEND": "TRITON", "BLOCK_M": Q_TILE, "BLOCK_N": page_size, "num_warps": 4, "num_stages": 2}
 
 
 def compiled():

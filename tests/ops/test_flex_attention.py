@@ -208,11 +208,11 @@ def test_every_group_declares_blocks_the_gpu_kernels_accept(shared_heads):
         declared = g.declared_q_block(shared_heads)
         assert (declared, PAGE) == g.block_mask(layout.tables, shared_heads).BLOCK_SIZE
         options = kernel_options(g, shared_heads, PAGE, torch.device("cuda"))
-        if options is None:             # the decoding kernel
+        if options["BACKEND"] == "TRITON_DECODE":
             assert g.q // g.tile == 1 and g.q < 128 and shared_heads & (shared_heads - 1) == 0
-            assert declared % max(16, bucket(g.q * shared_heads)) == 0
+            assert declared % max(16, bucket(g.q * shared_heads)) == 0 and set(options) == {"BACKEND"}
         else:                           # the main kernel, one block list per tile
-            assert options["FORCE_USE_FLEX_ATTENTION"]
+            assert options["BACKEND"] == "TRITON"
             assert options["BLOCK_M"] >= 16 and options["BLOCK_N"] >= 16
             assert declared % options["BLOCK_M"] == 0 and PAGE % options["BLOCK_N"] == 0
             assert declared >= g.q if g.q < Q_TILE else declared == options["BLOCK_M"] == g.tile
