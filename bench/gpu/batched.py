@@ -15,11 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from raincheck_core import Engine, Prompt, SamplingParams
 
 from .models import Shape, random_engine
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+from .timing import sync
 
 
 def decode_round(engine: Engine, batch: list[Prompt], answer: int, device: str,
@@ -37,10 +33,10 @@ def decode_round(engine: Engine, batch: list[Prompt], answer: int, device: str,
             if steady and not started and around is not None:
                 around(True)
             started = started or steady
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             engine.step()
-            _sync(device)
+            sync(device)
             if steady:
                 walls.append(time.perf_counter() - t0)
         if started and around is not None:
