@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ import tempfile
 import time
 import types
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -112,19 +114,31 @@ def _sessions(pool: KVPool, n: int, context: int, g: torch.Generator) -> list[Pa
 
 def layout_at(rev: str) -> Callable[..., object]:
     """`flex_layout` as it was at git revision `rev` (ops/flex_layout.py; at revisions before it had a module
-    of its own, ops/flex_attention.py), loaded as a module of its own (it imports only torch), with slot
-    tables of its own."""
+    of its own, ops/flex_attention.py), loaded as a module of its own (it imports torch, numpy and, since
+    the runs moved out, ops/flex_runs.py, loaded from the same revision beside it), with slot tables of its
+    own."""
     root = Path(__file__).resolve().parent.parent
-    for path in ("raincheck_core/ops/flex_layout.py", "raincheck_core/ops/flex_attention.py"):
+
+    def show(path: str) -> str | None:
         shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
-        if shown.returncode == 0:
-            break
-    shown.check_returncode()
-    source = shown.stdout
-    module = types.ModuleType(f"flex_attention_at_{rev}")
-    sys.modules[module.__name__] = module         # dataclasses look their module up
-    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
-    return module.flex_layout
+        return shown.stdout if shown.returncode == 0 else None
+
+    package = types.ModuleType(f"flex_at_{rev}")
+    package.__path__ = []
+    sys.modules[package.__name__] = package
+    modules = {}
+    for name, paths in (("flex_runs", ["raincheck_core/ops/flex_runs.py"]),
+                        ("flex_layout", ["raincheck_core/ops/flex_layout.py", "raincheck_core/ops/flex_attention.py"])):
+        source = next((text for text in map(show, paths) if text is not None), None)
+        if source is None:
+            continue
+        module = modules[name] = types.ModuleType(f"{package.__name__}.{name}")
+        module.__package__ = package.__name__
+        sys.modules[module.__name__] = module         # dataclasses look their module up; `from .x` finds it
+        exec(compile(source, f"{rev}:{name}", "exec"), module.__dict__)
+    if "flex_layout" not in modules:
+        raise ValueError(f"no flex layout at {rev}")
+    return modules["flex_layout"].flex_layout
 
 
 def _timed(build: Callable[[], object]) -> tuple[float, object]:
@@ -142,12 +156,13 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
     pages = sessions * (context + 1100) // PAGE + 8
     pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, device)
     tables = _sessions(pool, sessions, context, g)
-    q_lens, reads, writes = [], [], []
+    q_lens, reads, writes, prefixes = [], [], [], []      # prefixes: as the engine marks them (engine/plan.py)
     for t in tables:
         if kind == "decode":
             writes.append(t.ahead(0, 1))
             reads.append(t.reserved_slots(0, t.length + 1))
             q_lens.append(1)
+            prefixes.append(True)
         elif kind == "fused":       # the chunk skips the last 8 generated slots, its decode row sees it
             chunk, row = t.ahead(0, 31), t.ahead(31, 1)
             past = t.reserved_slots(0, t.length)
@@ -156,18 +171,23 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
             reads += [torch.cat([past[keep], chunk]), t.reserved_slots(0, t.length + 32)]
             writes += [chunk, row]
             q_lens += [31, 1]
+            prefixes += [False, True]
         else:
             writes.append(t.ahead(0, 1024))
             reads.append(t.reserved_slots(0, t.length + 1024))
             q_lens.append(1024)
+            prefixes.append(True)
     write = torch.cat(writes)
-    builders = {"layout_host_ms": flex_layout, **({"layout_host_ms_against": against} if against else {})}
+    current = partial(flex_layout, prefixes=prefixes)
+    if against is not None and "prefixes" in inspect.signature(against).parameters:
+        against = partial(against, prefixes=prefixes)
+    builders = {"layout_host_ms": current, **({"layout_host_ms_against": against} if against else {})}
     times: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(LAYOUT_REPEATS):
         for name, build in builders.items():
             took, layout = _timed(lambda build=build: build(q_lens, reads, write, device, pool))
             times[name].append(1e3 * took)
-    layout = flex_layout(q_lens, reads, write, device, pool)
+    layout = current(q_lens, reads, write, device, pool)
     acc = flex_accounting(layout, KV_HEADS, HEAD_DIM, 4)
     rows = sum(q_lens)
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=g).to(device)

@@ -40,6 +40,10 @@ class Kind(StrEnum):
 CHUNKS = (Kind.DEFERRED, Kind.RECOVERY, Kind.RESIDUAL, Kind.HANDOFF)
 RESTORING = (Kind.DEFERRED, Kind.RECOVERY, Kind.HANDOFF)    # rows of a recovery's D
 ANSWERING = (Kind.DECODE, Kind.VERIFY)                       # a decoding turn's rows: one per turn and step
+# rows whose read list is the first slots of their session's page table (engine/segment_claims.py takes it
+# from `readable(n)`, no turn's labels filtering it): FlexAttention's layout reads their pages off each
+# page's first slot instead of every slot (ops/flex_layout.py)
+TABLE_PREFIX = (Kind.PREFILL, Kind.DECODE, Kind.VERIFY, Kind.RESIDUAL)
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,21 +216,25 @@ class StepPlan:
                 digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)
         return digest
 
-    def attention_segments(self) -> tuple[list[int], list[torch.Tensor]]:
-        """The step's rows as attention sees them: each segment's row count and readable slots, a prefill
-        with `splits` as one segment per piece (a piece reads what a step starting there would: the slots
-        before it and its own, bottom-right causal)."""
-        q_lens, reads = [], []
+    def attention_segments(self) -> tuple[list[int], list[torch.Tensor], list[bool]]:
+        """The step's rows as attention sees them: each segment's row count, readable slots and whether
+        those are the first slots of its page table (`TABLE_PREFIX`), a prefill with `splits` as one
+        segment per piece (a piece reads what a step starting there would: the slots before it and its
+        own, bottom-right causal)."""
+        q_lens, reads, prefixes = [], [], []
         for s in self.segments:
+            prefix = s.kind in TABLE_PREFIX
             if not s.splits:        # most segments (every decode row): one piece, its whole read list
                 q_lens.append(s.rows)
                 reads.append(s.read_slots)
+                prefixes.append(prefix)
                 continue
             cuts = (0, *s.splits, s.rows)
             for a, b in itertools.pairwise(cuts):
                 q_lens.append(b - a)
                 reads.append(s.read_slots[:len(s.read_slots) - (s.rows - b)])
-        return q_lens, reads
+                prefixes.append(prefix)
+        return q_lens, reads, prefixes
 
     def passes(self) -> list[StepPlan]:
         """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on

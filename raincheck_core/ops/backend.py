@@ -43,6 +43,9 @@ class AttentionOps:
     name: str
     layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str, object], AttentionLayout | FlexLayout]
     attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout | FlexLayout], Tensor]
+    # the layout reads pages, and takes `prefixes` (which read lists are the first slots of a page table,
+    # whose pages it reads off each page's first slot); the others read every slot through the lists
+    reads_pages: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_d
 # the native backend where the layers' kernel does not take the step's tensors: the maps are fp32 whatever
 # the layers run in, so the fold keeps its kernel (which it leaves where it does not apply)
 NATIVE_FOLD_GDN = dataclasses.replace(TORCH_GDN, fold=gdn_state_map.extend_map_)
-FLEX_ATTENTION = AttentionOps("flex", flex_layout, flex_varlen_attention)
+FLEX_ATTENTION = AttentionOps("flex", flex_layout, flex_varlen_attention, reads_pages=True)
 
 
 def select(device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype | None,

@@ -35,6 +35,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
+from .flex_runs import ListedRuns, Runs, runs_of
+
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
 # Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
 # smallest M): the main kernel then runs 16-row blocks, and a one-tile group below 16 rows takes
@@ -182,10 +184,12 @@ class FlexLayout:
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
                 device: torch.device | str = "cpu", pool: object | None = None,
-                fixed: FixedGroups | None = None) -> FlexLayout:
+                fixed: FixedGroups | None = None, prefixes: list[bool] | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
-    `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says."""
+    `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says.
+    `prefixes[s]`: segment s's list is the first slots of a page table (every page's slots in order, all
+    of each page but the last's), so its pages are read off every `page_size`-th slot (ops/flex_runs.py)."""
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size
@@ -203,31 +207,17 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
     if n_seg >= STAMP or int(q_len.max()) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
-    flat = torch.cat(read_slots).cpu().long()       # a few passes over the keys read, nothing per segment
     k_start = k_len.cumsum(0) - k_len
-    last = flat[k_start + k_len - 1]
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
     stamps = step * STAMP + torch.arange(n_seg)
     row_in_seg = torch.arange(int(q_len.sum())) - torch.repeat_interleave(q_len.cumsum(0) - q_len, q_len)
     code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
     # the pages each segment reads, in order: runs of one page within one segment's list
-    shift = page_size.bit_length() - 1      # a shift where the page size is a power of two: `//` is slow
-    page = flat >> shift if page_size == 1 << shift else flat // page_size
-    begins = torch.ones(flat.shape, dtype=torch.bool)
-    torch.ne(page[1:], page[:-1], out=begins[1:])
-    begins[k_start] = True
-    first = torch.from_numpy(begins.numpy().nonzero()[0])      # numpy's: torch's CPU nonzero is 3-4x slower
-    count = torch.diff(first, append=torch.tensor([flat.shape[0]]))
-    run_start = torch.searchsorted(first, k_start)          # each segment's first run (none: the next one's)
-    per_seg = torch.diff(run_start, append=torch.tensor([first.shape[0]]))
-    seg = torch.repeat_interleave(torch.arange(n_seg), per_seg, output_size=first.shape[0])
-    # per run: index_select and masked_select, 2-4x faster on the CPU than indexing with [] (same result)
-    whole, run_page, zero = count == page_size, page.index_select(0, first), torch.zeros(1, dtype=torch.long)
-    runs = Runs(seg=seg, page=run_page, count=count, first=first, end=first + count,
-                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=run_page.masked_select(whole),
-                other_pages=run_page.masked_select(~whole))
-    filtered = _hide(tables, step, flat, k_len, run_start, per_seg, last, runs)
+    listed = ListedRuns(read_slots, [False] * n_seg if prefixes is None else prefixes, k_len, k_start, page_size)
+    last = listed.last
+    runs, run_start, per_seg = runs_of(listed, k_start, page_size)
+    filtered = _hide(tables, step, listed, k_len, run_start, per_seg, runs)
     segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
@@ -238,20 +228,6 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
             raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
         groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
     return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
-
-
-@dataclass
-class Runs:
-    """The pages a step's segments read: one entry per run of one page in one segment's list."""
-
-    seg: Tensor             # the segment
-    page: Tensor            # the page
-    count: Tensor           # slots of the page in the list
-    first: Tensor           # where the run starts in the step's concatenated lists (increasing)
-    end: Tensor             # where it ends (increasing)
-    whole_before: Tensor    # [runs + 1] the runs of `page_size` slots before each run (and in all)
-    whole_pages: Tensor     # the pages of those runs, in order
-    other_pages: Tensor     # the pages of the other runs, in order
 
 
 @dataclass
@@ -267,8 +243,8 @@ class Segments:
     filtered: Tensor        # the list skips slots on its pages
 
 
-def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start: Tensor, pages: Tensor,
-          last: Tensor, runs: Runs) -> Tensor:
+def _hide(tables: SlotTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor, pages: Tensor,
+          runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
@@ -277,7 +253,7 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start:
     The table holds one view per slot and step, so filtered segments that read such a page (two chunks of
     one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
     lists is refused."""
-    page_size = tables.page_size
+    page_size, last = tables.page_size, listed.last
     in_page = last % page_size + 1              # per segment, not per run: `%` is slow
     filtered = k_len != (pages - 1) * page_size + in_page
     if not bool(filtered.any()):
@@ -295,15 +271,16 @@ def _hide(tables: SlotTables, step: int, flat: Tensor, k_len: Tensor, run_start:
     seg, count = runs.seg[at], runs.count[at]
     every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
     spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
-    listed = flat[torch.repeat_interleave(runs.first[at] - (count.cumsum(0) - count), count)
-                  + torch.arange(int(count.sum()))]
+    # a step with a filtered list was read key by key: its keys are in `listed.flat`
+    slots = listed.flat[torch.repeat_interleave(runs.first[at] - (count.cumsum(0) - count), count)
+                        + torch.arange(int(count.sum()))]
     # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
     # tallied in the pool's table, which is left zero again
     tally = tables.tally
     tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
-    tally.index_put_((listed,), torch.full_like(listed, LISTED), accumulate=True)
+    tally.index_put_((slots,), torch.full_like(slots, LISTED), accumulate=True)
     held = tally[spans]
-    tally[spans], tally[listed] = 0, 0
+    tally[spans], tally[slots] = 0, 0
     skipped = held % LISTED > held // LISTED
     if bool((skipped & (held >= LISTED)).any()):
         raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")

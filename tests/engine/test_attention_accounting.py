@@ -1,7 +1,8 @@
 """The FlexAttention path's work and traffic, counted from each step's layout (ops/attention_accounting.py)
 on real engine steps of both families: a first prefill, decode steps of two sessions, and decode steps
 with fused deferred chunks. Every segment reads only the pages of its own read list (a decode row computes
-no score outside its session), score entries computed / visible <= 1.25 and K/V bytes read / visible <=
+no score outside its session), the lists the engine marks as page-table prefixes give the layout their
+every slot gives, score entries computed / visible <= 1.25 and K/V bytes read / visible <=
 1.1 (contexts of about a thousand tokens, the shortest the issue bounds: the last partly filled page, the
 16-row query tiles the GPU kernels need and the causal diagonal's pages are what the bounds cover; over a
 few hundred tokens a 31-row chunk's two tiles alone come near 1.25)."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
@@ -26,8 +28,17 @@ GRID = (1, 16, 16)          # 64 visual tokens, most of them deferred
 def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, family, monkeypatch):
     layouts = []
 
-    def recording(q_lens, read_slots, write_slots, device, pool):
-        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
+    def recording(q_lens, read_slots, write_slots, device, pool, prefixes):
+        # the lists the engine calls page-table prefixes give the layout of their every slot read (the
+        # reference is built first: the step's own layout must be the pool tables' latest)
+        every = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
+        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes)
+        assert any(prefixes) and torch.equal(every.write_slots, layout.write_slots)
+        for a, b in zip(every.groups, layout.groups, strict=True):
+            for f in dataclasses.fields(a):
+                if f.name not in ("stamp", "step"):     # the step's number, one apart
+                    x, y = getattr(a, f.name), getattr(b, f.name)
+                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
         layouts.append((layout, [s.clone() for s in read_slots], pool.page_size, pool.k.element_size()))
         return layout
 

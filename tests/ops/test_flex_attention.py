@@ -216,3 +216,31 @@ def test_every_group_declares_blocks_the_gpu_kernels_accept(shared_heads):
             assert options["BLOCK_M"] >= 16 and options["BLOCK_N"] >= 16
             assert declared % options["BLOCK_M"] == 0 and PAGE % options["BLOCK_N"] == 0
             assert declared >= g.q if g.q < Q_TILE else declared == options["BLOCK_M"] == g.tile
+
+
+def test_page_table_prefixes_give_the_layout_every_slot_gives():
+    """A step whose lists are all the first slots of page tables (decode, verify, prefill rows) has its runs
+    read off each page's first slot: the same layout as from every slot, at page boundaries too (a list
+    ending on a page's last slot, on a new page's first, one slot long)."""
+    pool = _pool(128)
+    q_lens, reads, writes = [], [], []
+    for filled, n in ((15, 1), (16, 1), (0, 1), (47, 1), (31, 3), (5, 40), (0, 130)):
+        t = _session(pool, filled)
+        writes.append(t.ahead(0, n))
+        reads.append(t.reserved_slots(0, filled + n))
+        q_lens.append(n)
+    every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool)
+    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, prefixes=[True] * len(q_lens))
+    for a, b in zip(every.groups, layout.groups, strict=True):
+        for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
+                     "full_idx"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(q_lens), HEADS, D, generator=gen)
+    k, v = torch.randn(sum(q_lens), KV, D, generator=gen), torch.randn(sum(q_lens), KV, D, generator=gen)
+    out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
+    at = 0
+    for s, n in enumerate(q_lens):
+        ref = reference_attention(q[at:at + n], pool.k[0], pool.v[0], reads[s])
+        assert float((out[at:at + n] - ref).abs().max()) <= 1e-5, s
+        at += n
