@@ -271,8 +271,9 @@ def _hide(tables: SlotTables, step: int, listed: ListedRuns, k_len: Tensor, run_
     seg, count = runs.seg[at], runs.count[at]
     every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
     spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
-    # a step with a filtered list was read key by key: its keys are in `listed.flat`
-    slots = listed.flat[torch.repeat_interleave(runs.first[at] - (count.cumsum(0) - count), count)
+    # a filtered list is never a page-table prefix: its keys are in `listed.flat`
+    offset = torch.from_numpy(listed.offset).index_select(0, seg)
+    slots = listed.flat[torch.repeat_interleave(runs.first[at] - offset - (count.cumsum(0) - count), count)
                         + torch.arange(int(count.sum()))]
     # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
     # tallied in the pool's table, which is left zero again

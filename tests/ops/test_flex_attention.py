@@ -218,10 +218,12 @@ def test_every_group_declares_blocks_the_gpu_kernels_accept(shared_heads):
             assert declared >= g.q if g.q < Q_TILE else declared == options["BLOCK_M"] == g.tile
 
 
-def test_page_table_prefixes_give_the_layout_every_slot_gives():
-    """A step whose lists are all the first slots of page tables (decode, verify, prefill rows) has its runs
-    read off each page's first slot: the same layout as from every slot, at page boundaries too (a list
-    ending on a page's last slot, on a new page's first, one slot long)."""
+@pytest.mark.parametrize("filtered", [False, True])
+def test_page_table_prefixes_give_the_layout_every_slot_gives(filtered):
+    """Lists that are the first slots of page tables (decode, verify, prefill rows) have their runs read off
+    each page's first slot: the same layout as from every slot, at page boundaries too (a list ending on a
+    page's last slot, on a new page's first, one slot long); beside a short list that skips slots (the
+    runs of both kinds merged in list order) too."""
     pool = _pool(128)
     q_lens, reads, writes = [], [], []
     for filled, n in ((15, 1), (16, 1), (0, 1), (47, 1), (31, 3), (5, 40), (0, 130)):
@@ -229,8 +231,19 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives():
         writes.append(t.ahead(0, n))
         reads.append(t.reserved_slots(0, filled + n))
         q_lens.append(n)
+    prefixes = [True] * len(q_lens)
+    if filtered:        # a 3-row chunk that skips two slots of its 20, placed among the others
+        t = _session(pool, 20)
+        chunk = t.ahead(0, 3)
+        keep = torch.ones(20, dtype=torch.bool)
+        keep[[4, 17]] = False
+        writes.insert(2, chunk)
+        reads.insert(2, torch.cat([t.reserved_slots(0, 20)[keep], chunk]))
+        q_lens.insert(2, 3)
+        prefixes.insert(2, False)
     every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool)
-    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, prefixes=[True] * len(q_lens))
+    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, prefixes=prefixes)
+    assert any(bool(g.filtered.any()) for g in layout.groups) == filtered
     for a, b in zip(every.groups, layout.groups, strict=True):
         for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                      "full_idx"):
