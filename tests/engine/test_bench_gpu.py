@@ -40,8 +40,8 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
     assert result["gdn"]["join_us"] > 0 and "aten::" in result["profile"]["table"]
     assert result["profile"]["top"] and result["profile"]["wall_ms_per_step"] > 0
     groups = result["flex_check"]["groups"]       # each group kind against the fp32 reference
-    assert groups["fp32_gqa3"]["max_error"] <= 1e-5 and groups["bf16_gqa4"]["max_error"] <= 3e-2
-    assert groups["fp32_gqa3"]["buckets"] == [1, 4, 16, 32, 512]
+    assert list(groups) == ["fp32_gqa3"] and groups["fp32_gqa3"]["max_error"] <= 1e-5
+    assert groups["fp32_gqa3"]["buckets"] == [1, 4, 16, 32]
     assert all(r["ms"] > 0 and r["kv_read_over_visible"] < 1.25 for r in result["flex_check"]["decode"])
     for rows in result["batched_decode"].values():       # more sessions, more tokens per second
         assert rows["64"]["tokens_per_s"] > rows["1"]["tokens_per_s"] > 0
