@@ -9,7 +9,9 @@
 # (llguidance's wheel is manylinux_2_31: without that platform pip finds none). Call `bash bench/gpu/run.sh`
 # with carry [".whl"] and a timeout_s above LIMIT_S. For a rerun, copy $OUT's compile-cache.tgz and gpu.json
 # into .gpucache/ (ignored) and carry that too: Inductor's and Triton's compiled kernels are then warm, and
-# only the parts that failed or were not reached run (bench/gpu/parts.py).
+# only the parts that failed or were not reached run (bench/gpu/parts.py). On a machine of the same kind as a
+# committed result's, `mkdir -p .gpucache && cp bench/gpu/results/DATE-DEVICE.json .gpucache/gpu.json` starts
+# from that run's successful parts (on another kind its timings would mix two devices: start clean).
 # Commit gpu.json and the log under bench/gpu/results/ with the date and the device name.
 set -uo pipefail
 OUT=${OUT:-bench/out}
