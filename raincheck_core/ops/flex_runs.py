@@ -101,7 +101,7 @@ class ListedRuns:
         `paged`: one run per page, from each list's first slot on each page."""
         ps = self.page_size
         pages = -(-lens[paged] // ps)
-        heads = np.concatenate([read_slots[s].numpy()[::ps] for s in paged]).astype(np.int64)
+        heads = np.concatenate([read_slots[s].cpu().numpy()[::ps] for s in paged]).astype(np.int64)
         ends = pages.cumsum() - 1
         index = np.arange(heads.shape[0]) - np.repeat(ends + 1 - pages, pages)
         count = np.minimum(np.repeat(lens[paged], pages) - index * ps, ps)
