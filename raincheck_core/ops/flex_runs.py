@@ -102,6 +102,8 @@ class ListedRuns:
         ps = self.page_size
         pages = -(-lens[paged] // ps)
         heads = np.concatenate([read_slots[s].cpu().numpy()[::ps] for s in paged]).astype(np.int64)
+        if ((heads & (ps - 1)) if self.pow2 else heads % ps).any():     # the marking's cheap check, per page
+            raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
         ends = pages.cumsum() - 1
         index = np.arange(heads.shape[0]) - np.repeat(ends + 1 - pages, pages)
         count = np.minimum(np.repeat(lens[paged], pages) - index * ps, ps)

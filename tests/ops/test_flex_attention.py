@@ -249,3 +249,12 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(filtered):
         for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                      "full_idx"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_a_list_marked_as_a_prefix_that_is_not_one_is_refused():
+    pool = _pool()
+    t = _session(pool, 40)
+    row = t.ahead(0, 1)
+    skipping = torch.cat([t.reserved_slots(0, 40)[torch.arange(40) != 3], row])     # slot 3 skipped
+    with pytest.raises(ValueError, match="page-table prefix"):
+        flex_layout([1], [skipping], row, "cpu", pool, prefixes=[True])
