@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..deferral.handoff import ResidualResult
     from ..multimodal.turn_input import TurnInput
 
@@ -42,7 +44,8 @@ RESTORING = (Kind.DEFERRED, Kind.RECOVERY, Kind.HANDOFF)    # rows of a recovery
 ANSWERING = (Kind.DECODE, Kind.VERIFY)                       # a decoding turn's rows: one per turn and step
 # rows whose read list is the first slots of their session's page table (engine/segment_claims.py takes it
 # from `readable(n)`, no turn's labels filtering it): FlexAttention's layout reads their pages off each
-# page's first slot instead of every slot (ops/flex_layout.py)
+# page's first slot instead of every slot (ops/flex_runs.py); a deferred chunk's list is those less the
+# positions its segment's `read_skips` holds
 TABLE_PREFIX = (Kind.PREFILL, Kind.DECODE, Kind.VERIFY, Kind.RESIDUAL)
 
 
@@ -95,6 +98,8 @@ class Segment:
     splits: tuple[int, ...] = ()          # a prefill's rows where its attention runs as separate segments
                                           # (a prefix hit resumes there: `attention_segments`)
     live_slot: int | None = None          # … and the live state the join corrects
+    read_skips: np.ndarray | None = None  # a deferred chunk's: the positions of its session's slots up to its
+                                          # last that `read_slots` leaves out (its turn's generated ones)
     # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
     source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode, padding or
                                           # hand-off row's)
@@ -146,18 +151,20 @@ class Segment:
 
     @classmethod
     def fused(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-              prefix_slot: int | None, lead: int, live_slot: int | None, serial: bool = False) -> Segment:
-        """Deferred rows [first, first + rows) riding on their turn's decode step."""
+              prefix_slot: int | None, lead: int, live_slot: int | None, skips: np.ndarray | None = None,
+              serial: bool = False) -> Segment:
+        """Deferred rows [first, first + rows) riding on their turn's decode step (`skips`: `read_skips`)."""
         return cls(Kind.DEFERRED, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
-                   serial=serial)
+                   serial=serial, read_skips=skips)
 
     @classmethod
     def post_answer(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                    prefix_slot: int | None, lead: int, live_slot: int | None, serial: bool = False) -> Segment:
+                    prefix_slot: int | None, lead: int, live_slot: int | None, skips: np.ndarray | None = None,
+                    serial: bool = False) -> Segment:
         """Deferred rows [first, first + rows) after the answer (a gap, the barrier, ahead of a follow-up's
-        input)."""
+        input; `skips`: `read_skips`)."""
         return cls(Kind.RECOVERY, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
-                   serial=serial)
+                   serial=serial, read_skips=skips)
 
     @classmethod
     def residual(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
@@ -167,11 +174,13 @@ class Segment:
 
     @classmethod
     def handoff(cls, session: str, first: int, rows: int, write: torch.Tensor, read: torch.Tensor,
-                prefix_slot: int | None, lead: int, live_slot: int | None) -> Segment:
+                prefix_slot: int | None, lead: int, live_slot: int | None, skips: np.ndarray | None = None
+                ) -> Segment:
         """Deferred rows [first, first + rows) whose K/V and prefix state come from a deferred worker's
         result (`read`: what they saw there): the forward runs none of them, only the join (the lead
         re-run from the result's prefix state)."""
-        return cls(Kind.HANDOFF, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot)
+        return cls(Kind.HANDOFF, session, rows, write, read, prefix_slot, first=first, lead=lead, live_slot=live_slot,
+                   read_skips=skips)
 
     @classmethod
     def padding(cls, rows: int, slot: torch.Tensor, gdn_slot: int | None) -> Segment:
@@ -216,14 +225,15 @@ class StepPlan:
                 digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)
         return digest
 
-    def attention_segments(self) -> tuple[list[int], list[torch.Tensor], list[bool]]:
-        """The step's rows as attention sees them: each segment's row count, readable slots and whether
-        those are the first slots of its page table (`TABLE_PREFIX`), a prefill with `splits` as one
+    def attention_segments(self) -> tuple[list[int], list[torch.Tensor], list[bool | np.ndarray]]:
+        """The step's rows as attention sees them: each segment's row count, readable slots and how those
+        relate to its page table (ops/flex_runs.py `Prefix`: its first slots (`TABLE_PREFIX`), those less
+        `read_skips`, or neither), a prefill with `splits` as one
         segment per piece (a piece reads what a step starting there would: the slots before it and its
         own, bottom-right causal)."""
         q_lens, reads, prefixes = [], [], []
         for s in self.segments:
-            prefix = s.kind in TABLE_PREFIX
+            prefix = s.read_skips if s.read_skips is not None else s.kind in TABLE_PREFIX
             if not s.splits:        # most segments (every decode row): one piece, its whole read list
                 q_lens.append(s.rows)
                 reads.append(s.read_slots)

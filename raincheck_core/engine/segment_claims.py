@@ -11,6 +11,7 @@ from .speculation import join_pending
 from .step_sessions import ScratchWork
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..deferral.recovery import Recovery
@@ -29,7 +30,9 @@ class CacheView(Protocol):
 
     def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor: ...
 
-    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor: ...
+    def readable(self, n: int) -> torch.Tensor: ...
+
+    def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]: ...
 
     def recoveries(self) -> list[Recovery]: ...
 
@@ -110,14 +113,15 @@ def deferred_segment(cache: CacheView, n: int, kind: Kind, ahead: bool = False) 
     ahead of the session's follow-up input in this step."""
     rec = cache.recovery
     write = cache.claim(n, rec.turn)
-    read = cache.readable(n, deferred_of=rec.turn)
+    read, skips = cache.deferred_readable(n, rec.turn)
     join = rec.join
     prefix, lead, live = (join.prefix, join.lead_rows, join.live) if join is not None else (None, 0, None)
     if kind is Kind.DEFERRED:
-        return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, serial=not rec.cfg.fused)
+        return Segment.fused(cache.session, rec.cursor, n, write, read, prefix, lead, live, skips,
+                             serial=not rec.cfg.fused)
     if kind is Kind.HANDOFF:
-        return Segment.handoff(cache.session, rec.cursor, n, write, read, prefix, lead, live)
+        return Segment.handoff(cache.session, rec.cursor, n, write, read, prefix, lead, live, skips)
     # ahead of its session's input in the same step: a GDN join must correct the live state before the
     # input runs from it, so the chunk takes a pass of its own (attention needs none: K/V go in first)
-    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live,
+    return Segment.post_answer(cache.session, rec.cursor, n, write, read, prefix, lead, live, skips,
                                serial=ahead and join is not None)

@@ -24,7 +24,7 @@ from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PageTable
 from ..cache.prefix import Hit, PrefixChain
 from ..deferral.recovery import Recovery, RecoverySnapshot
-from ..deferral.visibility import deferred_visible
+from ..deferral.visibility import deferred_visible, visible_to
 
 if TYPE_CHECKING:
     from ..ops.backend import GDNOps
@@ -108,15 +108,18 @@ class SessionCache:
             self._turn_of[start:start + n], self._generated[start:start + n] = label, generated
         return slots
 
-    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor:
+    def readable(self, n: int) -> torch.Tensor:
         """Slots the `n` rows claimed last may read, their own last: every slot before them (filled, or
-        claimed earlier in this step), or, for deferred rows of turn `deferred_of`, those its labels let
-        them read (deferral/visibility.py)."""
+        claimed earlier in this step)."""
+        return self.table.reserved_slots(0, self.table.length + self._claimed)
+
+    def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]:
+        """For the `n` deferred rows of turn `turn` claimed last: the slots their labels let them read
+        (deferral/visibility.py), their own last, and the positions among the session's slots up to
+        theirs that this leaves out (FlexAttention reads the pages from those: ops/flex_runs.py)."""
         end = self.table.length + self._claimed
-        ids = self.table.reserved_slots(0, end)
-        if deferred_of is None:
-            return ids
-        return ids[self._deferred_visible(end, deferred_of)]
+        seen = visible_to(self._turn_of[:end], self._generated[:end], turn)
+        return self.table.reserved_slots(0, end)[torch.from_numpy(seen)], np.flatnonzero(~seen)
 
     def cancel_claims(self) -> None:
         self._claimed = 0

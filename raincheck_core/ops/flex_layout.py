@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-from .flex_runs import ListedRuns, Runs, runs_of
+from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of
 
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
 # Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
@@ -50,8 +50,6 @@ MIN_COLS = 256
 # A writer entry is (step * STAMP + segment) * STAMP + row in int64: segments of a step and rows of a
 # segment below STAMP, steps below MAX_STEP (then the tables start again from clean)
 STAMP = 1 << 16
-# `_hide` tallies the segments listing a slot in multiples of this, those whose pages hold it in units
-LISTED = 1 << 20
 MAX_STEP = 1 << 31
 
 
@@ -72,7 +70,8 @@ class SlotTables:
         self.page_size = page_size
         self.writer = torch.full((slots,), -1, dtype=torch.long, device=device)
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
-        # `_hide`'s, on the host where it works: a tally per slot (zero between steps), a mark per page
+        # `hide_skipped`'s (ops/flex_runs.py), on the host where it works: a tally per slot (zero between
+        # steps), a mark per page
         self.tally = torch.zeros(slots, dtype=torch.long)
         self.page_mark = torch.full((slots // page_size,), -1, dtype=torch.long)
         self.step = 0
@@ -184,7 +183,7 @@ class FlexLayout:
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
                 device: torch.device | str = "cpu", pool: object | None = None,
-                fixed: FixedGroups | None = None, prefixes: list[bool] | None = None) -> FlexLayout:
+                fixed: FixedGroups | None = None, prefixes: list[Prefix] | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
     `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says.
@@ -217,7 +216,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     listed = ListedRuns(read_slots, [False] * n_seg if prefixes is None else prefixes, k_len, k_start, page_size)
     last = listed.last
     runs, run_start, per_seg = runs_of(listed, k_start, page_size)
-    filtered = _hide(tables, step, listed, k_len, run_start, per_seg, runs)
+    filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
     segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
@@ -241,52 +240,6 @@ class Segments:
     stamp: Tensor
     last: Tensor            # the last slot of each list (the segment's last own row)
     filtered: Tensor        # the list skips slots on its pages
-
-
-def _hide(tables: SlotTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor, pages: Tensor,
-          runs: Runs) -> Tensor:
-    """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
-    deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
-    segments skip any. A list from its session's first slot covers every slot of its pages up to its last
-    unless it skips some: the segments whose counts say so are *filtered*, and of them only the pages
-    some list skips slots of (a run shorter than its page) are looked at slot by slot, all in one pass.
-    The table holds one view per slot and step, so filtered segments that read such a page (two chunks of
-    one session, or of sessions sharing prefix pages) must agree on it: a slot one skips and another
-    lists is refused."""
-    page_size, last = tables.page_size, listed.last
-    in_page = last % page_size + 1              # per segment, not per run: `%` is slow
-    filtered = k_len != (pages - 1) * page_size + in_page
-    if not bool(filtered.any()):
-        return filtered
-    listing = pages > 0
-    ends = (run_start + pages - 1)[listing]             # a segment's last run: the page of its last slot
-    final = torch.zeros(runs.seg.shape, dtype=torch.bool)
-    final[ends] = True
-    mine = filtered.index_select(0, runs.seg)
-    whole = torch.full_like(runs.count, page_size)      # a run's slots, skipping none
-    whole[ends] = in_page[listing]
-    tables.page_mark[runs.page.masked_select(mine & (runs.count < whole))] = step
-    on_marked = tables.page_mark.index_select(0, runs.page) == step
-    at = (mine & on_marked).nonzero().flatten()         # filtered runs on those pages
-    seg, count = runs.seg[at], runs.count[at]
-    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
-    spans = every[~final[at][:, None] | (every <= last[seg][:, None])]
-    # a filtered list is never a page-table prefix: its keys are in `listed.flat`
-    offset = torch.from_numpy(listed.offset).index_select(0, seg)
-    slots = listed.flat[torch.repeat_interleave(runs.first[at] - offset - (count.cumsum(0) - count), count)
-                        + torch.arange(int(count.sum()))]
-    # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED),
-    # tallied in the pool's table, which is left zero again
-    tally = tables.tally
-    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
-    tally.index_put_((slots,), torch.full_like(slots, LISTED), accumulate=True)
-    held = tally[spans]
-    tally[spans], tally[slots] = 0, 0
-    skipped = held % LISTED > held // LISTED
-    if bool((skipped & (held >= LISTED)).any()):
-        raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
-    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
-    return filtered
 
 
 def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,

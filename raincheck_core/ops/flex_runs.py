@@ -1,14 +1,23 @@
 """The pages a step's FlexAttention segments read, as runs of one page within one segment's list
 (ops/flex_layout.py builds the step's block lists from them): found by a few passes over a general list's
-keys, or read off each page's first slot where the list is the first slots of a page table."""
+keys, or read off each page's first listed slot where the list is a page table's first slots, whole or
+less some positions (a deferred chunk's view: its turn's generated slots left out)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .flex_layout import SlotTables
+
+# how a read list relates to its session's page table (`ListedRuns`): any list of slots (False), the table's
+# first slots (True), or those less the positions a sorted int64 array holds
+Prefix = bool | np.ndarray
 
 
 @dataclass
@@ -25,38 +34,45 @@ class Runs:
     other_pages: Tensor     # the pages of the other runs, in order
 
 
-
-# A step with both kinds of lists takes each to its place in list order, which costs more than reading a
-# page-table prefix's few keys saves unless those lists hold most of the step's keys: a padded decode step
-# (padding rows read one scratch slot) does, a step with fused chunks (about half the keys) does not
+# A step with both kinds of lists takes each to its place in list order, which costs more than reading the
+# page-table lists' few keys saves unless those lists hold most of the step's keys: a padded step's padding
+# rows (general lists of one scratch slot each) hold almost none
 MIXED_PAGED_SHARE = 4
 
 
 class ListedRuns:
     """The runs of one page in each segment's list, in list order (positions in the step's concatenated
-    lists), and each segment's last slot. A list that is the first slots of a page table (decode, verify,
-    prefill rows) has one run per page, read off its first slot on each page (a 4K-token decode row: 256
-    slot ids read, not 4,096); the others' come from a few passes over their keys (`flat`: those lists
-    concatenated; `offset[s]`: where segment s's keys start in the step's lists less where in `flat`).
-    `MIXED_PAGED_SHARE` says when a step with both kinds reads every key instead."""
+    lists), and each segment's last slot. A list that is a page table's first slots (`prefixes[s]` True:
+    decode, verify, prefill rows) has one run per page, read off its first slot on each page (a 4K-token
+    decode row: 256 slot ids read, not 4,096); one that is those less some positions (`prefixes[s]` an
+    array of them: a deferred chunk's) has one run per page it keeps a slot of, counted from the positions
+    left out, and `hidden` holds the slots it leaves out on those pages. The other lists' runs come from a
+    few passes over their keys (`flat`: those lists concatenated; `offset[s]`: where segment s's keys start
+    in the step's lists less where in `flat`). `MIXED_PAGED_SHARE` says when a step with both kinds reads
+    every key instead."""
 
-    def __init__(self, read_slots: list[Tensor], prefixes: list[bool], k_len: Tensor, k_start: Tensor,
+    def __init__(self, read_slots: list[Tensor], prefixes: list[Prefix], k_len: Tensor, k_start: Tensor,
                  page_size: int):
         n_seg = len(read_slots)
         shift = page_size.bit_length() - 1      # a shift where the page size is a power of two: `//` is slow
         self.pow2, self.shift, self.page_size = page_size == 1 << shift, shift, page_size
         # numpy for the per-segment and per-run bookkeeping: small arrays, where a torch op costs more than its work
         lens, starts = k_len.numpy(), k_start.numpy()
-        general = [s for s in range(n_seg) if not prefixes[s]]
-        paged = [s for s in range(n_seg) if prefixes[s]]
+        skips = [_skipped(p) for p in prefixes]
+        general = [s for s in range(n_seg) if skips[s] is None]
+        paged = [s for s in range(n_seg) if skips[s] is not None]
         if general and paged and lens[paged].sum() < MIXED_PAGED_SHARE * lens[general].sum():
-            general, paged = list(range(n_seg)), []     # a step with fused chunks: every key read
+            general, paged = list(range(n_seg)), []     # every key read
+        self.paged = np.zeros(n_seg, dtype=bool)
+        self.paged[paged] = True
+        self.hidden = np.zeros(0, dtype=np.int64)
         self.offset = np.zeros(n_seg, dtype=np.int64)
         self.flat = None
         if not paged:
             self._keys(read_slots, k_start.numpy(), lens)
             return
-        p_first, p_count, p_page, p_last, pages = self._pages(read_slots, paged, lens, starts)
+        p_first, p_count, p_page, p_last, pages = self._pages(read_slots, paged, [skips[s] for s in paged], lens,
+                                                              starts)
         if not general:
             self.first, self.count, self.page, self.last = (torch.from_numpy(x) for x in (p_first, p_count, p_page,
                                                                                          p_last))
@@ -95,21 +111,74 @@ class ListedRuns:
         self.count = torch.diff(self.first, append=torch.tensor([flat.shape[0]]))
         self.page = page.index_select(0, self.first)
 
-    def _pages(self, read_slots: list[Tensor], paged: list[int], lens: np.ndarray, starts: np.ndarray
-               ) -> tuple[np.ndarray, ...]:
-        """(first, count, page of each run, each list's last slot, runs per list) of the page-table prefixes
-        `paged`: one run per page, from each list's first slot on each page."""
+    def _pages(self, read_slots: list[Tensor], paged: list[int], skips: list[np.ndarray], lens: np.ndarray,
+               starts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(first, count, page of each run, each list's last slot, runs per list) of the page-table lists
+        `paged`, which leave out the positions `skips` of their tables' first slots: one run per page they
+        keep a slot of, its first slot read off the list (`_left_out` where some leave any out)."""
         ps = self.page_size
-        pages = -(-lens[paged] // ps)
-        heads = np.concatenate([read_slots[s].cpu().numpy()[::ps] for s in paged]).astype(np.int64)
+        left = np.array([k.shape[0] for k in skips], dtype=np.int64)
+        ends = lens[paged] + left                   # the table slots each list spans
+        pages = -(-ends // ps)
+        base = pages.cumsum() - pages               # each list's first page among all of theirs
+        index = np.arange(int(pages.sum())) - np.repeat(base, pages)
+        count = np.minimum(np.repeat(ends, pages) - index * ps, ps)
+        lists = [read_slots[s].cpu().numpy() for s in paged]
+        if left.any():
+            first, count, page, tail = self._left_out(lists, skips, ends, base, pages, count)
+            return first + np.repeat(starts[paged], tail), count, page, self._last(page, tail, ends), tail
+        heads = np.concatenate([a[::ps] for a in lists]).astype(np.int64)
         if ((heads & (ps - 1)) if self.pow2 else heads % ps).any():     # the marking's cheap check, per page
             raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
-        ends = pages.cumsum() - 1
-        index = np.arange(heads.shape[0]) - np.repeat(ends + 1 - pages, pages)
-        count = np.minimum(np.repeat(lens[paged], pages) - index * ps, ps)
-        first = np.repeat(starts[paged], pages) + index * ps
         page = heads >> self.shift if self.pow2 else heads // ps
-        return first, count, page, heads[ends] + count[ends] - 1, pages
+        return np.repeat(starts[paged], pages) + index * ps, count, page, self._last(page, pages, ends), pages
+
+    def _last(self, page: np.ndarray, runs: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Each list's last slot, from its last run's page: the list's last row, never left out."""
+        return page[runs.cumsum() - 1] * self.page_size + (ends - 1) % self.page_size
+
+    def _left_out(self, lists: list[np.ndarray], skips: list[np.ndarray], ends: np.ndarray, base: np.ndarray,
+                  pages: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`_pages` where some lists leave positions out: (each run's first in its own list, count, page, runs
+        per list), counted from the left-out positions; sets `hidden` to the slots they leave out on the
+        pages they read."""
+        ps, shift = self.page_size, self.shift
+        if any(k.shape[0] and k[-1] >= end - 1 for k, end in zip(skips, ends, strict=True)):
+            raise ValueError("a read list leaves out its own last slot")
+        # the left-out positions as positions among all lists' pages, increasing (each list's are)
+        skipped = np.concatenate([k + b * ps for k, b in zip(skips, base, strict=True)])
+        on = skipped >> shift if self.pow2 else skipped // ps
+        count = count - np.bincount(on, minlength=count.shape[0])
+        # where each page's first kept slot sits on it: after the run of left-out positions holding its first
+        offset = np.zeros(count.shape[0], dtype=np.int64)
+        at = np.flatnonzero(skipped == on * ps)
+        run_last = np.flatnonzero(np.diff(skipped, append=skipped[-1] + 2) != 1)
+        offset[on[at]] = skipped[run_last[np.searchsorted(run_last, at)]] + 1 - on[at] * ps
+        kept = count > 0
+        listed = count.cumsum() - count
+        local = listed - np.repeat(listed[base], pages)         # each page's first kept slot in its list
+        heads = np.concatenate([a[::ps] if not k.shape[0] else a[local[b:b + p][kept[b:b + p]]]
+                                for a, k, b, p in zip(lists, skips, base, pages, strict=True)]).astype(np.int64)
+        if not np.array_equal((heads & (ps - 1)) if self.pow2 else heads % ps, offset[kept]) \
+                or not kept[base + pages - 1].all():        # the marking's cheap check, per page
+            raise ValueError("a read list marked as a page-table prefix less some positions does not start "
+                             "each page it reads at the first slot it keeps there")
+        page_of = np.zeros(count.shape[0], dtype=np.int64)
+        page_of[kept] = heads >> shift if self.pow2 else heads // ps
+        keep = kept[on]
+        self.hidden = page_of[on[keep]] * ps + (skipped[keep] & (ps - 1) if self.pow2 else skipped[keep] % ps)
+        return local[kept], count[kept], page_of[kept], np.add.reduceat(kept.astype(np.int64), base)
+
+
+_NONE_LEFT_OUT = np.zeros(0, dtype=np.int64)
+_NONE_LEFT_OUT.flags.writeable = False
+
+
+def _skipped(prefix: Prefix) -> np.ndarray | None:
+    """A list's left-out positions of its page table's first slots (`Prefix`), None for any list."""
+    if prefix is True:      # most lists: one shared empty array
+        return _NONE_LEFT_OUT
+    return prefix.astype(np.int64, copy=False) if isinstance(prefix, np.ndarray) else None
 
 
 def runs_of(listed: ListedRuns, k_start: Tensor, page_size: int) -> tuple[Runs, Tensor, Tensor]:
@@ -124,3 +193,69 @@ def runs_of(listed: ListedRuns, k_start: Tensor, page_size: int) -> tuple[Runs, 
                 whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=page.masked_select(whole),
                 other_pages=page.masked_select(~whole))
     return runs, run_start, per_seg
+
+
+# `hide_skipped` tallies the lists listing a slot in multiples of this, the runs whose pages hold it in units
+LISTED = 1 << 20
+
+
+def hide_skipped(tables: SlotTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor,
+                 pages: Tensor, runs: Runs) -> Tensor:
+    """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
+    deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
+    segments skip any. A list from its session's first slot covers every slot of its pages up to its last
+    unless it skips some: the segments whose counts say so are *filtered*. The slots a page-table list
+    leaves out are known (`listed.hidden`); on a page a general list skips slots of, or one that two
+    filtered lists read, the pages are looked at slot by slot, all in one pass. The table holds one view
+    per slot and step, so filtered segments that read such a page (two chunks of one session, or of
+    sessions sharing prefix pages) must agree on it: a slot one skips and another lists is refused."""
+    page_size, last = tables.page_size, listed.last
+    in_page = last % page_size + 1              # per segment, not per run: `%` is slow
+    filtered = k_len != (pages - 1) * page_size + in_page
+    if not bool(filtered.any()):
+        return filtered
+    listing = pages > 0
+    ends = (run_start + pages - 1)[listing]             # a segment's last run: the page of its last slot
+    final = torch.zeros(runs.seg.shape, dtype=torch.bool)
+    final[ends] = True
+    mine = filtered.index_select(0, runs.seg)
+    whole = torch.full_like(runs.count, page_size)      # a run's slots, skipping none
+    whole[ends] = in_page[listing]
+    tables.page_mark[runs.page.masked_select(mine & (runs.count < whole))] = step
+    at = (mine & (tables.page_mark.index_select(0, runs.page) == step)).nonzero().flatten()  # filtered runs there
+    seg = runs.seg[at]
+    general = ~torch.from_numpy(listed.paged).index_select(0, seg)
+    # the pages looked at slot by slot: a general list's, and those two filtered lists read
+    page, which, held = torch.unique(runs.page[at], return_inverse=True, return_counts=True)
+    slot_by_slot = held > 1
+    slot_by_slot[which[general]] = True
+    known = torch.from_numpy(listed.hidden)
+    looked = torch.isin(known // page_size, page[slot_by_slot])     # known slots on those pages
+    tables.hidden[known[~looked].to(tables.hidden.device)] = step
+    at, seg, general = (x[slot_by_slot[which]] for x in (at, seg, general))
+    if not at.shape[0]:
+        return filtered
+    count = runs.count[at]
+    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
+    kept = ~final[at][:, None] | (every <= last[seg][:, None])
+    spans = every[kept]
+    # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED):
+    # a general list's slots are read off `listed.flat`, a page-table list's are its pages' less the known ones
+    g_at, g_seg, g_count = at[general], seg[general], count[general]
+    offset = torch.from_numpy(listed.offset).index_select(0, g_seg)
+    slots = listed.flat[torch.repeat_interleave(runs.first[g_at] - offset - (g_count.cumsum(0) - g_count), g_count)
+                        + torch.arange(int(g_count.sum()))] if g_at.shape[0] else g_at
+    tally = tables.tally
+    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
+    tally.index_put_((slots,), torch.full_like(slots, LISTED), accumulate=True)
+    paged_spans = every[~general][kept[~general]]
+    tally.index_put_((paged_spans,), torch.full_like(paged_spans, LISTED), accumulate=True)
+    left_out = known[looked]
+    tally.index_put_((left_out,), torch.full_like(left_out, -LISTED), accumulate=True)
+    held = tally[spans]
+    tally[spans], tally[slots] = 0, 0
+    skipped = held % LISTED > held // LISTED
+    if bool((skipped & (held >= LISTED)).any()):
+        raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
+    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
+    return filtered

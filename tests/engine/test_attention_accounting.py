@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,14 +27,15 @@ GRID = (1, 16, 16)          # 64 visual tokens, most of them deferred
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, family, monkeypatch):
-    layouts = []
+    layouts, skipping = [], []       # skipping: a step's chunk lists leave out their turn's generated slots
 
     def recording(q_lens, read_slots, write_slots, device, pool, prefixes):
         # the lists the engine calls page-table prefixes give the layout of their every slot read (the
         # reference is built first: the step's own layout must be the pool tables' latest)
         every = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
         layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes)
-        assert any(prefixes) and torch.equal(every.write_slots, layout.write_slots)
+        assert any(p is True for p in prefixes) and torch.equal(every.write_slots, layout.write_slots)
+        skipping.append(any(isinstance(p, np.ndarray) and p.shape[0] for p in prefixes))
         for a, b in zip(every.groups, layout.groups, strict=True):
             for f in dataclasses.fields(a):
                 if f.name not in ("stamp", "step"):     # the step's number, one apart
@@ -74,3 +76,4 @@ def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, famil
     assert any(Kind.PREFILL in k for k in seen)
     assert frozenset({Kind.DECODE}) in seen
     assert any({Kind.DECODE, Kind.DEFERRED} <= k for k in seen)
+    assert any(skipping)        # the lists of chunks after generated tokens gave their pages from their skips

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,9 +64,13 @@ class Cache:
         self.labels.append((n, turn, generated))
         return torch.arange(start, start + n)
 
-    def readable(self, n: int, *, deferred_of: int | None = None) -> torch.Tensor:
-        self.reads.append((n, deferred_of is not None))
+    def readable(self, n: int) -> torch.Tensor:
+        self.reads.append((n, False))
         return torch.arange(self.length + self.claimed)
+
+    def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]:
+        self.reads.append((n, True))
+        return torch.arange(self.length + self.claimed), np.zeros(0, dtype=np.int64)
 
     def recoveries(self) -> list[Recovery]:
         return [self.recovery] if self.recovery is not None else []

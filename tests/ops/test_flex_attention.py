@@ -4,6 +4,7 @@ session's decode row in one step, pages shared by two sessions, padding rows on 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,7 +47,9 @@ def _run(pool: KVPool, q_lens: list[int], reads: list[torch.Tensor], writes: lis
     return layout
 
 
-def test_segments_of_every_kind_in_one_step_equal_each_alone():
+@pytest.mark.parametrize("marked", [False, True])
+def test_segments_of_every_kind_in_one_step_equal_each_alone(marked):
+    """`marked`: the lists say how they relate to their page tables, as the engine's do (ops/flex_runs.py)."""
     pool = _pool()
     sessions = [_session(pool, n) for n in (40, 0, 3, 37, 100)]
     # reserve pages for the rows each session writes this step, in the order the scheduler claims them
@@ -79,7 +82,8 @@ def test_segments_of_every_kind_in_one_step_equal_each_alone():
     q_lens.append(9)
     reads.append(sessions[4].reserved_slots(0, sessions[4].length + 9))
     writes.append(w)
-    layout = _run(pool, q_lens, reads, writes)
+    prefixes = [True, True, True, generated.nonzero().flatten().numpy(), True, True] if marked else None
+    layout = _run(pool, q_lens, reads, writes, prefixes)
     assert [g.q for g in layout.groups] == [1, 8, 16, 128]
 
 
@@ -115,7 +119,8 @@ def test_pages_shared_by_two_sessions_and_padding_rows():
     assert bool(out[4:].isfinite().all())        # padding rows: dropped, but never NaN
 
 
-def test_deferred_chunks_of_sessions_sharing_prefix_pages_skip_only_their_own_slots():
+@pytest.mark.parametrize("marked", [False, True])
+def test_deferred_chunks_of_sessions_sharing_prefix_pages_skip_only_their_own_slots(marked):
     """Two sessions on the same two prefix pages (the prefix cache's), each with a chunk that skips its
     turn's generated slots on its own pages and sees the shared pages whole, and a decode row each: the
     chunks' hidden slots are found in one pass over the pages they skip slots of, and a shared page is
@@ -125,7 +130,7 @@ def test_deferred_chunks_of_sessions_sharing_prefix_pages_skip_only_their_own_sl
     b = PageTable(pool, 64)
     b.adopt(a.pages[:2], 32)
     b.append(13)
-    chunks, reads, writes = [], [], []
+    chunks, reads, writes, prefixes = [], [], [], []
     for t, skipped in ((a, [33, 40, 49]), (b, [32, 36, 44])):
         generated = torch.zeros(t.length, dtype=torch.bool)
         generated[skipped] = True
@@ -133,11 +138,28 @@ def test_deferred_chunks_of_sessions_sharing_prefix_pages_skip_only_their_own_sl
         chunks += [6, 1]
         reads += [torch.cat([t.reserved_slots(0, t.length)[~generated], chunk]), t.reserved_slots(0, t.length + 7)]
         writes += [chunk, row]
-    layout = _run(pool, chunks, reads, writes)
+        prefixes += [np.array(skipped), True]
+    layout = _run(pool, chunks, reads, writes, prefixes if marked else None)
     assert layout.groups[1].filtered[:2].tolist() == [True, True]
 
 
-def test_two_chunks_that_disagree_on_a_slot_are_refused():
+@pytest.mark.parametrize("marked", [False, True])
+def test_two_chunks_of_a_session_that_skip_the_same_slots_of_a_page_attend_as_their_lists_say(marked):
+    """Two chunks of one session in one step (an older turn's late rows and the latest turn's), both leaving
+    out slots 5 and 9: the page they share is looked at slot by slot, and the later chunk reads the earlier."""
+    pool = _pool()
+    t = _session(pool, 20)
+    c1, c2 = t.ahead(0, 2), t.ahead(2, 3)
+    keep = torch.ones(20, dtype=torch.bool)
+    keep[[5, 9]] = False
+    past = t.reserved_slots(0, 20)[keep]
+    layout = _run(pool, [2, 3], [torch.cat([past, c1]), torch.cat([past, c1, c2])], [c1, c2],
+                  [np.array([5, 9]), np.array([5, 9])] if marked else None)
+    assert [bool(g.filtered[0]) for g in layout.groups] == [True, True]
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_two_chunks_that_disagree_on_a_slot_are_refused(marked):
     pool = _pool()
     t = _session(pool, 20)
     c1 = t.ahead(0, 2)
@@ -145,7 +167,7 @@ def test_two_chunks_that_disagree_on_a_slot_are_refused():
     past = t.reserved_slots(0, 20)
     with pytest.raises(ValueError, match="disagree"):
         flex_layout([2, 2], [torch.cat([past[1:], c1]), torch.cat([past[:1], past[2:], c1, c2])],
-                    torch.cat([c1, c2]), "cpu", pool)
+                    torch.cat([c1, c2]), "cpu", pool, prefixes=[np.array([0]), np.array([1])] if marked else None)
 
 
 def test_a_segment_reading_no_slot_is_refused_with_a_value_error():
@@ -219,12 +241,13 @@ def test_every_group_declares_blocks_the_gpu_kernels_accept(shared_heads):
             assert declared >= g.q if g.q < Q_TILE else declared == options["BLOCK_M"] == g.tile
 
 
-@pytest.mark.parametrize("filtered", [False, True])
-def test_page_table_prefixes_give_the_layout_every_slot_gives(filtered):
+@pytest.mark.parametrize("chunk", [None, "skips", "general"])
+def test_page_table_prefixes_give_the_layout_every_slot_gives(chunk):
     """Lists that are the first slots of page tables (decode, verify, prefill rows) have their runs read off
     each page's first slot: the same layout as from every slot, at page boundaries too (a list ending on a
-    page's last slot, on a new page's first, one slot long); beside a short list that skips slots (the
-    runs of both kinds merged in list order) too."""
+    page's last slot, on a new page's first, one slot long); beside a short list that skips slots, marked
+    with the positions it leaves out as the engine's deferred chunks are, or as any list (the page-table
+    lists and the general one merged in list order)."""
     pool = _pool(128)
     q_lens, reads, writes = [], [], []
     for filled, n in ((15, 1), (16, 1), (0, 1), (47, 1), (31, 3), (5, 40), (0, 130)):
@@ -233,7 +256,7 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(filtered):
         reads.append(t.reserved_slots(0, filled + n))
         q_lens.append(n)
     prefixes = [True] * len(q_lens)
-    if filtered:        # a 3-row chunk that skips two slots of its 20, placed among the others
+    if chunk is not None:       # a 3-row chunk that skips two slots of its 20, placed among the others
         t = _session(pool, 20)
         chunk = t.ahead(0, 3)
         keep = torch.ones(20, dtype=torch.bool)
@@ -241,14 +264,34 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(filtered):
         writes.insert(2, chunk)
         reads.insert(2, torch.cat([t.reserved_slots(0, 20)[keep], chunk]))
         q_lens.insert(2, 3)
-        prefixes.insert(2, False)
+        prefixes.insert(2, np.array([4, 17]) if chunk == "skips" else False)
     every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool)
     layout = _run(pool, q_lens, reads, writes, prefixes)        # attends as the reference does, too
-    assert any(bool(g.filtered.any()) for g in layout.groups) == filtered
+    assert any(bool(g.filtered.any()) for g in layout.groups) == (chunk is not None)
     for a, b in zip(every.groups, layout.groups, strict=True):
         for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                      "full_idx"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_chunks_leaving_out_a_page_head_a_whole_page_or_a_last_page_slot_attend_as_their_lists_say():
+    """A chunk's list given as its page table less positions: a left-out run starting a page (the page's
+    first listed slot is later on it), one covering a whole page (the page is not read), one on the
+    chunk's own page; next to a decode row of the same session, which reads everything."""
+    pool = _pool()
+    t = _session(pool, 70)
+    skipped = np.array([0, 1, 2, *range(16, 33), 47, 66, 69])
+    chunk, row = t.ahead(0, 5), t.ahead(5, 1)
+    keep = torch.ones(70, dtype=torch.bool)
+    keep[torch.from_numpy(skipped)] = False
+    reads = [torch.cat([t.reserved_slots(0, 70)[keep], chunk]), t.reserved_slots(0, 76)]
+    layout = _run(pool, [5, 1], reads, [chunk, row], [skipped, True])
+    every = flex_layout([5, 1], reads, torch.cat([chunk, row]), "cpu", pool)
+    for a, b in zip(every.groups, layout.groups, strict=True):
+        for name in ("last", "filtered", "partial_num", "partial_idx", "full_num", "full_idx"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    with pytest.raises(ValueError, match="page-table prefix"):      # the positions do not match the list
+        flex_layout([5], reads[:1], chunk, "cpu", pool, prefixes=[skipped[1:]])
 
 
 def test_a_list_marked_as_a_prefix_that_is_not_one_is_refused():
