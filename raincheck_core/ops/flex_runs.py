@@ -6,14 +6,11 @@ less some positions (a deferred chunk's view: its turn's generated slots left ou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .flex_layout import SlotTables
 
 # how a read list relates to its session's page table (`ListedRuns`): any list of slots (False), the table's
 # first slots (True), or those less the positions a sorted int64 array holds
@@ -199,7 +196,16 @@ def runs_of(listed: ListedRuns, k_start: Tensor, page_size: int) -> tuple[Runs, 
 LISTED = 1 << 20
 
 
-def hide_skipped(tables: SlotTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor,
+class HiddenTables(Protocol):
+    """What `hide_skipped` writes and uses of a pool's slot tables (ops/flex_layout.py `SlotTables`)."""
+
+    page_size: int
+    hidden: Tensor          # per slot: the step whose deferred chunks may not read it
+    tally: Tensor           # per slot, zero between steps: the host's scratch
+    page_mark: Tensor       # per page: the latest step that looked at it slot by slot
+
+
+def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor,
                  pages: Tensor, runs: Runs) -> Tensor:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
