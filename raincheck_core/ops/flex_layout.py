@@ -19,9 +19,11 @@ segment:
   the `hidden` table for this step; every other slot on the segment's pages it may read.
 That is the bottom-right causal rule of ops/attention.py over each segment's readable list.
 
-The layout is built from the plan's slot lists with vectorised torch ops (a few passes over the keys
-read, then work per page run, per query tile and per block listed; one table write per row written, and
-slot by slot only the pages a deferred chunk skips slots of). Kept apart from the kernel call and its
+The layout is built from the plan's slot lists with vectorised ops (the page runs read off each page's
+first slot where a list is a page table's first slots, less the positions a deferred chunk leaves out,
+ops/flex_runs.py, else a few passes over the keys; then work per page run, per query tile and per block
+listed; one table write per row written and per slot a chunk leaves out, slot by slot only the pages two
+chunks read). Kept apart from the kernel call and its
 compile management because it is host-side work a step does once; it imports only torch (`python -m
 bench.attention --against REV` loads it by itself, as it was at a git revision, to time two builds).
 """
