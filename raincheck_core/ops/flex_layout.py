@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -334,7 +335,13 @@ def _prefix_lists(num: Tensor, pages: Tensor, start: Tensor, cols: int, tail: in
     padded = torch.zeros(pages.shape[0] + cols, dtype=torch.int32)
     padded[:pages.shape[0]] = pages
     lists = padded.unfold(0, cols, 1).index_select(0, start)
-    below = torch.ones(cols + 1, cols, dtype=torch.bool).tril_(-1)         # below[k, c]: c < k
-    torch.mul(lists[:, None], below[num[:m]], out=buf[:m * tiles * cols].view(m, tiles, cols))
+    torch.mul(lists[:, None], _below(cols)[num[:m]], out=buf[:m * tiles * cols].view(m, tiles, cols))
     buf[m * tiles * cols:].zero_()
     return buf
+
+
+@lru_cache(maxsize=4)
+def _below(cols: int) -> Tensor:
+    """`below[k, c]`: c < k, for k in [0, cols]; the same for every step of a block-list width (read only),
+    made once: at 2,048 columns (32K-token lists) it is 4 MB, and making it was most of a long step's layout."""
+    return torch.ones(cols + 1, cols, dtype=torch.bool).tril_(-1)
