@@ -49,6 +49,7 @@ from .common import setup_torch
 
 CONTEXT = 1536
 LAYOUT_REPEATS = 9
+LONG_CONTEXT = 32768      # the accounting table's video-length rows: 4 sessions
 PAGE = 16
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 64          # the bench checkpoint's attention layers
 
@@ -208,8 +209,9 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
 
 
 def accounting_table(device: str, quick: bool, against: Callable[..., object] | None = None) -> list[dict]:
-    """`layout_rows` for decode, fused-chunk and prefill steps at B = 1, 16, 64 and 1-4K contexts (`quick`:
-    decode and fused, B = 1 and 16 at 1K)."""
+    """`layout_rows` for decode, fused-chunk and prefill steps at B = 1, 16, 64 and 1-4K contexts, and decode
+    and fused steps of 4 sessions over video-length 32K contexts (`quick`: decode and fused, B = 1 and 16 at
+    1K)."""
     g = torch.Generator().manual_seed(0)
     batches, contexts = ((1, 16), (1024,)) if quick else ((1, 16, 64), (1024, 2048, 4096))
     rows = []
@@ -220,6 +222,9 @@ def accounting_table(device: str, quick: bool, against: Callable[..., object] | 
                     continue        # the prefill rows alone would be past any step's row budget
                 rows.append(layout_rows(sessions, context, kind, g, device, against))
                 print(json.dumps(rows[-1]), flush=True)
+    for kind in () if quick else ("decode", "fused"):
+        rows.append(layout_rows(4, LONG_CONTEXT, kind, g, device, against))
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
