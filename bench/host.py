@@ -17,8 +17,9 @@ decoder's forward hooks mark the stages' ends.
 runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave the CPU's caches
 warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of weights cause.
 
-The random checkpoint has no tokenizer, so the steps above stream no text; a served model's do. The text
-part is measured apart, with the demo model's tokenizer on a long English answer: the host time of one
+The random checkpoint has no tokenizer, so the steps above stream no text; a served model's consumers find
+each token's text as they read its event, outside the step. That part is measured apart, with the demo
+model's tokenizer on a long English answer: the host time of one
 token's text at answer positions 16 to 4,096, decoding the whole answer so far (what the engine did
 before multimodal/detokenize.py, and a naive server does) against the incremental window, side by side.
 """

@@ -12,7 +12,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -183,8 +183,8 @@ class TurnRequest:
         self.t_first = self.t_first or now
         self.t_last = now
         self.generated.append(token)
-        text = self._text_delta()
-        self.events.append(TokenEvent(token, text, len(self.generated) - 1,
+        # its text is found when it is handed out (`text_of`): by the consumer, outside the step
+        self.events.append(TokenEvent(token, "", len(self.generated) - 1,
                                       logits.clone() if self.return_logits else None,
                                       self.sampler.logprob, self.sampler.top_logprobs, self.choice))
         if token in self.stop_ids and not self.params.ignore_eos:
@@ -230,8 +230,13 @@ class TurnRequest:
     def _full_text(self) -> str:
         return self.decode_text(self.generated) if self.decode_text else ""
 
-    def _text_delta(self) -> str:
-        return "" if self._text is None else self._text.delta(self.generated)
+    def text_of(self, event: TokenEvent) -> TokenEvent:
+        """`event`, this turn's, with the new text its token completes. Called as the events are handed out,
+        in order (engine/session.py `TurnStream`): the detokenizing is the consumer's, outside the engine's
+        step, which only appends tokens (and a late read of a long answer decodes a window, not the answer)."""
+        if self._text is None:
+            return event
+        return replace(event, text=self._text.delta(self.generated, event.index + 1))
 
 
 @dataclass

@@ -312,6 +312,8 @@ class TurnStream:
         raise StopIteration
 
     def _hand_out(self, req: TurnRequest, event: TurnEvent) -> TurnEvent:
+        if isinstance(event, TokenEvent):
+            return req.text_of(event)
         if isinstance(event, TurnEnd):
             self.ends[req.choice] = event
             if req is self.request:

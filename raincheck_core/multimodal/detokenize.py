@@ -25,12 +25,14 @@ class IncrementalText:
         self.prefix = 0      # first token of the window whose text was emitted last
         self.read = 0        # tokens whose text has been emitted
 
-    def delta(self, ids: Sequence[int]) -> str:
+    def delta(self, ids: Sequence[int], end: int | None = None) -> str:
         """The text the tokens after the last emitted ones add ("" while it ends in an incomplete
-        character). `ids`: every token so far, the ones seen by earlier calls first."""
+        character). `ids`: every token so far, the ones seen by earlier calls first; `end`: only its first
+        `end` (a list that has grown meanwhile)."""
+        end = len(ids) if end is None else end
         before = self.decode(list(ids[self.prefix:self.read])) if self.read > self.prefix else ""
-        after = self.decode(list(ids[self.prefix:]))
+        after = self.decode(list(ids[self.prefix:end]))
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return ""
-        self.prefix, self.read = self.read, len(ids)
+        self.prefix, self.read = self.read, end
         return after[len(before):]
