@@ -8,22 +8,21 @@ and answer), which only exists when the follow-up did not wait for `t`'s rows (a
 own chunk it sees causally. Decode and input rows see everything.
 
 The engine applies the rule by giving deferred rows a read list of the visible slots
-(`SessionCache.readable`); `deferred_mask` is the same rule as a dense mask, for reference attention.
+(`SessionCache.deferred_readable`); `deferred_mask` is the same rule as a dense mask, for reference attention.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+Labels = torch.Tensor | np.ndarray
 
-def visible_to(turns: torch.Tensor, generated: torch.Tensor, turn: int) -> torch.Tensor:
-    """Per slot (labels `turns`, `generated`): may a deferred row of turn `turn` read it."""
+
+def visible_to(turns: Labels, generated: Labels, turn: int) -> Labels:
+    """Per slot (labels `turns`, `generated`, tensors or the session cache's numpy arrays): may a deferred row
+    of turn `turn` read it."""
     return (turns < turn) | ((turns == turn) & ~generated)
-
-
-def deferred_visible(turns: torch.Tensor, generated: torch.Tensor, turn: int) -> torch.Tensor:
-    """Positions (within the session's slots) of the past slots deferred rows of `turn` may read."""
-    return visible_to(turns, generated, turn).nonzero().flatten()
 
 
 def deferred_mask(turns: torch.Tensor, generated: torch.Tensor, turn: int, n: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool, PageTable
 from ..cache.prefix import Hit, PrefixChain
 from ..deferral.recovery import Recovery, RecoverySnapshot
-from ..deferral.visibility import deferred_visible, visible_to
+from ..deferral.visibility import visible_to
 
 if TYPE_CHECKING:
     from ..ops.backend import GDNOps
@@ -118,7 +118,7 @@ class SessionCache:
         (deferral/visibility.py), their own last, and the positions among the session's slots up to
         theirs that this leaves out (FlexAttention reads the pages from those: ops/flex_runs.py)."""
         end = self.table.length + self._claimed
-        seen = visible_to(self._turn_of[:end], self._generated[:end], turn)
+        seen = self._visible(end, turn)
         return self.table.reserved_slots(0, end)[torch.from_numpy(seen)], np.flatnonzero(~seen)
 
     def cancel_claims(self) -> None:
@@ -182,17 +182,16 @@ class SessionCache:
         if self.recovery is None:
             return torch.empty(0, dtype=torch.long)
         n = self.length
-        hidden = ~torch.isin(torch.arange(n), self._deferred_visible(n, self.recovery.turn))
-        return self.table.slots(0, n)[hidden]
+        return self.table.slots(0, n)[torch.from_numpy(~self._visible(n, self.recovery.turn))]
 
     def visible_slots(self) -> torch.Tensor:
         """Slot ids of the filled slots the pending recovery's rows may read, in order."""
         n = self.length
-        return self.table.slots(0, n)[self._deferred_visible(n, self.recovery.turn)]
+        return self.table.slots(0, n)[torch.from_numpy(self._visible(n, self.recovery.turn))]
 
-    def _deferred_visible(self, end: int, turn: int) -> torch.Tensor:
-        """Positions among the first `end` slots that deferred rows of `turn` may read."""
-        return deferred_visible(torch.from_numpy(self._turn_of[:end]), torch.from_numpy(self._generated[:end]), turn)
+    def _visible(self, end: int, turn: int) -> np.ndarray:
+        """Per slot of the first `end`: may deferred rows of `turn` read it (deferral/visibility.py)."""
+        return visible_to(self._turn_of[:end], self._generated[:end], turn)
 
     def end_recovery(self) -> None:
         """The recovery is complete (or given up): its prefix state is released; the queued recovery of
