@@ -36,12 +36,14 @@ def setup_torch(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def build_engine(family: str, workdir: Path, prefix_cache: bool = False, size: str = "bench") -> Engine:
+def build_engine(family: str, workdir: Path, prefix_cache: bool = False, size: str = "bench",
+                 max_gdn_slots: int = 64) -> Engine:
     """The `bench` checkpoint's engine (or the `size` one of models/random_init.py); without the prefix cache
     unless asked (the latency benchmarks run the same prompt again and again: it would serve them from the
-    cache)."""
+    cache). `max_gdn_slots`: a slot per open session, and one more per pending GDN join."""
     folder = save_random_checkpoint(workdir / family, family, size)
-    return Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=63, prefix_cache=prefix_cache)
+    return Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=63, prefix_cache=prefix_cache,
+                                  max_gdn_slots=max_gdn_slots)
 
 
 def image_prompt(engine: Engine, side: int = 32, text: int = 32, seed: int = 0) -> Prompt:

@@ -1,7 +1,7 @@
 """Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
 
     python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--size bench|tiny] [--profile]
-                         [--json PATH]
+                         [--images SIDE] [--json PATH]
 
 On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
 host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
@@ -13,9 +13,13 @@ arithmetic), and the host time is the difference. The random `bench` checkpoint'
 but only the difference is reported. 20th percentile and median over the steady steps of the rounds. A
 second table splits it by stage (`STAGES`), in a round of its own: the engine's plan and step hooks and the
 decoder's forward hooks mark the stages' ends.
-`--profile` adds cProfile's top functions of the largest B by time spent outside the forward. `--size tiny`
-runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave the CPU's caches
-warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of weights cause.
+`--images SIDE` gives each turn an image of SIDE² merged tokens between its text (precomputed embeddings)
+under raincheck (30% kept, 31-row chunks after a 16-token guard, no TPOT objective): its steady steps carry
+the deferred chunks the engine's budget lets them (63 rows a step: two sessions' chunks), the host work of
+a fused step. `--profile` adds cProfile's top functions of the largest B by time spent outside the
+forward. `--size tiny` runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave
+the CPU's caches warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of
+weights cause.
 
 The random checkpoint has no tokenizer, so the steps above stream no text; a served model's consumers find
 each token's text as they read its event, outside the step. That part is measured apart, with the demo
@@ -39,16 +43,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.multimodal.chat import ChatFormatter
 from raincheck_core.multimodal.detokenize import IncrementalText
 
-from .common import FAMILIES, STEP_QUANTILE, build_engine, quantile, setup_torch
+from .common import FAMILIES, STEP_QUANTILE, build_engine, image_prompt, quantile, setup_torch
 
 TEXT = 64
 GOAL_MS = 1.0           # issue 39: host time per decode step outside the forward at B = 64
@@ -110,11 +116,31 @@ def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
     return [Prompt(torch.randint(16, min(2000, vocab - 16), (TEXT,), generator=g).tolist()) for _ in range(b)]
 
 
+@dataclass(frozen=True)
+class Load:
+    """What each of the B sessions sends: a `TEXT`-token text turn, or with `image_side` its text around an
+    image whose deferred rows ride on the decode steps (`--images`)."""
+
+    image_side: int = 0
+
+    def batch(self, engine: Engine, b: int, seed: int) -> list[Prompt]:
+        if self.image_side:
+            return [image_prompt(engine, self.image_side, TEXT // 2, seed=seed * 1000 + i) for i in range(b)]
+        return prompts(b, seed, engine.model_config.vocab_size)
+
+    @property
+    def deferral(self) -> DeferralConfig | None:
+        return DeferralConfig("raincheck", selector="uniform", retention=0.3, chunk_size=31, guard=16,
+                              tpot_slo=None) if self.image_side else None
+
+
 def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: cProfile.Profile | None = None,
-               stages: dict[str, list[float]] | None = None) -> tuple[list[float], list[float]]:
-    """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns; with
-    `stages`, each steady step's CPU seconds by stage are appended to it too (`STAGES`: the hooks that
-    mark them cost a little of the steps they time, so the main figures are measured without them)."""
+               stages: dict[str, list[float]] | None = None, deferral: DeferralConfig | None = None
+               ) -> tuple[list[float], list[float]]:
+    """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns (under
+    `deferral`, if given); with `stages`, each steady step's CPU seconds by stage are appended to it too
+    (`STAGES`: the hooks that mark them cost a little of the steps they time, so the main figures are
+    measured without them)."""
     sessions = [engine.open_session() for _ in batch]
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     steps, forwards = [], []
@@ -123,7 +149,7 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: 
     try:
         with forward_timer(engine.model) as spent, \
                 (step_marks(engine) if stages is not None else nullcontext({})) as marks:
-            turns = [s.turn(p, params).request for s, p in zip(sessions, batch, strict=True)]
+            turns = [s.turn(p, params, deferral=deferral).request for s, p in zip(sessions, batch, strict=True)]
             while not all(t.finished for t in turns):
                 steady = all(t.decoding and not t.finished for t in turns)
                 calls = len(spent)
@@ -157,20 +183,21 @@ def _split(marks: dict[str, float], start: float, step: float, forward: float, s
         stages[name].append(seconds)
 
 
-def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str) -> dict[int, dict]:
-    vocab = engine.model_config.vocab_size
-    host_steps(engine, prompts(4, seed=99, vocab=vocab), 8)      # warm-up: allocations, first-use paths
+def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc: str, load: Load = Load()
+            ) -> dict[int, dict]:
+    defer = load.deferral
+    host_steps(engine, load.batch(engine, 4, 99), max_new if defer else 8, deferral=defer)   # warm-up: first uses
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
     by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in STAGES} for b in bs}
     with tqdm(total=(repeats + 1) * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
             for b in bs if r % 2 == 0 else bs[::-1]:
-                steps, forwards = host_steps(engine, prompts(b, seed=r, vocab=vocab), max_new)
+                steps, forwards = host_steps(engine, load.batch(engine, b, r), max_new, deferral=defer)
                 pooled[b][0].extend(steps)
                 pooled[b][1].extend(forwards)
                 bar.update()
         for b in bs:        # the stages: a round of their own, with the hooks that mark them
-            host_steps(engine, prompts(b, seed=repeats, vocab=vocab), max_new, stages=by_stage[b])
+            host_steps(engine, load.batch(engine, b, repeats), max_new, stages=by_stage[b], deferral=defer)
             bar.update()
     out = {}
     for b, (steps, forwards) in pooled.items():
@@ -184,11 +211,11 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
     return out
 
 
-def profile_outside(engine: Engine, b: int, max_new: int, top: int = 25) -> str:
+def profile_outside(engine: Engine, b: int, max_new: int, top: int = 25, load: Load = Load()) -> str:
     """cProfile's top functions by internal time over the steady steps of one batch of `b` turns (the
     forward's own functions are listed too: read the engine's)."""
     profiler = cProfile.Profile()
-    host_steps(engine, prompts(b, seed=7, vocab=engine.model_config.vocab_size), max_new, profiler)
+    host_steps(engine, load.batch(engine, b, 7), max_new, profiler, deferral=load.deferral)
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
     stats.sort_stats("tottime").print_stats(top)
@@ -267,10 +294,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--size", choices=("bench", "tiny"), default="bench",
                     help="the checkpoint: tiny's forward leaves the caches warm")
     ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
+    ap.add_argument("--images", type=int, default=0, metavar="SIDE",
+                    help="an image of SIDE² tokens in each turn, its deferred rows fused into the decode steps")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 3)
-    args.max_new = args.max_new or (16 if args.quick else 32)
+    # with images, past the 16-token guard: the steps after it carry the chunks
+    args.max_new = args.max_new or (16 if args.quick else 32) + (32 if args.images else 0)
     return args
 
 
@@ -280,13 +310,17 @@ def main(argv: list[str] | None = None) -> None:
     results, profiles = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
-            engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size)
-            results[family] = measure(engine, args.bs, args.repeats, args.max_new, family)
+            engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size,
+                                  max_gdn_slots=2 * max(args.bs) + 8)     # a session's slot and its join's
+            load = Load(args.images)
+            results[family] = measure(engine, args.bs, args.repeats, args.max_new, family, load)
             if args.profile:
-                profiles[family] = profile_outside(engine, max(args.bs), args.max_new)
-    texts = text_costs(POSITIONS, args.repeats) if (TOKENIZER / "tokenizer.json").is_file() else []
+                profiles[family] = profile_outside(engine, max(args.bs), args.max_new, load=load)
+    texts = text_costs(POSITIONS, args.repeats) if (TOKENIZER / "tokenizer.json").is_file() and not args.images \
+        else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
-    print(f"\n`{cmd}`: the {args.size} checkpoint, {TEXT}-token text turns, {args.max_new} new tokens, one thread, "
+    turns = f"{TEXT}-token text turns" + (f" around a {args.images}² image, raincheck" if args.images else "")
+    print(f"\n`{cmd}`: the {args.size} checkpoint, {turns}, {args.max_new} new tokens, one thread, "
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))
