@@ -53,7 +53,7 @@ def image_prompt(engine: Engine, side: int = 32, text: int = 32, seed: int = 0) 
     g = torch.Generator().manual_seed(seed)
     visual = VisualInput("image", torch.randn(n, cfg.hidden_size, generator=g), (1, 2 * side, 2 * side),
                          [torch.randn(n, cfg.hidden_size, generator=g) for _ in range(cfg.deepstack_levels)])
-    words = torch.randint(16, 2000, (2 * text,), generator=g).tolist()
+    words = torch.randint(16, min(2000, cfg.vocab_size - 16), (2 * text,), generator=g).tolist()   # tiny's too
     ids = [*words[:text], cfg.vision_start_token_id, *[cfg.image_token_id] * n, cfg.vision_end_token_id,
            *words[text:]]
     return Prompt(ids, [visual])

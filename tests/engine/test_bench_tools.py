@@ -55,3 +55,16 @@ def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
     for r in results.values():      # every stage timed in the steady steps
         stages = r["stage_ms_median"]
         assert set(stages) == set(host.STAGES) and stages["planning"] > 0 and stages["after the forward"] > 0
+
+
+def test_host_times_the_steps_that_restore_deferred_rows(tmp_path):
+    """`--images`: each turn's image under raincheck, its deferred rows fused into the steps past the guard
+    (a GDN join pending: the decode rows are tracked); those steady steps are timed as the text turns' are."""
+    threads = torch.get_num_threads()
+    try:
+        host.main(["--bs", "2", "--families", "qwen3_5", "--size", "tiny", "--repeats", "1", "--max-new", "24",
+                   "--images", "4", "--json", str(tmp_path / "h.json")])
+    finally:
+        torch.set_num_threads(threads)
+    (r,) = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_5"].values()
+    assert r["steps"] >= 16 and 0 < r["forward_ms_median"] < r["step_ms_median"]
