@@ -228,9 +228,8 @@ class StepPlan:
     def attention_segments(self) -> tuple[list[int], list[torch.Tensor], list[bool | np.ndarray]]:
         """The step's rows as attention sees them: each segment's row count, readable slots and how those
         relate to its page table (ops/flex_runs.py `Prefix`: its first slots (`TABLE_PREFIX`), those less
-        `read_skips`, or neither), a prefill with `splits` as one
-        segment per piece (a piece reads what a step starting there would: the slots before it and its
-        own, bottom-right causal)."""
+        `read_skips`, or neither), a prefill with `splits` as one segment per piece (a piece reads what a
+        step starting there would: the slots before it and its own, bottom-right causal)."""
         q_lens, reads, prefixes = [], [], []
         for s in self.segments:
             prefix = s.read_skips if s.read_skips is not None else s.kind in TABLE_PREFIX

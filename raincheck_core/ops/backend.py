@@ -43,8 +43,8 @@ class AttentionOps:
     name: str
     layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str, object], AttentionLayout | FlexLayout]
     attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout | FlexLayout], Tensor]
-    # the layout reads pages, and takes `prefixes` (which read lists are the first slots of a page table,
-    # whose pages it reads off each page's first slot); the others read every slot through the lists
+    # the layout reads pages, and takes `prefixes` (how each read list relates to its page table, whose
+    # pages it reads off each page's first listed slot: ops/flex_runs.py); the others read every slot
     reads_pages: bool = False
 
 

@@ -190,8 +190,9 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
     `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says.
-    `prefixes[s]`: segment s's list is the first slots of a page table (every page's slots in order, all
-    of each page but the last's), so its pages are read off every `page_size`-th slot (ops/flex_runs.py)."""
+    `prefixes[s]` (ops/flex_runs.py `Prefix`): True where segment s's list is the first slots of a page
+    table (its pages read off every `page_size`-th slot), an array of positions where it is those less the
+    positions (a deferred chunk's), False (the default) for any list, read key by key."""
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size

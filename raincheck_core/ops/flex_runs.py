@@ -173,9 +173,9 @@ _NONE_LEFT_OUT.flags.writeable = False
 
 def _skipped(prefix: Prefix) -> np.ndarray | None:
     """A list's left-out positions of its page table's first slots (`Prefix`), None for any list."""
-    if prefix is True:      # most lists: one shared empty array
-        return _NONE_LEFT_OUT
-    return prefix.astype(np.int64, copy=False) if isinstance(prefix, np.ndarray) else None
+    if isinstance(prefix, np.ndarray):
+        return prefix.astype(np.int64, copy=False)
+    return _NONE_LEFT_OUT if prefix else None       # most lists: one shared empty array
 
 
 def runs_of(listed: ListedRuns, k_start: Tensor, page_size: int) -> tuple[Runs, Tensor, Tensor]:
@@ -232,8 +232,8 @@ def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: Ten
     seg = runs.seg[at]
     general = ~torch.from_numpy(listed.paged).index_select(0, seg)
     # the pages looked at slot by slot: a general list's, and those two filtered lists read
-    page, which, held = torch.unique(runs.page[at], return_inverse=True, return_counts=True)
-    slot_by_slot = held > 1
+    page, which, readers = torch.unique(runs.page[at], return_inverse=True, return_counts=True)
+    slot_by_slot = readers > 1
     slot_by_slot[which[general]] = True
     known = torch.from_numpy(listed.hidden)
     looked = torch.isin(known // page_size, page[slot_by_slot])     # known slots on those pages
