@@ -4,11 +4,13 @@ Per GDN layer: the prefix state (recurrent state + conv history at the insertion
 the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of the first `kernel - 1`
 generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
 state right after them; and `P_rest`, the product of the transitions of every later generated token,
-fp32 throughout. A later token's factors are only written into a buffer; they are folded into `P_rest`
-a block at a time by the op set's fold (`GDNOps.fold`, ops/backend.py), when the buffer is full or a
-value that needs the whole map is about to be taken (`fold_buffered`: the engine core calls it before a
-chunk's forward, and `begin`, `lead_done`, `rebase` and `snapshot` call it here), so a decode step pays
-for a copy of the factors instead of a map update. Reading `p_rest` folds nothing.
+fp32 throughout. A later token's factors are only kept (the step's own tensors, which nothing writes
+again: engine/runner.py `_tracked`); they are folded into `P_rest` a block at a time by the op set's fold
+(`GDNOps.fold`, ops/backend.py), when `BUFFER` wait or a value that needs the whole map is about to be
+taken (`fold_buffered`: the engine core calls it before a chunk's forward, and `begin`, `lead_done`,
+`rebase` and `snapshot` call it here), so a decode step pays for a list append instead of a map update
+(or of three copies into a buffer: a decode step of 64 tracked sessions spent ~0.5 ms on them). Reading
+`p_rest` folds nothing.
 
 The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
 with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −
@@ -25,8 +27,8 @@ from ..cache.gdn_state import GDNStatePool
 from ..ops.backend import GDNOps
 from ..ops.gdn_state_map import identity_map
 
-# generated tokens whose factors wait to be folded into P_rest: the buffer is a quarter of P_rest's size
-# when Dk = 128 (Qwen3.5), and 32 tokens per fold already make the per-token cost small
+# generated tokens whose factors wait to be folded into P_rest: their k, g and beta are a quarter of
+# P_rest's size when Dk = 128 (Qwen3.5), and 32 tokens per fold already make the per-token cost small
 BUFFER = 32
 
 
@@ -65,12 +67,9 @@ class GDNJoin:
         self.s_lead = torch.zeros_like(pool.ssm[live_slot])
         # [layers, H, Dk, Dk]: the map of every generated token past the lead folded so far
         self.p_rest = identity_map(heads, dk, pool.ssm.device).expand(layers, heads, dk, dk).clone()
-        # factors of the tokens not folded into P_rest yet, per layer; k as the runner hands it over (per
-        # key head: sized on the first token), widened to value heads once per fold
-        self._k: torch.Tensor | None = None
-        self._g = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
-        self._beta = torch.empty(layers, BUFFER, heads, device=pool.ssm.device)
-        self._buffered = 0
+        # (k, g, beta) of each token not folded into P_rest yet, as the runner handed them over (k per key
+        # head: widened to value heads once per fold)
+        self._waiting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.fed = 0                                # generated tokens run on the live path so far
         # (k, v, g, beta) of every token folded into P_rest, per layer, for audits and tests
         self.factors: list[list[tuple[torch.Tensor, ...]]] | None = [[] for _ in range(layers)] \
@@ -109,8 +108,8 @@ class GDNJoin:
     @property
     def nbytes(self) -> int:
         """Bytes this join holds: its maps, lead records, factor buffers and its prefix state slot."""
-        held = [self.p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta, self._g, self._beta]
-        held += [t for t in (self._k,) if t is not None]
+        held = [self.p_rest, self.s_lead, self.lead_u, self.lead_g, self.lead_beta]
+        held += [t for factors in self._waiting for t in factors]
         if self.behind is not None:
             held += [t for t in (self.behind.at_prefix, self.behind.at_lead) if t is not None]
         # a slot's memory is all of its rows (two in the live pool, used in turn: cache/gdn_state.py)
@@ -132,7 +131,7 @@ class GDNJoin:
         self.s_lead.copy_(snap.s_lead)
         for mine, saved in zip((self.lead_u, self.lead_g, self.lead_beta), snap.lead, strict=True):
             mine.copy_(saved)
-        self._buffered = 0
+        self._waiting.clear()
         self.p_rest.copy_(snap.p_rest)
         self.fed = snap.fed
         if self.factors is not None:
@@ -153,16 +152,10 @@ class GDNJoin:
         """A generated token past the lead ran: its transition joins P_rest (buffered, folded a block at
         a time by `gdn_ops`). k `[layers, key heads, Dk]` (value head h reads key head h // (H / key heads);
         key heads may be H), v `[layers, H, Dv]` (read only when the join keeps factors for audits), g, beta
-        `[layers, H]`."""
-        if self._buffered == BUFFER:
+        `[layers, H]`: kept as they are until they are folded, so nothing may write them again."""
+        if len(self._waiting) == BUFFER:
             self.fold_buffered(gdn_ops)
-        if self._k is None:
-            self._k = k.new_empty(k.shape[0], BUFFER, *k.shape[1:])
-        n = self._buffered
-        self._k[:, n] = k
-        self._g[:, n] = g
-        self._beta[:, n] = beta
-        self._buffered += 1
+        self._waiting.append((k, g, beta))
         if self.factors is not None:
             if v is None:
                 raise ValueError("a join that keeps factors for audits needs each token's v")
@@ -178,10 +171,10 @@ class GDNJoin:
         """Fold the buffered tokens' factors into P_rest now, by `gdn_ops.fold`; returns P_rest. Called
         where the whole map is about to be read: by the engine core before a chunk's forward (so the
         forward, a stage that only reads, changes no join), and here before a value is taken from it."""
-        n, self._buffered = self._buffered, 0
-        if n:   # token-major factors over all layers' maps at once
-            gdn_ops.fold(self.p_rest, self._value_heads(self._k[:, :n]).transpose(0, 1),
-                         self._g[:, :n].transpose(0, 1), self._beta[:, :n].transpose(0, 1))
+        if self._waiting:   # token-major factors over all layers' maps at once
+            k, g, beta = (torch.stack(f) for f in zip(*self._waiting, strict=True))
+            self._waiting.clear()
+            gdn_ops.fold(self.p_rest, self._value_heads(k), g, beta)
         return self.p_rest
 
     def set_joined(self, s_lead: torch.Tensor) -> None:

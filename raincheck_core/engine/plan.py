@@ -108,6 +108,15 @@ class Segment:
     join_inputs: JoinInputs | None = None     # a chunk that joins: what its forward reads of the join
     tracking: Tracking | None = None      # tracked rows: what their forward needs of the joins they extend
 
+    def resolved(self, source: TurnInput | None, result: ResidualResult | None, join_inputs: JoinInputs | None,
+                 tracking: Tracking | None) -> Segment:
+        """A copy holding what the engine core read of its session (`EngineCore.resolve`); the plan keeps
+        its own. The fields are copied as they are: `dataclasses.replace` would run each through `__init__`
+        again, ~5x the cost, once per tracked decode row and step."""
+        copy = object.__new__(Segment)
+        copy.__dict__.update(self.__dict__, source=source, result=result, join_inputs=join_inputs, tracking=tracking)
+        return copy
+
     @property
     def joins(self) -> bool:
         """A deferred chunk whose GDN state change is joined into its turn's live state."""

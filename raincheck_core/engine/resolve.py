@@ -3,7 +3,6 @@ plan's segments, so that the runner reads the plan and the pools and never a ses
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from ..deferral.handoff import ResidualResult
@@ -57,4 +56,4 @@ def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, Resid
         result = handoffs[seg.session]
     elif seg.kind not in ANSWERING:
         source = rows_of(seg, sessions)
-    return dataclasses.replace(seg, source=source, result=result, join_inputs=join_inputs, tracking=tracking)
+    return seg.resolved(source, result, join_inputs, tracking)

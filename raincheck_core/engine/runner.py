@@ -368,18 +368,25 @@ class ModelRunner:
         x = inputs.batch.gdn.out.x
         if x is None:       # the torch path: the layers handed over k (per key head) and v
             k, v = stacked(1), stacked(2, audit)
-        else:               # the kernel wrote each row's [q | k | v] for every layer: slice them once
+        else:               # the kernel wrote each row's [q | k | v] for every layer: gather k (and v) once
             heads, dk, dv = self.gdn.ssm.shape[2:]
             kd = self.key_heads * dk
             rows = inputs.batch.gdn.single.layout.step_rows(x.shape[1])
-            xs = (x if rows is None else x[:, rows]).transpose(0, 1)             # [N, layers, C]
-            xs = xs if every else xs[keep]
-            k = xs[..., kd:2 * kd].unflatten(-1, (self.key_heads, dk))
-            v = xs[..., 2 * kd:].unflatten(-1, (heads, dv)) if audit else None
+            at = rows if every else keep if rows is None else rows[keep]
+            xt = x.transpose(0, 1)                                              # [rows, layers, C]
+
+            def columns(cols: slice, shape: tuple[int, int]) -> torch.Tensor:
+                # [N, layers, ...] in memory of its own: the joins keep each row's k until they fold it
+                # (deferral/gdn_join.py), and a view would keep the step's whole [q | k | v] with it
+                part = xt[:, :, cols].contiguous() if at is None else xt[at, :, cols]
+                return part.unflatten(-1, shape)
+            k = columns(slice(kd, 2 * kd), (self.key_heads, dk))
+            v = columns(slice(2 * kd, None), (heads, dv)) if audit else None
         states: list[torch.Tensor | None] = [None] * len(segs)
         # only lead tokens need the state after them: the row their step wrote (current once committed)
         for j, row in zip(lead, self.gdn.rows(segs[j].gdn_slot for j in lead).write, strict=True):
             states[j] = self.gdn.ssm.rows[row]
-        return [Tracked(seg, None if u is None else u[j], k[j], None if v is None else v[j], g[j], beta[j], states[j])
-                for j, seg in enumerate(segs)]
+        none = (None,) * len(segs)
+        return list(map(Tracked, segs, none if u is None else u.unbind(0), k.unbind(0),
+                        none if v is None else v.unbind(0), g.unbind(0), beta.unbind(0), states))
 
