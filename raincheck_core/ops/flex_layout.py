@@ -23,8 +23,11 @@ The layout is built from the plan's slot lists with vectorised ops (the page run
 first slot where a list is a page table's first slots, less the positions a deferred chunk leaves out,
 ops/flex_runs.py, else a few passes over the keys; then work per page run, per query tile and per block
 listed; one table write per row written and per slot a chunk leaves out, slot by slot only the pages two
-chunks read). Kept apart from the kernel call and its
-compile management because it is host-side work a step does once; it imports only torch (`python -m
+chunks read). A step of decode rows only (padded or not), every list a page table's first slots, has one
+group whose blocks are each list's pages, all read whole but a partly filled last one: it is built from
+each page's first slot in a few numpy ops (`_one_row_group`: ~0.1 ms of host time at B = 1, 0.35 at
+64 x 4K, against 0.36 and 0.68 by the general build). Kept apart from the kernel call and its
+compile management because it is host-side work a step does once; it imports torch, numpy and its runs (`python -m
 bench.attention --against REV` loads it by itself, as it was at a git revision, to time two builds).
 """
 
@@ -34,6 +37,7 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
@@ -204,12 +208,20 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     tables.step += 1
     step = tables.step
     n_seg = len(q_lens)
-    q_len = torch.tensor(q_lens, dtype=torch.long)
-    k_len = torch.tensor([s.shape[0] for s in read_slots], dtype=torch.long)
-    if bool((k_len < q_len).any()) or not bool(k_len.all()):
+    k_lens = [s.shape[0] for s in read_slots]
+    if not all(k_lens) or any(k < q for k, q in zip(k_lens, q_lens, strict=True)):
         raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
-    if n_seg >= STAMP or int(q_len.max()) >= STAMP:
+    if n_seg >= STAMP or max(q_lens) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
+    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
+    sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
+    if _one_row_pages(q_lens, query, sizes, prefixes):       # plain decode rows (padded or not)
+        code = torch.from_numpy((step * STAMP + np.arange(n_seg, dtype=np.int64)) * STAMP)
+        tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
+        group = _one_row_group(read_slots, query, sizes[1], step, tables, device)
+        return FlexLayout(write_slots.to(device), [group], tables, SegmentLengths(list(q_lens), k_lens))
+    q_len = torch.tensor(q_lens, dtype=torch.long)
+    k_len = torch.tensor(k_lens, dtype=torch.long)
     k_start = k_len.cumsum(0) - k_len
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
     stamps = step * STAMP + torch.arange(n_seg)
@@ -222,15 +234,13 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     runs, run_start, per_seg = runs_of(listed, k_start, page_size)
     filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
     segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
-    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
-    sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
     groups = []
     for q, size in sizes.items():
         ids = [s for s, at in enumerate(query) if at == q]
         if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
             raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
         groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
-    return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_len.tolist()))
+    return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_lens))
 
 
 @dataclass
@@ -303,6 +313,57 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
         rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
         partial_num=partial_num.to(device), partial_idx=partial_buf.to(device), full_num=full_num.to(device),
         full_idx=full_buf.to(device), q=q, tile=tile, cols=cols)
+
+
+def _one_row_pages(q_lens: list[int], query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None
+                   ) -> bool:
+    """Whether a step is one-row segments only, in one group, each attended one reading a page table's first
+    slots (`Prefix` True): plain decode rows, or a padded step of them (its padding attended by none)."""
+    return prefixes is not None and list(sizes) == [1] and all(n == 1 for n in q_lens) and all(
+        q == 0 or (q == 1 and not isinstance(p, np.ndarray) and bool(p)) for q, p in zip(query, prefixes, strict=True))
+
+
+def _one_row_group(read_slots: list[Tensor], query: list[int], size: int, step: int, tables: SlotTables,
+                   device: torch.device | str) -> FlexGroup:
+    """`_group` for a step that `_one_row_pages` holds: every row sees its whole list, so its page table's
+    pages are its blocks, whole but for a partly filled last one (under the mask: the slots after the row's
+    own). Read off each page's first slot with a few numpy ops on small arrays, where the general build takes
+    ~70 torch ops (~0.6 ms of host time a decode step at any batch)."""
+    ps, ids = tables.page_size, [s for s, q in enumerate(query) if q == 1]
+    m = len(ids)
+    if size and m > size:       # `size`: a fixed shape's (else 0)
+        raise ValueError(f"group 1 holds {m} segments, rows up to 1: more than its fixed shape")
+    n = max(size, bucket(m))
+    lists = [read_slots[s].cpu().numpy() for s in ids]
+    k = np.array([a.shape[0] for a in lists], dtype=np.int64)
+    heads = np.concatenate([a[::ps] for a in lists]).astype(np.int64) if m else np.zeros(0, dtype=np.int64)
+    if (heads % ps).any():      # the marking's cheap check, as `ListedRuns` makes it
+        raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
+    page = heads // ps
+    pages, full = -(-k // ps), k // ps
+    end = pages.cumsum() - 1                                    # each list's last page among all
+    cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
+    length = n * cols + max(0, tables.slots // ps - cols)       # as `_block_buffer`'s
+    full_idx, partial_idx = np.zeros(length, dtype=np.int32), np.zeros(length, dtype=np.int32)
+    c = np.arange(cols)
+    first = (end - pages + 1)[:, None] + c                      # each list's pages, from its first
+    full_idx[:m * cols] = np.where(c < full[:, None], page[np.minimum(first, max(0, page.shape[0] - 1))], 0).ravel()
+    partial = full < pages                                      # a partly filled last page
+    partial_idx[np.arange(m)[partial] * cols] = page[end[partial]]
+    sid = np.array(ids, dtype=np.int64)
+
+    def padded(values: np.ndarray, fill: int, dtype: type = np.int64) -> Tensor:
+        out = np.full(n, fill, dtype=dtype)
+        out[:m] = values
+        return torch.from_numpy(out).to(device)
+    # a one-row segment's packed row is its index; padding positions read row 0 and write past the rows
+    return FlexGroup(
+        q_rows=padded(sid, 0), out_rows=padded(sid, len(query)), stamp=padded(step * STAMP + sid, -1),
+        last=padded(page[end] * ps + (k - 1) % ps, 0), filtered=torch.zeros(n, dtype=torch.bool, device=device),
+        rows=padded(np.ones(m, dtype=np.int64), 0), step=torch.tensor([step], device=device),
+        partial_num=padded(partial, 0, np.int32).view(n, 1, 1), partial_idx=torch.from_numpy(partial_idx).to(device),
+        full_num=padded(full, 0, np.int32).view(n, 1, 1), full_idx=torch.from_numpy(full_idx).to(device),
+        q=1, tile=1, cols=cols)
 
 
 def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> Tensor:

@@ -12,7 +12,7 @@ from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
 from raincheck_core.ops.flex_attention import flex_varlen_attention, kernel_options
-from raincheck_core.ops.flex_layout import MAX_STEP, Q_TILE, bucket, flex_layout, tables_of
+from raincheck_core.ops.flex_layout import MAX_STEP, Q_TILE, FixedGroups, bucket, flex_layout, tables_of
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
 
@@ -272,6 +272,54 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(chunk):
         for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                      "full_idx"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every_slot_gives(padded):
+    """A step of decode rows only, each list its page table's first slots (the engine's plain decode step),
+    is built from each page's first slot alone (ops/flex_layout.py `_one_row_group`): the layout every slot
+    gives, at page boundaries (a row on a page's last slot, on a new page's first, a session's first row),
+    for sessions sharing prefix pages, and padded to a fixed shape with padding rows on a scratch slot (a
+    captured graph's step); and its rows attend as the reference does."""
+    pool = _pool(128)
+    q_lens, reads, writes = [], [], []
+    shared = _session(pool, 40)
+    for filled in (15, 16, 0, 47, 31, 200, None):
+        if filled is None:          # the prefix cache's pages, read by a second session
+            t = PageTable(pool, 64)
+            t.adopt(shared.pages[:2], 32)
+            filled = 32
+        else:
+            t = _session(pool, filled)
+        writes.append(t.ahead(0, 1))
+        reads.append(t.reserved_slots(0, filled + 1))
+        q_lens.append(1)
+    rows, fixed, prefixes = len(q_lens), None, [True] * len(q_lens)
+    if padded:
+        scratch = torch.tensor([pool.allocate(1)[0] * PAGE])
+        q_lens += [1] * 3
+        reads += [scratch] * 3
+        writes += [scratch] * 3
+        prefixes += [False] * 3
+        fixed = FixedGroups([1] * rows + [0] * 3, {1: 16})
+    every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed)
+    layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes)
+    assert [g.q for g in layout.groups] == [1] and layout.groups[0].stamp.shape[0] == (16 if padded else 8)
+    for a, b in zip(every.groups, layout.groups, strict=True):
+        for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
+                     "full_idx"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and torch.equal(x, y), name
+        assert a.cols == b.cols and torch.equal(a.stamp - a.step * (a.stamp >= 0) * (1 << 16),
+                                                b.stamp - b.step * (b.stamp >= 0) * (1 << 16))
+    assert every.k_lens == layout.k_lens
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(len(q_lens), HEADS, D, generator=gen)
+    k, v = torch.randn(len(q_lens), KV, D, generator=gen), torch.randn(len(q_lens), KV, D, generator=gen)
+    out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
+    for s in range(rows):
+        ref = reference_attention(q[s:s + 1], pool.k[0], pool.v[0], reads[s])
+        assert float((out[s:s + 1] - ref).abs().max()) <= 1e-5, s
 
 
 def test_chunks_leaving_out_a_page_head_a_whole_page_or_a_last_page_slot_attend_as_their_lists_say():
