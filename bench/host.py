@@ -1,7 +1,7 @@
 """Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
 
     python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--size bench|tiny] [--profile]
-                         [--images SIDE] [--json PATH]
+                         [--images SIDE] [--backend flex] [--json PATH]
 
 On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
 host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
@@ -19,7 +19,8 @@ the deferred chunks the engine's budget lets them (63 rows a step: two sessions'
 a fused step. `--profile` adds cProfile's top functions of the largest B by time spent outside the
 forward. `--size tiny` runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave
 the CPU's caches warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of
-weights cause.
+weights cause (a forward on a device leaves the host's caches alone too). `--backend flex` runs the GPU
+path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of every step on a GPU.
 
 The random checkpoint has no tokenizer, so the steps above stream no text; a served model's consumers find
 each token's text as they read its event, outside the step. That part is measured apart, with the demo
@@ -294,6 +295,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--size", choices=("bench", "tiny"), default="bench",
                     help="the checkpoint: tiny's forward leaves the caches warm")
     ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
+    ap.add_argument("--backend", default=None, help="the op backend (EngineConfig.backend): flex is the GPU "
+                    "path's CPU twin, whose host work (its attention layout) is the GPU path's")
     ap.add_argument("--images", type=int, default=0, metavar="SIDE",
                     help="an image of SIDE² tokens in each turn, its deferred rows fused into the decode steps")
     ap.add_argument("--json", type=Path)
@@ -310,8 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     results, profiles = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
-            engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size,
-                                  max_gdn_slots=2 * max(args.bs) + 8)     # a session's slot and its join's
+            engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size,     # a slot per session
+                                  max_gdn_slots=2 * max(args.bs) + 8, backend=args.backend)   # and per join
             load = Load(args.images)
             results[family] = measure(engine, args.bs, args.repeats, args.max_new, family, load)
             if args.profile:
@@ -320,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
     turns = f"{TEXT}-token text turns" + (f" around a {args.images}² image, raincheck" if args.images else "")
-    print(f"\n`{cmd}`: the {args.size} checkpoint, {turns}, {args.max_new} new tokens, one thread, "
+    backend = f", the {args.backend} backend" if args.backend else ""
+    print(f"\n`{cmd}`: the {args.size} checkpoint{backend}, {turns}, {args.max_new} new tokens, one thread, "
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")
     print(table(results))

@@ -25,8 +25,8 @@ ops/flex_runs.py, else a few passes over the keys; then work per page run, per q
 listed; one table write per row written and per slot a chunk leaves out, slot by slot only the pages two
 chunks read). A step of decode rows only (padded or not), every list a page table's first slots, has one
 group whose blocks are each list's pages, all read whole but a partly filled last one: it is built from
-each page's first slot in a few numpy ops (`_one_row_group`: ~0.1 ms of host time at B = 1, 0.35 at
-64 x 4K, against 0.36 and 0.68 by the general build). Kept apart from the kernel call and its
+each page's first slot in a few numpy ops (`_one_row_group`: ~0.09 ms of host time at B = 1, 0.28 at
+64 x 4K, against 0.34 and 0.58 by the general build). Kept apart from the kernel call and its
 compile management because it is host-side work a step does once; it imports torch, numpy and its runs (`python -m
 bench.attention --against REV` loads it by itself, as it was at a git revision, to time two builds).
 """
@@ -341,29 +341,30 @@ def _one_row_group(read_slots: list[Tensor], query: list[int], size: int, step: 
         raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
     page = heads // ps
     pages, full = -(-k // ps), k // ps
-    end = pages.cumsum() - 1                                    # each list's last page among all
+    first = pages.cumsum() - pages                              # each list's first page among all
     cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
     length = n * cols + max(0, tables.slots // ps - cols)       # as `_block_buffer`'s
-    full_idx, partial_idx = np.zeros(length, dtype=np.int32), np.zeros(length, dtype=np.int32)
-    c = np.arange(cols)
-    first = (end - pages + 1)[:, None] + c                      # each list's pages, from its first
-    full_idx[:m * cols] = np.where(c < full[:, None], page[np.minimum(first, max(0, page.shape[0] - 1))], 0).ravel()
-    partial = full < pages                                      # a partly filled last page
-    partial_idx[np.arange(m)[partial] * cols] = page[end[partial]]
+    blocks = np.zeros((2, length), dtype=np.int32)              # the partial blocks' lists, the full ones'
+    # the full blocks: each list's pages but a partly filled last one, from its tile's first column
+    within = np.arange(int(full.sum())) - np.repeat(full.cumsum() - full, full)
+    blocks[1, np.repeat(np.arange(m) * cols, full) + within] = page[np.repeat(first, full) + within]
+    partial = full < pages
+    blocks[0, np.flatnonzero(partial) * cols] = page[(first + pages - 1)[partial]]
+    # per segment, padded to `n`: packed row (a one-row segment's is its index), output row (padding: past
+    # the step's rows), stamp, last slot, rows; and the partial and full blocks each tile lists
+    per = np.zeros((5, n), dtype=np.int64)
+    per[1, m:], per[2, m:] = len(query), -1
     sid = np.array(ids, dtype=np.int64)
-
-    def padded(values: np.ndarray, fill: int, dtype: type = np.int64) -> Tensor:
-        out = np.full(n, fill, dtype=dtype)
-        out[:m] = values
-        return torch.from_numpy(out).to(device)
-    # a one-row segment's packed row is its index; padding positions read row 0 and write past the rows
+    per[:4, :m] = sid, sid, step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
+    per[4, :m] = 1
+    num = np.zeros((2, n), dtype=np.int32)
+    num[:, :m] = partial, full
+    per_t, num_t, blocks_t = (torch.from_numpy(x).to(device) for x in (per, num, blocks))
     return FlexGroup(
-        q_rows=padded(sid, 0), out_rows=padded(sid, len(query)), stamp=padded(step * STAMP + sid, -1),
-        last=padded(page[end] * ps + (k - 1) % ps, 0), filtered=torch.zeros(n, dtype=torch.bool, device=device),
-        rows=padded(np.ones(m, dtype=np.int64), 0), step=torch.tensor([step], device=device),
-        partial_num=padded(partial, 0, np.int32).view(n, 1, 1), partial_idx=torch.from_numpy(partial_idx).to(device),
-        full_num=padded(full, 0, np.int32).view(n, 1, 1), full_idx=torch.from_numpy(full_idx).to(device),
-        q=1, tile=1, cols=cols)
+        q_rows=per_t[0], out_rows=per_t[1], stamp=per_t[2], last=per_t[3],
+        filtered=torch.zeros(n, dtype=torch.bool, device=device), rows=per_t[4],
+        step=torch.tensor([step], device=device), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
+        full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)
 
 
 def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> Tensor:
