@@ -23,10 +23,11 @@ The layout is built from the plan's slot lists with vectorised ops (the page run
 first slot where a list is a page table's first slots, less the positions a deferred chunk leaves out,
 ops/flex_runs.py, else a few passes over the keys; then work per page run, per query tile and per block
 listed; one table write per row written and per slot a chunk leaves out, slot by slot only the pages two
-chunks read). A step of decode rows only (padded or not), every list a page table's first slots, has one
-group whose blocks are each list's pages, all read whole but a partly filled last one: it is built from
-each page's first slot in a few numpy ops (`_one_row_group`: ~0.09 ms of host time at B = 1, 0.28 at
-64 x 4K, against 0.34 and 0.58 by the general build). Kept apart from the kernel call and its
+chunks read). A step's one-row group, when its lists are page tables' first slots (decode rows, padded or
+not), is each list's pages, all read whole but a partly filled last one: it is built from each page's
+first slot in a few numpy ops (`_one_row_group`: a decode step's layout ~0.06-0.09 ms of host time at B =
+1, 0.27 at 64 x 4K, against 0.34 and 0.58 by the general build), and the general build covers the step's
+other segments only (a fused step's chunks). Kept apart from the kernel call and its
 compile management because it is host-side work a step does once; it imports torch, numpy and its runs (`python -m
 bench.attention --against REV` loads it by itself, as it was at a git revision, to time two builds).
 """
@@ -215,37 +216,44 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
     query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
-    if _one_row_pages(q_lens, query, sizes, prefixes):       # plain decode rows (padded or not)
-        code = torch.from_numpy((step * STAMP + np.arange(n_seg, dtype=np.int64)) * STAMP)
-        tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
-        group = _one_row_group(read_slots, query, sizes[1], step, tables, device)
-        return FlexLayout(write_slots.to(device), [group], tables, SegmentLengths(list(q_lens), k_lens))
-    q_len = torch.tensor(q_lens, dtype=torch.long)
-    k_len = torch.tensor(k_lens, dtype=torch.long)
-    k_start = k_len.cumsum(0) - k_len
-    # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
-    stamps = step * STAMP + torch.arange(n_seg)
-    row_in_seg = torch.arange(int(q_len.sum())) - torch.repeat_interleave(q_len.cumsum(0) - q_len, q_len)
-    code = torch.repeat_interleave(stamps, q_len) * STAMP + row_in_seg
-    tables.writer.index_copy_(0, write_slots.to(tables.writer.device), code.to(tables.writer.device))
-    # the pages each segment reads, in order: runs of one page within one segment's list
-    listed = ListedRuns(read_slots, [False] * n_seg if prefixes is None else prefixes, k_len, k_start, page_size)
-    last = listed.last
-    runs, run_start, per_seg = runs_of(listed, k_start, page_size)
-    filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
-    segs = Segments(q_len, k_len, k_start, run_start, stamps, last, filtered)
-    groups = []
     for q, size in sizes.items():
         ids = [s for s, at in enumerate(query) if at == q]
         if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
             raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
-        groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
+    # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
+    row_start = np.cumsum(q_lens) - q_lens
+    of_row = np.repeat(np.arange(n_seg), q_lens)
+    code = (step * STAMP + of_row) * STAMP + np.arange(of_row.shape[0]) - row_start[of_row]
+    tables.writer.index_copy_(0, write_slots.to(tables.writer.device), torch.from_numpy(code).to(tables.writer.device))
+    # the decode rows' group from their pages alone, the others from the runs of their segments' lists (and of
+    # padding rows', attended by none)
+    paged_rows = _one_row_pages(query, sizes, prefixes)
+    rest = [s for s in range(n_seg) if not (paged_rows and query[s] == 1)]
+    if any(q != 1 or not paged_rows for q in sizes):
+        q_len = torch.tensor([q_lens[s] for s in rest], dtype=torch.long)
+        k_len = torch.tensor([k_lens[s] for s in rest], dtype=torch.long)
+        k_start = k_len.cumsum(0) - k_len
+        # the pages each segment reads, in order: runs of one page within one segment's list
+        listed = ListedRuns([read_slots[s] for s in rest], [False if prefixes is None else prefixes[s] for s in rest],
+                            k_len, k_start, page_size)
+        runs, run_start, per_seg = runs_of(listed, k_start, page_size)
+        filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
+        at = torch.tensor(rest, dtype=torch.long)
+        segs = Segments(q_len, k_len, k_start, run_start, step * STAMP + at, listed.last, filtered,
+                        torch.from_numpy(row_start).index_select(0, at), int(of_row.shape[0]))
+    groups = []
+    for q, size in sizes.items():       # in order: each group may widen the block lists of the next
+        if q == 1 and paged_rows:
+            groups.append(_one_row_group(read_slots, query, row_start, of_row.shape[0], size, step, tables, device))
+        else:
+            ids = [i for i, s in enumerate(rest) if query[s] == q]
+            groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
     return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_lens))
 
 
 @dataclass
 class Segments:
-    """Per segment of the step, in plan order."""
+    """Per segment of the step that a group is built for from the runs, in plan order."""
 
     q_len: Tensor
     k_len: Tensor
@@ -254,6 +262,8 @@ class Segments:
     stamp: Tensor
     last: Tensor            # the last slot of each list (the segment's last own row)
     filtered: Tensor        # the list skips slots on its pages
+    row_start: Tensor       # its first row among the step's rows
+    rows: int               # the step's rows
 
 
 def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
@@ -304,9 +314,9 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
     real = torch.zeros(n, q, dtype=torch.bool)
     real[:len(ids)] = qi[None, :] < segs.q_len[sel][:, None]
     rows = torch.zeros(n, q, dtype=torch.long)
-    rows[:len(ids)] = (segs.q_len.cumsum(0) - segs.q_len)[sel][:, None] + qi[None, :]
+    rows[:len(ids)] = segs.row_start[sel][:, None] + qi[None, :]
     rows = rows.flatten() * real.flatten()
-    out_rows = torch.where(real.flatten(), rows, int(segs.q_len.sum()))
+    out_rows = torch.where(real.flatten(), rows, segs.rows)
     return FlexGroup(
         q_rows=rows.to(device), out_rows=out_rows.to(device),
         stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
@@ -315,25 +325,22 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
         full_idx=full_buf.to(device), q=q, tile=tile, cols=cols)
 
 
-def _one_row_pages(q_lens: list[int], query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None
-                   ) -> bool:
-    """Whether a step is one-row segments only, in one group, each attended one reading a page table's first
-    slots (`Prefix` True): plain decode rows, or a padded step of them (its padding attended by none)."""
-    return prefixes is not None and list(sizes) == [1] and all(n == 1 for n in q_lens) and all(
-        q == 0 or (q == 1 and not isinstance(p, np.ndarray) and bool(p)) for q, p in zip(query, prefixes, strict=True))
+def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None) -> bool:
+    """Whether a step's one-row group reads page tables' first slots alone (`Prefix` True): decode rows, beside
+    whatever other groups the step has (deferred chunks, prefill; padding rows are in no group)."""
+    return prefixes is not None and 1 in sizes and all(
+        not isinstance(p, np.ndarray) and bool(p) for q, p in zip(query, prefixes, strict=True) if q == 1)
 
 
-def _one_row_group(read_slots: list[Tensor], query: list[int], size: int, step: int, tables: SlotTables,
-                   device: torch.device | str) -> FlexGroup:
-    """`_group` for a step that `_one_row_pages` holds: every row sees its whole list, so its page table's
-    pages are its blocks, whole but for a partly filled last one (under the mask: the slots after the row's
+def _one_row_group(read_slots: list[Tensor], query: list[int], row_start: np.ndarray, rows: int, size: int,
+                   step: int, tables: SlotTables, device: torch.device | str) -> FlexGroup:
+    """`_group` for a one-row group that `_one_row_pages` holds of: each row sees its whole list, so its page
+    table's pages are its blocks, whole but for a partly filled last one (under the mask: the slots after the row's
     own). Read off each page's first slot with a few numpy ops on small arrays, where the general build takes
     ~70 torch ops (~0.6 ms of host time a decode step at any batch)."""
     ps, ids = tables.page_size, [s for s, q in enumerate(query) if q == 1]
     m = len(ids)
-    if size and m > size:       # `size`: a fixed shape's (else 0)
-        raise ValueError(f"group 1 holds {m} segments, rows up to 1: more than its fixed shape")
-    n = max(size, bucket(m))
+    n = max(size, bucket(m))    # `size`: a fixed shape's (else 0)
     lists = [read_slots[s].cpu().numpy() for s in ids]
     k = np.array([a.shape[0] for a in lists], dtype=np.int64)
     heads = np.concatenate([a[::ps] for a in lists]).astype(np.int64) if m else np.zeros(0, dtype=np.int64)
@@ -350,12 +357,12 @@ def _one_row_group(read_slots: list[Tensor], query: list[int], size: int, step: 
     blocks[1, np.repeat(np.arange(m) * cols, full) + within] = page[np.repeat(first, full) + within]
     partial = full < pages
     blocks[0, np.flatnonzero(partial) * cols] = page[(first + pages - 1)[partial]]
-    # per segment, padded to `n`: packed row (a one-row segment's is its index), output row (padding: past
-    # the step's rows), stamp, last slot, rows; and the partial and full blocks each tile lists
+    # per segment, padded to `n`: packed row, output row (padding: past the step's rows), stamp, last slot,
+    # rows; and the partial and full blocks each tile lists
     per = np.zeros((5, n), dtype=np.int64)
-    per[1, m:], per[2, m:] = len(query), -1
+    per[1, m:], per[2, m:] = rows, -1
     sid = np.array(ids, dtype=np.int64)
-    per[:4, :m] = sid, sid, step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
+    per[:4, :m] = row_start[sid], row_start[sid], step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
     per[4, :m] = 1
     num = np.zeros((2, n), dtype=np.int32)
     num[:, :m] = partial, full

@@ -322,6 +322,58 @@ def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every
         assert float((out[s:s + 1] - ref).abs().max()) <= 1e-5, s
 
 
+def test_random_decode_and_chunk_steps_give_the_same_layout_marked_or_not():
+    """Steps of decode rows and deferred chunks that skip random positions, each chunk before its session's
+    decode row, padded to fixed shapes with padding rows or not: built from the lists' marks (the one-row
+    group from its pages, the chunks' groups from their own runs) or from every slot of every list, the
+    groups are the same tensors."""
+    pool = _pool(512)
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        q_lens, reads, writes, prefixes, tables = [], [], [], [], []
+        for _ in range(int(rng.integers(1, 7))):
+            filled = int(rng.integers(0, 120))
+            t = _session(pool, filled)
+            tables.append(t)
+            rows = 0
+            if filled > 4 and rng.random() < 0.5:
+                rows = int(rng.choice([3, 7, 15, 31]))
+                skipped = np.sort(rng.choice(filled - 1, int(rng.integers(0, 6)), replace=False)).astype(np.int64)
+                keep = np.ones(filled, dtype=bool)
+                keep[skipped] = False
+                chunk = t.ahead(0, rows)
+                reads.append(torch.cat([t.reserved_slots(0, filled)[torch.from_numpy(keep)], chunk]))
+                writes.append(chunk)
+                q_lens.append(rows)
+                prefixes.append(skipped if skipped.size else True)
+            writes.append(t.ahead(rows, 1))
+            reads.append(t.reserved_slots(0, filled + rows + 1))
+            q_lens.append(1)
+            prefixes.append(True)
+        fixed = None
+        if trial % 2:
+            scratch = torch.tensor([pool.allocate(1)[0] * PAGE])
+            query = [bucket(n) for n in q_lens]
+            for n in rng.choice([1, 3], int(rng.integers(0, 3))):
+                q_lens.append(int(n))
+                reads.append(scratch.expand(int(n)))
+                writes.append(scratch.expand(int(n)))
+                prefixes.append(False)
+                query.append(0)
+            fixed = FixedGroups(query, {q: query.count(q) + int(rng.integers(0, 3)) for q in set(query) - {0}})
+        marked = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes)
+        every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed)
+        assert [g.q for g in marked.groups] == [g.q for g in every.groups]
+        for a, b in zip(every.groups, marked.groups, strict=True):
+            for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
+                         "full_idx"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (trial, name)
+            assert a.cols == b.cols and torch.equal(a.stamp - a.step * (a.stamp >= 0) * (1 << 16),
+                                                    b.stamp - b.step * (b.stamp >= 0) * (1 << 16))
+        for t in tables:
+            t.truncate(0)
+
+
 def test_chunks_leaving_out_a_page_head_a_whole_page_or_a_last_page_slot_attend_as_their_lists_say():
     """A chunk's list given as its page table less positions: a left-out run starting a page (the page's
     first listed slot is later on it), one covering a whole page (the page is not read), one on the
