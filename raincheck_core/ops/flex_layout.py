@@ -214,7 +214,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
     if n_seg >= STAMP or max(q_lens) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
-    query = [bucket(n) for n in q_lens] if fixed is None else fixed.query
+    query = _buckets(q_lens, prefixes) if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
     for q, size in sizes.items():
         ids = [s for s, at in enumerate(query) if at == q]
@@ -325,11 +325,25 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
         full_idx=full_buf.to(device), q=q, tile=tile, cols=cols)
 
 
+def _table_prefix(prefix: Prefix) -> bool:
+    """Whether a list is its page table's first slots, none left out (`Prefix`)."""
+    return not prefix.size if isinstance(prefix, np.ndarray) else bool(prefix)
+
+
+def _buckets(q_lens: list[int], prefixes: list[Prefix] | None) -> list[int]:
+    """Each segment's query bucket. A one-row segment whose list leaves slots out (a deferred chunk's last
+    row, cut by the step's deferred budget) takes the two-row group, so that the one-row group stays the
+    decode rows', read off their pages (`_one_row_group`) rather than every list's runs."""
+    if prefixes is None:
+        return [bucket(n) for n in q_lens]
+    return [bucket(n) if n > 1 or _table_prefix(p) else 2 for n, p in zip(q_lens, prefixes, strict=True)]
+
+
 def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None) -> bool:
-    """Whether a step's one-row group reads page tables' first slots alone (`Prefix` True): decode rows, beside
-    whatever other groups the step has (deferred chunks, prefill; padding rows are in no group)."""
+    """Whether a step's one-row group reads page tables' first slots alone: decode rows, beside whatever
+    other groups the step has (deferred chunks, prefill; padding rows are in no group)."""
     return prefixes is not None and 1 in sizes and all(
-        not isinstance(p, np.ndarray) and bool(p) for q, p in zip(query, prefixes, strict=True) if q == 1)
+        _table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1)
 
 
 def _one_row_group(read_slots: list[Tensor], query: list[int], row_start: np.ndarray, rows: int, size: int,

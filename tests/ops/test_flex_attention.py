@@ -322,6 +322,25 @@ def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every
         assert float((out[s:s + 1] - ref).abs().max()) <= 1e-5, s
 
 
+def test_a_one_row_chunk_takes_the_two_row_group_and_the_decode_rows_keep_theirs():
+    """A deferred chunk cut to one row by the step's budget reads a list that leaves its turn's generated slots
+    out: it runs in the two-row group, and the decode rows' group is the one their pages alone give (the
+    same as without the chunk); every row attends as the reference does."""
+    pool = _pool()
+    a, b = _session(pool, 40), _session(pool, 21)
+    chunk = a.ahead(0, 1)
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[[30, 35]] = False
+    reads = [torch.cat([a.reserved_slots(0, 40)[keep], chunk]), a.reserved_slots(0, 42), b.reserved_slots(0, 22)]
+    writes = [chunk, a.ahead(1, 1), b.ahead(0, 1)]
+    layout = _run(pool, [1, 1, 1], reads, writes, [np.array([30, 35]), True, True])
+    assert [g.q for g in layout.groups] == [1, 2] and layout.groups[1].filtered[0]
+    alone = flex_layout([1, 1], reads[1:], torch.cat(writes[1:]), "cpu", pool, prefixes=[True, True])
+    for name in ("last", "partial_num", "partial_idx", "full_num", "full_idx"):
+        assert torch.equal(getattr(alone.groups[0], name), getattr(layout.groups[0], name)), name
+    assert layout.groups[0].q_rows.tolist() == [1, 2]
+
+
 def test_random_decode_and_chunk_steps_give_the_same_layout_marked_or_not():
     """Steps of decode rows and deferred chunks that skip random positions, each chunk before its session's
     decode row, padded to fixed shapes with padding rows or not: built from the lists' marks (the one-row
