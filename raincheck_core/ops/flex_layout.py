@@ -268,61 +268,64 @@ class Segments:
 
 def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
-    """The group of segments `ids` (query bucket `q`), padded to `n` segments."""
+    """The group of segments `ids` (query bucket `q`), padded to `n` segments. In numpy on the host (the
+    step's runs and segments as views), its tensors made at the end: ~50 small-array ops, each a few µs as
+    torch calls and well under one as numpy's."""
     tile = min(Q_TILE, q)
     tiles = q // tile
-    sel = torch.tensor(ids, dtype=torch.long)
+    m, sel = len(ids), np.array(ids, dtype=np.int64)
+    q_len, k_start, k_len = segs.q_len.numpy(), segs.k_start.numpy(), segs.k_len.numpy()
     # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks
     # < k - n + i + 1. A page is listed when the tile's last row sees its first listed slot, and read
     # whole (no mask) when the page is whole in the list and the tile's first row sees its last slot.
     # A segment's runs are in rank order, so per tile the listed runs are a prefix of its runs, and those
     # read whole the runs of `page_size` slots in a shorter prefix: each is a search in the step's runs.
-    n_rows, run_start = segs.q_len[sel][:, None], segs.run_start[sel][:, None]
-    base = (segs.k_start + segs.k_len - segs.q_len)[sel][:, None]   # row i sees `flat` before base + i + 1
-    lo = torch.arange(tiles)[None] * tile
-    hi = torch.minimum(lo + tile, n_rows)
-    used = lo < n_rows                                                  # tiles past a segment's rows list none
-    listed_end = torch.where(used, torch.searchsorted(runs.first, base + hi), run_start)    # [segments, tiles]
-    full_end = torch.where(used, torch.searchsorted(runs.end, base + lo + 1, right=True), run_start)
-    whole_before = runs.whole_before
-    listed = torch.zeros(n, tiles, dtype=torch.long)
-    listed[:len(ids)] = listed_end - run_start
-    full = torch.zeros(n, tiles, dtype=torch.long)
-    full[:len(ids)] = whole_before[full_end] - whole_before[run_start]
+    n_rows, run_start = q_len[sel][:, None], segs.run_start.numpy()[sel][:, None]
+    base = (k_start + k_len - q_len)[sel][:, None]                 # row i sees `flat` before base + i + 1
+    lo = np.arange(tiles)[None] * tile
+    hi = np.minimum(lo + tile, n_rows)
+    used = lo < n_rows                                              # tiles past a segment's rows list none
+    listed_end = np.where(used, np.searchsorted(runs.first.numpy(), base + hi), run_start)    # [segments, tiles]
+    full_end = np.where(used, np.searchsorted(runs.end.numpy(), base + lo + 1, side="right"), run_start)
+    whole_before = runs.whole_before.numpy()
+    listed = np.zeros((n, tiles), dtype=np.int64)
+    listed[:m] = listed_end - run_start
+    full = np.zeros((n, tiles), dtype=np.int64)
+    full[:m] = whole_before[full_end] - whole_before[run_start]
     tables.cols = cols = max(tables.cols, bucket(max(1, int(listed.max()))))
     pages = tables.slots // tables.page_size
     # full blocks: each tile's are the first of its segment's whole runs; partial blocks: the other runs
     # before the tile's full prefix ends, then every listed run after it
     whole = whole_before[run_start]                         # the whole runs before each segment's first
-    full_buf = _prefix_lists(full, runs.whole_pages, whole[:, 0], cols, max(0, pages - cols))
+    full_buf = _prefix_lists(full, runs.whole_pages.numpy(), whole[:, 0], cols, max(0, pages - cols))
     partial_buf = _block_buffer(n, tiles, cols, pages)
-    skipped_whole = (full_end - run_start) - full[:len(ids)]                   # others before the full prefix
-    tile_rows = torch.arange(len(ids) * tiles)
-    _write_runs(partial_buf, tile_rows, 0, (run_start - whole).expand_as(skipped_whole).flatten(),
-                skipped_whole.flatten(), runs.other_pages, cols)
-    _write_runs(partial_buf, tile_rows, skipped_whole.flatten(), full_end.flatten(),
-                (listed_end - full_end).flatten(), runs.page, cols)
-    partial_num = (listed - full).to(torch.int32).view(n, 1, tiles)
-    full_num = full.to(torch.int32).view(n, 1, tiles)
-
-    def pad(t: Tensor, fill: int) -> Tensor:
-        out = torch.full((n,), fill, dtype=t.dtype)
-        out[:len(ids)] = t
-        return out.to(device)
-
-    qi = torch.arange(q)
-    real = torch.zeros(n, q, dtype=torch.bool)
-    real[:len(ids)] = qi[None, :] < segs.q_len[sel][:, None]
-    rows = torch.zeros(n, q, dtype=torch.long)
-    rows[:len(ids)] = segs.row_start[sel][:, None] + qi[None, :]
-    rows = rows.flatten() * real.flatten()
-    out_rows = torch.where(real.flatten(), rows, segs.rows)
+    skipped_whole = (full_end - run_start) - full[:m]                       # others before the full prefix
+    tile_rows = np.arange(m * tiles)
+    _write_runs(partial_buf, tile_rows, 0, np.broadcast_to(run_start - whole, skipped_whole.shape).ravel(),
+                skipped_whole.ravel(), runs.other_pages.numpy(), cols)
+    _write_runs(partial_buf, tile_rows, skipped_whole.ravel(), full_end.ravel(), (listed_end - full_end).ravel(),
+                runs.page.numpy(), cols)
+    # per query position: its packed row (0 for padding) and where its output goes (past the rows: dropped)
+    qi = np.arange(q)
+    real = np.zeros((n, q), dtype=bool)
+    real[:m] = qi[None, :] < n_rows
+    rows = np.zeros((n, q), dtype=np.int64)
+    rows[:m] = segs.row_start.numpy()[sel][:, None] + qi[None, :]
+    rows = rows.ravel() * real.ravel()
+    # per segment, padded to `n`: stamp, last slot, rows, whether its list skips slots
+    per = np.zeros((3, n), dtype=np.int64)
+    per[0, m:] = -1
+    per[:, :m] = segs.stamp.numpy()[sel], segs.last.numpy()[sel], q_len[sel]
+    filtered = np.zeros(n, dtype=bool)
+    filtered[:m] = segs.filtered.numpy()[sel]
+    per_t, num_t = (torch.from_numpy(x).to(device) for x in (per, np.stack([listed - full, full]).astype(np.int32)))
     return FlexGroup(
-        q_rows=rows.to(device), out_rows=out_rows.to(device),
-        stamp=pad(segs.stamp[sel], -1), last=pad(segs.last[sel], 0), filtered=pad(segs.filtered[sel], False),
-        rows=pad(segs.q_len[sel], 0), step=torch.tensor([step], device=device),
-        partial_num=partial_num.to(device), partial_idx=partial_buf.to(device), full_num=full_num.to(device),
-        full_idx=full_buf.to(device), q=q, tile=tile, cols=cols)
+        q_rows=torch.from_numpy(rows).to(device), out_rows=torch.from_numpy(np.where(real.ravel(), rows, segs.rows)
+                                                                             ).to(device),
+        stamp=per_t[0], last=per_t[1], filtered=torch.from_numpy(filtered).to(device), rows=per_t[2],
+        step=torch.tensor([step], device=device), partial_num=num_t[0].view(n, 1, tiles),
+        partial_idx=torch.from_numpy(partial_buf).to(device), full_num=num_t[1].view(n, 1, tiles),
+        full_idx=torch.from_numpy(full_buf).to(device), q=q, tile=tile, cols=cols)
 
 
 def _table_prefix(prefix: Prefix) -> bool:
@@ -388,44 +391,46 @@ def _one_row_group(read_slots: list[Tensor], query: list[int], row_start: np.nda
         full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)
 
 
-def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> Tensor:
+def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> np.ndarray:
     """The flat buffer of a group's `kv_indices`, zero: `cols` per tile, and the tail the strided view's last
     row spans (`FlexGroup.block_mask`). The indices' last dimension must span the pool's pages
     (FlexAttention checks the key length against it), but the kernel reads only each tile's first
     `kv_num_blocks` entries, so the buffer grows with the blocks listed, not with the pool."""
-    return torch.zeros(n * tiles * cols + max(0, pages - cols), dtype=torch.int32)
+    return np.zeros(n * tiles * cols + max(0, pages - cols), dtype=np.int32)
 
 
-def _write_runs(buf: Tensor, rows: Tensor, col: Tensor | int, start: Tensor, length: Tensor, pages: Tensor,
-                cols: int) -> None:
+def _write_runs(buf: np.ndarray, rows: np.ndarray, col: np.ndarray | int, start: np.ndarray, length: np.ndarray,
+                pages: np.ndarray, cols: int) -> None:
     """Write `pages[start[i]:start[i] + length[i]]` into tile `rows[i]`'s list of `buf` from column `col[i]`."""
     total = int(length.sum())
     if not total:           # often: decode rows list no run past their full prefix, prefills skip no slot
         return
-    which = torch.repeat_interleave(torch.arange(length.shape[0]), length, output_size=total)
-    offset = torch.arange(total) - (length.cumsum(0) - length)[which]
-    at = col[which] + offset if isinstance(col, Tensor) else offset
-    buf[rows[which] * cols + at] = pages[start[which] + offset].to(torch.int32)
+    which = np.repeat(np.arange(length.shape[0]), length)
+    offset = np.arange(total) - (length.cumsum() - length)[which]
+    at = col[which] + offset if isinstance(col, np.ndarray) else offset
+    buf[rows[which] * cols + at] = pages[start[which] + offset]
 
 
-def _prefix_lists(num: Tensor, pages: Tensor, start: Tensor, cols: int, tail: int) -> Tensor:
+def _prefix_lists(num: np.ndarray, pages: np.ndarray, start: np.ndarray, cols: int, tail: int) -> np.ndarray:
     """A block buffer (`_block_buffer`) where tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]`
     (`num [n, tiles]`, its first rows the segments of `start`), every entry written once: each segment's
     next `cols` pages copied as a row of a sliding window over them, times a row of a triangle of flags
     (`c < num`), both row gathers rather than an elementwise index and compare."""
     n, tiles = num.shape
     m = start.shape[0]
-    buf = torch.empty(n * tiles * cols + tail, dtype=torch.int32)
-    padded = torch.zeros(pages.shape[0] + cols, dtype=torch.int32)
+    buf = np.empty(n * tiles * cols + tail, dtype=np.int32)
+    padded = np.zeros(pages.shape[0] + cols, dtype=np.int32)
     padded[:pages.shape[0]] = pages
-    lists = padded.unfold(0, cols, 1).index_select(0, start)
-    torch.mul(lists[:, None], _below(cols)[num[:m]], out=buf[:m * tiles * cols].view(m, tiles, cols))
-    buf[m * tiles * cols:].zero_()
+    lists = np.lib.stride_tricks.sliding_window_view(padded, cols)[start]
+    np.multiply(lists[:, None], _below(cols)[num[:m]], out=buf[:m * tiles * cols].reshape(m, tiles, cols))
+    buf[m * tiles * cols:] = 0
     return buf
 
 
 @lru_cache(maxsize=4)
-def _below(cols: int) -> Tensor:
+def _below(cols: int) -> np.ndarray:
     """`below[k, c]`: c < k, for k in [0, cols]; the same for every step of a block-list width (read only),
     made once: at 2,048 columns (32K-token lists) it is 4 MB, and making it was most of a long step's layout."""
-    return torch.ones(cols + 1, cols, dtype=torch.bool).tril_(-1)
+    below = np.tril(np.ones((cols + 1, cols), dtype=bool), -1)
+    below.flags.writeable = False
+    return below
