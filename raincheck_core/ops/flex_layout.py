@@ -244,7 +244,8 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     groups = []
     for q, size in sizes.items():       # in order: each group may widen the block lists of the next
         if q == 1 and paged_rows:
-            groups.append(_one_row_group(read_slots, query, row_start, of_row.shape[0], size, step, tables, device))
+            groups.append(_one_row_group(read_slots, k_lens, query, row_start, of_row.shape[0], size, step, tables,
+                                         device))
         else:
             ids = [i for i, s in enumerate(rest) if query[s] == q]
             groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
@@ -349,8 +350,8 @@ def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefi
         _table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1)
 
 
-def _one_row_group(read_slots: list[Tensor], query: list[int], row_start: np.ndarray, rows: int, size: int,
-                   step: int, tables: SlotTables, device: torch.device | str) -> FlexGroup:
+def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int], row_start: np.ndarray, rows: int,
+                   size: int, step: int, tables: SlotTables, device: torch.device | str) -> FlexGroup:
     """`_group` for a one-row group that `_one_row_pages` holds of: each row sees its whole list, so its page
     table's pages are its blocks, whole but for a partly filled last one (under the mask: the slots after the row's
     own). Read off each page's first slot with a few numpy ops on small arrays, where the general build takes
@@ -358,9 +359,9 @@ def _one_row_group(read_slots: list[Tensor], query: list[int], row_start: np.nda
     ps, ids = tables.page_size, [s for s, q in enumerate(query) if q == 1]
     m = len(ids)
     n = max(size, bucket(m))    # `size`: a fixed shape's (else 0)
-    lists = [read_slots[s].cpu().numpy() for s in ids]
-    k = np.array([a.shape[0] for a in lists], dtype=np.int64)
-    heads = np.concatenate([a[::ps] for a in lists]).astype(np.int64) if m else np.zeros(0, dtype=np.int64)
+    k = np.array([k_lens[s] for s in ids], dtype=np.int64)
+    heads = np.concatenate([read_slots[s].cpu().numpy()[::ps] for s in ids]).astype(np.int64) if m \
+        else np.zeros(0, dtype=np.int64)
     if (heads % ps).any():      # the marking's cheap check, as `ListedRuns` makes it
         raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
     page = heads // ps
