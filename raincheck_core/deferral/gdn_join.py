@@ -4,13 +4,14 @@ Per GDN layer: the prefix state (recurrent state + conv history at the insertion
 the GDN pool) that deferred chunks advance; the pre-conv inputs and factors of the first `kernel - 1`
 generated tokens (the *lead*, whose conv windows reach back across the boundary) and `S_lead`, the live
 state right after them; and `P_rest`, the product of the transitions of every later generated token,
-fp32 throughout. A later token's factors are only kept (the step's own tensors, which nothing writes
-again: engine/runner.py `_tracked`); they are folded into `P_rest` a block at a time by the op set's fold
-(`GDNOps.fold`, ops/backend.py), when `BUFFER` wait or a value that needs the whole map is about to be
-taken (`fold_buffered`: the engine core calls it before a chunk's forward, and `begin`, `lead_done`,
-`rebase` and `snapshot` call it here), so a decode step pays for a list append instead of a map update
-(or of three copies into a buffer: a decode step of 64 tracked sessions spent ~0.5 ms on them). Reading
-`p_rest` folds nothing.
+fp32 throughout. A later token's factors are only kept (views of the step's own tensors, which nothing
+writes again: engine/runner.py `_tracked`); they are folded into `P_rest` a block at a time by the op
+set's fold (`GDNOps.fold`, ops/backend.py), when `BUFFER` wait, when the turn's answer ends (the views
+hold every tracked row's tensors of their steps: engine/update.py folds then, not after the gap) or a
+value that needs the whole map is about to be taken (`fold_buffered`: the engine core calls it before a
+chunk's forward, and `begin`, `lead_done`, `rebase` and `snapshot` call it here), so a decode step pays
+for a list append instead of a map update (or of three copies into a buffer: a decode step of 64 tracked
+sessions spent ~0.5 ms on them). Reading `p_rest` folds nothing.
 
 The join itself runs inside the forward (layers/gdn.py): a deferred chunk is run from the prefix state
 with the lead appended (the boundary repair), which gives `S_lead'`, then `S_live += P_rest · (S_lead' −

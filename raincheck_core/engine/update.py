@@ -193,6 +193,13 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         cache = sessions.cache(sid)
         if cache.recovery is not None and cache.recovery.done:
             result.recovered.append((cache, cache.recovery))
+    # 6. a turn whose answer is over feeds its joins no more tokens for now: they fold the factors they keep,
+    # which hold the tensors of the steps that handed them over (every tracked row's, not this session's
+    # alone) until folded, however long the recovery then waits for a gap or a deferred worker
+    for req in result.ended:
+        for rec in req.cache.recoveries():
+            if rec.join is not None:
+                rec.join.fold_buffered(gdn_ops)
     return result
 
 

@@ -69,6 +69,22 @@ def test_join_equals_token_by_token_reapplication(backend_engine, monkeypatch, s
     assert _joined_vs_reapplied(backend_engine, monkeypatch, setting) <= 1e-5
 
 
+def test_a_turn_whose_answer_ended_keeps_no_step_factors_waiting(engine):
+    """A join keeps its tokens' factors as the steps handed them over (views of each step's tensors for all
+    its tracked rows) until it folds them: once its turn's answer is over (here 9 tokens past the last fold
+    of 32, D still pending after the answer), it has folded them, so no step's tensors wait on a gap."""
+    cfg, max_new, pending, _ = AFTER_LONG_ANSWER
+    session = engine.open_session(deferral=cfg)
+    end = session.turn(image_prompt(engine, seed=11), SamplingParams(max_new_tokens=max_new, ignore_eos=True)).result()
+    assert end.metrics.deferred_pending == pending
+    join = engine.core.cache(session.id).recovery.join
+    held = join.nbytes
+    join.fold_buffered(engine.core.runner.ops().gdn)       # nothing left to fold: the same bytes
+    assert join.nbytes == held
+    session.complete_recovery()
+    session.close()
+
+
 def test_transposed_join_fails_the_same_check(engine, monkeypatch):
     """On the torch path, whose join is `join_state` (the native kernel's is checked against the same
     formula in tests/ops/test_varlen.py)."""
