@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Hashable, Iterator
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,15 +50,20 @@ def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
     items. Objects of other classes (the pools, the model, op functions, the flex layout's slot tables)
     are shared by every step and not entered."""
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        names = [f.name for f in dataclasses.fields(tree)]
-        names += [n for n, v in vars(type(tree)).items() if isinstance(v, cached_property)]
-        for name in names:
-            if name in OUTPUT_FIELDS or name in BOUND_FIELDS:
-                continue
+        for name in _names(type(tree)):
             yield from _entries(tree, name, getattr(tree, name))
     elif isinstance(tree, (list, tuple)):
         for i, item in enumerate(tree):
             yield from _entries(tree, i, item)
+
+
+@cache
+def _names(cls: type) -> tuple[str, ...]:
+    """What `leaves` enters of a dataclass type: its fields and computed cached properties, less outputs and
+    bounds (found once per type: a B = 64 step's tree has ~130 leaves, walked every replay)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    names += [n for n, v in vars(cls).items() if isinstance(v, cached_property)]
+    return tuple(n for n in names if n not in OUTPUT_FIELDS and n not in BOUND_FIELDS)
 
 
 def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]:
@@ -74,7 +79,11 @@ def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]
 def skeleton(tree: Any) -> tuple:
     """What must be equal for two prepared batches to run as one graph: every plain value, and every tensor's
     shape, dtype and device."""
-    return tuple((type(owner).__name__, key, _plain(v)) for owner, key, v in leaves(tree))
+    return _skeleton(list(leaves(tree)))
+
+
+def _skeleton(flat: list[tuple[Any, Any, Any]]) -> tuple:
+    return tuple((type(owner).__name__, key, _plain(v)) for owner, key, v in flat)
 
 
 def _plain(v: Any) -> Any:
@@ -92,9 +101,15 @@ def make_static(tree: Any) -> None:
             _set(owner, key, v.clone())
 
 
-def copy_into(static: Any, new: Any) -> None:
-    """Each tensor of `new` into the tensor at the same place in `static` (same skeleton)."""
-    for (_, _, s), (_, _, n) in zip(leaves(static), leaves(new), strict=True):
+def values(tree: Any) -> list[Any]:
+    """The values of `tree`'s leaves, in `leaves` order."""
+    return [v for _, _, v in leaves(tree)]
+
+
+def copy_into(static: list[Any], new: list[tuple[Any, Any, Any]]) -> None:
+    """Each tensor of a batch (`new`, its `leaves`) into the tensor at the same place of a static batch of its
+    skeleton (`static`, its `values`)."""
+    for s, (_, _, n) in zip(static, new, strict=True):
         if isinstance(s, Tensor) and s is not n:
             s.copy_(n)
 
@@ -118,6 +133,11 @@ class Captured:
     batch: ForwardBatch                   # the static batch
     graph: torch.cuda.CUDAGraph | None    # None: replayed eagerly (capture off)
     logits: Tensor | None = None          # the graph's output buffer
+
+    @cached_property
+    def values(self) -> list[Any]:
+        """The static batch's leaves' values, in `leaves` order (its tree does not change)."""
+        return values(self.batch)
 
 
 class StepGraphs:
@@ -144,7 +164,8 @@ class StepGraphs:
         whose capture failed). NotCaptured when this batch's capture fails."""
         if not self.takes(batch.ops):
             return None
-        key = (bucket, skeleton(batch))
+        flat = list(leaves(batch))      # one walk of the tree: its skeleton and its tensors
+        key = (bucket, _skeleton(flat))
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             return None
         static = self.graphs.get(key)
@@ -158,7 +179,7 @@ class StepGraphs:
         elif static is None:
             return None
         else:
-            copy_into(static.batch, batch)
+            copy_into(static.values, flat)
         logits = self._replay(static)
         self.replays += 1
         return static.batch, logits

@@ -10,7 +10,7 @@ import torch
 
 from raincheck_core import Engine, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
-from raincheck_core.engine.graphs import copy_into, skeleton
+from raincheck_core.engine.graphs import copy_into, leaves, skeleton, values
 from raincheck_core.engine.padding import CHUNK_BUCKETS, Bucket, Scratch, bucket_of, pad
 from raincheck_core.engine.plan import Kind, Segment, StepPlan
 from tests.deferral.helpers import image_prompt
@@ -163,5 +163,5 @@ def test_skeleton_and_copy():
     b = StepPlan([Segment(Kind.DECODE, "a", 1, torch.tensor([7]), torch.tensor([7]), None)])
     assert skeleton(a.segments[0]) == skeleton(b.segments[0])
     assert skeleton(a.segments[0]) != skeleton(_segment(Kind.DECODE, "a", 2))
-    copy_into(a.segments[0], b.segments[0])
+    copy_into(values(a.segments[0]), list(leaves(b.segments[0])))
     assert int(a.segments[0].write_slots) == 7
