@@ -92,8 +92,10 @@ class StepOutputs:
             self.logits.clone(), list(self.committed),
             [StateWrite(list(w.slots), own(w.conv), own(w.ssm)) for w in self.writes],
             [(seg, s.clone()) for seg, s in self.joined],
-            [dataclasses.replace(t, **{f: own(getattr(t, f)) for f in ("u", "k", "v", "g", "beta", "state")})
-             for t in self.tracked], self.gdn_traffic,
+            # a tracked row's factors are the step's own (`_tracked` stacks or gathers them out of the layers'
+            # buffers) and its lead state a pool row: nothing a replay rewrites, so not copied (a copy per row
+            # and factor is a launch each on a GPU)
+            list(self.tracked), self.gdn_traffic,
             [(seg, conv.clone(), ssm.clone()) for seg, conv, ssm in self.checkpoints], own(self.hidden))
 
 
