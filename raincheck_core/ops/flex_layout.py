@@ -34,6 +34,7 @@ bench.attention --against REV` loads it by itself, as it was at a git revision, 
 
 from __future__ import annotations
 
+import operator
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -210,15 +211,15 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     step = tables.step
     n_seg = len(q_lens)
     k_lens = [s.shape[0] for s in read_slots]
-    if not all(k_lens) or any(k < q for k, q in zip(k_lens, q_lens, strict=True)):
+    if len(k_lens) != n_seg or not all(k_lens) or any(map(operator.lt, k_lens, q_lens)):
         raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
     if n_seg >= STAMP or max(q_lens) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
     query = _buckets(q_lens, prefixes) if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
-    for q, size in sizes.items():
+    for q, size in sizes.items() if fixed is not None else ():
         ids = [s for s, at in enumerate(query) if at == q]
-        if fixed is not None and (len(ids) > size or any(q_lens[s] > q for s in ids)):
+        if len(ids) > size or any(q_lens[s] > q for s in ids):
             raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
     row_start = np.cumsum(q_lens) - q_lens
@@ -227,9 +228,9 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), torch.from_numpy(code).to(tables.writer.device))
     # the decode rows' group from their pages alone, the others from the runs of their segments' lists (and of
     # padding rows', attended by none)
-    paged_rows = _one_row_pages(query, sizes, prefixes)
-    rest = [s for s in range(n_seg) if not (paged_rows and query[s] == 1)]
+    paged_rows = _one_row_pages(query, sizes, prefixes, fixed is None)
     if any(q != 1 or not paged_rows for q in sizes):
+        rest = [s for s in range(n_seg) if not (paged_rows and query[s] == 1)]
         q_len = torch.tensor([q_lens[s] for s in rest], dtype=torch.long)
         k_len = torch.tensor([k_lens[s] for s in rest], dtype=torch.long)
         k_start = k_len.cumsum(0) - k_len
@@ -340,14 +341,17 @@ def _buckets(q_lens: list[int], prefixes: list[Prefix] | None) -> list[int]:
     decode rows', read off their pages (`_one_row_group`) rather than every list's runs."""
     if prefixes is None:
         return [bucket(n) for n in q_lens]
-    return [bucket(n) if n > 1 or _table_prefix(p) else 2 for n, p in zip(q_lens, prefixes, strict=True)]
+    # a decode row's mark is Python's True: that case costs no call (a step has one per session)
+    return [(1 if p is True or _table_prefix(p) else 2) if n == 1 else bucket(n)
+            for n, p in zip(q_lens, prefixes, strict=True)]
 
 
-def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None) -> bool:
+def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefix] | None, bucketed: bool) -> bool:
     """Whether a step's one-row group reads page tables' first slots alone: decode rows, beside whatever
-    other groups the step has (deferred chunks, prefill; padding rows are in no group)."""
-    return prefixes is not None and 1 in sizes and all(
-        _table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1)
+    other groups the step has (deferred chunks, prefill; padding rows are in no group). `bucketed`: the
+    query buckets are `_buckets`', which put only such lists in the one-row group."""
+    return prefixes is not None and 1 in sizes and (bucketed or all(
+        p is True or _table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1))
 
 
 def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int], row_start: np.ndarray, rows: int,
