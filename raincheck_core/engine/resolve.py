@@ -3,6 +3,7 @@ plan's segments, so that the runner reads the plan and the pools and never a ses
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from ..deferral.handoff import ResidualResult
@@ -31,6 +32,10 @@ def rows_of(segment: Segment, sessions: StepSessions) -> TurnInput:
     return sessions.cache(segment.session).recovery.rows
 
 
+# the few values a tracked row's facts take, made once each (a step of tracked decode rows asks per row)
+_tracking = functools.cache(Tracking)
+
+
 def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, ResidualResult],
               gdn_ops: GDNOps) -> Segment:
     if seg.kind in ANSWERING and not seg.tracked:
@@ -48,9 +53,10 @@ def _resolved(seg: Segment, sessions: StepSessions, handoffs: Mapping[str, Resid
         pending = [r.join for r in recs]
         # the joins these rows extend: a follow-up's input only earlier turns' (its own begins after it); a
         # verify segment's may reach into a younger join's lead while the older one's is complete
-        extended = [r.join for r in recs if seg.kind is not Kind.PREFILL or r.turn < cache.latest_turn]
-        tracking = Tracking(max([0, *(j.lead - j.fed for j in extended)]), any(j.fed < j.lead for j in pending),
-                            any(j.factors is not None for j in pending))
+        extended = pending if seg.kind is not Kind.PREFILL else \
+            [r.join for r in recs if r.turn < cache.latest_turn]
+        tracking = _tracking(max([0, *(j.lead - j.fed for j in extended)]), any(j.fed < j.lead for j in pending),
+                             any(j.factors is not None for j in pending))
     source = result = None
     if seg.kind is Kind.HANDOFF:
         result = handoffs[seg.session]

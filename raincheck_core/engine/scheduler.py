@@ -173,8 +173,8 @@ class Scheduler:
         first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
         joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13)."""
         limit = min(deferred_budget, room)
-        if self.speculation is None:
-            return (), fused_rows(req, fit, limit)
+        if self.speculation is None:        # past the step's deferred budget (most sessions restoring D): none
+            return (), fused_rows(req, fit, limit) if limit > 0 else 0
         drafts = self.speculation.drafts(req, room)
         alone = fused_rows(req, fit, limit, take=False) if drafts else 0
         exclusive = bool(drafts) and join_pending(req.cache)
