@@ -1,7 +1,7 @@
 """Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
 
     python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--size bench|tiny] [--profile]
-                         [--images SIDE] [--backend flex] [--json PATH]
+                         [--images SIDE] [--backend flex [--graphs]] [--json PATH]
 
 On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
 host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
@@ -20,7 +20,9 @@ a fused step. `--profile` adds cProfile's top functions of the largest B by time
 forward. `--size tiny` runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave
 the CPU's caches warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of
 weights cause (a forward on a device leaves the host's caches alone too). `--backend flex` runs the GPU
-path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of every step on a GPU.
+path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of every step on a GPU; with
+`--graphs` its decode steps take the graph path as on a GPU (padded to their bucket, looked up by skeleton,
+copied into the static batch), run eagerly where a GPU replays (`Engine.use_step_graphs(False)`).
 
 The random checkpoint has no tokenizer, so the steps above stream no text; a served model's consumers find
 each token's text as they read its event, outside the step. That part is measured apart, with the demo
@@ -297,6 +299,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
     ap.add_argument("--backend", default=None, help="the op backend (EngineConfig.backend): flex is the GPU "
                     "path's CPU twin, whose host work (its attention layout) is the GPU path's")
+    ap.add_argument("--graphs", action="store_true", help="with --backend flex: decode steps padded and run "
+                    "over static batches, as graph replays are (eagerly: the host work of the graph path)")
     ap.add_argument("--images", type=int, default=0, metavar="SIDE",
                     help="an image of SIDE² tokens in each turn, its deferred rows fused into the decode steps")
     ap.add_argument("--json", type=Path)
@@ -315,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         for family in args.families.split(","):
             engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size,     # a slot per session
                                   max_gdn_slots=2 * max(args.bs) + 8, backend=args.backend)   # and per join
+            if args.graphs:
+                engine.use_step_graphs(False)
             load = Load(args.images)
             results[family] = measure(engine, args.bs, args.repeats, args.max_new, family, load)
             if args.profile:
@@ -323,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
     turns = f"{TEXT}-token text turns" + (f" around a {args.images}² image, raincheck" if args.images else "")
-    backend = f", the {args.backend} backend" if args.backend else ""
+    backend = (f", the {args.backend} backend" if args.backend else "") + (", graph path" if args.graphs else "")
     print(f"\n`{cmd}`: the {args.size} checkpoint{backend}, {turns}, {args.max_new} new tokens, one thread, "
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms\n")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -44,42 +44,49 @@ OUTPUT_FIELDS = frozenset({"out", "op", "cos", "sin"})
 BOUND_FIELDS = frozenset({"step_rows_needed", "slots_needed", "seed_hists_needed", "seed_states_needed"})
 
 
-def leaves(tree: Any) -> Iterator[tuple[Any, Any, Tensor | Any]]:
+def leaves(tree: Any) -> list[tuple[Any, Any, Tensor | Any]]:
     """(container, key, value) of every tensor and plain value the forward reads in a prepared batch:
     dataclass fields (and computed cached properties, which are computed here first), list and tuple
     items. Objects of other classes (the pools, the model, op functions, the flex layout's slot tables)
-    are shared by every step and not entered."""
+    are shared by every step and not entered. Appended to one list, not yielded through nested generators:
+    a replayed step walks its tree (~130 leaves at B = 64) every time."""
+    out: list[tuple[Any, Any, Any]] = []
+    _enter(tree, out)
+    return out
+
+
+def _enter(tree: Any, out: list[tuple[Any, Any, Any]]) -> None:
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         for name in _names(type(tree)):
-            yield from _entries(tree, name, getattr(tree, name))
+            _entry(tree, name, getattr(tree, name), out)
     elif isinstance(tree, (list, tuple)):
         for i, item in enumerate(tree):
-            yield from _entries(tree, i, item)
+            _entry(tree, i, item, out)
 
 
 @cache
 def _names(cls: type) -> tuple[str, ...]:
     """What `leaves` enters of a dataclass type: its fields and computed cached properties, less outputs and
-    bounds (found once per type: a B = 64 step's tree has ~130 leaves, walked every replay)."""
+    bounds (found once per type)."""
     names = [f.name for f in dataclasses.fields(cls)]
     names += [n for n, v in vars(cls).items() if isinstance(v, cached_property)]
     return tuple(n for n in names if n not in OUTPUT_FIELDS and n not in BOUND_FIELDS)
 
 
-def _entries(owner: Any, key: Any, value: Any) -> Iterator[tuple[Any, Any, Any]]:
-    if isinstance(value, Tensor) or value is None or isinstance(value, (int, float, bool, str, slice, torch.device)):
-        yield owner, key, value
+def _entry(owner: Any, key: Any, value: Any, out: list[tuple[Any, Any, Any]]) -> None:
+    if isinstance(value, (Tensor, int, float, bool, str, slice, torch.device)) or value is None:
+        out.append((owner, key, value))
     elif dataclasses.is_dataclass(value) or isinstance(value, (list, tuple)):
-        yield owner, key, type(value).__name__
-        yield from leaves(value)
+        out.append((owner, key, type(value).__name__))
+        _enter(value, out)
     else:
-        yield owner, key, type(value).__name__
+        out.append((owner, key, type(value).__name__))
 
 
 def skeleton(tree: Any) -> tuple:
     """What must be equal for two prepared batches to run as one graph: every plain value, and every tensor's
     shape, dtype and device."""
-    return _skeleton(list(leaves(tree)))
+    return _skeleton(leaves(tree))
 
 
 def _skeleton(flat: list[tuple[Any, Any, Any]]) -> tuple:
@@ -96,7 +103,7 @@ def make_static(tree: Any) -> None:
     """Give `tree` tensors of its own where its fields and lists hold views (a lone join's P_rest is a
     view of the session's): a graph's static buffers are written by every later step of its skeleton.
     Tuples hold only what a layout derived from its own tensors, and are left as they are."""
-    for owner, key, v in list(leaves(tree)):
+    for owner, key, v in leaves(tree):
         if isinstance(v, Tensor) and v._base is not None and not isinstance(owner, tuple):
             _set(owner, key, v.clone())
 
@@ -164,7 +171,7 @@ class StepGraphs:
         whose capture failed). NotCaptured when this batch's capture fails."""
         if not self.takes(batch.ops):
             return None
-        flat = list(leaves(batch))      # one walk of the tree: its skeleton and its tensors
+        flat = leaves(batch)      # one walk of the tree: its skeleton and its tensors
         key = (bucket, _skeleton(flat))
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             return None

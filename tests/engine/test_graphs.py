@@ -163,5 +163,5 @@ def test_skeleton_and_copy():
     b = StepPlan([Segment(Kind.DECODE, "a", 1, torch.tensor([7]), torch.tensor([7]), None)])
     assert skeleton(a.segments[0]) == skeleton(b.segments[0])
     assert skeleton(a.segments[0]) != skeleton(_segment(Kind.DECODE, "a", 2))
-    copy_into(values(a.segments[0]), list(leaves(b.segments[0])))
+    copy_into(values(a.segments[0]), leaves(b.segments[0]))
     assert int(a.segments[0].write_slots) == 7
