@@ -78,3 +78,21 @@ def test_host_times_the_steps_that_restore_deferred_rows(tmp_path):
         torch.set_num_threads(threads)
     (r,) = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_5"].values()
     assert r["steps"] >= 16
+
+
+def test_host_times_the_graph_path_of_the_flex_backend(tmp_path):
+    """`--backend flex --graphs`: the decode steps run padded over static batches, as a GPU's graph replays do;
+    the steady steps it times are those (the engine met their skeletons and ran them from the static batch)."""
+    engine = build_engine("qwen3_vl", tmp_path, prefix_cache=True, size="tiny", backend="flex")
+    engine.use_step_graphs(False)
+    steps, forwards = host.host_steps(engine, host.Load().batch(engine, 3, 0), 6)
+    assert steps and all(0 < f < s for s, f in zip(steps, forwards, strict=True))
+    assert engine.step_graphs.replays >= len(steps)
+    threads = torch.get_num_threads()
+    try:        # and end to end, as the command line runs it
+        host.main(["--bs", "3", "--families", "qwen3_vl", "--size", "tiny", "--repeats", "1", "--max-new", "6",
+                   "--backend", "flex", "--graphs", "--json", str(tmp_path / "h.json")])
+    finally:
+        torch.set_num_threads(threads)
+    (r,) = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_vl"].values()
+    assert r["steps"] > 0
