@@ -27,9 +27,10 @@ chunks read). A step's one-row group, when its lists are page tables' first slot
 not), is each list's pages, all read whole but a partly filled last one: it is built from each page's
 first slot in a few numpy ops (`_one_row_group`: a decode step's layout ~0.06-0.09 ms of host time at B =
 1, 0.27 at 64 x 4K, against 0.34 and 0.58 by the general build), and the general build covers the step's
-other segments only (a fused step's chunks). Kept apart from the kernel call and its
-compile management because it is host-side work a step does once; it imports torch, numpy and its runs (`python -m
-bench.attention --against REV` loads it by itself, as it was at a git revision, to time two builds).
+other segments only (a fused step's chunks). Kept apart from the kernel call and its compile management
+because it is host-side work a step does once; it imports torch, numpy, its runs and its block lists
+(`python -m bench.attention --against REV` loads them by themselves, as they were at a git revision, to time
+two builds).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from __future__ import annotations
 import operator
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
+from .flex_blocks import block_buffer, buffer_length, prefix_lists, write_runs
 from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of
 
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
@@ -103,9 +104,9 @@ def tables_of(pool: object, slots: int, page_size: int, device: torch.device | s
 @dataclass
 class FlexGroup:
     """Segments of one query bucket, as one FlexAttention call over the pool. The block lists are kept as
-    flat buffers (`_block_buffer`) and the BlockMask is made from them at each call (`block_mask`), so that
-    a captured graph's static group, whose tensors later steps are copied into, is what the call reads.
-    Every tensor's shape follows from the group's segments bucket and query bucket alone."""
+    flat buffers (ops/flex_blocks.py `block_buffer`) and the BlockMask is made from them at each call
+    (`block_mask`), so that a captured graph's static group, whose tensors later steps are copied into, is
+    what the call reads. Every tensor's shape follows from the group's segments bucket and query bucket alone."""
 
     q_rows: Tensor          # [N * q] packed row of each padded query position (0 for padding)
     out_rows: Tensor        # [N * q] where each position's output goes: its packed row, or R (dropped) for padding
@@ -115,7 +116,7 @@ class FlexGroup:
     rows: Tensor            # [N] real query rows
     step: Tensor            # [1] the step's number (`SlotTables.hidden`)
     partial_num: Tensor     # [N, 1, tiles] pages each tile reads under the mask ...
-    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`_block_buffer`)
+    partial_idx: Tensor     # [N * tiles * cols + tail] ... which (`block_buffer`)
     full_num: Tensor        # [N, 1, tiles] pages each tile reads whole, no mask ...
     full_idx: Tensor        # ... which
     q: int                  # query bucket
@@ -299,13 +300,13 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
     # full blocks: each tile's are the first of its segment's whole runs; partial blocks: the other runs
     # before the tile's full prefix ends, then every listed run after it
     whole = whole_before[run_start]                         # the whole runs before each segment's first
-    full_buf = _prefix_lists(full, runs.whole_pages.numpy(), whole[:, 0], cols, max(0, pages - cols))
-    partial_buf = _block_buffer(n, tiles, cols, pages)
+    full_buf = prefix_lists(full, runs.whole_pages.numpy(), whole[:, 0], cols, max(0, pages - cols))
+    partial_buf = block_buffer(n, tiles, cols, pages)
     skipped_whole = (full_end - run_start) - full[:m]                       # others before the full prefix
     tile_rows = np.arange(m * tiles)
-    _write_runs(partial_buf, tile_rows, 0, np.broadcast_to(run_start - whole, skipped_whole.shape).ravel(),
+    write_runs(partial_buf, tile_rows, 0, np.broadcast_to(run_start - whole, skipped_whole.shape).ravel(),
                 skipped_whole.ravel(), runs.other_pages.numpy(), cols)
-    _write_runs(partial_buf, tile_rows, skipped_whole.ravel(), full_end.ravel(), (listed_end - full_end).ravel(),
+    write_runs(partial_buf, tile_rows, skipped_whole.ravel(), full_end.ravel(), (listed_end - full_end).ravel(),
                 runs.page.numpy(), cols)
     # per query position: its packed row (0 for padding) and where its output goes (past the rows: dropped)
     qi = np.arange(q)
@@ -372,8 +373,8 @@ def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int]
     pages, full = -(-k // ps), k // ps
     first = pages.cumsum() - pages                              # each list's first page among all
     cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
-    length = n * cols + max(0, tables.slots // ps - cols)       # as `_block_buffer`'s
-    blocks = np.zeros((2, length), dtype=np.int32)              # the partial blocks' lists, the full ones'
+    # the partial blocks' lists, the full ones'
+    blocks = np.zeros((2, buffer_length(n, 1, cols, tables.slots // ps)), dtype=np.int32)
     # the full blocks: each list's pages but a partly filled last one, from its tile's first column
     within = np.arange(int(full.sum())) - np.repeat(full.cumsum() - full, full)
     blocks[1, np.repeat(np.arange(m) * cols, full) + within] = page[np.repeat(first, full) + within]
@@ -394,48 +395,3 @@ def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int]
         filtered=torch.zeros(n, dtype=torch.bool, device=device), rows=per_t[4],
         step=torch.tensor([step], device=device), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
         full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)
-
-
-def _block_buffer(n: int, tiles: int, cols: int, pages: int) -> np.ndarray:
-    """The flat buffer of a group's `kv_indices`, zero: `cols` per tile, and the tail the strided view's last
-    row spans (`FlexGroup.block_mask`). The indices' last dimension must span the pool's pages
-    (FlexAttention checks the key length against it), but the kernel reads only each tile's first
-    `kv_num_blocks` entries, so the buffer grows with the blocks listed, not with the pool."""
-    return np.zeros(n * tiles * cols + max(0, pages - cols), dtype=np.int32)
-
-
-def _write_runs(buf: np.ndarray, rows: np.ndarray, col: np.ndarray | int, start: np.ndarray, length: np.ndarray,
-                pages: np.ndarray, cols: int) -> None:
-    """Write `pages[start[i]:start[i] + length[i]]` into tile `rows[i]`'s list of `buf` from column `col[i]`."""
-    total = int(length.sum())
-    if not total:           # often: decode rows list no run past their full prefix, prefills skip no slot
-        return
-    which = np.repeat(np.arange(length.shape[0]), length)
-    offset = np.arange(total) - (length.cumsum() - length)[which]
-    at = col[which] + offset if isinstance(col, np.ndarray) else offset
-    buf[rows[which] * cols + at] = pages[start[which] + offset]
-
-
-def _prefix_lists(num: np.ndarray, pages: np.ndarray, start: np.ndarray, cols: int, tail: int) -> np.ndarray:
-    """A block buffer (`_block_buffer`) where tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]`
-    (`num [n, tiles]`, its first rows the segments of `start`), every entry written once: each segment's
-    next `cols` pages copied as a row of a sliding window over them, times a row of a triangle of flags
-    (`c < num`), both row gathers rather than an elementwise index and compare."""
-    n, tiles = num.shape
-    m = start.shape[0]
-    buf = np.empty(n * tiles * cols + tail, dtype=np.int32)
-    padded = np.zeros(pages.shape[0] + cols, dtype=np.int32)
-    padded[:pages.shape[0]] = pages
-    lists = np.lib.stride_tricks.sliding_window_view(padded, cols)[start]
-    np.multiply(lists[:, None], _below(cols)[num[:m]], out=buf[:m * tiles * cols].reshape(m, tiles, cols))
-    buf[m * tiles * cols:] = 0
-    return buf
-
-
-@lru_cache(maxsize=4)
-def _below(cols: int) -> np.ndarray:
-    """`below[k, c]`: c < k, for k in [0, cols]; the same for every step of a block-list width (read only),
-    made once: at 2,048 columns (32K-token lists) it is 4 MB, and making it was most of a long step's layout."""
-    below = np.tril(np.ones((cols + 1, cols), dtype=bool), -1)
-    below.flags.writeable = False
-    return below
