@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from .flex_blocks import block_buffer, buffer_length, prefix_lists, write_runs
-from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of
+from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of, table_prefix
 
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
 # Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
@@ -331,11 +331,6 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
         full_idx=torch.from_numpy(full_buf).to(device), q=q, tile=tile, cols=cols)
 
 
-def _table_prefix(prefix: Prefix) -> bool:
-    """Whether a list is its page table's first slots, none left out (`Prefix`)."""
-    return not prefix.size if isinstance(prefix, np.ndarray) else bool(prefix)
-
-
 def _buckets(q_lens: list[int], prefixes: list[Prefix] | None) -> list[int]:
     """Each segment's query bucket. A one-row segment whose list leaves slots out (a deferred chunk's last
     row, cut by the step's deferred budget) takes the two-row group, so that the one-row group stays the
@@ -343,7 +338,7 @@ def _buckets(q_lens: list[int], prefixes: list[Prefix] | None) -> list[int]:
     if prefixes is None:
         return [bucket(n) for n in q_lens]
     # a decode row's mark is Python's True: that case costs no call (a step has one per session)
-    return [(1 if p is True or _table_prefix(p) else 2) if n == 1 else bucket(n)
+    return [(1 if p is True or table_prefix(p) else 2) if n == 1 else bucket(n)
             for n, p in zip(q_lens, prefixes, strict=True)]
 
 
@@ -352,7 +347,7 @@ def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefi
     other groups the step has (deferred chunks, prefill; padding rows are in no group). `bucketed`: the
     query buckets are `_buckets`', which put only such lists in the one-row group."""
     return prefixes is not None and 1 in sizes and (bucketed or all(
-        p is True or _table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1))
+        p is True or table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1))
 
 
 def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int], row_start: np.ndarray, rows: int,

@@ -171,6 +171,11 @@ _NONE_LEFT_OUT = np.zeros(0, dtype=np.int64)
 _NONE_LEFT_OUT.flags.writeable = False
 
 
+def table_prefix(prefix: Prefix) -> bool:
+    """Whether a list marked `prefix` is its page table's first slots, none left out."""
+    return not prefix.size if isinstance(prefix, np.ndarray) else bool(prefix)
+
+
 def _skipped(prefix: Prefix) -> np.ndarray | None:
     """A list's left-out positions of its page table's first slots (`Prefix`), None for any list."""
     if isinstance(prefix, np.ndarray):
