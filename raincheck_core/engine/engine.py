@@ -302,6 +302,11 @@ class Engine:
         Returns a function that removes the hook (so do the two below)."""
         return self.core.hooks.on_plan(hook)
 
+    def on_read(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
+        """`hook(plan)` where a step's update first reads its forward's values: on a device, the host work
+        before it ran beside the forward (`Hooks.on_read`)."""
+        return self.core.hooks.on_read(hook)
+
     def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
         """`hook(stats)` after each step: its rows by kind, sessions, and time on the engine's clock."""
         return self.core.hooks.on_step(hook)

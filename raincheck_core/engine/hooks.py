@@ -4,6 +4,7 @@ changes only by its own verbs."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from ..deferral.recovery import Recovery
     from ..ops.gdn_traffic import GDNTraffic
     from .session_cache import SessionCache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Hooks:
 
     def __init__(self) -> None:
         self.plan: list[Callable[[StepPlan], None]] = []
+        self.read: list[Callable[[StepPlan], None]] = []
         self.step: list[Callable[[StepStats], None]] = []
         self.recovery: list[Callable[[SessionCache, Recovery], None]] = []
 
@@ -54,6 +58,26 @@ class Hooks:
         """`hook(plan)` before each forward of a step (each pass, each solo re-run); one that raises fails
         that forward as the model would (fault injection in tests)."""
         return _added(self.plan, hook)
+
+    def on_read(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
+        """`hook(plan)` where each pass's update first reads a value its forward computed (its logits): what
+        the update did before needs none, so on a device it runs while the forward computes, and the host
+        waits for the forward here."""
+        return _added(self.read, hook)
+
+    def reading(self, plan: StepPlan) -> Callable[[], None] | None:
+        """What the update calls before it first reads `plan`'s forward's values (None: no read hook)."""
+        if not self.read:
+            return None
+        hooks = list(self.read)
+
+        def read() -> None:
+            for hook in hooks:
+                try:
+                    hook(plan)
+                except Exception:   # the update is half applied here: an observer's failure must not stop it
+                    log.exception("a read hook failed")
+        return read
 
     def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
         """`hook(stats)` after each step, with its rows by kind and its time on the engine's clock."""

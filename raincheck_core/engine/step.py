@@ -123,6 +123,7 @@ def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic |
             break
         if out.gdn_traffic is not None:
             traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
-        result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring))
+        result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring,
+                                 core.hooks.reading(part)))
     core.settle(result)
     return error, traffic

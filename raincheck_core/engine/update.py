@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,11 +59,13 @@ class StepResult:
 
 
 def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None,
-               gdn_ops: GDNOps, now: float, restoring: set[str] | None = None) -> StepResult:
+               gdn_ops: GDNOps, now: float, restoring: set[str] | None = None,
+               reading: Callable[[], None] | None = None) -> StepResult:
     """Apply `out`, the outputs of `plan` (one pass of a step, run with the GDN ops `gdn_ops`, which also
     fold the joins' maps here) at time `now`. `restoring`: the sessions whose deferred rows the whole step
     carried (default: those in this pass; a serial step runs its chunks in a pass of their own), whose next
-    token's gap counts as a restoring one."""
+    token's gap counts as a restoring one. `reading`: called once, just before the first read of a value the
+    forward computed (instrumentation: `Hooks.on_read`)."""
     result = StepResult()
     # by session and first row: the forward ran the plan's segments as resolved (copies, engine/core.py)
     checkpoints = {(seg.session, seg.first): (conv, ssm) for seg, conv, ssm in out.checkpoints}
@@ -77,7 +80,11 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     # the logits' values are read where tokens are drawn: a verify segment's before anything is filled, the
     # others' after the bookkeeping of phases 1-3, which needs no result of the forward, so on a GPU it runs
     # while the forward computes (the first read of a value waits for it)
-    maxima = row_maxima(out.logits) if any(seg.kind is Kind.VERIFY for seg in plan.segments) else None
+    maxima = None
+    if any(seg.kind is Kind.VERIFY for seg in plan.segments):
+        if reading is not None:
+            reading()
+        maxima = row_maxima(out.logits)
     # 0. verify segments first: how many of their rows are kept decides what is filled and committed
     verified: dict[str, Verified] = {}
     for seg, _, req in owners:
@@ -164,6 +171,8 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             own.join.begin(cache.recovery.join if cache.recovery is not own else None, gdn_ops)
     # 4. sample (verify segments drew theirs first)
     if maxima is None:
+        if reading is not None:
+            reading()
         maxima = row_maxima(out.logits) if len(out.logits) else []
     logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
     for seg, _, req in owners:

@@ -56,7 +56,10 @@ def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
     assert all(r["steps"] > 0 and 0 < r["forward_ms_median"] < r["step_ms_median"] for r in results.values())
     for r in results.values():      # every stage timed in the steady steps
         stages = r["stage_ms_median"]
-        assert set(stages) == set(host.STAGES) and stages["planning"] > 0 and stages["after the forward"] > 0
+        assert set(stages) == {*host.STAGES, host.CRITICAL} and stages["planning"] > 0
+        assert stages["beside the forward"] > 0 and stages["after its logits"] > 0
+        # the critical path is the host time less what ran beside the forward
+        assert 0 < r["critical_ms_p20"] <= stages[host.CRITICAL] < sum(stages[name] for name in host.STAGES)
 
 
 def test_host_times_the_steps_that_restore_deferred_rows(tmp_path):

@@ -48,3 +48,38 @@ def test_bookkeeping_precedes_the_first_read_of_the_logits(tiny_checkpoints, fam
         assert "f" not in after and "c" not in after, s
     if family == "qwen3_5":
         assert all("c" in s for s in decoding)
+
+
+def test_the_read_hook_marks_where_the_update_first_reads_the_forward(tiny_checkpoints, monkeypatch, caplog):
+    """`Engine.on_read`: once per update, after its fills and before its first read of the logits (what a
+    benchmark times as running beside the forward on a device); a hook that raises is logged, and the step
+    and its tokens go on as without it."""
+    calls: list[str] = []
+
+    def recording(name, fn):
+        def wrapped(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(step, "apply_step", recording("update", step.apply_step))
+    monkeypatch.setattr(update, "row_maxima", recording("read", update.row_maxima))
+    monkeypatch.setattr(session_cache.SessionCache, "fill", recording("fill", session_cache.SessionCache.fill))
+    folder = tiny_checkpoints["qwen3_5"][1]
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompt = Prompt(list(range(20, 70)))
+    expected = [t.token_id for t in Engine.from_pretrained(folder).open_session().turn(prompt, params).tokens()]
+    calls.clear()
+    engine = Engine.from_pretrained(folder)
+    plans = []
+    engine.on_read(lambda plan: (calls.append("hook"), plans.append(plan)))
+
+    def failing(_plan):
+        raise RuntimeError("an observer's bug")
+    remove = engine.on_read(failing)
+    assert [t.token_id for t in engine.open_session().turn(prompt, params).tokens()] == expected
+    steps = "".join("|" if c == "update" else c[0] for c in calls).split("|")[1:]
+    assert len(steps) == len(plans) >= 6
+    assert all(s == "fhr" for s in steps), steps
+    assert "a read hook failed" in caplog.text
+    remove()
