@@ -1,7 +1,7 @@
 """Host time of a decode step outside the model's forward, at B = 1, 16, 64 concurrent sessions.
 
     python -m bench.host [--quick] [--bs 1,16,64] [--families qwen3_5,qwen3_vl] [--size bench|tiny] [--profile]
-                         [--images SIDE] [--backend flex [--graphs]] [--json PATH]
+                         [--images SIDE] [--backend flex [--graphs]] [--stub-forward] [--json PATH]
 
 On a GPU the forward is a few milliseconds of kernels (or one graph replay); what the engine does on the
 host around it — schedule the step, build the runner's inputs, apply the results, sample, settle —
@@ -25,6 +25,10 @@ weights cause (a forward on a device leaves the host's caches alone too). `--bac
 path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of every step on a GPU; with
 `--graphs` its decode steps take the graph path as on a GPU (padded to their bucket, looked up by skeleton,
 copied into the static batch), run eagerly where a GPU replays (`Engine.use_step_graphs(False)`).
+`--stub-forward` replaces the model's forward by one that returns zero logits at once: the host work of a
+step whose forward is a device's graph replay, which costs the host a call and leaves its caches alone (any
+CPU forward, even `tiny`'s, evicts some of what the next step's host work reads); text turns only (deferred
+rows read the forward's GDN factors).
 
 The random checkpoint has no tokenizer, so the steps above stream no text; a served model's consumers find
 each token's text as they read its event, outside the step. That part is measured apart, with the demo
@@ -121,6 +125,19 @@ def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
             remove()
         pre.remove()
         post.remove()
+
+
+@contextmanager
+def stub_forward(engine: Engine) -> Iterator[None]:
+    """The model's forward returns zero logits for the rows the step keeps, computing nothing (greedy draws
+    token 0, ignore_eos keeps the turns going); hooks on the model still fire around it."""
+    model = engine.model
+    zeros = torch.zeros(engine.config.max_rows_per_step, engine.model_config.vocab_size)
+    model.forward = lambda batch: zeros[:batch.logit_rows.shape[0]]     # an instance attribute: module calls take it
+    try:
+        yield
+    finally:
+        del model.forward
 
 
 def prompts(b: int, seed: int = 0, vocab: int = 2048) -> list[Prompt]:
@@ -315,10 +332,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "path's CPU twin, whose host work (its attention layout) is the GPU path's")
     ap.add_argument("--graphs", action="store_true", help="with --backend flex: decode steps padded and run "
                     "over static batches, as graph replays are (eagerly: the host work of the graph path)")
+    ap.add_argument("--stub-forward", action="store_true", help="the model's forward returns zero logits at "
+                    "once: the host work of a step whose forward is a device's graph replay (text turns only)")
     ap.add_argument("--images", type=int, default=0, metavar="SIDE",
                     help="an image of SIDE² tokens in each turn, its deferred rows fused into the decode steps")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.stub_forward and args.images:
+        ap.error("--stub-forward times text turns only: deferred rows read the forward's GDN factors")
     args.repeats = args.repeats or (2 if args.quick else 3)
     # with images, past the 16-token guard: the steps after it carry the chunks
     args.max_new = args.max_new or (16 if args.quick else 32) + (32 if args.images else 0)
@@ -336,14 +357,16 @@ def main(argv: list[str] | None = None) -> None:
             if args.graphs:
                 engine.use_step_graphs(False)
             load = Load(args.images)
-            results[family] = measure(engine, args.bs, args.repeats, args.max_new, family, load)
-            if args.profile:
-                profiles[family] = profile_outside(engine, max(args.bs), args.max_new, load=load)
+            with stub_forward(engine) if args.stub_forward else nullcontext():
+                results[family] = measure(engine, args.bs, args.repeats, args.max_new, family, load)
+                if args.profile:
+                    profiles[family] = profile_outside(engine, max(args.bs), args.max_new, load=load)
     texts = text_costs(POSITIONS, args.repeats) if (TOKENIZER / "tokenizer.json").is_file() and not args.images \
         else []
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
     turns = f"{TEXT}-token text turns" + (f" around a {args.images}² image, raincheck" if args.images else "")
-    backend = (f", the {args.backend} backend" if args.backend else "") + (", graph path" if args.graphs else "")
+    backend = (f", the {args.backend} backend" if args.backend else "") + (", graph path" if args.graphs else "") \
+        + (", forward stubbed" if args.stub_forward else "")
     print(f"\n`{cmd}`: the {args.size} checkpoint{backend}, {turns}, {args.max_new} new tokens, one thread, "
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms, or on the critical path (the rest runs beside "

@@ -10,6 +10,7 @@ import torch
 
 from bench import answers, host, kernels
 from bench.common import build_engine
+from raincheck_core import Prompt, SamplingParams
 from raincheck_core.engine.plan import Kind
 
 
@@ -99,3 +100,20 @@ def test_host_times_the_graph_path_of_the_flex_backend(tmp_path):
         torch.set_num_threads(threads)
     (r,) = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_vl"].values()
     assert r["steps"] > 0
+
+
+def test_host_with_the_forward_stubbed_runs_no_model_arithmetic(tmp_path):
+    """`--stub-forward`: the steps run as served (the prefix cache, sampling, the update) around a forward that
+    computes nothing: zero logits for the kept rows; the model's own forward is back afterwards."""
+    engine = build_engine("qwen3_5", tmp_path, prefix_cache=True, size="tiny")
+    prompt, params = Prompt(list(range(20, 60))), SamplingParams(max_new_tokens=8, ignore_eos=True)
+
+    def answer() -> list[int]:
+        return [t.token_id for t in engine.open_session().turn(prompt, params).tokens()]
+    with host.stub_forward(engine):
+        steps, forwards = host.host_steps(engine, host.Load().batch(engine, 3, 0), 5)
+        stubbed = answer()
+    assert steps and all(0 <= f < s for s, f in zip(steps, forwards, strict=True))
+    assert stubbed == [0] * 8 and set(answer()) != {0}      # the model's own forward is back
+    with pytest.raises(SystemExit):
+        host.parse_args(["--stub-forward", "--images", "4"])
