@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .plan import Kind, StepPlan
+from .plan import ANSWERING, Kind, StepPlan
 
 if TYPE_CHECKING:
     from ..deferral.recovery import Recovery
@@ -38,11 +38,15 @@ class StepStats:
 
     @classmethod
     def of(cls, plan: StepPlan, seconds: float, failed: bool, gdn_traffic: GDNTraffic | None = None) -> StepStats:
-        # a verify segment's first row is its turn's decode row
-        return cls(plan.count(Kind.DECODE) + plan.count(Kind.VERIFY), plan.rows_of(Kind.PREFILL),
-                   plan.rows_of(Kind.DEFERRED), plan.rows_of(Kind.RECOVERY), plan.rows_of(Kind.RESIDUAL),
-                   plan.rows_of(Kind.HANDOFF), sum(1 for s in plan.segments if s.tracked), len(plan.sessions()),
-                   seconds, failed, gdn_traffic, sum(len(s.drafts) for s in plan.segments))
+        rows = dict.fromkeys(Kind, 0)
+        answers = tracked = drafts = 0
+        for s in plan.segments:     # one pass: a decode step's segments are its sessions, 64 or more
+            rows[s.kind] += s.rows
+            answers += s.kind in ANSWERING      # a verify segment's first row is its turn's decode row
+            tracked += s.tracked
+            drafts += len(s.drafts)
+        return cls(answers, rows[Kind.PREFILL], rows[Kind.DEFERRED], rows[Kind.RECOVERY], rows[Kind.RESIDUAL],
+                   rows[Kind.HANDOFF], tracked, len(plan.sessions()), seconds, failed, gdn_traffic, drafts)
 
 
 class Hooks:

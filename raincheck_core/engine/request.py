@@ -166,18 +166,24 @@ class TurnRequest:
         if not self.decoding:
             self.cursor += n
 
+    def drawn(self, maximum: tuple[float, int]) -> int | None:
+        """The next token where `maximum` (its row's largest logit and index) is the whole draw: a plain greedy
+        sampler's, on finite logits. None: `sample` draws it from the row. A sampler swapped for another
+        callable is always called."""
+        return self.sampler.from_maximum(maximum) if isinstance(self.sampler, Sampler) else None
+
     def sample(self, logits: torch.Tensor, maximum: tuple[float, int], draft: int | None = None) -> int:
-        """The next token from this turn's row of the step's logits; `maximum` (the row's largest logit and
-        its index) is the whole draw for a plain greedy sampler; `draft`: the token a drafter proposed for
-        this row (`Sampler.__call__`). A sampler swapped for another callable is always called."""
-        token = self.sampler.from_maximum(maximum) if isinstance(self.sampler, Sampler) else None
+        """The next token from this turn's row of the step's logits; `maximum`: the row's largest logit and
+        its index (`drawn`); `draft`: the token a drafter proposed for this row (`Sampler.__call__`)."""
+        token = self.drawn(maximum)
         if token is not None:
             return token
         return self.sampler(logits) if draft is None else self.sampler(logits, draft)
 
-    def accept(self, token: int, logits: torch.Tensor, now: float, restoring: bool) -> None:
-        """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk):
-        emit its event, and end the turn on a stop token or the length limit."""
+    def accept(self, token: int, logits: torch.Tensor | None, now: float, restoring: bool) -> None:
+        """`token` was sampled from `logits [vocab]` (`restoring`: the step carried a deferred chunk; the
+        logits are read only where the turn returns them, `return_logits`): emit its event, and end the turn
+        on a stop token or the length limit."""
         if restoring and self.t_last is not None:
             self._restoring_gaps.append(now - self.t_last)
         self.t_first = self.t_first or now

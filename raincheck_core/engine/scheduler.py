@@ -215,25 +215,25 @@ class Scheduler:
         decode = [s for s in plan.segments if s.kind in ANSWERING]
         if not decode:
             return
-        if not plan.count(Kind.PREFILL):
-            tracked = any(s.tracked for s in decode)
-            self.cost.observe(len(decode), _extra_rows(plan), seconds, tracked)
+        prefill = plan.count(Kind.PREFILL)
+        tracked = any(s.tracked for s in decode)
+        extra = _extra_rows(plan)
+        if not prefill:
+            self.cost.observe(len(decode), extra, seconds, tracked)
         plain = self.cost.plain_s(len(decode))
-        charged = seconds if plain is None else self._expected(plan, len(decode), seconds)
+        charged = seconds if plain is None or prefill else self._expected(len(decode), extra, tracked, seconds)
         for seg in decode:
             req = turn(seg.session)
             if req is not None:     # a step that emitted several tokens stands for as many plain steps
                 req.charge(charged, (seconds if plain is None else plain) * max(req.step_tokens, 1))
 
-    def _expected(self, plan: StepPlan, batch: int, seconds: float) -> float:
-        """What a step is charged to its turns' objectives: for a step of decode rows and deferred rows
-        only, what the cost model expects of it (its estimates, frozen at calibration), so that no step's
-        timing (a page fault, a noisy neighbour) moves the next decisions and the same request on an idle
-        server gets the same chunks; a step with other turns' prefill, as measured (the load it saw)."""
-        if plan.count(Kind.PREFILL):
-            return seconds
-        tracked = any(s.tracked for s in plan.segments if s.kind in ANSWERING)
-        expected = self.cost.expected_s(batch, _extra_rows(plan), tracked)
+    def _expected(self, batch: int, extra: int, tracked: bool, seconds: float) -> float:
+        """What a step of `batch` decode rows and `extra` deferred or draft rows only (none of other turns'
+        prefill, which is charged as measured: the load it saw) is charged to its turns' objectives: what the
+        cost model expects of it (its estimates, frozen at calibration), so that no step's timing (a page
+        fault, a noisy neighbour) moves the next decisions and the same request on an idle server gets the
+        same chunks."""
+        expected = self.cost.expected_s(batch, extra, tracked)
         return seconds if expected is None else expected
 
 

@@ -174,22 +174,31 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         if reading is not None:
             reading()
         maxima = row_maxima(out.logits) if len(out.logits) else []
-    logit_rows = out.logits.unbind(0)       # views, made at once: indexing a row is a tensor op per segment
+    views: list[torch.Tensor] = []
+
+    def row(at: int) -> torch.Tensor:
+        # the logits' rows as views, made at once when a draw first needs one (indexing is a tensor op per
+        # row): a plain greedy draw, most decode rows', needs only its row's maximum
+        if not views:
+            views.extend(out.logits.unbind(0))
+        return views[at]
     for seg, _, req in owners:
         if not seg.sample or seg.kind is Kind.VERIFY:
             continue
-        logits, maximum = logit_rows[logit_at[seg]], maxima[logit_at[seg]]
+        at = logit_at[seg]
         if req.finished:
             continue
         try:
-            token = req.sample(logits, maximum)
+            token = req.drawn(maxima[at])
+            if token is None:
+                token = req.sample(row(at), maxima[at])
         except Exception as e:   # this turn's sampling only: the others in the step go on
             result.failed.append((req, e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")))
             continue
         req.step_tokens = 1
-        req.accept(token, logits, now, restoring=seg.session in restoring)
+        req.accept(token, row(at) if req.return_logits else None, now, restoring=seg.session in restoring)
         if req.branches and len(req.generated) == 1:    # the other answers start from the same logits
-            result.forked.append((req, logits))
+            result.forked.append((req, row(at)))
         if req.finished:
             result.ended.append(req)
     if sessions.drafter is not None:
