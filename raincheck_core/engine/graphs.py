@@ -115,10 +115,15 @@ def values(tree: Any) -> list[Any]:
 
 def copy_into(static: list[Any], new: list[tuple[Any, Any, Any]]) -> None:
     """Each tensor of a batch (`new`, its `leaves`) into the tensor at the same place of a static batch of its
-    skeleton (`static`, its `values`)."""
+    skeleton (`static`, its `values`), in one call: torch's foreach copy launches a kernel per group of
+    tensors (by device and dtype) on a GPU, not one per tensor (~50 at B = 64, each a launch of host time)."""
+    targets, sources = [], []
     for s, (_, _, n) in zip(static, new, strict=True):
         if isinstance(s, Tensor) and s is not n:
-            s.copy_(n)
+            targets.append(s)
+            sources.append(n)
+    if targets:
+        torch._foreach_copy_(targets, sources)
 
 
 def _set(owner: Any, key: Any, value: Tensor) -> None:
