@@ -82,8 +82,8 @@ class SlotTables:
         self.hidden = torch.full((slots,), -1, dtype=torch.long, device=device)
         # `hide_skipped`'s (ops/flex_runs.py), on the host where it works: a tally per slot (zero between
         # steps), a mark per page
-        self.tally = torch.zeros(slots, dtype=torch.long)
-        self.page_mark = torch.full((slots // page_size,), -1, dtype=torch.long)
+        self.tally = np.zeros(slots, dtype=np.int64)
+        self.page_mark = np.full(slots // page_size, -1, dtype=np.int64)
         self.step = 0
         # block-list columns per tile: the most pages a segment has read, as a power of two, at least
         # MIN_COLS. It only grows, because the compiled kernel is specialised on the block lists' strides
@@ -206,7 +206,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     tables = tables_of(pool, slots, page_size, device)
     if tables.step + 1 >= MAX_STEP:         # entries of old steps could match new stamps: start clean
         for table in (tables.writer, tables.hidden, tables.page_mark):
-            table.fill_(-1)
+            table[:] = -1
         tables.step = 0
     tables.step += 1
     step = tables.step
@@ -232,17 +232,17 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     paged_rows = _one_row_pages(query, sizes, prefixes, fixed is None)
     if any(q != 1 or not paged_rows for q in sizes):
         rest = [s for s in range(n_seg) if not (paged_rows and query[s] == 1)]
-        q_len = torch.tensor([q_lens[s] for s in rest], dtype=torch.long)
-        k_len = torch.tensor([k_lens[s] for s in rest], dtype=torch.long)
-        k_start = k_len.cumsum(0) - k_len
+        q_len = np.array([q_lens[s] for s in rest], dtype=np.int64)
+        k_len = np.array([k_lens[s] for s in rest], dtype=np.int64)
+        k_start = k_len.cumsum() - k_len
         # the pages each segment reads, in order: runs of one page within one segment's list
         listed = ListedRuns([read_slots[s] for s in rest], [False if prefixes is None else prefixes[s] for s in rest],
                             k_len, k_start, page_size)
         runs, run_start, per_seg = runs_of(listed, k_start, page_size)
         filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
-        at = torch.tensor(rest, dtype=torch.long)
-        segs = Segments(q_len, k_len, k_start, run_start, step * STAMP + at, listed.last, filtered,
-                        torch.from_numpy(row_start).index_select(0, at), int(of_row.shape[0]))
+        at = np.array(rest, dtype=np.int64)
+        segs = Segments(q_len, k_len, k_start, run_start, step * STAMP + at, listed.last, filtered, row_start[at],
+                        int(of_row.shape[0]))
     groups = []
     for q, size in sizes.items():       # in order: each group may widen the block lists of the next
         if q == 1 and paged_rows:
@@ -256,41 +256,41 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
 
 @dataclass
 class Segments:
-    """Per segment of the step that a group is built for from the runs, in plan order."""
+    """Per segment of the step that a group is built for from the runs, in plan order (int64, or bool)."""
 
-    q_len: Tensor
-    k_len: Tensor
-    k_start: Tensor         # where its list starts in the concatenated lists
-    run_start: Tensor       # its first run
-    stamp: Tensor
-    last: Tensor            # the last slot of each list (the segment's last own row)
-    filtered: Tensor        # the list skips slots on its pages
-    row_start: Tensor       # its first row among the step's rows
+    q_len: np.ndarray
+    k_len: np.ndarray
+    k_start: np.ndarray     # where its list starts in the concatenated lists
+    run_start: np.ndarray   # its first run
+    stamp: np.ndarray
+    last: np.ndarray        # the last slot of each list (the segment's last own row)
+    filtered: np.ndarray    # the list skips slots on its pages
+    row_start: np.ndarray   # its first row among the step's rows
     rows: int               # the step's rows
 
 
 def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
-    """The group of segments `ids` (query bucket `q`), padded to `n` segments. In numpy on the host (the
-    step's runs and segments as views), its tensors made at the end: ~50 small-array ops, each a few µs as
-    torch calls and well under one as numpy's."""
+    """The group of segments `ids` (query bucket `q`), padded to `n` segments. In numpy on the host, as the
+    step's runs and segments are, its tensors made at the end: ~50 small-array ops, each a few µs as torch
+    calls and well under one as numpy's."""
     tile = min(Q_TILE, q)
     tiles = q // tile
     m, sel = len(ids), np.array(ids, dtype=np.int64)
-    q_len, k_start, k_len = segs.q_len.numpy(), segs.k_start.numpy(), segs.k_len.numpy()
+    q_len, k_start, k_len = segs.q_len, segs.k_start, segs.k_len
     # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks
     # < k - n + i + 1. A page is listed when the tile's last row sees its first listed slot, and read
     # whole (no mask) when the page is whole in the list and the tile's first row sees its last slot.
     # A segment's runs are in rank order, so per tile the listed runs are a prefix of its runs, and those
     # read whole the runs of `page_size` slots in a shorter prefix: each is a search in the step's runs.
-    n_rows, run_start = q_len[sel][:, None], segs.run_start.numpy()[sel][:, None]
+    n_rows, run_start = q_len[sel][:, None], segs.run_start[sel][:, None]
     base = (k_start + k_len - q_len)[sel][:, None]                 # row i sees `flat` before base + i + 1
     lo = np.arange(tiles)[None] * tile
     hi = np.minimum(lo + tile, n_rows)
     used = lo < n_rows                                              # tiles past a segment's rows list none
-    listed_end = np.where(used, np.searchsorted(runs.first.numpy(), base + hi), run_start)    # [segments, tiles]
-    full_end = np.where(used, np.searchsorted(runs.end.numpy(), base + lo + 1, side="right"), run_start)
-    whole_before = runs.whole_before.numpy()
+    listed_end = np.where(used, np.searchsorted(runs.first, base + hi), run_start)    # [segments, tiles]
+    full_end = np.where(used, np.searchsorted(runs.end, base + lo + 1, side="right"), run_start)
+    whole_before = runs.whole_before
     listed = np.zeros((n, tiles), dtype=np.int64)
     listed[:m] = listed_end - run_start
     full = np.zeros((n, tiles), dtype=np.int64)
@@ -300,27 +300,27 @@ def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int
     # full blocks: each tile's are the first of its segment's whole runs; partial blocks: the other runs
     # before the tile's full prefix ends, then every listed run after it
     whole = whole_before[run_start]                         # the whole runs before each segment's first
-    full_buf = prefix_lists(full, runs.whole_pages.numpy(), whole[:, 0], cols, max(0, pages - cols))
+    full_buf = prefix_lists(full, runs.whole_pages, whole[:, 0], cols, max(0, pages - cols))
     partial_buf = block_buffer(n, tiles, cols, pages)
     skipped_whole = (full_end - run_start) - full[:m]                       # others before the full prefix
     tile_rows = np.arange(m * tiles)
     write_runs(partial_buf, tile_rows, 0, np.broadcast_to(run_start - whole, skipped_whole.shape).ravel(),
-                skipped_whole.ravel(), runs.other_pages.numpy(), cols)
+                skipped_whole.ravel(), runs.other_pages, cols)
     write_runs(partial_buf, tile_rows, skipped_whole.ravel(), full_end.ravel(), (listed_end - full_end).ravel(),
-                runs.page.numpy(), cols)
+                runs.page, cols)
     # per query position: its packed row (0 for padding) and where its output goes (past the rows: dropped)
     qi = np.arange(q)
     real = np.zeros((n, q), dtype=bool)
     real[:m] = qi[None, :] < n_rows
     rows = np.zeros((n, q), dtype=np.int64)
-    rows[:m] = segs.row_start.numpy()[sel][:, None] + qi[None, :]
+    rows[:m] = segs.row_start[sel][:, None] + qi[None, :]
     rows = rows.ravel() * real.ravel()
     # per segment, padded to `n`: stamp, last slot, rows, whether its list skips slots
     per = np.zeros((3, n), dtype=np.int64)
     per[0, m:] = -1
-    per[:, :m] = segs.stamp.numpy()[sel], segs.last.numpy()[sel], q_len[sel]
+    per[:, :m] = segs.stamp[sel], segs.last[sel], q_len[sel]
     filtered = np.zeros(n, dtype=bool)
-    filtered[:m] = segs.filtered.numpy()[sel]
+    filtered[:m] = segs.filtered[sel]
     per_t, num_t = (torch.from_numpy(x).to(device) for x in (per, np.stack([listed - full, full]).astype(np.int32)))
     return FlexGroup(
         q_rows=torch.from_numpy(rows).to(device), out_rows=torch.from_numpy(np.where(real.ravel(), rows, segs.rows)

@@ -1,7 +1,8 @@
 """The pages a step's FlexAttention segments read, as runs of one page within one segment's list
 (ops/flex_layout.py builds the step's block lists from them): found by a few passes over a general list's
 keys, or read off each page's first listed slot where the list is a page table's first slots, whole or
-less some positions (a deferred chunk's view: its turn's generated slots left out)."""
+less some positions (a deferred chunk's view: its turn's generated slots left out). All in numpy (int64) on
+the host: small arrays, where a torch op costs more than its work; the layout makes its tensors at the end."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ Prefix = bool | np.ndarray
 class Runs:
     """The pages a step's segments read: one entry per run of one page in one segment's list."""
 
-    seg: Tensor             # the segment
-    page: Tensor            # the page
-    count: Tensor           # slots of the page in the list
-    first: Tensor           # where the run starts in the step's concatenated lists (increasing)
-    end: Tensor             # where it ends (increasing)
-    whole_before: Tensor    # [runs + 1] the runs of `page_size` slots before each run (and in all)
-    whole_pages: Tensor     # the pages of those runs, in order
-    other_pages: Tensor     # the pages of the other runs, in order
+    seg: np.ndarray             # the segment
+    page: np.ndarray            # the page
+    count: np.ndarray           # slots of the page in the list
+    first: np.ndarray           # where the run starts in the step's concatenated lists (increasing)
+    end: np.ndarray             # where it ends (increasing)
+    whole_before: np.ndarray    # [runs + 1] the runs of `page_size` slots before each run (and in all)
+    whole_pages: np.ndarray     # the pages of those runs, in order
+    other_pages: np.ndarray     # the pages of the other runs, in order
 
 
 # A step with both kinds of lists takes each to its place in list order, which costs more than reading the
@@ -48,13 +49,11 @@ class ListedRuns:
     in the step's lists less where in `flat`). `MIXED_PAGED_SHARE` says when a step with both kinds reads
     every key instead."""
 
-    def __init__(self, read_slots: list[Tensor], prefixes: list[Prefix], k_len: Tensor, k_start: Tensor,
+    def __init__(self, read_slots: list[Tensor], prefixes: list[Prefix], lens: np.ndarray, starts: np.ndarray,
                  page_size: int):
         n_seg = len(read_slots)
         shift = page_size.bit_length() - 1      # a shift where the page size is a power of two: `//` is slow
         self.pow2, self.shift, self.page_size = page_size == 1 << shift, shift, page_size
-        # numpy for the per-segment and per-run bookkeeping: small arrays, where a torch op costs more than its work
-        lens, starts = k_len.numpy(), k_start.numpy()
         skips = [_skipped(p) for p in prefixes]
         general = [s for s in range(n_seg) if skips[s] is None]
         paged = [s for s in range(n_seg) if skips[s] is not None]
@@ -64,15 +63,14 @@ class ListedRuns:
         self.paged[paged] = True
         self.hidden = np.zeros(0, dtype=np.int64)
         self.offset = np.zeros(n_seg, dtype=np.int64)
-        self.flat = None
+        self.flat: np.ndarray | None = None
         if not paged:
-            self._keys(read_slots, k_start.numpy(), lens)
+            self._keys(read_slots, starts, lens)
             return
         p_first, p_count, p_page, p_last, pages = self._pages(read_slots, paged, [skips[s] for s in paged], lens,
                                                               starts)
         if not general:
-            self.first, self.count, self.page, self.last = (torch.from_numpy(x) for x in (p_first, p_count, p_page,
-                                                                                         p_last))
+            self.first, self.count, self.page, self.last = p_first, p_count, p_page, p_last
             return
         # both kinds: each run to its place in list order (segments in order, runs in order within each)
         g = np.array(general)
@@ -80,33 +78,32 @@ class ListedRuns:
         g_start = g_len.cumsum() - g_len
         self._keys([read_slots[s] for s in general], g_start, g_len)
         self.offset[g] = starts[g] - g_start
-        at = self.first.numpy()
+        at = self.first
         g_runs = np.diff(np.searchsorted(at, g_start), append=at.shape[0])
         runs_of_seg = np.zeros(n_seg, dtype=np.int64)
         runs_of_seg[g], runs_of_seg[paged] = g_runs, pages
         seg_run = runs_of_seg.cumsum() - runs_of_seg
         last = np.empty(n_seg, dtype=np.int64)
-        last[g], last[paged] = self.last.numpy(), p_last
+        last[g], last[paged] = self.last, p_last
         first, count, run_page = (np.empty(int(runs_of_seg.sum()), dtype=np.int64) for _ in range(3))
         g_owner = np.repeat(np.arange(g.size), g_runs)
         g_at = seg_run[g][g_owner] + np.arange(at.shape[0]) - np.repeat(g_runs.cumsum() - g_runs, g_runs)
-        first[g_at], count[g_at], run_page[g_at] = at + self.offset[g][g_owner], self.count.numpy(), self.page.numpy()
+        first[g_at], count[g_at], run_page[g_at] = at + self.offset[g][g_owner], self.count, self.page
         p_at = np.repeat(seg_run[paged], pages) + np.arange(p_first.shape[0]) - np.repeat(pages.cumsum() - pages, pages)
         first[p_at], count[p_at], run_page[p_at] = p_first, p_count, p_page
-        self.first, self.count, self.page, self.last = (torch.from_numpy(x) for x in (first, count, run_page, last))
+        self.first, self.count, self.page, self.last = first, count, run_page, last
 
     def _keys(self, lists: list[Tensor], k_start: np.ndarray, k_len: np.ndarray) -> None:
         """The runs of `lists` from every key, positions in their own concatenation."""
-        flat = self.flat = torch.cat(lists).cpu().long()
-        start = torch.from_numpy(k_start)
-        self.last = flat[start + torch.from_numpy(k_len) - 1]
+        flat = self.flat = torch.cat(lists).cpu().long().numpy()     # one torch call, whatever the lists' device
+        self.last = flat[k_start + k_len - 1]
         page = flat >> self.shift if self.pow2 else flat // self.page_size
-        begins = torch.ones(flat.shape, dtype=torch.bool)
-        torch.ne(page[1:], page[:-1], out=begins[1:])
-        begins[start] = True
-        self.first = torch.from_numpy(begins.numpy().nonzero()[0])     # numpy's: torch's CPU nonzero is 3-4x slower
-        self.count = torch.diff(self.first, append=torch.tensor([flat.shape[0]]))
-        self.page = page.index_select(0, self.first)
+        begins = np.ones(flat.shape, dtype=bool)
+        np.not_equal(page[1:], page[:-1], out=begins[1:])
+        begins[k_start] = True
+        self.first = np.flatnonzero(begins)
+        self.count = np.diff(self.first, append=flat.shape[0])
+        self.page = page[self.first]
 
     def _pages(self, read_slots: list[Tensor], paged: list[int], skips: list[np.ndarray], lens: np.ndarray,
                starts: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -183,17 +180,16 @@ def _skipped(prefix: Prefix) -> np.ndarray | None:
     return _NONE_LEFT_OUT if prefix else None       # most lists: one shared empty array
 
 
-def runs_of(listed: ListedRuns, k_start: Tensor, page_size: int) -> tuple[Runs, Tensor, Tensor]:
+def runs_of(listed: ListedRuns, k_start: np.ndarray, page_size: int) -> tuple[Runs, np.ndarray, np.ndarray]:
     """(the step's runs, each segment's first run (none: the next one's), each segment's run count)."""
-    n_seg, first, count, page = k_start.shape[0], listed.first, listed.count, listed.page
-    run_start = torch.searchsorted(first, k_start)
-    per_seg = torch.diff(run_start, append=torch.tensor([first.shape[0]]))
-    seg = torch.repeat_interleave(torch.arange(n_seg), per_seg, output_size=first.shape[0])
-    # per run: masked_select, 2-4x faster on the CPU than indexing with [] (same result)
-    whole, zero = count == page_size, torch.zeros(1, dtype=torch.long)
-    runs = Runs(seg=seg, page=page, count=count, first=first, end=first + count,
-                whole_before=torch.cat([zero, whole.cumsum(0)]), whole_pages=page.masked_select(whole),
-                other_pages=page.masked_select(~whole))
+    first, count, page = listed.first, listed.count, listed.page
+    run_start = np.searchsorted(first, k_start)
+    per_seg = np.diff(run_start, append=first.shape[0])
+    whole = count == page_size
+    whole_before = np.zeros(count.shape[0] + 1, dtype=np.int64)
+    np.cumsum(whole, out=whole_before[1:])
+    runs = Runs(seg=np.repeat(np.arange(k_start.shape[0]), per_seg), page=page, count=count, first=first,
+                end=first + count, whole_before=whole_before, whole_pages=page[whole], other_pages=page[~whole])
     return runs, run_start, per_seg
 
 
@@ -206,12 +202,12 @@ class HiddenTables(Protocol):
 
     page_size: int
     hidden: Tensor          # per slot: the step whose deferred chunks may not read it
-    tally: Tensor           # per slot, zero between steps: the host's scratch
-    page_mark: Tensor       # per page: the latest step that looked at it slot by slot
+    tally: np.ndarray       # per slot, zero between steps: the host's scratch
+    page_mark: np.ndarray   # per page: the latest step that looked at it slot by slot
 
 
-def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: Tensor, run_start: Tensor,
-                 pages: Tensor, runs: Runs) -> Tensor:
+def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: np.ndarray, run_start: np.ndarray,
+                 pages: np.ndarray, runs: Runs) -> np.ndarray:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
@@ -221,52 +217,54 @@ def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: Ten
     per slot and step, so filtered segments that read such a page (two chunks of one session, or of
     sessions sharing prefix pages) must agree on it: a slot one skips and another lists is refused."""
     page_size, last = tables.page_size, listed.last
-    in_page = last % page_size + 1              # per segment, not per run: `%` is slow
+    in_page = last % page_size + 1              # per segment, not per run
     filtered = k_len != (pages - 1) * page_size + in_page
-    if not bool(filtered.any()):
+    if not filtered.any():
         return filtered
     listing = pages > 0
     ends = (run_start + pages - 1)[listing]             # a segment's last run: the page of its last slot
-    final = torch.zeros(runs.seg.shape, dtype=torch.bool)
+    final = np.zeros(runs.seg.shape, dtype=bool)
     final[ends] = True
-    mine = filtered.index_select(0, runs.seg)
-    whole = torch.full_like(runs.count, page_size)      # a run's slots, skipping none
+    mine = filtered[runs.seg]
+    whole = np.full_like(runs.count, page_size)         # a run's slots, skipping none
     whole[ends] = in_page[listing]
-    tables.page_mark[runs.page.masked_select(mine & (runs.count < whole))] = step
-    at = (mine & (tables.page_mark.index_select(0, runs.page) == step)).nonzero().flatten()  # filtered runs there
+    tables.page_mark[runs.page[mine & (runs.count < whole)]] = step
+    at = np.flatnonzero(mine & (tables.page_mark[runs.page] == step))      # filtered runs there
     seg = runs.seg[at]
-    general = ~torch.from_numpy(listed.paged).index_select(0, seg)
+    general = ~listed.paged[seg]
     # the pages looked at slot by slot: a general list's, and those two filtered lists read
-    page, which, readers = torch.unique(runs.page[at], return_inverse=True, return_counts=True)
+    page, which, readers = np.unique(runs.page[at], return_inverse=True, return_counts=True)
     slot_by_slot = readers > 1
     slot_by_slot[which[general]] = True
-    known = torch.from_numpy(listed.hidden)
-    looked = torch.isin(known // page_size, page[slot_by_slot])     # known slots on those pages
-    tables.hidden[known[~looked].to(tables.hidden.device)] = step
+    known = listed.hidden
+    looked = np.isin(known // page_size, page[slot_by_slot])     # known slots on those pages
+    _mark(tables, known[~looked], step)
     at, seg, general = (x[slot_by_slot[which]] for x in (at, seg, general))
     if not at.shape[0]:
         return filtered
     count = runs.count[at]
-    every = runs.page[at][:, None] * page_size + torch.arange(page_size)[None]     # [runs, page]
+    every = runs.page[at][:, None] * page_size + np.arange(page_size)[None]     # [runs, page]
     kept = ~final[at][:, None] | (every <= last[seg][:, None])
     spans = every[kept]
     # per slot, how many of these runs' pages hold it (units) and how many list it (multiples of LISTED):
     # a general list's slots are read off `listed.flat`, a page-table list's are its pages' less the known ones
     g_at, g_seg, g_count = at[general], seg[general], count[general]
-    offset = torch.from_numpy(listed.offset).index_select(0, g_seg)
-    slots = listed.flat[torch.repeat_interleave(runs.first[g_at] - offset - (g_count.cumsum(0) - g_count), g_count)
-                        + torch.arange(int(g_count.sum()))] if g_at.shape[0] else g_at
+    slots = listed.flat[np.repeat(runs.first[g_at] - listed.offset[g_seg] - (g_count.cumsum() - g_count), g_count)
+                        + np.arange(int(g_count.sum()))] if g_at.shape[0] else g_at
     tally = tables.tally
-    tally.index_put_((spans,), torch.ones_like(spans), accumulate=True)
-    tally.index_put_((slots,), torch.full_like(slots, LISTED), accumulate=True)
-    paged_spans = every[~general][kept[~general]]
-    tally.index_put_((paged_spans,), torch.full_like(paged_spans, LISTED), accumulate=True)
-    left_out = known[looked]
-    tally.index_put_((left_out,), torch.full_like(left_out, -LISTED), accumulate=True)
+    np.add.at(tally, spans, 1)
+    np.add.at(tally, slots, LISTED)
+    np.add.at(tally, every[~general][kept[~general]], LISTED)
+    np.add.at(tally, known[looked], -LISTED)
     held = tally[spans]
     tally[spans], tally[slots] = 0, 0
     skipped = held % LISTED > held // LISTED
-    if bool((skipped & (held >= LISTED)).any()):
+    if (skipped & (held >= LISTED)).any():
         raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
-    tables.hidden[spans[skipped].to(tables.hidden.device)] = step
+    _mark(tables, spans[skipped], step)
     return filtered
+
+
+def _mark(tables: HiddenTables, slots: np.ndarray, step: int) -> None:
+    """`tables.hidden[slots] = step`, on the table's device."""
+    tables.hidden[torch.from_numpy(slots).to(tables.hidden.device)] = step
