@@ -119,6 +119,10 @@ class Scheduler:
         for req in decoding:
             if budget <= 0:
                 break
+            if self.speculation is None and req.cache.recovery is None:     # most rows: the row alone
+                plan.segments.append(decode_segment(req))
+                budget -= 1
+                continue
             drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))

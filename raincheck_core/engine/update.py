@@ -101,12 +101,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                 result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
     text_keys = text_row_keys([seg for seg in plan.segments if seg.kind in ANSWERING])
+    at = 0          # the next answer segment's first row of `text_keys` (they are in plan order)
     for seg, cache, req in owners:
         if seg.kind is Kind.VERIFY:
             # the kept rows only; the rejected rows' slots were claimed, never filled: the next step claims them
             # again and overwrites them, nobody reads them meanwhile
             kept = verified[seg.session].kept
-            keys = text_keys[seg][:kept] if cache.recovery is None else None
+            keys = text_keys[at:at + kept] if cache.recovery is None else None
+            at += seg.rows
             grown = cache.fill(kept, tokens=list(seg.tokens[:kept]), next_position=seg.position + kept, keys=keys)
             cache.cancel_claims()
         elif seg.kind is Kind.PREFILL:
@@ -120,7 +122,8 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         elif seg.kind is Kind.DECODE:
             # a token generated while deferred rows are pending ends the prefix chain: the rows restored
             # after it do not see it, so no request processes these slots in this order
-            key = text_keys[seg] if cache.recovery is None else None
+            key = text_keys[at:at + 1] if cache.recovery is None else None
+            at += 1
             grown = cache.fill(1, tokens=[seg.token], next_position=seg.position + 1, keys=key)
         else:
             grown = cache.fill(seg.rows)
@@ -255,9 +258,9 @@ def _rows(t: torch.Tensor | None, n: int) -> list[torch.Tensor | None]:
     return [None] * n if t is None else list(t.unbind(0))
 
 
-def text_row_keys(segments: list[Segment]) -> dict[Segment, np.ndarray]:
+def text_row_keys(segments: list[Segment]) -> np.ndarray:
     """The prefix cache's descriptions of answer segments' rows (text rows, as `turn_input.row_keys` writes
-    them: token, its position thrice), by segment: one array for the step, a view of it each."""
+    them: token, its position thrice): one array for the step, the segments' rows in order."""
     tokens: list[int] = []
     positions: list[int] = []
     for seg in segments:
@@ -270,8 +273,7 @@ def text_row_keys(segments: list[Segment]) -> dict[Segment, np.ndarray]:
     keys = np.zeros((len(tokens), ROW_KEY_WIDTH), dtype=np.int64)
     keys[:, 0] = tokens
     keys[:, 1:4] = np.array(positions, dtype=np.int64)[:, None]
-    at = itertools.accumulate((seg.rows for seg in segments), initial=0)
-    return {seg: keys[a:b] for seg, (a, b) in zip(segments, itertools.pairwise(at), strict=True)}
+    return keys
 
 
 def chunk_carriers(plan: StepPlan) -> set[str]:
