@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from .flex_blocks import block_buffer, buffer_length, prefix_lists, write_runs
-from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of, table_prefix
+from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of, table_pages, table_prefix
 
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
 # Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
@@ -216,6 +216,8 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         raise ValueError("each segment reads at least its own rows' slots, and at least one slot")
     if n_seg >= STAMP or max(q_lens) >= STAMP:
         raise ValueError(f"a flex step holds fewer than {STAMP} segments of fewer than {STAMP} rows each")
+    # per segment as arrays, so that what follows picks segments with array ops rather than Python loops
+    seg_rows, seg_keys = np.array(q_lens, dtype=np.int64), np.array(k_lens, dtype=np.int64)
     query = _buckets(q_lens, prefixes) if fixed is None else fixed.query
     sizes = {q: 0 for q in sorted(set(query) - {0})} if fixed is None else fixed.size
     for q, size in sizes.items() if fixed is not None else ():
@@ -223,34 +225,34 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         if len(ids) > size or any(q_lens[s] > q for s in ids):
             raise ValueError(f"group {q} holds {len(ids)} segments, rows up to {q}: more than its fixed shape")
     # which segment and row writes each slot written this step (the causal reads of a segment's own rows)
-    row_start = np.cumsum(q_lens) - q_lens
-    of_row = np.repeat(np.arange(n_seg), q_lens)
+    row_start = seg_rows.cumsum() - seg_rows
+    of_row = np.repeat(np.arange(n_seg), seg_rows)
     code = (step * STAMP + of_row) * STAMP + np.arange(of_row.shape[0]) - row_start[of_row]
     tables.writer.index_copy_(0, write_slots.to(tables.writer.device), torch.from_numpy(code).to(tables.writer.device))
     # the decode rows' group from their pages alone, the others from the runs of their segments' lists (and of
     # padding rows', attended by none)
     paged_rows = _one_row_pages(query, sizes, prefixes, fixed is None)
+    in_group = np.array(query, dtype=np.int64)
     if any(q != 1 or not paged_rows for q in sizes):
-        rest = [s for s in range(n_seg) if not (paged_rows and query[s] == 1)]
-        q_len = np.array([q_lens[s] for s in rest], dtype=np.int64)
-        k_len = np.array([k_lens[s] for s in rest], dtype=np.int64)
+        at = np.flatnonzero(in_group != 1) if paged_rows else np.arange(n_seg)
+        rest = at.tolist()
+        q_len, k_len = seg_rows[at], seg_keys[at]
         k_start = k_len.cumsum() - k_len
         # the pages each segment reads, in order: runs of one page within one segment's list
-        listed = ListedRuns([read_slots[s] for s in rest], [False if prefixes is None else prefixes[s] for s in rest],
-                            k_len, k_start, page_size)
+        listed = ListedRuns([read_slots[s] for s in rest], [False] * len(rest) if prefixes is None else
+                            [prefixes[s] for s in rest], k_len, k_start, page_size)
         runs, run_start, per_seg = runs_of(listed, k_start, page_size)
         filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
-        at = np.array(rest, dtype=np.int64)
         segs = Segments(q_len, k_len, k_start, run_start, step * STAMP + at, listed.last, filtered, row_start[at],
                         int(of_row.shape[0]))
     groups = []
     for q, size in sizes.items():       # in order: each group may widen the block lists of the next
         if q == 1 and paged_rows:
-            groups.append(_one_row_group(read_slots, k_lens, query, row_start, of_row.shape[0], size, step, tables,
-                                         device))
+            groups.append(_one_row_group(read_slots, seg_keys, np.flatnonzero(in_group == 1), row_start,
+                                         of_row.shape[0], size, step, tables, device))
         else:
-            ids = [i for i, s in enumerate(rest) if query[s] == q]
-            groups.append(_group(ids, q, max(size, bucket(len(ids))), segs, runs, step, tables, device))
+            ids = np.flatnonzero(in_group[at] == q)
+            groups.append(_group(ids, q, max(size, bucket(ids.shape[0])), segs, runs, step, tables, device))
     return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_lens))
 
 
@@ -269,14 +271,14 @@ class Segments:
     rows: int               # the step's rows
 
 
-def _group(ids: list[int], q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
+def _group(sel: np.ndarray, q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
            device: torch.device | str) -> FlexGroup:
-    """The group of segments `ids` (query bucket `q`), padded to `n` segments. In numpy on the host, as the
+    """The group of segments `sel` (query bucket `q`), padded to `n` segments. In numpy on the host, as the
     step's runs and segments are, its tensors made at the end: ~50 small-array ops, each a few µs as torch
     calls and well under one as numpy's."""
     tile = min(Q_TILE, q)
     tiles = q // tile
-    m, sel = len(ids), np.array(ids, dtype=np.int64)
+    m = sel.shape[0]
     q_len, k_start, k_len = segs.q_len, segs.k_start, segs.k_len
     # tile t holds rows [t * tile, (t + 1) * tile) of a segment (clipped to its rows); row i sees ranks
     # < k - n + i + 1. A page is listed when the tile's last row sees its first listed slot, and read
@@ -350,21 +352,16 @@ def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefi
         p is True or table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1))
 
 
-def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int], row_start: np.ndarray, rows: int,
+def _one_row_group(read_slots: list[Tensor], seg_keys: np.ndarray, sid: np.ndarray, row_start: np.ndarray, rows: int,
                    size: int, step: int, tables: SlotTables, device: torch.device | str) -> FlexGroup:
-    """`_group` for a one-row group that `_one_row_pages` holds of: each row sees its whole list, so its page
-    table's pages are its blocks, whole but for a partly filled last one (under the mask: the slots after the row's
-    own). Read off each page's first slot with a few numpy ops on small arrays, where the general build takes
-    ~70 torch ops (~0.6 ms of host time a decode step at any batch)."""
-    ps, ids = tables.page_size, [s for s, q in enumerate(query) if q == 1]
-    m = len(ids)
+    """`_group` for the one-row group (segments `sid`) that `_one_row_pages` holds of: each row sees its whole
+    list, so its page table's pages are its blocks, whole but for a partly filled last one (under the mask: the
+    slots after the row's own). Read off each page's first slot with a few numpy ops on small arrays, where the
+    general build takes ~70 torch ops (~0.6 ms of host time a decode step at any batch)."""
+    ps, m = tables.page_size, sid.shape[0]
     n = max(size, bucket(m))    # `size`: a fixed shape's (else 0)
-    k = np.array([k_lens[s] for s in ids], dtype=np.int64)
-    heads = np.concatenate([read_slots[s].cpu().numpy()[::ps] for s in ids]).astype(np.int64) if m \
-        else np.zeros(0, dtype=np.int64)
-    if (heads % ps).any():      # the marking's cheap check, as `ListedRuns` makes it
-        raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
-    page = heads // ps
+    k = seg_keys[sid]
+    page = table_pages([read_slots[s] for s in sid.tolist()], ps)
     pages, full = -(-k // ps), k // ps
     first = pages.cumsum() - pages                              # each list's first page among all
     cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
@@ -379,7 +376,6 @@ def _one_row_group(read_slots: list[Tensor], k_lens: list[int], query: list[int]
     # rows; and the partial and full blocks each tile lists
     per = np.zeros((5, n), dtype=np.int64)
     per[1, m:], per[2, m:] = rows, -1
-    sid = np.array(ids, dtype=np.int64)
     per[:4, :m] = row_start[sid], row_start[sid], step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
     per[4, :m] = 1
     num = np.zeros((2, n), dtype=np.int32)

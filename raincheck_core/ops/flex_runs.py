@@ -54,7 +54,9 @@ class ListedRuns:
         n_seg = len(read_slots)
         shift = page_size.bit_length() - 1      # a shift where the page size is a power of two: `//` is slow
         self.pow2, self.shift, self.page_size = page_size == 1 << shift, shift, page_size
-        skips = [_skipped(p) for p in prefixes]
+        # each list's left-out positions: an array of them, none (one shared empty array: most lists), or
+        # None for any list
+        skips = [p if isinstance(p, np.ndarray) else _NONE_LEFT_OUT if p else None for p in prefixes]
         general = [s for s in range(n_seg) if skips[s] is None]
         paged = [s for s in range(n_seg) if skips[s] is not None]
         if general and paged and lens[paged].sum() < MIXED_PAGED_SHARE * lens[general].sum():
@@ -117,30 +119,29 @@ class ListedRuns:
         base = pages.cumsum() - pages               # each list's first page among all of theirs
         index = np.arange(int(pages.sum())) - np.repeat(base, pages)
         count = np.minimum(np.repeat(ends, pages) - index * ps, ps)
-        lists = [read_slots[s].cpu().numpy() for s in paged]
+        lists = [read_slots[s] for s in paged]
         if left.any():
-            first, count, page, tail = self._left_out(lists, skips, ends, base, pages, count)
+            first, count, page, tail = self._left_out(lists, skips, left, ends, base, pages, index, count)
             return first + np.repeat(starts[paged], tail), count, page, self._last(page, tail, ends), tail
-        heads = np.concatenate([a[::ps] for a in lists]).astype(np.int64)
-        if ((heads & (ps - 1)) if self.pow2 else heads % ps).any():     # the marking's cheap check, per page
-            raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
-        page = heads >> self.shift if self.pow2 else heads // ps
+        page = table_pages(lists, ps)
         return np.repeat(starts[paged], pages) + index * ps, count, page, self._last(page, pages, ends), pages
 
     def _last(self, page: np.ndarray, runs: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Each list's last slot, from its last run's page: the list's last row, never left out."""
         return page[runs.cumsum() - 1] * self.page_size + (ends - 1) % self.page_size
 
-    def _left_out(self, lists: list[np.ndarray], skips: list[np.ndarray], ends: np.ndarray, base: np.ndarray,
-                  pages: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _left_out(self, lists: list[Tensor], skips: list[np.ndarray], left: np.ndarray, ends: np.ndarray,
+                  base: np.ndarray, pages: np.ndarray, index: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
         """`_pages` where some lists leave positions out: (each run's first in its own list, count, page, runs
         per list), counted from the left-out positions; sets `hidden` to the slots they leave out on the
-        pages they read."""
+        pages they read. On the lists' positions all at once: per list, one host view and one read."""
         ps, shift = self.page_size, self.shift
-        if any(k.shape[0] and k[-1] >= end - 1 for k, end in zip(skips, ends, strict=True)):
+        left_out = np.concatenate(skips, dtype=np.int64, casting="unsafe")
+        leaving = left > 0
+        if (left_out[left.cumsum()[leaving] - 1] >= ends[leaving] - 1).any():     # each list's last left out
             raise ValueError("a read list leaves out its own last slot")
         # the left-out positions as positions among all lists' pages, increasing (each list's are)
-        skipped = np.concatenate([k + b * ps for k, b in zip(skips, base, strict=True)])
+        skipped = left_out + np.repeat(base * ps, left)
         on = skipped >> shift if self.pow2 else skipped // ps
         count = count - np.bincount(on, minlength=count.shape[0])
         # where each page's first kept slot sits on it: after the run of left-out positions holding its first
@@ -151,8 +152,14 @@ class ListedRuns:
         kept = count > 0
         listed = count.cumsum() - count
         local = listed - np.repeat(listed[base], pages)         # each page's first kept slot in its list
-        heads = np.concatenate([a[::ps] if not k.shape[0] else a[local[b:b + p][kept[b:b + p]]]
-                                for a, k, b, p in zip(lists, skips, base, pages, strict=True)]).astype(np.int64)
+        # the slots read: each kept page's first kept one; every page's first of a list leaving none out, as
+        # `table_pages` reads it, whatever positions out of another list's range say of its pages
+        whole = np.repeat(~leaving, pages)
+        read = kept | whole
+        where = np.where(whole, index * ps, local)[read]
+        cut = read.cumsum()[base + pages - 1].tolist()          # where each list's positions end in `where`
+        heads = np.concatenate([x[where[a:b]] for x, a, b in zip(_on_host(lists), [0, *cut[:-1]], cut, strict=True)]
+                               ).astype(np.int64)
         if not np.array_equal((heads & (ps - 1)) if self.pow2 else heads % ps, offset[kept]) \
                 or not kept[base + pages - 1].all():        # the marking's cheap check, per page
             raise ValueError("a read list marked as a page-table prefix less some positions does not start "
@@ -173,11 +180,22 @@ def table_prefix(prefix: Prefix) -> bool:
     return not prefix.size if isinstance(prefix, np.ndarray) else bool(prefix)
 
 
-def _skipped(prefix: Prefix) -> np.ndarray | None:
-    """A list's left-out positions of its page table's first slots (`Prefix`), None for any list."""
-    if isinstance(prefix, np.ndarray):
-        return prefix.astype(np.int64, copy=False)
-    return _NONE_LEFT_OUT if prefix else None       # most lists: one shared empty array
+def table_pages(lists: list[Tensor], page_size: int) -> np.ndarray:
+    """The pages of lists that are page tables' first slots (`Prefix` True), in order: read off every
+    `page_size`-th slot, one host view and one slice per list. Refuses a list whose slot read there is not
+    its page's first (the marking's cheap check, per page)."""
+    heads = np.concatenate([x[::page_size] for x in _on_host(lists)]).astype(np.int64) if lists \
+        else np.zeros(0, dtype=np.int64)
+    shift = page_size.bit_length() - 1          # a shift and a mask where the page size is a power of two
+    pow2 = page_size == 1 << shift
+    if ((heads & (page_size - 1)) if pow2 else heads % page_size).any():
+        raise ValueError("a read list marked as a page-table prefix does not start each page at its first slot")
+    return heads >> shift if pow2 else heads // page_size
+
+
+def _on_host(lists: list[Tensor]) -> list[np.ndarray]:
+    """Each list as a numpy array (a view on the CPU, where `cpu()` would be one call more per list)."""
+    return [t.numpy() if t.is_cpu else t.cpu().numpy() for t in lists]
 
 
 def runs_of(listed: ListedRuns, k_start: np.ndarray, page_size: int) -> tuple[Runs, np.ndarray, np.ndarray]:
