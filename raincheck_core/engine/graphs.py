@@ -51,17 +51,31 @@ def leaves(tree: Any) -> list[tuple[Any, Any, Tensor | Any]]:
     are shared by every step and not entered. Appended to one list, not yielded through nested generators:
     a replayed step walks its tree (~130 leaves at B = 64) every time."""
     out: list[tuple[Any, Any, Any]] = []
-    _enter(tree, out)
+    if _kind(type(tree)) is _CONTAINER:
+        _enter(tree, out)
     return out
 
 
+_LEAF, _CONTAINER, _SHARED = "leaf", "container", "shared"
+_LEAF_TYPES = (Tensor, int, float, bool, str, slice, torch.device, type(None))
+
+
+@cache
+def _kind(cls: type) -> str:
+    """How `leaves` takes a value of type `cls`, found once per type (a walk asks per leaf): a leaf (tensors,
+    plain values), a container it enters (dataclass instances, lists, tuples), or an object it does not."""
+    if issubclass(cls, _LEAF_TYPES):
+        return _LEAF
+    return _CONTAINER if dataclasses.is_dataclass(cls) or issubclass(cls, (list, tuple)) else _SHARED
+
+
 def _enter(tree: Any, out: list[tuple[Any, Any, Any]]) -> None:
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        for name in _names(type(tree)):
-            _entry(tree, name, getattr(tree, name), out)
-    elif isinstance(tree, (list, tuple)):
+    if isinstance(tree, (list, tuple)):
         for i, item in enumerate(tree):
             _entry(tree, i, item, out)
+    else:
+        for name in _names(type(tree)):
+            _entry(tree, name, getattr(tree, name), out)
 
 
 @cache
@@ -74,13 +88,13 @@ def _names(cls: type) -> tuple[str, ...]:
 
 
 def _entry(owner: Any, key: Any, value: Any, out: list[tuple[Any, Any, Any]]) -> None:
-    if isinstance(value, (Tensor, int, float, bool, str, slice, torch.device)) or value is None:
+    kind = _kind(type(value))
+    if kind is _LEAF:
         out.append((owner, key, value))
-    elif dataclasses.is_dataclass(value) or isinstance(value, (list, tuple)):
-        out.append((owner, key, type(value).__name__))
+        return
+    out.append((owner, key, type(value).__name__))
+    if kind is _CONTAINER:
         _enter(value, out)
-    else:
-        out.append((owner, key, type(value).__name__))
 
 
 def skeleton(tree: Any) -> tuple:
@@ -90,12 +104,12 @@ def skeleton(tree: Any) -> tuple:
 
 
 def _skeleton(flat: list[tuple[Any, Any, Any]]) -> tuple:
-    return tuple((type(owner).__name__, key, _plain(v)) for owner, key, v in flat)
+    return tuple([(type(owner), key, _plain(v)) for owner, key, v in flat])
 
 
 def _plain(v: Any) -> Any:
     if isinstance(v, Tensor):
-        return tuple(v.shape), v.dtype, v.device
+        return v.shape, v.dtype, v.device      # torch.Size: a tuple, hashed and compared as one
     return (v.start, v.stop, v.step) if isinstance(v, slice) else v
 
 

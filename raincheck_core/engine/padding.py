@@ -18,7 +18,6 @@ with the unpadded one (tests/engine/test_graphs.py).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -68,14 +67,20 @@ def chunk_bucket(rows: int) -> int | None:
 def bucket_of(plan: StepPlan) -> Bucket | None:
     """The bucket of a decode step (decode rows and fused chunks, at most one per decoding session, of at
     most the largest chunk bucket); None for any other step (it runs as planned)."""
-    segments = plan.segments
-    if not segments or any(s.kind not in (Kind.DECODE, Kind.DEFERRED) for s in segments):
+    decoding: list[str] = []
+    chunks: list[str] = []
+    longest = 0
+    for s in plan.segments:       # one pass: a decode step has a segment per session (64 or more)
+        if s.kind is Kind.DECODE:
+            decoding.append(s.session)
+        elif s.kind is Kind.DEFERRED:
+            chunks.append(s.session)
+            longest = max(longest, s.rows)
+        else:
+            return None
+    if not decoding or len(set(chunks)) < len(chunks) or not set(decoding).issuperset(chunks):
         return None
-    decoding = [s.session for s in segments if s.kind is Kind.DECODE]
-    chunks = Counter(s.session for s in segments if s.kind is Kind.DEFERRED)
-    if not decoding or any(n > 1 for n in chunks.values()) or not set(chunks) <= set(decoding):
-        return None
-    chunk = chunk_bucket(max((s.rows for s in segments if s.kind is Kind.DEFERRED), default=0))
+    chunk = chunk_bucket(longest)
     return None if chunk is None else Bucket(decode_bucket(len(decoding)), chunk)
 
 

@@ -151,6 +151,8 @@ def test_buckets_and_padding():
     assert bucket_of(StepPlan([_segment(Kind.PREFILL, "a", 5)])) is None          # prefill stays eager
     assert bucket_of(StepPlan([decode, _segment(Kind.DEFERRED, "a", 64)])) is None   # past the largest chunk
     assert bucket_of(StepPlan([decode, chunk, _segment(Kind.DEFERRED, "a", 3)])) is None
+    assert bucket_of(StepPlan([decode, _segment(Kind.DEFERRED, "z", 3)])) is None    # a chunk of no decoding session
+    assert bucket_of(StepPlan([_segment(Kind.DEFERRED, "a", 3)])) is None and bucket_of(StepPlan()) is None
 
 
 def _scratch() -> Scratch:
