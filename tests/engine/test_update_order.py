@@ -16,20 +16,24 @@ from raincheck_core.engine import session_cache, step, update
 from tests.engine.reference import image_tokens, random_visual
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
-def test_bookkeeping_precedes_the_first_read_of_the_logits(tiny_checkpoints, family, monkeypatch):
-    calls: list[str] = []
-
+def record_calls(monkeypatch, calls: list[str]) -> None:
+    """Append to `calls`, as they happen, each update ("update"), slot fill, GDN commit and read of the
+    logits' values ("read")."""
     def recording(name, fn):
         def wrapped(*args, **kwargs):
             calls.append(name)
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(step, "apply_step", recording("update", step.apply_step))
-    monkeypatch.setattr(update, "row_maxima", recording("read", update.row_maxima))
-    monkeypatch.setattr(session_cache.SessionCache, "fill", recording("fill", session_cache.SessionCache.fill))
-    monkeypatch.setattr(GDNStatePool, "commit", recording("commit", GDNStatePool.commit))
+    for owner, attr, name in ((step, "apply_step", "update"), (update, "row_maxima", "read"),
+                              (session_cache.SessionCache, "fill", "fill"), (GDNStatePool, "commit", "commit")):
+        monkeypatch.setattr(owner, attr, recording(name, getattr(owner, attr)))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
+def test_bookkeeping_precedes_the_first_read_of_the_logits(tiny_checkpoints, family, monkeypatch):
+    calls: list[str] = []
+    record_calls(monkeypatch, calls)
     engine = Engine.from_pretrained(tiny_checkpoints[family][1])
     cfg = engine.model_config
     visual = random_visual("image", (1, 16, 16), cfg.hidden_size, cfg.deepstack_levels, seed=1)
@@ -55,16 +59,7 @@ def test_the_read_hook_marks_where_the_update_first_reads_the_forward(tiny_check
     benchmark times as running beside the forward on a device); a hook that raises is logged, and the step
     and its tokens go on as without it."""
     calls: list[str] = []
-
-    def recording(name, fn):
-        def wrapped(*args, **kwargs):
-            calls.append(name)
-            return fn(*args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(step, "apply_step", recording("update", step.apply_step))
-    monkeypatch.setattr(update, "row_maxima", recording("read", update.row_maxima))
-    monkeypatch.setattr(session_cache.SessionCache, "fill", recording("fill", session_cache.SessionCache.fill))
+    record_calls(monkeypatch, calls)
     folder = tiny_checkpoints["qwen3_5"][1]
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     prompt = Prompt(list(range(20, 70)))
@@ -80,6 +75,6 @@ def test_the_read_hook_marks_where_the_update_first_reads_the_forward(tiny_check
     assert [t.token_id for t in engine.open_session().turn(prompt, params).tokens()] == expected
     steps = "".join("|" if c == "update" else c[0] for c in calls).split("|")[1:]
     assert len(steps) == len(plans) >= 6
-    assert all(s == "fhr" for s in steps), steps
+    assert all(s == "fchr" for s in steps), steps        # fill, GDN commit, the hook, the first read
     assert "a read hook failed" in caplog.text
     remove()
