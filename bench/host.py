@@ -20,11 +20,12 @@ under raincheck (30% kept, 31-row chunks after a 16-token guard, no TPOT objecti
 the deferred chunks the engine's budget lets them (63 rows a step: two sessions' chunks), the host work of
 a fused step. `--profile` adds cProfile's top functions of the largest B by time spent outside the
 forward. `--size tiny` runs the same steps on the `tiny` checkpoint, whose forward is small enough to leave
-the CPU's caches warm: the same host work, without the cache misses the `bench` forward's 40-odd MB of
-weights cause (a forward on a device leaves the host's caches alone too). `--backend flex` runs the GPU
-path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of every step on a GPU; with
-`--graphs` its decode steps take the graph path as on a GPU (padded to their bucket, looked up by skeleton,
-copied into the static batch), run eagerly where a GPU replays (`Engine.use_step_graphs(False)`).
+most of the CPU's caches warm: the same host work, without most of the cache misses the `bench` forward's
+40-odd MB of weights cause (a forward on a device leaves the host's caches alone: `--stub-forward`).
+`--backend flex` runs the GPU path's CPU twin, whose attention layout (ops/flex_layout.py) is host work of
+every step on a GPU; with `--graphs` its decode steps take the graph path as on a GPU (padded to their
+bucket, looked up by skeleton, copied into the static batch), run eagerly where a GPU replays
+(`Engine.use_step_graphs(False)`).
 `--stub-forward` replaces the model's forward by one that returns zero logits at once: the host work of a
 step whose forward is a device's graph replay, which costs the host a call and leaves its caches alone (any
 CPU forward, even `tiny`'s, evicts some of what the next step's host work reads); text turns only (deferred
@@ -326,7 +327,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--max-new", type=int, default=None)
     ap.add_argument("--size", choices=("bench", "tiny"), default="bench",
-                    help="the checkpoint: tiny's forward leaves the caches warm")
+                    help="the checkpoint: tiny's forward leaves more of the caches warm")
     ap.add_argument("--profile", action="store_true", help="cProfile's top functions at the largest B")
     ap.add_argument("--backend", default=None, help="the op backend (EngineConfig.backend): flex is the GPU "
                     "path's CPU twin, whose host work (its attention layout) is the GPU path's")
