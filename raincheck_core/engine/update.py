@@ -101,14 +101,14 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
                 result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
     text_keys = text_row_keys([seg for seg in plan.segments if seg.kind in ANSWERING])
-    at = 0          # the next answer segment's first row of `text_keys` (they are in plan order)
+    key_at = 0      # the next answer segment's first row of `text_keys` (they are in plan order)
     for seg, cache, req in owners:
         if seg.kind is Kind.VERIFY:
             # the kept rows only; the rejected rows' slots were claimed, never filled: the next step claims them
             # again and overwrites them, nobody reads them meanwhile
             kept = verified[seg.session].kept
-            keys = text_keys[at:at + kept] if cache.recovery is None else None
-            at += seg.rows
+            keys = text_keys[key_at:key_at + kept] if cache.recovery is None else None
+            key_at += seg.rows
             grown = cache.fill(kept, tokens=list(seg.tokens[:kept]), next_position=seg.position + kept, keys=keys)
             cache.cancel_claims()
         elif seg.kind is Kind.PREFILL:
@@ -122,8 +122,8 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         elif seg.kind is Kind.DECODE:
             # a token generated while deferred rows are pending ends the prefix chain: the rows restored
             # after it do not see it, so no request processes these slots in this order
-            key = text_keys[at:at + 1] if cache.recovery is None else None
-            at += 1
+            key = text_keys[key_at:key_at + 1] if cache.recovery is None else None
+            key_at += 1
             grown = cache.fill(1, tokens=[seg.token], next_position=seg.position + 1, keys=key)
         else:
             grown = cache.fill(seg.rows)
