@@ -12,6 +12,7 @@ from ..ops.backend import OpSet
 from ..ops.gdn_layout import varlen_layout
 from ..ops.gdn_rows import row_captures
 from ..ops.gdn_step import AtRows, GDNCorrections, GDNMulti, GDNSingle, GDNStep
+from ..ops.uploads import Uploads
 from .padding import Padded
 from .plan import Kind, Segment
 
@@ -69,7 +70,7 @@ def plain_decode(placed: list[Placed]) -> bool:
 
 
 def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
-             device: torch.device, padded: Padded | None = None) -> GDNStep:
+             device: torch.device, padded: Padded | None = None, uploads: Uploads | None = None) -> GDNStep:
     """The step's GDN groups from its placed segments: which pool rows each sequence reads and writes,
     deferred chunks with their turn's conv lead appended, the live states their joins correct, the
     decode rows seeded from a join, and the rows whose states are kept (`Segment.checkpoints`).
@@ -78,7 +79,8 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
     session's chunk runs as one sequence of the bucket's rows (the chunk, then its fill's rows, which are
     idle: `PackedSequences.live`) and, where it joins, a lead of `kernel - 1` rows (its turn's, then idle
     rows), so that the sequences' lengths, splits and appended rows do not follow the chunk's rows nor its
-    turn's lead. The fills have no sequence of their own."""
+    turn's lead. The fills have no sequence of their own. `uploads`: the step's staged copies (ops/uploads.py)
+    the layouts' tensors go by (not for a step `DecodeSteps` keeps: its tensors outlive the step)."""
     dev = device
     multi = [p for p in placed if p.multi and not p.idle]
     fill_of = {} if padded is None else {placed[c]: placed[f] for c, f in padded.fills.items()}
@@ -124,7 +126,7 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
         step.multi = GDNMulti(varlen_layout(
             lengths, kernel, splits, device=dev, source=source, slots=rows.read,
             joins=list(zip(join_seqs, live_rows, strict=True)), out_rows=(outs, split_outs),
-            live=live if padded is not None else None))
+            live=live if padded is not None else None, uploads=uploads))
         if any(p.segment.checkpoints for p in multi):
             step.at_rows = AtRows(row_captures(step.multi.layout.seqs, [list(p.segment.checkpoints) for p in multi],
                                                kernel, device=dev), ops.gdn.varlen, key_heads)
@@ -146,12 +148,18 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
         step.single = GDNSingle(
             layout=varlen_layout([1] * len(single), kernel, device=dev,
                                  source=[p.start for p in placed if not p.multi], slots=rows.read,
-                                 seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, [])),
+                                 seeds=(seed_hist, seed_state) if joins else None, out_rows=(rows.write, []),
+                                 uploads=uploads),
             factors=any(s.tracked for s in single),
         )
     inputs = [p for p in multi if p.segment.tracked]     # input rows after a previous turn's pending join
     if inputs:
-        step.input_rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs]).to(dev)
+        rows = torch.cat([torch.arange(p.start, p.start + p.segment.rows) for p in inputs])
+        step.input_rows = rows.to(dev) if uploads is None else uploads.put(rows)
+    if uploads is not None:     # what the op will read, staged with the rest of the step
+        for group, parts in zip((step.multi, step.single), ops.gdn.parts, strict=True):
+            if group is not None:
+                group.layout.lay_out(parts)
     step.op = ops.gdn.prepare(step, key_heads)
     return step
 

@@ -183,14 +183,17 @@ class StepGraphs:
         bounds (plain values) as their read limits."""
         return ops.attention.name == "flex" and ops.gdn.name != "native"
 
-    def run(self, bucket: Hashable, batch: ForwardBatch) -> tuple[ForwardBatch, Tensor] | None:
+    def run(self, bucket: Hashable, batch: ForwardBatch, send: Callable[[], None] = lambda: None
+            ) -> tuple[ForwardBatch, Tensor] | None:
         """`model(batch)` for a padded decode step of `bucket`, replayed from the graph of its skeleton (captured
         now when it is the first): the static batch it ran over, whose outputs are the step's, and its
         logits. None: the caller runs `batch` eagerly (ops a graph cannot hold, too many graphs, a skeleton
-        whose capture failed). NotCaptured when this batch's capture fails."""
+        whose capture failed). NotCaptured when this batch's capture fails. `send`: sends the batch's staged
+        tensors (ops/uploads.py), called once its walk has built the lazily built ones, before they are read."""
         if not self.takes(batch.ops):
             return None
         flat = leaves(batch)      # one walk of the tree: its skeleton and its tensors
+        send()
         key = (bucket, _skeleton(flat))
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             return None

@@ -34,6 +34,7 @@ from ..models import DecoderLM
 from ..ops.backend import GDNOps, OpSet, select
 from ..ops.gdn_traffic import GDNTraffic, step_traffic
 from ..ops.int_lists import long_tensor
+from ..ops.uploads import Uploads
 from .gdn_inputs import DecodeSteps, Placed, gdn_step, plain_decode
 from .graphs import NotCaptured, StepGraphs
 from .packing import pack_rows
@@ -140,6 +141,7 @@ class ModelRunner:
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
         self.decode_steps = DecodeSteps()           # the GDN metadata of plain decode steps, reused
         self.padding: Scratch | None = None        # where their padding rows go
+        self.uploads = Uploads(self.device)         # the GPU path's step metadata, sent in one copy (`prepare`)
         # return the final-norm hidden states of the turns' input and answer rows (`StepOutputs.hidden`), as
         # an MTP drafter reads them (speculative/drafter.py); such steps run eagerly
         self.keep_hidden = False
@@ -173,23 +175,29 @@ class ModelRunner:
         if bucket is None:
             return self.forward(self.prepare(plan, ops))
         padded = pad(plan, bucket, self.padding)
-        inputs = self.prepare(padded.plan, ops, padded)
+        # sent once the graph's lookup has laid out all the batch's tensors (lazily built ones too)
+        inputs = self.prepare(padded.plan, ops, padded, send=False)
         try:
-            replayed = self.graphs.run(bucket, inputs.batch)
+            replayed = self.graphs.run(bucket, inputs.batch, self.uploads.send)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
             self.decode_steps.forget(inputs.batch.gdn)
             return self.forward(self.prepare(padded.plan, ops, padded))
         if replayed is None:
+            self.uploads.send()
             return self.forward(inputs)
         batch, logits = replayed
         if batch is inputs.batch:       # the first of its skeleton: its tensors are the graph's buffers now
             self.decode_steps.forget(batch.gdn)
+            self.uploads.keep()
         # outputs read from the graph's buffers, which the next replay rewrites: copies of them
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None) -> StepInputs:
-        """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes."""
+    def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None, send: bool = True) -> StepInputs:
+        """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes. On the
+        GPU path (FlexAttention, and its CPU twin) the host-built ones go by the step's `uploads`, sent in one
+        copy at the end (`send`; else the caller sends them)."""
+        up = self.uploads.begin() if ops.attention.reads_pages else None
         rows = pack_rows(plan, self.model.embed_tokens, self.keep_hidden, padded)
         attention = None
         if self.model.config.num_attention_layers:
@@ -197,7 +205,7 @@ class ModelRunner:
             # a padded step holds no prefill, the only segment whose attention splits (and renumbers the groups)
             q_lens, reads, prefixes = plan.attention_segments()
             if ops.attention.reads_pages:
-                layout = partial(layout, prefixes=prefixes)
+                layout = partial(layout, prefixes=prefixes, uploads=up)
             attention = layout(q_lens, reads, torch.cat([s.write_slots for s in plan.segments]), self.device,
                                self.kv)
         # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row;
@@ -210,15 +218,17 @@ class ModelRunner:
             # a padded step's too: the one that becomes a graph's static buffers is forgotten then (`run`)
             gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device) \
                 if plain_decode(placed) else \
-                gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded)
+                gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded, up)
+        put = self.uploads.put if up is not None else lambda t: t.to(self.device)
         batch = ForwardBatch(
-            embeds=rows.embeds, positions=rows.positions.to(self.device), kv=self.kv, ops=ops, attention=attention,
-            gdn=gdn, logit_rows=long_tensor(rows.logit_rows, self.device),
-            deepstack_rows=None if rows.deepstack_rows is None else rows.deepstack_rows.to(self.device),
+            embeds=rows.embeds, positions=put(rows.positions), kv=self.kv, ops=ops, attention=attention,
+            gdn=gdn, logit_rows=put(long_tensor(rows.logit_rows)),
+            deepstack_rows=None if rows.deepstack_rows is None else put(rows.deepstack_rows),
             deepstack=rows.deepstack,
-            hidden_rows=long_tensor(rows.hidden_rows, self.device) if self.keep_hidden
-            else None,
+            hidden_rows=put(long_tensor(rows.hidden_rows)) if self.keep_hidden else None,
         )
+        if send and up is not None:
+            up.send()
         return StepInputs(batch, placed)
 
     def ops(self) -> OpSet:

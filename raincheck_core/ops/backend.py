@@ -56,7 +56,7 @@ class GDNOps:
     deferred joins compute outside the forward: tokens folded into affine state maps in place (`fold(P,
     k, g, beta)`, ops/gdn_state_map.py `extend_map_`), a join (`join(S_live, P, delta)`, `join_state`
     there) and a sequence's recorded rows run again (`replay`, ops/gdn.py), the torch ops unless the
-    backend has its own."""
+    backend has its own. `parts`: the layout parts its `varlen` and `rows` read (`VarlenLayout.lay_out`)."""
 
     name: str
     varlen: VarlenOp
@@ -65,6 +65,7 @@ class GDNOps:
     fold: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] = gdn_state_map.extend_map_torch_
     join: Callable[[Tensor, Tensor, Tensor], Tensor] = gdn_state_map.join_state
     replay: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int, int], Replayed] = replay
+    parts: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ NATIVE_ATTENTION = AttentionOps("native", partial(attention_layout, native=True)
 TORCH_ATTENTION = AttentionOps("torch", partial(attention_layout, native=False), varlen_attention)
 NATIVE_GDN = GDNOps("native", gdn_kernel.gated_deltanet_varlen, gdn_kernel.gated_deltanet_rows, prepare_native,
                     fold=gdn_state_map.extend_map_)
-TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows, prepare_torch)
+TORCH_GDN = GDNOps("torch", gdn_varlen.gated_deltanet_varlen, gdn_varlen.gated_deltanet_rows, prepare_torch,
+                   parts=((*gdn_varlen.VARLEN_PARTS, "blocks"), gdn_varlen.ROWS_PARTS))   # the chunked rule's blocks
 # the native backend where the layers' kernel does not take the step's tensors: the maps are fp32 whatever
 # the layers run in, so the fold keeps its kernel (which it leaves where it does not apply)
 NATIVE_FOLD_GDN = dataclasses.replace(TORCH_GDN, fold=gdn_state_map.extend_map_)
@@ -165,4 +167,5 @@ def fla_gdn(kernels: fla_adapter.FlaKernels | None = None) -> GDNOps:
         from .gdn_triton import POOLED  # imports triton: only where fla's kernels did
         rows = partial(rows, pooled=POOLED)
         in_place = (COPIED, IN_PLACE)
-    return GDNOps("fla", varlen, rows, lambda step, key_heads: GroupedGDN(step, key_heads, varlen, rows, in_place))
+    return GDNOps("fla", varlen, rows, lambda step, key_heads: GroupedGDN(step, key_heads, varlen, rows, in_place),
+                  parts=((*gdn_varlen.VARLEN_PARTS, "runs"), gdn_varlen.ROWS_PARTS))    # fla's runs

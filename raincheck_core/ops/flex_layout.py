@@ -38,6 +38,7 @@ from __future__ import annotations
 import operator
 import weakref
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from .flex_blocks import block_buffer, buffer_length, prefix_lists, write_runs
 from .flex_runs import ListedRuns, Prefix, Runs, hide_skipped, runs_of, table_pages, table_prefix
+from .uploads import Uploads
 
 # Query rows per tile: a group of shorter segments is one tile of its query bucket, longer ones tiles of
 # Q_TILE rows. Triton's GPU kernels need query blocks of at least 16 rows (the matrix instructions'
@@ -193,13 +195,16 @@ class FlexLayout:
 
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
                 device: torch.device | str = "cpu", pool: object | None = None,
-                fixed: FixedGroups | None = None, prefixes: list[Prefix] | None = None) -> FlexLayout:
+                fixed: FixedGroups | None = None, prefixes: list[Prefix] | None = None,
+                uploads: Uploads | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
     `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says.
     `prefixes[s]` (ops/flex_runs.py `Prefix`): True where segment s's list is the first slots of a page
     table (its pages read off every `page_size`-th slot), an array of positions where it is those less the
-    positions (a deferred chunk's), False (the default) for any list, read key by key."""
+    positions (a deferred chunk's), False (the default) for any list, read key by key. `uploads`: the step's
+    staged copies (ops/uploads.py), which the layout's tensors and its table writes go by; else each is
+    copied to `device` as it is made."""
     if pool is None:
         raise ValueError("the flex layout reads the pool in place: it needs the pool")
     slots, page_size = pool.k.shape[1], pool.page_size
@@ -228,7 +233,9 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     row_start = seg_rows.cumsum() - seg_rows
     of_row = np.repeat(np.arange(n_seg), seg_rows)
     code = (step * STAMP + of_row) * STAMP + np.arange(of_row.shape[0]) - row_start[of_row]
-    tables.writer.index_copy_(0, write_slots.to(tables.writer.device), torch.from_numpy(code).to(tables.writer.device))
+    up = Uploads(device) if uploads is None else uploads
+    written = up.put(write_slots)
+    up.then(partial(tables.writer.index_copy_, 0, written, up.put(code)))
     # the decode rows' group from their pages alone, the others from the runs of their segments' lists (and of
     # padding rows', attended by none)
     paged_rows = _one_row_pages(query, sizes, prefixes, fixed is None)
@@ -242,18 +249,18 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
         listed = ListedRuns([read_slots[s] for s in rest], [False] * len(rest) if prefixes is None else
                             [prefixes[s] for s in rest], k_len, k_start, page_size)
         runs, run_start, per_seg = runs_of(listed, k_start, page_size)
-        filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs)
+        filtered = hide_skipped(tables, step, listed, k_len, run_start, per_seg, runs, up)
         segs = Segments(q_len, k_len, k_start, run_start, step * STAMP + at, listed.last, filtered, row_start[at],
                         int(of_row.shape[0]))
     groups = []
     for q, size in sizes.items():       # in order: each group may widen the block lists of the next
         if q == 1 and paged_rows:
             groups.append(_one_row_group(read_slots, seg_keys, np.flatnonzero(in_group == 1), row_start,
-                                         of_row.shape[0], size, step, tables, device))
+                                         of_row.shape[0], size, step, tables, up))
         else:
             ids = np.flatnonzero(in_group[at] == q)
-            groups.append(_group(ids, q, max(size, bucket(ids.shape[0])), segs, runs, step, tables, device))
-    return FlexLayout(write_slots.to(device), groups, tables, SegmentLengths(list(q_lens), k_lens))
+            groups.append(_group(ids, q, max(size, bucket(ids.shape[0])), segs, runs, step, tables, up))
+    return FlexLayout(written, groups, tables, SegmentLengths(list(q_lens), k_lens))
 
 
 @dataclass
@@ -272,7 +279,7 @@ class Segments:
 
 
 def _group(sel: np.ndarray, q: int, n: int, segs: Segments, runs: Runs, step: int, tables: SlotTables,
-           device: torch.device | str) -> FlexGroup:
+           up: Uploads) -> FlexGroup:
     """The group of segments `sel` (query bucket `q`), padded to `n` segments. In numpy on the host, as the
     step's runs and segments are, its tensors made at the end: ~50 small-array ops, each a few µs as torch
     calls and well under one as numpy's."""
@@ -323,14 +330,13 @@ def _group(sel: np.ndarray, q: int, n: int, segs: Segments, runs: Runs, step: in
     per[:, :m] = segs.stamp[sel], segs.last[sel], q_len[sel]
     filtered = np.zeros(n, dtype=bool)
     filtered[:m] = segs.filtered[sel]
-    per_t, num_t = (torch.from_numpy(x).to(device) for x in (per, np.stack([listed - full, full]).astype(np.int32)))
+    per_t, num_t = up.put(per), up.put(np.stack([listed - full, full]).astype(np.int32))
     return FlexGroup(
-        q_rows=torch.from_numpy(rows).to(device), out_rows=torch.from_numpy(np.where(real.ravel(), rows, segs.rows)
-                                                                             ).to(device),
-        stamp=per_t[0], last=per_t[1], filtered=torch.from_numpy(filtered).to(device), rows=per_t[2],
-        step=torch.tensor([step], device=device), partial_num=num_t[0].view(n, 1, tiles),
-        partial_idx=torch.from_numpy(partial_buf).to(device), full_num=num_t[1].view(n, 1, tiles),
-        full_idx=torch.from_numpy(full_buf).to(device), q=q, tile=tile, cols=cols)
+        q_rows=up.put(rows), out_rows=up.put(np.where(real.ravel(), rows, segs.rows)),
+        stamp=per_t[0], last=per_t[1], filtered=up.put(filtered), rows=per_t[2],
+        step=up.put(np.array([step])), partial_num=num_t[0].view(n, 1, tiles),
+        partial_idx=up.put(partial_buf), full_num=num_t[1].view(n, 1, tiles),
+        full_idx=up.put(full_buf), q=q, tile=tile, cols=cols)
 
 
 def _buckets(q_lens: list[int], prefixes: list[Prefix] | None) -> list[int]:
@@ -353,7 +359,7 @@ def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefi
 
 
 def _one_row_group(read_slots: list[Tensor], seg_keys: np.ndarray, sid: np.ndarray, row_start: np.ndarray, rows: int,
-                   size: int, step: int, tables: SlotTables, device: torch.device | str) -> FlexGroup:
+                   size: int, step: int, tables: SlotTables, up: Uploads) -> FlexGroup:
     """`_group` for the one-row group (segments `sid`) that `_one_row_pages` holds of: each row sees its whole
     list, so its page table's pages are its blocks, whole but for a partly filled last one (under the mask: the
     slots after the row's own). Read off each page's first slot with a few numpy ops on small arrays, where the
@@ -380,9 +386,9 @@ def _one_row_group(read_slots: list[Tensor], seg_keys: np.ndarray, sid: np.ndarr
     per[4, :m] = 1
     num = np.zeros((2, n), dtype=np.int32)
     num[:, :m] = partial, full
-    per_t, num_t, blocks_t = (torch.from_numpy(x).to(device) for x in (per, num, blocks))
+    per_t, num_t, blocks_t = up.put(per), up.put(num), up.put(blocks)
     return FlexGroup(
         q_rows=per_t[0], out_rows=per_t[1], stamp=per_t[2], last=per_t[3],
-        filtered=torch.zeros(n, dtype=torch.bool, device=device), rows=per_t[4],
-        step=torch.tensor([step], device=device), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
+        filtered=up.put(np.zeros(n, dtype=bool)), rows=per_t[4],
+        step=up.put(np.array([step])), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
         full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)

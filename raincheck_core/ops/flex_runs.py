@@ -7,11 +7,14 @@ the host: small arrays, where a torch op costs more than its work; the layout ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from .uploads import Uploads
 
 # how a read list relates to its session's page table (`ListedRuns`): any list of slots (False), the table's
 # first slots (True), or those less the positions a sorted int64 array holds
@@ -225,7 +228,7 @@ class HiddenTables(Protocol):
 
 
 def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: np.ndarray, run_start: np.ndarray,
-                 pages: np.ndarray, runs: Runs) -> np.ndarray:
+                 pages: np.ndarray, runs: Runs, uploads: Uploads) -> np.ndarray:
     """Mark in `tables.hidden` the slots on a segment's pages, up to its last, that its list skips (a
     deferred chunk's view without its turn's generated tokens, docs/mechanism.md §4). Returns which
     segments skip any. A list from its session's first slot covers every slot of its pages up to its last
@@ -233,7 +236,8 @@ def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: np.
     leaves out are known (`listed.hidden`); on a page a general list skips slots of, or one that two
     filtered lists read, the pages are looked at slot by slot, all in one pass. The table holds one view
     per slot and step, so filtered segments that read such a page (two chunks of one session, or of
-    sessions sharing prefix pages) must agree on it: a slot one skips and another lists is refused."""
+    sessions sharing prefix pages) must agree on it: a slot one skips and another lists is refused. The
+    table is written by way of `uploads` (ops/uploads.py), after the step's copy."""
     page_size, last = tables.page_size, listed.last
     in_page = last % page_size + 1              # per segment, not per run
     filtered = k_len != (pages - 1) * page_size + in_page
@@ -256,7 +260,7 @@ def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: np.
     slot_by_slot[which[general]] = True
     known = listed.hidden
     looked = np.isin(known // page_size, page[slot_by_slot])     # known slots on those pages
-    _mark(tables, known[~looked], step)
+    _mark(tables, known[~looked], step, uploads)
     at, seg, general = (x[slot_by_slot[which]] for x in (at, seg, general))
     if not at.shape[0]:
         return filtered
@@ -279,10 +283,10 @@ def hide_skipped(tables: HiddenTables, step: int, listed: ListedRuns, k_len: np.
     skipped = held % LISTED > held // LISTED
     if (skipped & (held >= LISTED)).any():
         raise ValueError("two deferred chunks of one step disagree on which slots of a page they read")
-    _mark(tables, spans[skipped], step)
+    _mark(tables, spans[skipped], step, uploads)
     return filtered
 
 
-def _mark(tables: HiddenTables, slots: np.ndarray, step: int) -> None:
-    """`tables.hidden[slots] = step`, on the table's device."""
-    tables.hidden[torch.from_numpy(slots).to(tables.hidden.device)] = step
+def _mark(tables: HiddenTables, slots: np.ndarray, step: int, uploads: Uploads) -> None:
+    """`tables.hidden[slots] = step`, on the table's device, once `slots` are there."""
+    uploads.then(partial(tables.hidden.index_fill_, 0, uploads.put(slots), step))

@@ -14,6 +14,7 @@ too (the deferred-prefill join, docs/mechanism.md §5; see ops/gdn_varlen.py).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .gdn_sequences import PackedSequences, packed_sequences
+from .uploads import Uploads
 
 
 @dataclass
@@ -72,13 +74,13 @@ class Targets:
     buffer_rows: Tensor
 
 
-def targets(out_row: Tensor | None, n: int, device: torch.device | str) -> Targets:
-    """`PackedSequences.out_row` (or `split_out_row`) of `n` outputs as `Targets`."""
+def targets(out_row: Tensor | None, n: int, put: Callable[[Tensor], Tensor]) -> Targets:
+    """`PackedSequences.out_row` (or `split_out_row`) of `n` outputs as `Targets`, each tensor moved by `put`."""
     if out_row is None:
-        every = torch.arange(n, device=device)
+        every = put(torch.arange(n))
         return Targets(every[:0], every[:0], every, every)
     pool, buffer = (out_row >= 0).nonzero().flatten(), (out_row < 0).nonzero().flatten()
-    return Targets(pool.to(device), out_row[pool].to(device), buffer.to(device), (-1 - out_row[buffer]).to(device))
+    return Targets(put(pool), put(out_row[pool]), put(buffer), put(-1 - out_row[buffer]))
 
 
 @dataclass
@@ -94,6 +96,18 @@ class VarlenLayout:
     seqs: PackedSequences
     chunk_size: int = 64
     device: torch.device | str = "cpu"
+    uploads: Uploads | None = None      # the step's staged copies (ops/uploads.py), else a copy per tensor
+
+    def lay_out(self, parts: tuple[str, ...]) -> None:
+        """Build `parts` (names of this layout's lazily built parts) now: with the step's staged tensors,
+        before they are sent."""
+        for name in parts:
+            getattr(self, name)
+
+    def put(self, t: Tensor) -> Tensor:
+        """`t` (built on the host) on the layout's device: staged with the step's other tensors where it has
+        `uploads` and they are not sent yet."""
+        return t.to(self.device) if self.uploads is None else self.uploads.put(t)
 
     @cached_property
     def conv(self) -> ConvLayout:
@@ -120,14 +134,13 @@ class VarlenLayout:
         split_ids = (self.seqs.split_row >= 0).nonzero().flatten()
         if len(split_ids):
             ends = ext_start[split_ids] + before_split[split_ids]
-            split_tail_at = (ends[:, None] + torch.arange(lead)[None, :]).to(self.device)
-        return ConvLayout(total + n * lead, hist_at.to(self.device), row_at.to(self.device),
-                          tail_at.to(self.device), split_tail_at)
+            split_tail_at = self.put(ends[:, None] + torch.arange(lead)[None, :])
+        return ConvLayout(total + n * lead, self.put(hist_at), self.put(row_at), self.put(tail_at), split_tail_at)
 
     @cached_property
     def blocks(self) -> BlockLayout:
         splits = [None if r < 0 else r for r in self.seqs.split_row.tolist()]
-        return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.device)
+        return _block_layout(self.seqs.seq_len.tolist(), splits, self.chunk_size, self.put)
 
     @cached_property
     def runs(self) -> SplitRuns:
@@ -138,36 +151,36 @@ class VarlenLayout:
         split_seqs = (splits >= 0).nonzero().flatten()
         rest = (lens - first)[split_seqs]
         more = split_seqs[rest > 0]
-        rest, dev = rest[rest > 0], self.device
-        return SplitRuns(_run_rows(starts, first).to(dev), cumulative(first).to(dev),
-                         split_seqs.to(dev) if len(split_seqs) else None, more.to(dev),
-                         _run_rows(starts[more] + first[more], rest).to(dev), cumulative(rest).to(dev))
+        rest, put = rest[rest > 0], self.put
+        return SplitRuns(put(_run_rows(starts, first)), put(cumulative(first)),
+                         put(split_seqs) if len(split_seqs) else None, put(more),
+                         put(_run_rows(starts[more] + first[more], rest)), put(cumulative(rest)))
 
     @cached_property
     def idle(self) -> Tensor | None:
         """`[R, 1]` the packed rows that do not run (`PackedSequences.live`), on the layout's device, or None."""
-        return None if self.seqs.live is None else (~self.seqs.live)[:, None].to(self.device)
+        return None if self.seqs.live is None else self.put((~self.seqs.live)[:, None])
 
     @cached_property
     def slots(self) -> Tensor:
         """`seqs.slot` on the layout's device: the pool slot each sequence starts from."""
-        return self.seqs.slot.to(self.device)
+        return self.put(self.seqs.slot)
 
     @cached_property
     def targets(self) -> tuple[Targets, Targets]:
         """Where the sequences' and the splits' new states go (`targets`), on the layout's device."""
-        return (targets(self.seqs.out_row, self.seqs.count, self.device),
-                targets(self.seqs.split_out_row, self.seqs.splits, self.device))
+        return (targets(self.seqs.out_row, self.seqs.count, self.put),
+                targets(self.seqs.split_out_row, self.seqs.splits, self.put))
 
     @cached_property
     def join_seqs(self) -> Tensor:
         """`seqs.join_seq` on the layout's device: the sequence whose final state drives each join."""
-        return self.seqs.join_seq.to(self.device)
+        return self.put(self.seqs.join_seq)
 
     @cached_property
     def join_slots(self) -> Tensor:
         """`seqs.join_live` on the layout's device: the pool slot of the live state each join corrects."""
-        return self.seqs.join_live.to(self.device)
+        return self.put(self.seqs.join_live)
 
     @cached_property
     def seed_rows(self) -> tuple[tuple[Tensor, Tensor] | None, tuple[Tensor, Tensor] | None]:
@@ -177,7 +190,7 @@ class VarlenLayout:
             if at is None or not bool((at >= 0).any()):
                 return None
             seqs = (at >= 0).nonzero().flatten()
-            return seqs.to(self.device), at[seqs].to(self.device)
+            return self.put(seqs), self.put(at[seqs])
         return pairs(self.seqs.seed_hist_at), pairs(self.seqs.seed_state_at)
 
     def step_rows(self, total: int) -> Tensor | None:
@@ -188,16 +201,16 @@ class VarlenLayout:
 
     @cached_property
     def source_rows(self) -> Tensor:
-        return self.seqs.source.to(self.device)
+        return self.put(self.seqs.source)
 
     @cached_property
     def gathers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For the torch path, once per step: (packed rows read from the step, those step rows, packed
-        rows appended, their appended-row indices)."""
-        source = self.seqs.source.to(self.device)
+        rows appended, their appended-row indices), found on the host (a `nonzero` on a GPU waits for it)."""
+        source = self.seqs.source
         at = (source >= 0).nonzero().flatten()
         appended = (source < 0).nonzero().flatten()
-        return at, source[at], appended, -1 - source[appended]
+        return self.put(at), self.put(source[at]), self.put(appended), self.put(-1 - source[appended])
 
 
 def _run_rows(starts: Tensor, lengths: Tensor) -> Tensor:
@@ -214,13 +227,15 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
                   chunk_size: int = 64, device: torch.device | str = "cpu", source: Tensor | list[int] | None = None,
                   slots: list[int] | None = None, joins: list[tuple[int, int]] | None = None,
                   seeds: tuple[list[int] | None, list[int] | None] | None = None,
-                  out_rows: tuple[list[int], list[int]] | None = None, live: list[bool] | None = None) -> VarlenLayout:
+                  out_rows: tuple[list[int], list[int]] | None = None, live: list[bool] | None = None,
+                  uploads: Uploads | None = None) -> VarlenLayout:
     """Layout of sequences of `lengths` rows; `splits[s]` (or None) marks a split after that many rows;
     `source` says where each packed row is read from (see `PackedSequences.source`; default: step row r);
     `slots` the state-pool row each sequence starts from (default: row s); `joins` (sequence, live
     state's row) of each join (see ops/gdn_varlen.py `gated_deltanet_varlen`); `seeds` the seed rows
     sequences start from (see `gated_deltanet_rows` there); `out_rows` where the new states go
-    (`PackedSequences.out_row`); `live` which packed rows run (`PackedSequences.live`)."""
+    (`PackedSequences.out_row`); `live` which packed rows run (`PackedSequences.live`); `uploads` the step's
+    staged copies its tensors go by (else each is copied to `device` as it is made)."""
     splits = splits or [None] * len(lengths)
     for s, split in enumerate(splits):
         if split == 0:      # the state after zero rows would be the initial one
@@ -228,14 +243,14 @@ def varlen_layout(lengths: list[int], kernel: int, splits: list[int | None] | No
     return VarlenLayout(num_seqs=len(lengths), kernel=kernel,
                         seqs=packed_sequences(lengths, splits, source, slots, joins, seeds, out_rows=out_rows,
                                               live=live),
-                        chunk_size=chunk_size, device=device)
+                        chunk_size=chunk_size, device=device, uploads=uploads)
 
 
-def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int, device: torch.device | str
+def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int, put: Callable[[Tensor], Tensor]
                   ) -> BlockLayout:
     """Every part of every sequence starts a block. Blocks are numbered step-major (every sequence's first
     block, then every second block, ...), so that each scan step's blocks are one contiguous range, read
-    and written as views rather than gathered."""
+    and written as views rather than gathered. Its tensors are built on the host and moved by `put`."""
     n = len(lengths)
     seq_start = [0, *itertools.accumulate(lengths)][:-1]
     split_ids = [s for s in range(n) if splits[s] is not None]
@@ -276,11 +291,10 @@ def _block_layout(lengths: list[int], splits: list[int | None], chunk_size: int,
     for _, group in itertools.groupby(order, key=lambda i: blocks[i][0]):    # one pass: `order` is by step
         ids = list(group)
         seqs = [blocks[i][1] for i in ids]
-        steps.append((slice(at, at + len(ids)), torch.tensor(seqs, dtype=torch.long, device=device),
-                      seqs == list(range(n))))
+        steps.append((slice(at, at + len(ids)), put(torch.tensor(seqs, dtype=torch.long)), seqs == list(range(n))))
         pos = [(k, split_of[i]) for k, i in enumerate(ids) if i in split_of]
-        captures.append((torch.tensor([p for p, _ in pos], dtype=torch.long, device=device),
-                         torch.tensor([j for _, j in pos], dtype=torch.long, device=device)))
+        captures.append((put(torch.tensor([p for p, _ in pos], dtype=torch.long)),
+                         put(torch.tensor([j for _, j in pos], dtype=torch.long))))
         at += len(ids)
-    return BlockLayout(chunk=chunk, num_blocks=len(blocks), row_slot=row_slot.to(device), steps=steps,
+    return BlockLayout(chunk=chunk, num_blocks=len(blocks), row_slot=put(row_slot), steps=steps,
                        captures=captures)

@@ -44,6 +44,13 @@ class PooledKernels:
     step: Callable[..., Tensor]
 
 
+# the layout parts (`VarlenLayout`'s lazily built tensors) `gated_deltanet_varlen` and `gated_deltanet_rows`
+# read whatever their delta rule: on the GPU path they are laid out with the step's other staged tensors
+# (ops/uploads.py) rather than copied one by one where the forward first reads them
+VARLEN_PARTS = ("slots", "gathers", "idle", "conv", "join_slots", "join_seqs", "targets")
+ROWS_PARTS = ("source_rows", "slots", "seed_rows", "targets")
+
+
 def gated_deltanet_varlen(u: Tensor, g: Tensor, beta: Tensor, extra: tuple[Tensor, Tensor, Tensor] | None,
                           conv_weight: Tensor, conv_pool: Tensor, ssm_pool: Tensor, layout: VarlenLayout,
                           key_heads: int, key_dim: int, out: Tensor, maps: tuple[Tensor, Tensor] | None = None,

@@ -20,28 +20,42 @@ from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.plan import Kind
 from raincheck_core.ops import backend
 from raincheck_core.ops.attention_accounting import flex_accounting, pages_read
+from raincheck_core.ops.flex_layout import FlexLayout
 from tests.engine.reference import image_tokens, random_visual
 
 GRID = (1, 16, 16)          # 64 visual tokens, most of them deferred
+
+
+def owned(layout: FlexLayout) -> FlexLayout:
+    """`layout` with tensors of its own: a step's staged ones are views of buffers the next step writes again."""
+    def own(x: object) -> dict:
+        return {f.name: getattr(x, f.name).clone() for f in dataclasses.fields(x)
+                if isinstance(getattr(x, f.name), torch.Tensor)}
+    return dataclasses.replace(layout, groups=[dataclasses.replace(g, **own(g)) for g in layout.groups], **own(layout))
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, family, monkeypatch):
     layouts, skipping = [], []       # skipping: a step's chunk lists leave out their turn's generated slots
 
-    def recording(q_lens, read_slots, write_slots, device, pool, prefixes):
+    def recording(q_lens, read_slots, write_slots, device, pool, prefixes, uploads):
         # the lists the engine calls page-table prefixes give the layout of their every slot read (the
-        # reference is built first: the step's own layout must be the pool tables' latest)
+        # reference is built first, copied as it is made: the step's own layout, staged, must be the pool
+        # tables' latest)
         every = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
-        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes)
-        assert any(p is True for p in prefixes) and torch.equal(every.write_slots, layout.write_slots)
+        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes, uploads=uploads)
+        assert any(p is True for p in prefixes)
         skipping.append(any(isinstance(p, np.ndarray) and p.shape[0] for p in prefixes))
-        for a, b in zip(every.groups, layout.groups, strict=True):
-            for f in dataclasses.fields(a):
-                if f.name not in ("stamp", "step"):     # the step's number, one apart
-                    x, y = getattr(a, f.name), getattr(b, f.name)
-                    assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
-        layouts.append((layout, [s.clone() for s in read_slots], pool.page_size, pool.k.element_size()))
+
+        def same() -> None:      # once the step's staged tensors are sent
+            assert torch.equal(every.write_slots, layout.write_slots)
+            for a, b in zip(every.groups, layout.groups, strict=True):
+                for f in dataclasses.fields(a):
+                    if f.name not in ("stamp", "step"):     # the step's number, one apart
+                        x, y = getattr(a, f.name), getattr(b, f.name)
+                        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
+            layouts.append((owned(layout), [s.clone() for s in read_slots], pool.page_size, pool.k.element_size()))
+        uploads.then(same)
         return layout
 
     monkeypatch.setattr(backend, "FLEX_ATTENTION", dataclasses.replace(backend.FLEX_ATTENTION, layout=recording))

@@ -167,3 +167,27 @@ def test_skeleton_and_copy():
     assert skeleton(a.segments[0]) != skeleton(_segment(Kind.DECODE, "a", 2))
     copy_into(values(a.segments[0]), leaves(b.segments[0]))
     assert int(a.segments[0].write_slots) == 7
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
+def test_a_decode_steps_host_tensors_go_in_one_copy(engines, family):
+    """On the GPU path (here its CPU twin, eager and padded) every tensor a decode step builds on the host —
+    the attention layout and its table writes, the layout parts the GDN ops read, positions, logit rows — is
+    staged and sent in one copy (ops/uploads.py), steps with fused chunks too: none is copied on its own
+    where the forward first reads it. (The answer rows' token ids, which the packing looks up at once, are
+    the step's one other copy.) A step larger than any before takes one staging block more: the turns run
+    once before, to size the buffers."""
+    for engine in engines[family]:
+        up = engine.core.runner.uploads
+        _turns(engine, 15)
+        seen: list[tuple[set[Kind], int]] = []
+
+        def record(plan: StepPlan, up=up, seen=seen) -> None:
+            seen.append(({s.kind for s in plan.segments}, up.copies))
+        remove = engine.on_read(record)
+        _turns(engine, 15)
+        remove()
+        decoding = [(kinds, copies) for kinds, copies in seen
+                    if Kind.DECODE in kinds and kinds <= {Kind.DECODE, Kind.DEFERRED, Kind.PADDING}]
+        assert any(Kind.DEFERRED in kinds for kinds, _ in decoding)
+        assert all(copies == 1 for _, copies in decoding), decoding
