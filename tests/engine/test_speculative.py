@@ -204,7 +204,10 @@ def test_demo_dialogues_are_token_identical(kind, method):
         for k in (1, 2, 3):
             for (ids, logits), (ids_s, logits_s) in zip(answers[None], answers[k], strict=True):
                 assert ids_s == ids
-                assert float((logits_s - logits).abs().max()) <= TOL
+                # the trained model's logits reach ~10: a verify segment's k + 1 rows and a decode row's one
+                # take different GEMM blockings, so the bound is relative to their size (1.05e-5 absolute
+                # seen on an AVX2-only host)
+                assert float((logits_s - logits).abs().max()) <= TOL * max(1.0, float(logits.abs().max()))
     if method == "mtp":     # the trained head drafts at every step and is often right (n-gram rarely finds a match)
         assert proposed > 0 and accepted > 0
 
