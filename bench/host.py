@@ -165,12 +165,13 @@ class Load:
 
 
 def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: cProfile.Profile | None = None,
-               stages: dict[str, list[float]] | None = None, deferral: DeferralConfig | None = None
-               ) -> tuple[list[float], list[float]]:
+               stages: dict[str, list[float]] | None = None, deferral: DeferralConfig | None = None,
+               uploads: list[tuple[int, int]] | None = None) -> tuple[list[float], list[float]]:
     """(step CPU seconds, forward CPU seconds) of the steady decode steps of one batch of turns (under
     `deferral`, if given); with `stages`, each steady step's CPU seconds by stage are appended to it too
     (`STAGES`: the hooks that mark them cost a little of the steps they time, so the main figures are
-    measured without them)."""
+    measured without them); with `uploads`, each steady step's staged host-to-device copies and the tensors
+    they carried (ops/uploads.py: the GPU path's, on its CPU twin; none on the native path)."""
     sessions = [engine.open_session() for _ in batch]
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     steps, forwards = [], []
@@ -194,6 +195,9 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: 
                 if steady:
                     steps.append(cpu)
                     forwards.append(sum(spent[calls:]))
+                    if uploads is not None:
+                        staged = engine.core.runner.uploads
+                        uploads.append((staged.copies, staged.staged))
                     if stages is not None:
                         _split(marks, start, cpu, forwards[-1], stages)
     finally:
@@ -221,6 +225,7 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
     host_steps(engine, load.batch(engine, 4, 99), max_new if defer else 8, deferral=defer)   # warm-up: first uses
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
     by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in (*STAGES, CRITICAL)} for b in bs}
+    staged: dict[int, list[tuple[int, int]]] = {b: [] for b in bs}
     with tqdm(total=(repeats + 1) * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
             for b in bs if r % 2 == 0 else bs[::-1]:
@@ -229,7 +234,8 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
                 pooled[b][1].extend(forwards)
                 bar.update()
         for b in bs:        # the stages: a round of their own, with the hooks that mark them
-            host_steps(engine, load.batch(engine, b, repeats), max_new, stages=by_stage[b], deferral=defer)
+            host_steps(engine, load.batch(engine, b, repeats), max_new, stages=by_stage[b], deferral=defer,
+                       uploads=staged[b])
             bar.update()
     out = {}
     for b, (steps, forwards) in pooled.items():
@@ -241,6 +247,9 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
         out[b]["host_us_per_row"] = 1e3 * out[b]["host_ms_median"] / b
         out[b]["stage_ms_median"] = {name: 1e3 * statistics.median(v) for name, v in by_stage[b].items()}
         out[b]["critical_ms_p20"] = 1e3 * quantile(by_stage[b][CRITICAL], STEP_QUANTILE)
+        if staged[b] and any(n for _, n in staged[b]):
+            out[b]["staged_copies_max"] = max(c for c, _ in staged[b])
+            out[b]["staged_tensors_median"] = statistics.median(n for _, n in staged[b])
     return out
 
 
@@ -297,12 +306,18 @@ def text_table(rows: list[dict], b: int) -> str:
 
 
 def table(results: dict[str, dict[int, dict]]) -> str:
-    lines = ["| family | B | host ms / step, p20 | median | µs per row | forward ms (median) | step ms (median) |",
-             "|---|---|---|---|---|---|---|"]
+    """The host time per step; on the GPU path, also its staged copies to the device (the most any steady step
+    made) and the tensors they carried (median)."""
+    staged = any("staged_copies_max" in r for by_b in results.values() for r in by_b.values())
+    extra = " staged copies, max (tensors) |" if staged else ""
+    lines = ["| family | B | host ms / step, p20 | median | µs per row | forward ms (median) | step ms (median) |"
+             + extra, "|---|---|---|---|---|---|---|" + ("---|" if staged else "")]
     for family, by_b in results.items():
         for b, r in by_b.items():
+            copies = f" {r.get('staged_copies_max', 0)} ({r.get('staged_tensors_median', 0):.0f}) |" if staged else ""
             lines.append(f"| {family} | {b} | {r['host_ms_p20']:.2f} | {r['host_ms_median']:.2f} | "
-                         f"{r['host_us_per_row']:.0f} | {r['forward_ms_median']:.2f} | {r['step_ms_median']:.2f} |")
+                         f"{r['host_us_per_row']:.0f} | {r['forward_ms_median']:.2f} | {r['step_ms_median']:.2f} |"
+                         + copies)
     return "\n".join(lines)
 
 
