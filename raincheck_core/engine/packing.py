@@ -70,10 +70,19 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
             embeds.append(src.embeds[first:first + n])
             positions.append(src.positions[:, first:first + n].cpu())
             if src.deepstack:
-                sel = (src.deepstack_index >= first) & (src.deepstack_index < first + n)
-                if bool(sel.any()):
-                    ds_rows.append(src.deepstack_index[sel] - first + row)
-                    ds_feats.append([level[sel.to(level.device)] for level in src.deepstack])
+                index = src.deepstack_index
+                if index.device.type == "cpu":
+                    # ascending (a turn's visual rows in order): the segment's are a range of it, and its
+                    # features views of each level, with no index copied to the device nor read back
+                    lo, hi = torch.searchsorted(index, torch.tensor([first, first + n])).tolist()
+                    if hi > lo:
+                        ds_rows.append(index[lo:hi] - first + row)
+                        ds_feats.append([level[lo:hi] for level in src.deepstack])
+                else:
+                    sel = (index >= first) & (index < first + n)
+                    if bool(sel.any()):
+                        ds_rows.append(index[sel] - first + row)
+                        ds_feats.append([level[sel] for level in src.deepstack])
         logit_rows += range(row + seg.rows - seg.logit_rows, row + seg.rows)
         if keep_hidden and seg.kind in KEPT:
             hidden_rows += range(row, row + seg.rows)

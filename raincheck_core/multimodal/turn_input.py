@@ -24,7 +24,7 @@ class TurnInput:
     positions: torch.Tensor               # [3, T]
     next_position: int                    # position of the first generated token
     layout: PromptLayout
-    deepstack_index: torch.Tensor         # [V] row indices (within this input) of visual tokens
+    deepstack_index: torch.Tensor         # [V] row indices (within this input) of visual tokens, ascending, on the host
     deepstack: list[torch.Tensor]         # per level, [V, hidden]
     row_keys: torch.Tensor | None = None  # [T, ROW_KEY_WIDTH] what each row is (the prefix cache's key)
     # rows at which a message or a visual ends (`message_boundaries`): where requests sharing a prefix diverge
@@ -37,7 +37,7 @@ class TurnInput:
         """Rows `rows` (ascending) of this input, keeping their positions, with DeepStack re-indexed."""
         remap = torch.full((len(self),), -1, dtype=torch.long)
         remap[rows] = torch.arange(len(rows))
-        ds_index = remap[self.deepstack_index.cpu()] if self.deepstack_index.numel() else self.deepstack_index
+        ds_index = remap[self.deepstack_index] if self.deepstack_index.numel() else self.deepstack_index
         present = ds_index >= 0
         device = self.embeds.device
         return TurnInput(
@@ -125,7 +125,7 @@ def build_turn_input(
                     f"this model needs {cfg.deepstack_levels} DeepStack feature levels per visual token; "
                     f"the {visual.kind} has none"
                 )
-            index_parts.append(rows)
+            index_parts.append(span.token_indices)
             for level, feats in zip(level_parts, visual.deepstack, strict=True):
                 level.append(feats.to(device=device, dtype=dtype))
     deepstack_index = torch.cat(index_parts) if index_parts else torch.empty(0, dtype=torch.long)
