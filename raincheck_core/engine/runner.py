@@ -104,6 +104,8 @@ class StepOutputs:
 class StepInputs:
     batch: ForwardBatch
     placed: list[Placed]        # every segment, in plan order; the groups below are read off it
+    # the tracked rows among the one-row sequences (`keep`), where not all are: on the step's device
+    kept_rows: torch.Tensor | None = None
 
     @cached_property
     def multi(self) -> list[Segment]:
@@ -227,9 +229,12 @@ class ModelRunner:
             deepstack=rows.deepstack,
             hidden_rows=put(long_tensor(rows.hidden_rows)) if self.keep_hidden else None,
         )
+        inputs = StepInputs(batch, placed)
+        if gdn is not None and inputs.keep and len(inputs.keep) < len(inputs.single):
+            inputs.kept_rows = put(long_tensor([j for j, s in enumerate(inputs.single) if s.tracked]))
         if send and up is not None:
             up.send()
-        return StepInputs(batch, placed)
+        return inputs
 
     def ops(self) -> OpSet:
         """The op set for the model's device and dtypes, by `select` (ops/backend.py): asked once per step."""
@@ -365,8 +370,7 @@ class ModelRunner:
         stays per key head: the join widens it to value heads once per fold, not per token."""
         segs = inputs.keep
         every = len(segs) == len(inputs.single)     # else the tracked rows' positions among the one-row ones
-        keep = None if every else torch.tensor([j for j, s in enumerate(inputs.single) if s.tracked],
-                                               device=self.device)
+        keep = inputs.kept_rows
         lead = [j for j, seg in enumerate(segs) if seg.tracking.in_lead]
 
         def stacked(part: int, needed: bool = True) -> torch.Tensor | None:
