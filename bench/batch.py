@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -258,6 +259,31 @@ def profile(engine: Engine, workload: Workload, n: int, max_new: int, fused: boo
     return {k: 1e3 * v / len(picked) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 
+def linear_rates(engine: Engine, profiles: dict[str, dict[str, float]], ns: dict[str, int]) -> dict[str, float]:
+    """The linear layers' arithmetic rate (GFLOP/s) in each profiled text step (`ns`: its rows), beside this
+    core's rate on a large GEMM, and the most the last step's scaling could be were all but its linear layers
+    as cheap as in the first (`scaling_bound`: hooked times, as the profile's)."""
+    per_row = 2.0 * sum(m.weight.numel() for m in engine.model.modules()
+                        if type(m).__name__ in ("Linear", "MergedLinear"))
+    out = {name: per_row * ns[name] / (profiles[name][KINDS["Linear"]] * 1e-3) / 1e9 for name in ns}
+    out["large GEMM"] = gemm_gflops()
+    (one, n1), (top, n) = sorted(ns.items(), key=lambda kv: kv[1])[0], sorted(ns.items(), key=lambda kv: kv[1])[-1]
+    first, last = profiles[one], profiles[top]
+    out["scaling_bound"] = n / n1 * first["step"] / (last[KINDS["Linear"]] + first["step"] - first[KINDS["Linear"]])
+    return out
+
+
+def gemm_gflops(m: int = 512, k: int = 1024, n: int = 1024) -> float:
+    """This core's rate on a large fp32 GEMM (best of 10, thread CPU time): what arithmetic-bound layers reach."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    best = math.inf
+    for _ in range(12):
+        t = time.thread_time()
+        a @ b
+        best = min(best, time.thread_time() - t)
+    return 2 * m * k * n / best / 1e9
+
+
 # ---------------------------------------------------------------------------- output
 def scaling_table(results: dict[str, dict]) -> str:
     lines = ["| model | workload | N | tokens/s (CPU) | ×N=1 | ×N=1 (run means) | tokens/s (wall) | ×N=1 (wall) | "
@@ -337,6 +363,7 @@ def bench_family(family: str, args: argparse.Namespace, workdir: Path) -> dict:
             f"text N={top}": profile(engine, text, top, args.max_new, fused=False),
             f"image N={FUSED_N}, plain (guard) steps": profile(engine, image, FUSED_N, args.max_new, fused=False),
             f"image N={FUSED_N}, fused steps": profile(engine, image, FUSED_N, args.max_new, fused=True)}
+        out["linear_gflops"] = linear_rates(engine, out["profile"], {"text N=1": 1, f"text N={top}": top})
     return out
 
 
@@ -369,6 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     for family, r in results.items():
         if "profile" in r:
             print(f"Where a step's CPU time goes, {family} (forward hooks):\n\n{profile_table(r['profile'])}\n")
+            rates = r["linear_gflops"]
+            steps = [k for k in rates if k.startswith("text")]
+            print(f"Linear layers' arithmetic, {family}: " + ", ".join(f"{rates[k]:.0f} GFLOP/s ({k})" for k in steps)
+                  + f"; this core's large GEMM: {rates['large GEMM']:.0f}. Were all but the linear layers of "
+                  f"the {steps[-1]} step as cheap as in the {steps[0]} one, its scaling would be at most "
+                  f"{rates['scaling_bound']:.2f} (hooked times).\n")
     if buckets:
         print(f"Extra cost of a chunk-carrying decode step over the plain step, by chunk bucket (one session, "
               f"CPU time, 20th percentiles; bench/moe.py):\n\n{moe.bucket_table(buckets)}\n")

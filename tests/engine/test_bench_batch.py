@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from bench import batch
+from bench.common import build_engine
 
 
 def test_quick_report_has_the_documented_keys(tmp_path):
@@ -33,3 +35,15 @@ def test_quick_report_has_the_documented_keys(tmp_path):
         assert fused["fused_steps"] > 0 and 0 < fused["deferred_rows_per_fused_step"] <= 63
         assert out["fused_step_over_plain_16"][family] == fused["over_hard"] > 0
     assert (tmp_path / "batch.png").stat().st_size > 0
+
+
+def test_the_linear_layers_rates_bound_the_scaling(tmp_path):
+    """`--profile`'s linear-layer rates: FLOPs of every linear weight per row over the layers' time, and the
+    scaling the largest step could reach were all else as cheap as in one session's step."""
+    engine = build_engine("qwen3_5", tmp_path, size="tiny")
+    linear = batch.KINDS["Linear"]
+    profiles = {"text N=1": {"step": 10.0, linear: 4.0}, "text N=16": {"step": 20.0, linear: 12.0}}
+    rates = batch.linear_rates(engine, profiles, {"text N=1": 1, "text N=16": 16})
+    assert rates["scaling_bound"] == pytest.approx(16 * 10 / (12 + 10 - 4))
+    assert rates["text N=16"] == pytest.approx(16 * rates["text N=1"] * 4 / 12) and rates["text N=1"] > 0
+    assert rates["large GEMM"] > 0
