@@ -8,10 +8,13 @@ for the run), not a tensor per segment; the packed rows are the same."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
+import numpy as np
 import torch
 
 from ..ops.int_lists import long_tensor
+from ..ops.uploads import Uploads
 from .padding import Padded
 from .plan import ANSWERING, Kind, StepPlan
 
@@ -31,10 +34,12 @@ class PackedRows:
     deepstack: list[torch.Tensor]           # per level, [len(deepstack_rows), hidden]
 
 
-def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded: Padded | None = None
-              ) -> PackedRows:
+def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded: Padded | None = None,
+              uploads: Uploads | None = None) -> PackedRows:
     """`plan`'s rows; `embed` looks up the answer rows' tokens (on its device), `keep_hidden`: list the
-    `KEPT` rows, `padded`: `plan` is that padded step's (its DeepStack rows are as many as its bucket's)."""
+    `KEPT` rows, `padded`: `plan` is that padded step's (its DeepStack rows are as many as its bucket's).
+    `uploads`: the step's staged copies (ops/uploads.py): the tokens go with them, looked up once they are
+    sent, into rows made for them now; else they are copied and looked up at once."""
     embeds: list[torch.Tensor | None] = []     # per piece: a segment's rows, or None for an answer run's
     positions: list[torch.Tensor | list[int]] = []      # … a tensor, or an answer run's positions
     runs: list[int] = []                        # the pieces that are answer runs
@@ -91,18 +96,37 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
         n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
         ds_rows.append(torch.zeros(n, dtype=torch.long))
         ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
+    staged = bool(tokens) and uploads is not None
     if tokens:
-        ids = long_tensor(tokens, embed.weight.device)
-        with torch.no_grad():   # not inference mode: a step's inputs may become a graph's buffers, written later
-            looked_up = embed(ids)
+        # staged: rows the lookup fills once the step's copy has sent the ids (below)
+        looked_up = embed.weight.new_empty(len(tokens), embed.weight.shape[1]) if staged else \
+            _look_up(embed, long_tensor(tokens, embed.weight.device))
         # one run (a step of answer rows only, as most decode steps are): nothing to split
         for at, e in zip(runs, looked_up.split(run_rows) if len(runs) > 1 else (looked_up,), strict=True):
             embeds[at] = e
             positions[at] = long_tensor(positions[at]).expand(3, -1)
+    packed = _joined(embeds)
+    if staged:      # into the packed rows themselves: the join above copied what the runs held then
+        first = np.cumsum([0, *(e.shape[0] for e in embeds)])
+        targets = [packed[first[at]:first[at] + n] for at, n in zip(runs, run_rows, strict=True)]
+        uploads.then(partial(_look_up_into, embed, uploads.put(np.array(tokens, dtype=np.int64)), targets))
     return PackedRows(
-        _joined(embeds), _joined(positions, dim=1), starts, logit_rows, hidden_rows,
+        packed, _joined(positions, dim=1), starts, logit_rows, hidden_rows,
         torch.cat(ds_rows) if ds_rows else None,
         [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
+
+
+def _look_up(embed: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():   # not inference mode: a step's inputs may become a graph's buffers, written later
+        return embed(ids)
+
+
+def _look_up_into(embed: torch.nn.Module, ids: torch.Tensor, targets: list[torch.Tensor]) -> None:
+    """`embed(ids)` into `targets`, the answer runs' rows in order."""
+    rows = _look_up(embed, ids)
+    with torch.no_grad():
+        for target, part in zip(targets, rows.split([t.shape[0] for t in targets]), strict=True):
+            target.copy_(part)
 
 
 def _joined(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:

@@ -200,7 +200,7 @@ class ModelRunner:
         GPU path (FlexAttention, and its CPU twin) the host-built ones go by the step's `uploads`, sent in one
         copy at the end (`send`; else the caller sends them)."""
         up = self.uploads.begin() if ops.attention.reads_pages else None
-        rows = pack_rows(plan, self.model.embed_tokens, self.keep_hidden, padded)
+        rows = pack_rows(plan, self.model.embed_tokens, self.keep_hidden, padded, up)
         attention = None
         if self.model.config.num_attention_layers:
             layout = ops.attention.layout if padded is None else partial(ops.attention.layout, fixed=padded.groups)

@@ -172,11 +172,10 @@ def test_skeleton_and_copy():
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 def test_a_decode_steps_host_tensors_go_in_one_copy(engines, family):
     """On the GPU path (here its CPU twin, eager and padded) every tensor a decode step builds on the host —
-    the attention layout and its table writes, the layout parts the GDN ops read, positions, logit rows — is
-    staged and sent in one copy (ops/uploads.py), steps with fused chunks too: none is copied on its own
-    where the forward first reads it. (The answer rows' token ids, which the packing looks up at once, are
-    the step's one other copy.) A step larger than any before takes one staging block more: the turns run
-    once before, to size the buffers."""
+    the attention layout and its table writes, the layout parts the GDN ops read, positions, logit rows, the
+    answer rows' token ids — is staged and sent in one copy (ops/uploads.py), steps with fused chunks too:
+    none is copied on its own where the forward first reads it. A step larger than any before takes one
+    staging block more: the turns run once before, to size the buffers."""
     for engine in engines[family]:
         up = engine.core.runner.uploads
         _turns(engine, 15)
