@@ -42,14 +42,18 @@ class DecodeSteps:
         self._kept: dict[tuple, GDNStep] = {}
 
     def step(self, placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
-             device: torch.device) -> GDNStep:
+             device: torch.device, staged: bool = False) -> GDNStep:
         """`gdn_step(placed, ...)` for a step whose placed segments are all one-row decode rows, in order,
         padding rows among them (`plain_decode`: tracked rows or chunks take `gdn_step` itself). A padded
-        step's are as an unpadded one's: its padding only shapes multi-row sequences."""
+        step's are as an unpadded one's: its padding only shapes multi-row sequences. `staged` (the GPU
+        path): a new step's tensors go to the device in one copy of their own, in buffers that stay its."""
         key = (ops.gdn, kernel, key_heads, device, *gdn.rows(p.segment.gdn_slot for p in placed).read)
         step = self._kept.pop(key, None)
         if step is None:
-            step = gdn_step(placed, ops, gdn, kernel, key_heads, device)
+            own = Uploads(device).begin() if staged else None
+            step = gdn_step(placed, ops, gdn, kernel, key_heads, device, uploads=own)
+            if own is not None:
+                own.send()
             if len(self._kept) >= self.KEEP:
                 del self._kept[next(iter(self._kept))]
         self._kept[key] = step

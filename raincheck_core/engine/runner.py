@@ -218,7 +218,8 @@ class ModelRunner:
         gdn = None
         if self.gdn is not None:
             # a padded step's too: the one that becomes a graph's static buffers is forgotten then (`run`)
-            gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device) \
+            gdn = self.decode_steps.step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device,
+                                         staged=up is not None) \
                 if plain_decode(placed) else \
                 gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded, up)
         put = self.uploads.put if up is not None else lambda t: t.to(self.device)

@@ -43,7 +43,7 @@ def test_decode_steps_reuse_their_gdn_metadata_and_change_nothing(tiny_checkpoin
     assert sum(decode_steps) == 2 * (NEW - 1) and len(built) <= 4
 
     fresh = Engine.from_pretrained(tiny_checkpoints["qwen3_5"][1])
-    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args: build(placed, *args))
+    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args, **_: build(placed, *args))
     for a, b in zip(kept, _rounds(fresh), strict=True):
         assert torch.equal(a, b)
 
@@ -69,6 +69,6 @@ def test_padded_decode_steps_reuse_their_gdn_metadata_and_change_nothing(tiny_ch
     assert len(built) <= 6
 
     fresh = _graph_engine(tiny_checkpoints["qwen3_5"][1])
-    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args: build(placed, *args))
+    monkeypatch.setattr(fresh.core.runner.decode_steps, "step", lambda placed, *args, **_: build(placed, *args))
     for a, b in zip(kept, _rounds(fresh), strict=True):
         assert torch.equal(a, b)
