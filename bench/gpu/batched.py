@@ -1,7 +1,8 @@
 """Batched decode on the device (issue 39): B sessions, each decoding over its own long text context, with
 decode graphs on, so the step's attention reads each session's pages in place and the GDN states stay in
 the pool. Per B: the steady step's wall time, decode tokens/s, and the device's kernel time per step (the
-profiler sees kernels inside graph replays too), so wall - device is the host time the GPU waits on."""
+profiler sees kernels inside graph replays too), so wall - device is the host time the GPU waits on; and the
+most host-to-device copies a steady step's metadata made (ops/uploads.py: one)."""
 
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ def _prompts(engine: Engine, b: int, context: int, seed: int) -> list[Prompt]:
 
 def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bool) -> dict:
     """{B: wall_ms, tokens_per_s, device_ms (kernel time per steady step), host_gap_ms (wall - device),
-    steps} for B = 1, 16, 64 sessions over 1,536-token contexts (tiny: 1 and 64 over 24), each B after a
-    warm-up batch of the same shape (compiles and captures what the timed batch meets)."""
+    staged_copies (the most a steady step's metadata made), steps} for B = 1, 16, 64 sessions over 1,536-token
+    contexts (tiny: 1 and 64 over 24), each B after a warm-up batch of the same shape (compiles and captures
+    what the timed batch meets)."""
     sizes, context, answer = ((1, 64), 24, 6) if tiny else ((1, 16, 64), 1536, 24)
     on_cuda = torch.device(device).type == "cuda"
     pages = max(sizes) * -(-(context + answer + 16) // 16) + 256
@@ -73,12 +75,18 @@ def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bo
     out: dict = {"context": context, "answer": answer, "graphs": on_cuda}
     for b in sizes:
         decode_round(engine, _prompts(engine, b, context, seed=3 * b), answer, device)
+        copies: list[int] = []
+        uploads = engine.core.runner.uploads
+        remove = engine.on_read(lambda plan, copies=copies, uploads=uploads: copies.append(uploads.copies)
+                                if all(s.rows == 1 for s in plan.segments) else None)
         walls = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 1), answer, device)
+        remove()
         prof = profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU])
         profiled = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device,
                                 around=lambda start, prof=prof: prof.start() if start else prof.stop())
         wall = statistics.median(walls)
-        row = dict(steps=len(walls), wall_ms=1e3 * wall, tokens_per_s=b / wall, device_ms=None, host_gap_ms=None)
+        row = dict(steps=len(walls), wall_ms=1e3 * wall, tokens_per_s=b / wall, device_ms=None, host_gap_ms=None,
+                   staged_copies=max(copies, default=None))
         if on_cuda and profiled:
             kernels_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()
                              if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -43,8 +43,9 @@ def test_dry_run_writes_the_device_runs_keys(tmp_path):
     assert list(groups) == ["fp32_gqa3"] and groups["fp32_gqa3"]["max_error"] <= 1e-5
     assert groups["fp32_gqa3"]["buckets"] == [1, 4, 16, 32]
     assert all(r["ms"] > 0 and r["kv_read_over_visible"] < 1.25 for r in result["flex_check"]["decode"])
-    for rows in result["batched_decode"].values():       # more sessions, more tokens per second
+    for rows in result["batched_decode"].values():       # more sessions, more tokens per second; one copy a step
         assert rows["64"]["tokens_per_s"] > rows["1"]["tokens_per_s"] > 0
+        assert rows["1"]["staged_copies"] == rows["64"]["staged_copies"] == 1
     text = report.report(result)          # the tables docs/BENCHMARKS.md carries
     assert "| qwen3_5 | float32 | flex |" in text and "| tiny-qwen3_vl | 16 | on | raincheck_objective |" in text
     assert "| tiny-qwen3_5 | 16 |" in text.split("fused TPOT / floor")[1]
