@@ -69,6 +69,7 @@ class Uploads:
         # the CPU twin: each staged tensor's bytes of the device buffer are 0xFF until `send` (NaN, -1, True),
         # so that a read before it never sees a value, an earlier step's least of all
         self._poison = self.device.type == "cpu"
+        self._empties: dict[tuple[torch.dtype, tuple[int, ...]], Tensor] = {}
 
     def begin(self) -> Uploads:
         """Start a step: the buffers are written again (the previous step's views are stale from here)."""
@@ -97,6 +98,8 @@ class Uploads:
             self.bytes += t.nbytes
             return t.to(self.device)
         a = x if isinstance(x, np.ndarray) else x.numpy()
+        if not a.size:      # nothing to copy: one empty tensor per dtype and shape serves every step
+            return self._empty(_torch_dtype(a.dtype), a.shape)
         shape = a.shape             # `ascontiguousarray` makes a 0-d array 1-d
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         dtype = _torch_dtype(a.dtype)
@@ -114,6 +117,12 @@ class Uploads:
             block.poisoned = block.used
         # `as_strided` rather than a slice and `view(shape)`: ~1.5 µs of host time, not ~7
         return block.view(dtype).as_strided(shape, _strides(shape), at // a.itemsize)
+
+    def _empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+        t = self._empties.get((dtype, shape))
+        if t is None:
+            t = self._empties[dtype, shape] = torch.empty(shape, dtype=dtype, device=self.device)
+        return t
 
     def then(self, work: Callable[[], object]) -> None:
         """Run `work` (device work that reads staged tensors) right after the step's copy; at once when the
