@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .gdn_sequences import PackedSequences, packed_sequences
-from .uploads import Uploads
+from .uploads import Uploads, put_together
 
 
 @dataclass
@@ -80,7 +80,7 @@ def targets(out_row: Tensor | None, n: int, put: Callable[[Tensor], Tensor]) -> 
         every = put(torch.arange(n))
         return Targets(every[:0], every[:0], every, every)
     pool, buffer = (out_row >= 0).nonzero().flatten(), (out_row < 0).nonzero().flatten()
-    return Targets(put(pool), put(out_row[pool]), put(buffer), put(-1 - out_row[buffer]))
+    return Targets(*put_together(put, (pool, out_row[pool], buffer, -1 - out_row[buffer])))
 
 
 @dataclass
@@ -134,8 +134,10 @@ class VarlenLayout:
         split_ids = (self.seqs.split_row >= 0).nonzero().flatten()
         if len(split_ids):
             ends = ext_start[split_ids] + before_split[split_ids]
-            split_tail_at = self.put(ends[:, None] + torch.arange(lead)[None, :])
-        return ConvLayout(total + n * lead, self.put(hist_at), self.put(row_at), self.put(tail_at), split_tail_at)
+            split_tail_at = ends[:, None] + torch.arange(lead)[None, :]
+        parts = (hist_at, row_at, tail_at) if split_tail_at is None else (hist_at, row_at, tail_at, split_tail_at)
+        moved = put_together(self.put, parts)
+        return ConvLayout(total + n * lead, *moved[:3], moved[3] if split_tail_at is not None else None)
 
     @cached_property
     def blocks(self) -> BlockLayout:
@@ -151,10 +153,11 @@ class VarlenLayout:
         split_seqs = (splits >= 0).nonzero().flatten()
         rest = (lens - first)[split_seqs]
         more = split_seqs[rest > 0]
-        rest, put = rest[rest > 0], self.put
-        return SplitRuns(put(_run_rows(starts, first)), put(cumulative(first)),
-                         put(split_seqs) if len(split_seqs) else None, put(more),
-                         put(_run_rows(starts[more] + first[more], rest)), put(cumulative(rest)))
+        rest = rest[rest > 0]
+        first_rows, first_cu, splits_at, more, rest_rows, rest_cu = put_together(self.put, (
+            _run_rows(starts, first), cumulative(first), split_seqs, more, _run_rows(starts[more] + first[more], rest),
+            cumulative(rest)))
+        return SplitRuns(first_rows, first_cu, splits_at if len(split_seqs) else None, more, rest_rows, rest_cu)
 
     @cached_property
     def idle(self) -> Tensor | None:
@@ -210,7 +213,7 @@ class VarlenLayout:
         source = self.seqs.source
         at = (source >= 0).nonzero().flatten()
         appended = (source < 0).nonzero().flatten()
-        return self.put(at), self.put(source[at]), self.put(appended), self.put(-1 - source[appended])
+        return tuple(put_together(self.put, (at, source[at], appended, -1 - source[appended])))
 
 
 def _run_rows(starts: Tensor, lengths: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ the next step begins, when the buffers are written again; `keep` hands the curre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 
 import numpy as np
@@ -155,6 +155,15 @@ class Uploads:
         """The current step's buffers belong to the caller from now on (its views stay as they are): the next
         step stages into new ones."""
         self._blocks = []
+
+
+def put_together(put: Callable[[Tensor], Tensor], parts: Sequence[Tensor]) -> list[Tensor]:
+    """`[put(p) for p in parts]` in one `put` (one staged tensor, or one copy): the host tensors of one dtype
+    laid end to end, then each part a view of the result in its own shape."""
+    if len({p.dtype for p in parts}) != 1:
+        raise ValueError(f"parts put together share one dtype, not {sorted({str(p.dtype) for p in parts})}")
+    moved = put(torch.cat([p.reshape(-1) for p in parts]))
+    return [t.view(p.shape) for t, p in zip(moved.split([p.numel() for p in parts]), parts, strict=True)]
 
 
 @cache

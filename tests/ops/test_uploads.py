@@ -5,9 +5,10 @@ it sees the poison the twin fills its buffers with, and a kept step's tensors ou
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from raincheck_core.ops.uploads import Uploads
+from raincheck_core.ops.uploads import Uploads, put_together
 
 
 def _inputs() -> list[np.ndarray | torch.Tensor]:
@@ -107,3 +108,16 @@ def test_a_kept_step_outlives_the_next_one_and_others_do_not():
     up.put(np.arange(200, 206))
     assert not torch.equal(other, torch.arange(100, 106))
     assert torch.equal(kept, torch.arange(6))
+
+
+def test_parts_put_together_come_back_as_views_of_one_staged_tensor():
+    up = Uploads("cpu").begin()
+    parts = [torch.arange(5), torch.arange(6).view(2, 3), torch.zeros(0, dtype=torch.long), torch.tensor([7])]
+    out = put_together(up.put, parts)
+    assert up.staged == 1
+    up.send()
+    assert all(_equal(p, t) for p, t in zip(parts, out, strict=True))
+    direct = put_together(lambda t: t.clone(), parts)        # any `put`: one call
+    assert all(_equal(p, t) for p, t in zip(parts, direct, strict=True))
+    with pytest.raises(ValueError, match="one dtype"):
+        put_together(up.put, [torch.arange(2), torch.arange(2, dtype=torch.int32)])
