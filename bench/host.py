@@ -196,8 +196,7 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: 
                     steps.append(cpu)
                     forwards.append(sum(spent[calls:]))
                     if uploads is not None:
-                        staged = engine.core.runner.uploads
-                        uploads.append((staged.copies, staged.staged))
+                        uploads.append((engine.uploads.copies, engine.uploads.staged))
                     if stages is not None:
                         _split(marks, start, cpu, forwards[-1], stages)
     finally:

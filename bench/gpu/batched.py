@@ -76,7 +76,7 @@ def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bo
     for b in sizes:
         decode_round(engine, _prompts(engine, b, context, seed=3 * b), answer, device)
         copies: list[int] = []
-        uploads = engine.core.runner.uploads
+        uploads = engine.uploads
         remove = engine.on_read(lambda plan, copies=copies, uploads=uploads: copies.append(uploads.copies)
                                 if all(s.rows == 1 for s in plan.segments) else None)
         walls = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 1), answer, device)

@@ -30,6 +30,7 @@ from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks
+from ..ops.uploads import Uploads
 from ..parallel.group import RankGroup
 from ..parallel.workers import WorkerRanks
 from ..speculative.drafter import Drafter
@@ -153,6 +154,12 @@ class Engine:
     def step_graphs(self) -> StepGraphs | None:
         """The bucketed decode-step skeletons met so far and their replays; None while steps run unpadded."""
         return self.core.runner.graphs
+
+    @property
+    def uploads(self) -> Uploads:
+        """The GPU path's staged host-to-device copies (ops/uploads.py): `copies` and `staged` (tensors) of the
+        last step's forward; nothing staged on the native path."""
+        return self.core.runner.uploads
 
     def input_prefilled(self, stream: TurnStream) -> bool:
         """The turn's input is prefilled (its answer is decoding): from then on its residual can be exported."""
