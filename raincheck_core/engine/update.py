@@ -26,7 +26,7 @@ from ..errors import SamplingError
 from ..sampling import row_maxima
 from .packing import KEPT
 from .plan import ANSWERING, CHUNKS, RESTORING, Kind, Segment, StepPlan
-from .runner import StepOutputs
+from .step_outputs import StepOutputs
 from .step_sessions import StepSessions
 from .verify import Verified, verify
 
