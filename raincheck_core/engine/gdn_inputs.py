@@ -83,8 +83,8 @@ def gdn_step(placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, k
     session's chunk runs as one sequence of the bucket's rows (the chunk, then its fill's rows, which are
     idle: `PackedSequences.live`) and, where it joins, a lead of `kernel - 1` rows (its turn's, then idle
     rows), so that the sequences' lengths, splits and appended rows do not follow the chunk's rows nor its
-    turn's lead. The fills have no sequence of their own. `uploads`: the step's staged copies (ops/uploads.py)
-    the layouts' tensors go by (not for a step `DecodeSteps` keeps: its tensors outlive the step)."""
+    turn's lead. The fills have no sequence of their own. `uploads`: the staged copies (ops/uploads.py) the
+    layouts' tensors go by (the step's, or for a step `DecodeSteps` keeps, buffers of its own)."""
     dev = device
     multi = [p for p in placed if p.multi and not p.idle]
     fill_of = {} if padded is None else {placed[c]: placed[f] for c, f in padded.fills.items()}

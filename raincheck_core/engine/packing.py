@@ -75,19 +75,13 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
             embeds.append(src.embeds[first:first + n])
             positions.append(src.positions[:, first:first + n].cpu())
             if src.deepstack:
+                # the index is ascending and on the host (`TurnInput`): the segment's are a range of it, and
+                # its features views of each level, with no index copied to the device nor read back
                 index = src.deepstack_index
-                if index.device.type == "cpu":
-                    # ascending (a turn's visual rows in order): the segment's are a range of it, and its
-                    # features views of each level, with no index copied to the device nor read back
-                    lo, hi = torch.searchsorted(index, torch.tensor([first, first + n])).tolist()
-                    if hi > lo:
-                        ds_rows.append(index[lo:hi] - first + row)
-                        ds_feats.append([level[lo:hi] for level in src.deepstack])
-                else:
-                    sel = (index >= first) & (index < first + n)
-                    if bool(sel.any()):
-                        ds_rows.append(index[sel] - first + row)
-                        ds_feats.append([level[sel] for level in src.deepstack])
+                lo, hi = torch.searchsorted(index, torch.tensor([first, first + n])).tolist()
+                if hi > lo:
+                    ds_rows.append(index[lo:hi] - first + row)
+                    ds_feats.append([level[lo:hi] for level in src.deepstack])
         logit_rows += range(row + seg.rows - seg.logit_rows, row + seg.rows)
         if keep_hidden and seg.kind in KEPT:
             hidden_rows += range(row, row + seg.rows)
@@ -107,8 +101,8 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
             positions[at] = long_tensor(positions[at]).expand(3, -1)
     packed = _joined(embeds)
     if staged:      # into the packed rows themselves: the join above copied what the runs held then
-        first = np.cumsum([0, *(e.shape[0] for e in embeds)])
-        targets = [packed[first[at]:first[at] + n] for at, n in zip(runs, run_rows, strict=True)]
+        offsets = np.cumsum([0, *(e.shape[0] for e in embeds)])
+        targets = [packed[offsets[at]:offsets[at] + n] for at, n in zip(runs, run_rows, strict=True)]
         uploads.then(partial(_look_up_into, embed, uploads.put(np.array(tokens, dtype=np.int64)), targets))
     return PackedRows(
         packed, _joined(positions, dim=1), starts, logit_rows, hidden_rows,
@@ -124,9 +118,8 @@ def _look_up(embed: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def _look_up_into(embed: torch.nn.Module, ids: torch.Tensor, targets: list[torch.Tensor]) -> None:
     """`embed(ids)` into `targets`, the answer runs' rows in order."""
     rows = _look_up(embed, ids)
-    with torch.no_grad():
-        for target, part in zip(targets, rows.split([t.shape[0] for t in targets]), strict=True):
-            target.copy_(part)
+    for target, part in zip(targets, rows.split([t.shape[0] for t in targets]), strict=True):
+        target.copy_(part)
 
 
 def _joined(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
