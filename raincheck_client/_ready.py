@@ -69,6 +69,7 @@ class ReadyWait:
         self.progress = progress
         self.start = time.monotonic()
         self._pauses = backoff()
+        self._answered: str | None = None       # the reason the last answer gave, once the server has answered
 
     def check_timeout(self) -> float:
         return max(min(self.timeout_s - (time.monotonic() - self.start), CHECK_S), 0.001)
@@ -79,11 +80,14 @@ class ReadyWait:
         if error is not None:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:      # no health service: nothing to wait for
                 return None
-            why = "not reachable yet"
+            # a check that ran out of time after the server had answered (a loaded host, or the last check's
+            # short deadline) says nothing new: the server's own last answer is still the reason
+            timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            why = self._answered if timed_out and self._answered else "not reachable yet"
         elif health_status(reply or b"") == SERVING:
             return None
         else:
-            why = "loading its model"
+            why = self._answered = "loading its model"
         waited = time.monotonic() - self.start
         if waited >= self.timeout_s:
             raise Unavailable("UNAVAILABLE", f"the server at {self.address} is not ready after {waited:.0f} s ({why})")

@@ -14,10 +14,11 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raincheck_client import AsyncClient, Client, Unavailable
-from raincheck_client._ready import health_status
+from raincheck_client._ready import ReadyWait, health_status
 from services.common.store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +97,29 @@ def test_an_unreachable_server_is_unavailable_in_bounded_time():
 
 def test_health_replies_are_read_by_hand():
     assert [health_status(r) for r in (b"\x08\x01", b"\x08\x02", b"", b"\x08\x03")] == [1, 2, 0, 3]
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode):
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+@pytest.mark.parametrize("code, why", [(grpc.StatusCode.DEADLINE_EXCEEDED, "loading its model"),
+                                       (grpc.StatusCode.UNAVAILABLE, "not reachable yet")])
+def test_a_check_that_runs_out_of_time_keeps_the_servers_last_answer(code, why):
+    """A server that answered NOT_SERVING, then missed a check's deadline, is still loading; one that
+    refuses connections has gone away."""
+    wait = ReadyWait("127.0.0.1:1", 60.0, None)
+    assert wait.after(b"\x08\x02", None) is not None
+    wait.start -= 61.0                                   # the time is up at the next check
+    with pytest.raises(Unavailable, match=rf"not ready after \d+ s \({why}\)"):
+        wait.after(None, _RpcError(code))
+
+
+def test_a_server_never_answered_is_not_reachable_yet():
+    wait = ReadyWait("127.0.0.1:1", 0.0, None)
+    with pytest.raises(Unavailable, match=r"\(not reachable yet\)"):
+        wait.after(None, _RpcError(grpc.StatusCode.DEADLINE_EXCEEDED))
