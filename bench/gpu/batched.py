@@ -58,6 +58,20 @@ def _prompts(engine: Engine, b: int, context: int, seed: int) -> list[Prompt]:
     return [Prompt(torch.randint(16, top, (context,), generator=g).tolist()) for _ in range(b)]
 
 
+def _device_time(engine: Engine, prompts: list[Prompt], answer: int, device: str) -> dict:
+    """{device_ms: kernel time per steady step, host_gap_ms: wall - device} from a round of `prompts` under
+    the profiler."""
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    profiled = decode_round(engine, prompts, answer, device,
+                            around=lambda start: prof.start() if start else prof.stop())
+    if not profiled:
+        return {}
+    kernels_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    device_ms = 1e-3 * kernels_us / len(profiled)
+    return dict(device_ms=device_ms, host_gap_ms=1e3 * statistics.fmean(profiled) - device_ms)
+
+
 def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bool) -> dict:
     """{B: wall_ms, tokens_per_s, device_ms (kernel time per steady step), host_gap_ms (wall - device),
     staged_copies (the most a steady step's metadata made), steps} for B = 1, 16, 64 sessions over 1,536-token
@@ -81,17 +95,11 @@ def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bo
                                 if all(s.rows == 1 for s in plan.segments) else None)
         walls = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 1), answer, device)
         remove()
-        prof = profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU])
-        profiled = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device,
-                                around=lambda start, prof=prof: prof.start() if start else prof.stop())
         wall = statistics.median(walls)
         row = dict(steps=len(walls), wall_ms=1e3 * wall, tokens_per_s=b / wall, device_ms=None, host_gap_ms=None,
                    staged_copies=max(copies, default=None))
-        if on_cuda and profiled:
-            kernels_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()
-                             if e.device_type == torch.autograd.DeviceType.CUDA)
-            row["device_ms"] = 1e-3 * kernels_us / len(profiled)
-            row["host_gap_ms"] = 1e3 * statistics.fmean(profiled) - row["device_ms"]
+        if on_cuda:      # on the CPU the host's time is all there is: no round of its own
+            row.update(_device_time(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device))
         out[str(b)] = row
     first = out[str(sizes[0])]["tokens_per_s"]
     for b in sizes:
