@@ -14,11 +14,13 @@ $(VENV)/.installed: $(SETUP_INPUTS)
 demo: setup          ## the main job on the embedded default
 	$(PY) -m services.cli demo
 
+# pytest-xdist worker processes, each a test file at a time (a file's module fixtures built once); 0: serial
+TEST_WORKERS ?= 2
 test: export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 test: export RAY_USAGE_STATS_ENABLED=0
 test: setup          ## the whole suite (what CI runs)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 KERNELS ?= .kernels
 test-kernels: setup  ## fla's Triton kernels on the CPU (TRITON_INTERPRET=1): the accel extra goes into $(KERNELS)

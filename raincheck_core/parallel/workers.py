@@ -11,6 +11,7 @@ daemonic, which multiprocessing ends at exit, and a worker whose parent is gone 
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 from collections.abc import Callable
@@ -40,6 +41,12 @@ def _worker_main(rank: int, world: int, address: str, device: str, timeout_s: fl
         target(group, commands, *args)
     finally:
         leave_rank_group()
+        # what is left of the process groups (gloo's C++ side, its threads) is destroyed now, while the
+        # interpreter runs: destroyed during its finalization instead (an object left in a reference cycle),
+        # it can abort the process (SIGABRT, "terminate called without an active exception"), which a worker
+        # rank did once at the end of a test under load
+        del group
+        gc.collect()
 
 
 def next_command(commands: Any) -> bytes | None:
