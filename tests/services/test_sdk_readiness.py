@@ -68,7 +68,8 @@ def test_no_worker_yet_is_waited_for_then_served(cluster):
     frontend = cluster.frontend(store)
     with Client(frontend.address, timeout_s=1) as client:
         start = time.monotonic()
-        # the reason is the last one seen: 3 s leave a loaded host time to answer at all ("not reachable yet")
+        # the reason is the server's last answer (a check that then runs out of time keeps it): 3 s leave a
+        # loaded host time to answer at all ("not reachable yet")
         with pytest.raises(Unavailable, match=r"not ready after \d+ s \(loading its model\)"):
             client.wait_ready(3.0)
         with pytest.raises(Unavailable, match="no healthy decode worker"):
