@@ -3,11 +3,11 @@ copy, instead of one `.to(device)` each.
 
 On a GPU every `.to(device)` of a host tensor is a copy of its own: a call into the driver from pageable
 memory, a few microseconds of host time each, 10-19 of them in a decode step's metadata and 34-63 in a fused
-step's before this module (docs/design.md). `Uploads` lays the
-step's tensors out one after another in a host staging buffer (pinned on CUDA) and hands back at once the
-device tensors they will be: views into a device buffer of the same layout. `send` fills that buffer with
-one copy (per staging block: one in a steady state) and then runs the device work queued with `then`
-(writes of the pool's slot tables whose indices were staged). Until `send` the views hold nothing: code
+step's before this module (docs/design.md). `Uploads` lays the step's tensors out one after another in a host
+staging buffer (pinned on CUDA) and hands back at once the device tensors they will be: views into a device
+buffer of the same layout. `send` fills that buffer with one copy (per staging block: one in a steady state)
+and then runs the device work queued with `then` (writes of the pool's slot tables whose indices were
+staged). Until `send` the views hold nothing: code
 that reads them on the device before it is wrong, so the CPU twin (the same path with the CPU as the
 device) fills a step's part of its device buffer with 0xFF bytes until the copy (NaN, -1, True) and the
 identity tests find such a read. `put_together` stages several tensors of one dtype as one.

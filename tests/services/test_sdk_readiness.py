@@ -90,10 +90,10 @@ def test_an_unreachable_server_is_unavailable_in_bounded_time():
             client.list_models()
         assert time.monotonic() - start < 6 and seen and set(seen) == {"not reachable yet"}
     with Client("127.0.0.1:1", retry=False) as client:
-        start = time.monotonic()
-        with pytest.raises(Unavailable):
+        # no retry: the first try, which does not wait for a connection, fails with gRPC's own reason
+        with pytest.raises(Unavailable, match="failed to connect") as refused:
             client.list_models()
-        assert time.monotonic() - start < 1           # no retry: fails at once
+        assert "could not be reached" not in str(refused.value)
 
 
 def test_health_replies_are_read_by_hand():
