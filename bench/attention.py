@@ -159,13 +159,15 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
     pages = sessions * (context + 1100) // PAGE + 8
     pool = KVPool(1, pages, PAGE, KV_HEADS, HEAD_DIM, torch.float32, device)
     tables = _sessions(pool, sessions, context, g)
-    q_lens, reads, writes, prefixes = [], [], [], []      # prefixes: as the engine marks them (engine/plan.py)
+    # prefixes, and the pages decode rows carry: as the engine marks them (engine/plan.py)
+    q_lens, reads, writes, prefixes, carried = [], [], [], [], []
     for t in tables:
         if kind == "decode":
             writes.append(t.ahead(0, 1))
             reads.append(t.reserved_slots(0, t.length + 1))
             q_lens.append(1)
             prefixes.append(True)
+            carried.append(t.page_ids)
         elif kind == "fused":       # the chunk skips the last 8 generated slots, its decode row sees it
             chunk, row = t.ahead(0, 31), t.ahead(31, 1)
             past = t.reserved_slots(0, t.length)
@@ -175,17 +177,20 @@ def layout_rows(sessions: int, context: int, kind: str, g: torch.Generator, devi
             writes += [chunk, row]
             q_lens += [31, 1]
             prefixes += [(~keep).nonzero().flatten().numpy(), True]
+            carried += [None, t.page_ids]
         else:
             writes.append(t.ahead(0, 1024))
             reads.append(t.reserved_slots(0, t.length + 1024))
             q_lens.append(1024)
             prefixes.append(True)
+            carried.append(None)
     write = torch.cat(writes)
-    current = partial(flex_layout, prefixes=prefixes)
+    current = partial(flex_layout, prefixes=prefixes, pages=carried)
     if against is not None and "prefixes" in inspect.signature(against).parameters:
         # a revision whose layout takes no positions left out marked a chunk's list as any list
         takes_skips = "Prefix" in against.__globals__
-        against = partial(against, prefixes=[p if takes_skips or isinstance(p, bool) else False for p in prefixes])
+        against = partial(against, prefixes=[p if takes_skips or isinstance(p, bool) else False for p in prefixes],
+                          **({"pages": carried} if "pages" in inspect.signature(against).parameters else {}))
     builders = {"layout_host_ms": current, **({"layout_host_ms_against": against} if against else {})}
     times: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(LAYOUT_REPEATS):

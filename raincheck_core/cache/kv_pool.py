@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import InvalidInputError, OutOfPagesError, SessionPageBudgetError
@@ -97,6 +98,10 @@ class PageTable:
         self.length = 0
         self._slot_ids = torch.empty(0, dtype=torch.long)   # of every reserved slot, rebuilt as pages come
         self._slot_np = self._slot_ids.numpy()             # the same memory: a numpy slice is a tenth of a tensor's
+        # the reserved pages, int64, rebuilt (never changed in place) as they change: a read list made from
+        # `_slot_np` and this array taken with it describe the same pages (ops/flex_layout.py reads decode
+        # rows' pages from it rather than off their lists)
+        self.page_ids = np.zeros(0, dtype=np.int64)
         self._page_slots: dict[int, tuple[torch.Tensor, ...]] = {}    # `reserved_slot`'s views, by page
 
     def pages_needed(self, n: int) -> int:
@@ -205,6 +210,7 @@ class PageTable:
     def _index(self) -> None:
         ps = self.pool.page_size
         pages = torch.tensor(self.pages, dtype=torch.long)
+        self.page_ids = pages.numpy()
         self._slot_ids = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()
         self._slot_np = self._slot_ids.numpy()
         self._page_slots = {}

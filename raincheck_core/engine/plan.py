@@ -74,6 +74,16 @@ class Tracking:
     audit: bool                    # some pending join keeps every token's factors (v too)
 
 
+@dataclass(frozen=True)
+class AttentionSegments:
+    """A step's rows as attention sees them (`StepPlan.attention_segments`), per attention segment."""
+
+    q_lens: list[int]
+    reads: list[torch.Tensor]
+    prefixes: list[bool | np.ndarray]
+    pages: list[np.ndarray | None]
+
+
 @dataclass(eq=False)
 class Segment:
     """Contiguous rows of one session in the packed step. Build it with the constructor of its kind."""
@@ -100,6 +110,8 @@ class Segment:
     live_slot: int | None = None          # … and the live state the join corrects
     read_skips: np.ndarray | None = None  # a deferred chunk's: the positions of its session's slots up to its
                                           # last that `read_slots` leaves out (its turn's generated ones)
+    read_pages: np.ndarray | None = None  # a decode row's: its page table's pages (int64), of which `read_slots`
+                                          # spans the first ones (FlexAttention's layout reads them here)
     # what the rows are, put in by the engine core just before the forward (`EngineCore.resolve`)
     source: TurnInput | None = None       # the rows [first, first + rows) are of (not a decode, padding or
                                           # hand-off row's)
@@ -132,9 +144,10 @@ class Segment:
 
     @classmethod
     def decode(cls, session: str, token: int, position: int, write: torch.Tensor, read: torch.Tensor,
-               gdn_slot: int | None, tracked: bool) -> Segment:
+               gdn_slot: int | None, tracked: bool, pages: np.ndarray | None = None) -> Segment:
+        """`pages`: `read_pages`."""
         return cls(Kind.DECODE, session, 1, write, read, gdn_slot, token=token, position=position, sample=True,
-                   tracked=tracked)
+                   tracked=tracked, read_pages=pages)
 
     @classmethod
     def verify(cls, session: str, token: int, drafts: tuple[int, ...], position: int, write: torch.Tensor,
@@ -234,25 +247,28 @@ class StepPlan:
                 digest = zlib.crc32(slots.to(device="cpu", dtype=torch.int64).numpy().tobytes(), digest)
         return digest
 
-    def attention_segments(self) -> tuple[list[int], list[torch.Tensor], list[bool | np.ndarray]]:
-        """The step's rows as attention sees them: each segment's row count, readable slots and how those
+    def attention_segments(self) -> AttentionSegments:
+        """The step's rows as attention sees them: each segment's row count, readable slots, how those
         relate to its page table (ops/flex_runs.py `Prefix`: its first slots (`TABLE_PREFIX`), those less
-        `read_skips`, or neither), a prefill with `splits` as one segment per piece (a piece reads what a
-        step starting there would: the slots before it and its own, bottom-right causal)."""
-        q_lens, reads, prefixes = [], [], []
+        `read_skips`, or neither) and the table's pages where the segment carries them (`read_pages`), a
+        prefill with `splits` as one segment per piece (a piece reads what a step starting there would: the
+        slots before it and its own, bottom-right causal)."""
+        q_lens, reads, prefixes, pages = [], [], [], []
         for s in self.segments:
             prefix = s.read_skips if s.read_skips is not None else s.kind in TABLE_PREFIX
             if not s.splits:        # most segments (every decode row): one piece, its whole read list
                 q_lens.append(s.rows)
                 reads.append(s.read_slots)
                 prefixes.append(prefix)
+                pages.append(s.read_pages)
                 continue
             cuts = (0, *s.splits, s.rows)
             for a, b in itertools.pairwise(cuts):
                 q_lens.append(b - a)
                 reads.append(s.read_slots[:len(s.read_slots) - (s.rows - b)])
                 prefixes.append(prefix)
-        return q_lens, reads, prefixes
+                pages.append(s.read_pages)
+        return AttentionSegments(q_lens, reads, prefixes, pages)
 
     def passes(self) -> list[StepPlan]:
         """Serial comparison mode (`DeferralConfig.fused=False`), or a chunk ahead of a follow-up's input on

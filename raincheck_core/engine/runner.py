@@ -148,11 +148,11 @@ class ModelRunner:
         if self.model.config.num_attention_layers:
             layout = ops.attention.layout if padded is None else partial(ops.attention.layout, fixed=padded.groups)
             # a padded step holds no prefill, the only segment whose attention splits (and renumbers the groups)
-            q_lens, reads, prefixes = plan.attention_segments()
+            segs = plan.attention_segments()
             if ops.attention.reads_pages:
-                layout = partial(layout, prefixes=prefixes, uploads=up)
-            attention = layout(q_lens, reads, torch.cat([s.write_slots for s in plan.segments]), self.device,
-                               self.kv)
+                layout = partial(layout, prefixes=segs.prefixes, pages=segs.pages, uploads=up)
+            attention = layout(segs.q_lens, segs.reads, torch.cat([s.write_slots for s in plan.segments]),
+                               self.device, self.kv)
         # the GDN groups: a row that joins nothing is a one-row sequence (decode rows), anything else multi-row;
         # in a padded step every chunk is multi-row (it runs filled to its bucket's rows)
         fills = set() if padded is None else set(padded.fills.values())

@@ -32,6 +32,9 @@ class CacheView(Protocol):
 
     def readable(self, n: int) -> torch.Tensor: ...
 
+    @property
+    def pages(self) -> np.ndarray: ...
+
     def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]: ...
 
     def recoveries(self) -> list[Recovery]: ...
@@ -95,7 +98,7 @@ def decode_segment(req: TurnView) -> Segment:
     tracked = join_pending(cache)
     write = cache.claim(1, generated=True)
     return Segment.decode(cache.session, req.last_token, cache.next_position, write, cache.readable(1),
-                          cache.gdn_slot, tracked=tracked)
+                          cache.gdn_slot, tracked=tracked, pages=cache.pages)
 
 
 def verify_segment(req: TurnView, drafts: tuple[int, ...]) -> Segment:

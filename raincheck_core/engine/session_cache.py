@@ -113,6 +113,12 @@ class SessionCache:
         claimed earlier in this step)."""
         return self.table.reserved_slots(0, self.table.length + self._claimed)
 
+    @property
+    def pages(self) -> np.ndarray:
+        """The page ids (int64) of `readable`'s lists: the reserved pages, of which a list of k slots spans the
+        first ceil(k / page size). Read it after the claims: a claim may reserve a page."""
+        return self.table.page_ids
+
     def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]:
         """For the `n` deferred rows of turn `turn` claimed last: the slots their labels let them read
         (deferral/visibility.py), their own last, and the positions among the session's slots up to

@@ -24,10 +24,11 @@ first slot where a list is a page table's first slots, less the positions a defe
 ops/flex_runs.py, else a few passes over the keys; then work per page run, per query tile and per block
 listed; one table write per row written and per slot a chunk leaves out, slot by slot only the pages two
 chunks read). A step's one-row group, when its lists are page tables' first slots (decode rows, padded or
-not), is each list's pages, all read whole but a partly filled last one: it is built from each page's
-first slot in a few numpy ops (`_one_row_group`: a decode step's layout ~0.06-0.09 ms of host time at B =
-1, 0.27 at 64 x 4K, against 0.34 and 0.58 by the general build), and the general build covers the step's
-other segments only (a fused step's chunks). Kept apart from the kernel call and its compile management
+not), is each list's pages, all read whole but a partly filled last one: it is built from the pages a
+decode row carries (its table's own, `Segment.read_pages`; else each page's first slot) in a few numpy
+ops (`_one_row_group`: a decode step's layout ~0.06-0.09 ms of host time at B = 1, 0.27 at 64 x 4K,
+against 0.34 and 0.58 by the general build), and the general build covers the step's other segments only
+(a fused step's chunks). Kept apart from the kernel call and its compile management
 because it is host-side work a step does once; it imports torch, numpy, its runs and its block lists
 (`python -m bench.attention --against REV` loads them by themselves, as they were at a git revision, to time
 two builds).
@@ -196,13 +197,15 @@ class FlexLayout:
 def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor,
                 device: torch.device | str = "cpu", pool: object | None = None,
                 fixed: FixedGroups | None = None, prefixes: list[Prefix] | None = None,
-                uploads: Uploads | None = None) -> FlexLayout:
+                pages: list[np.ndarray | None] | None = None, uploads: Uploads | None = None) -> FlexLayout:
     """The layout of segments with `q_lens[s]` rows each (packed in order) reading `read_slots[s]` (own
     slots last, bottom-right causal) from `pool` (a KVPool: its `k [layers, slots, kv, d]` and
     `page_size`) on `device`; segments grouped by their rows' query bucket, or as `fixed` says.
     `prefixes[s]` (ops/flex_runs.py `Prefix`): True where segment s's list is the first slots of a page
     table (its pages read off every `page_size`-th slot), an array of positions where it is those less the
-    positions (a deferred chunk's), False (the default) for any list, read key by key. `uploads`: the step's
+    positions (a deferred chunk's), False (the default) for any list, read key by key. `pages[s]`, where not
+    None: the pages of segment s's table (int64), of which its list (a table's first slots) spans the first
+    ones; the one-row group reads them there rather than off the lists. `uploads`: the step's
     staged copies (ops/uploads.py), which the layout's tensors and its table writes go by; else each is
     copied to `device` as it is made."""
     if pool is None:
@@ -255,7 +258,7 @@ def flex_layout(q_lens: list[int], read_slots: list[Tensor], write_slots: Tensor
     groups = []
     for q, size in sizes.items():       # in order: each group may widen the block lists of the next
         if q == 1 and paged_rows:
-            groups.append(_one_row_group(read_slots, seg_keys, np.flatnonzero(in_group == 1), row_start,
+            groups.append(_one_row_group(read_slots, pages, seg_keys, np.flatnonzero(in_group == 1), row_start,
                                          of_row.shape[0], size, step, tables, up))
         else:
             ids = np.flatnonzero(in_group[at] == q)
@@ -358,37 +361,54 @@ def _one_row_pages(query: list[int], sizes: dict[int, int], prefixes: list[Prefi
         p is True or table_prefix(p) for q, p in zip(query, prefixes, strict=True) if q == 1))
 
 
-def _one_row_group(read_slots: list[Tensor], seg_keys: np.ndarray, sid: np.ndarray, row_start: np.ndarray, rows: int,
-                   size: int, step: int, tables: SlotTables, up: Uploads) -> FlexGroup:
+def _one_row_group(read_slots: list[Tensor], table_pages_of: list[np.ndarray | None] | None, seg_keys: np.ndarray,
+                   sid: np.ndarray, row_start: np.ndarray, rows: int, size: int, step: int, tables: SlotTables,
+                   up: Uploads) -> FlexGroup:
     """`_group` for the one-row group (segments `sid`) that `_one_row_pages` holds of: each row sees its whole
     list, so its page table's pages are its blocks, whole but for a partly filled last one (under the mask: the
-    slots after the row's own). Read off each page's first slot with a few numpy ops on small arrays, where the
-    general build takes ~70 torch ops (~0.6 ms of host time a decode step at any batch)."""
+    slots after the row's own). The pages are the tables' own (`table_pages_of`, a decode row's), else read off
+    each page's first slot of the list; then a few numpy ops on small arrays, where the general build takes ~70
+    torch ops (~0.6 ms of host time a decode step at any batch)."""
     ps, m = tables.page_size, sid.shape[0]
     n = max(size, bucket(m))    # `size`: a fixed shape's (else 0)
     k = seg_keys[sid]
-    page = table_pages([read_slots[s] for s in sid.tolist()], ps)
     pages, full = -(-k // ps), k // ps
+    page = _row_pages(read_slots, table_pages_of, sid.tolist(), pages.tolist(), ps)
     first = pages.cumsum() - pages                              # each list's first page among all
     cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
-    # the partial blocks' lists, the full ones'
-    blocks = np.zeros((2, buffer_length(n, 1, cols, tables.slots // ps)), dtype=np.int32)
+    # the int32 tables, staged as one: the partial and full blocks each tile lists, the partial blocks' lists, the
+    # full ones'
+    length = buffer_length(n, 1, cols, tables.slots // ps)
+    ints = np.zeros(2 * (n + length), dtype=np.int32)
+    num, blocks = ints[:2 * n].reshape(2, n), ints[2 * n:].reshape(2, length)
     # the full blocks: each list's pages but a partly filled last one, from its tile's first column
     within = np.arange(int(full.sum())) - np.repeat(full.cumsum() - full, full)
     blocks[1, np.repeat(np.arange(m) * cols, full) + within] = page[np.repeat(first, full) + within]
     partial = full < pages
     blocks[0, np.flatnonzero(partial) * cols] = page[(first + pages - 1)[partial]]
-    # per segment, padded to `n`: packed row, output row (padding: past the step's rows), stamp, last slot,
-    # rows; and the partial and full blocks each tile lists
-    per = np.zeros((5, n), dtype=np.int64)
+    num[:, :m] = partial, full
+    # the int64 ones, staged as one: per segment, padded to `n`, packed row, output row (padding: past the step's
+    # rows), stamp, last slot, rows; then the step
+    longs = np.zeros(5 * n + 1, dtype=np.int64)
+    per = longs[:5 * n].reshape(5, n)
     per[1, m:], per[2, m:] = rows, -1
     per[:4, :m] = row_start[sid], row_start[sid], step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
     per[4, :m] = 1
-    num = np.zeros((2, n), dtype=np.int32)
-    num[:, :m] = partial, full
-    per_t, num_t, blocks_t = up.put(per), up.put(num), up.put(blocks)
+    longs[-1] = step
+    longs_t, ints_t = up.put(longs), up.put(ints)
+    per_t, num_t, blocks_t = longs_t[:5 * n].view(5, n), ints_t[:2 * n].view(2, n), ints_t[2 * n:].view(2, length)
     return FlexGroup(
         q_rows=per_t[0], out_rows=per_t[1], stamp=per_t[2], last=per_t[3],
         filtered=up.put(np.zeros(n, dtype=bool)), rows=per_t[4],
-        step=up.put(np.array([step])), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
+        step=longs_t[5 * n:], partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
         full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)
+
+
+def _row_pages(read_slots: list[Tensor], table_pages_of: list[np.ndarray | None] | None, sid: list[int],
+               counts: list[int], page_size: int) -> np.ndarray:
+    """The pages the lists of segments `sid` read, `counts[i]` of segment `sid[i]`'s, concatenated: the first
+    ones of its table's pages where it carries them (a slice each: ~0.3 µs, against ~1.5 to read a list's
+    page heads off its tensor), else read off its list's first slot on each page (`table_pages`)."""
+    if table_pages_of is None or any(table_pages_of[s] is None for s in sid):
+        return table_pages([read_slots[s] for s in sid], page_size)
+    return np.concatenate([table_pages_of[s][:c] for s, c in zip(sid, counts, strict=True)])

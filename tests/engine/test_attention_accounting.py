@@ -36,15 +36,18 @@ def owned(layout: FlexLayout) -> FlexLayout:
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, family, monkeypatch):
-    layouts, skipping = [], []       # skipping: a step's chunk lists leave out their turn's generated slots
+    # skipping: a step's chunk lists leave out their turn's generated slots; carried: its decode rows carry pages
+    layouts, skipping, carried = [], [], []
 
-    def recording(q_lens, read_slots, write_slots, device, pool, prefixes, uploads):
-        # the lists the engine calls page-table prefixes give the layout of their every slot read (the
-        # reference is built first, copied as it is made: the step's own layout, staged, must be the pool
-        # tables' latest)
+    def recording(q_lens, read_slots, write_slots, device, pool, prefixes, pages, uploads):
+        # the lists the engine calls page-table prefixes, and the pages its decode rows carry, give the layout
+        # of their every slot read (the reference is built first, copied as it is made: the step's own
+        # layout, staged, must be the pool tables' latest)
         every = backend.flex_layout(q_lens, read_slots, write_slots, device, pool)
-        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes, uploads=uploads)
+        layout = backend.flex_layout(q_lens, read_slots, write_slots, device, pool, prefixes=prefixes, pages=pages,
+                                     uploads=uploads)
         assert any(p is True for p in prefixes)
+        carried.append(any(p is not None for p in pages))
         skipping.append(any(isinstance(p, np.ndarray) and p.shape[0] for p in prefixes))
 
         def same() -> None:      # once the step's staged tensors are sent
@@ -91,3 +94,4 @@ def test_steps_compute_and_read_only_what_their_rows_see(tiny_checkpoints, famil
     assert frozenset({Kind.DECODE}) in seen
     assert any({Kind.DECODE, Kind.DEFERRED} <= k for k in seen)
     assert any(skipping)        # the lists of chunks after generated tokens gave their pages from their skips
+    assert any(carried)         # and decode rows theirs from their page tables

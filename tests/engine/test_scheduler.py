@@ -68,6 +68,10 @@ class Cache:
         self.reads.append((n, False))
         return torch.arange(self.length + self.claimed)
 
+    @property
+    def pages(self) -> np.ndarray:      # slot i is on page i // 16, as `readable` numbers them
+        return np.arange(-(-(self.length + self.claimed) // 16), dtype=np.int64)
+
     def deferred_readable(self, n: int, turn: int) -> tuple[torch.Tensor, np.ndarray]:
         self.reads.append((n, True))
         return torch.arange(self.length + self.claimed), np.zeros(0, dtype=np.int64)

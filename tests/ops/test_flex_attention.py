@@ -277,12 +277,13 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(chunk):
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every_slot_gives(padded):
     """A step of decode rows only, each list its page table's first slots (the engine's plain decode step),
-    is built from each page's first slot alone (ops/flex_layout.py `_one_row_group`): the layout every slot
-    gives, at page boundaries (a row on a page's last slot, on a new page's first, a session's first row),
-    for sessions sharing prefix pages, and padded to a fixed shape with padding rows on a scratch slot (a
-    captured graph's step); and its rows attend as the reference does."""
+    is built from each page's first slot alone (ops/flex_layout.py `_one_row_group`), or from the pages their
+    tables hold (`PageTable.page_ids`, which decode segments carry): the layout every slot gives, at page
+    boundaries (a row on a page's last slot, on a new page's first, a session's first row), for sessions
+    sharing prefix pages, and padded to a fixed shape with padding rows on a scratch slot (a captured graph's
+    step); and its rows attend as the reference does."""
     pool = _pool(128)
-    q_lens, reads, writes = [], [], []
+    q_lens, reads, writes, pages = [], [], [], []
     shared = _session(pool, 40)
     for filled in (15, 16, 0, 47, 31, 200, None):
         if filled is None:          # the prefix cache's pages, read by a second session
@@ -293,6 +294,7 @@ def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every
             t = _session(pool, filled)
         writes.append(t.ahead(0, 1))
         reads.append(t.reserved_slots(0, filled + 1))
+        pages.append(t.page_ids)
         q_lens.append(1)
     rows, fixed, prefixes = len(q_lens), None, [True] * len(q_lens)
     if padded:
@@ -301,11 +303,13 @@ def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every
         reads += [scratch] * 3
         writes += [scratch] * 3
         prefixes += [False] * 3
+        pages += [None] * 3
         fixed = FixedGroups([1] * rows + [0] * 3, {1: 16})
     every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed)
     layout = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes)
+    carried = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes, pages=pages)
     assert [g.q for g in layout.groups] == [1] and layout.groups[0].stamp.shape[0] == (16 if padded else 8)
-    for a, b in zip(every.groups, layout.groups, strict=True):
+    for a, b in [*zip(every.groups, layout.groups, strict=True), *zip(every.groups, carried.groups, strict=True)]:
         for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                      "full_idx"):
             x, y = getattr(a, name), getattr(b, name)
@@ -316,10 +320,11 @@ def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(len(q_lens), HEADS, D, generator=gen)
     k, v = torch.randn(len(q_lens), KV, D, generator=gen), torch.randn(len(q_lens), KV, D, generator=gen)
-    out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], layout)
-    for s in range(rows):
-        ref = reference_attention(q[s:s + 1], pool.k[0], pool.v[0], reads[s])
-        assert float((out[s:s + 1] - ref).abs().max()) <= 1e-5, s
+    for built in (layout, carried):
+        out = flex_varlen_attention(q, k, v, pool.k[0], pool.v[0], built)
+        for s in range(rows):
+            ref = reference_attention(q[s:s + 1], pool.k[0], pool.v[0], reads[s])
+            assert float((out[s:s + 1] - ref).abs().max()) <= 1e-5, s
 
 
 def test_a_one_row_chunk_takes_the_two_row_group_and_the_decode_rows_keep_theirs():
@@ -349,7 +354,7 @@ def test_random_decode_and_chunk_steps_give_the_same_layout_marked_or_not():
     pool = _pool(512)
     rng = np.random.default_rng(1)
     for trial in range(60):
-        q_lens, reads, writes, prefixes, tables = [], [], [], [], []
+        q_lens, reads, writes, prefixes, tables, pages = [], [], [], [], [], []
         for _ in range(int(rng.integers(1, 7))):
             filled = int(rng.integers(0, 120))
             t = _session(pool, filled)
@@ -365,10 +370,12 @@ def test_random_decode_and_chunk_steps_give_the_same_layout_marked_or_not():
                 writes.append(chunk)
                 q_lens.append(rows)
                 prefixes.append(skipped if skipped.size else True)
+                pages.append(None)
             writes.append(t.ahead(rows, 1))
             reads.append(t.reserved_slots(0, filled + rows + 1))
             q_lens.append(1)
             prefixes.append(True)
+            pages.append(t.page_ids)        # as the engine's decode segments carry them
         fixed = None
         if trial % 2:
             scratch = torch.tensor([pool.allocate(1)[0] * PAGE])
@@ -378,12 +385,15 @@ def test_random_decode_and_chunk_steps_give_the_same_layout_marked_or_not():
                 reads.append(scratch.expand(int(n)))
                 writes.append(scratch.expand(int(n)))
                 prefixes.append(False)
+                pages.append(None)
                 query.append(0)
             fixed = FixedGroups(query, {q: query.count(q) + int(rng.integers(0, 3)) for q in set(query) - {0}})
         marked = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes)
         every = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed)
-        assert [g.q for g in marked.groups] == [g.q for g in every.groups]
-        for a, b in zip(every.groups, marked.groups, strict=True):
+        carried = flex_layout(q_lens, reads, torch.cat(writes), "cpu", pool, fixed=fixed, prefixes=prefixes,
+                              pages=pages)
+        assert [g.q for g in marked.groups] == [g.q for g in every.groups] == [g.q for g in carried.groups]
+        for a, b in [*zip(every.groups, marked.groups, strict=True), *zip(every.groups, carried.groups, strict=True)]:
             for name in ("q_rows", "out_rows", "last", "filtered", "rows", "partial_num", "partial_idx", "full_num",
                          "full_idx"):
                 assert torch.equal(getattr(a, name), getattr(b, name)), (trial, name)
