@@ -14,7 +14,9 @@ but only the difference is reported. 20th percentile and median over the steady 
 second table splits it by stage (`STAGES`), in a round of its own: the engine's plan, read and step hooks and
 the decoder's forward hooks mark the stages' ends. What the update does before it first reads a value the
 forward computed runs beside the forward on a device (the forward returns when its kernels are queued); the
-rest is the critical path, the host time a device waits for between two forwards.
+rest is the critical path, the host time a device waits for between two forwards. Of the inputs, the table
+also gives what the GPU path's CPU twin does in a device's place (`DEVICE`: its staged copy and the device work
+queued after it), which a GPU's host only queues.
 `--images SIDE` gives each turn an image of SIDE² merged tokens between its text (precomputed embeddings)
 under raincheck (30% kept, 31-row chunks after a 16-token guard, no TPOT objective): its steady steps carry
 the deferred chunks the engine's budget lets them (63 rows a step: two sessions' chunks), the host work of
@@ -97,6 +99,10 @@ def forward_timer(model: torch.nn.Module) -> Iterator[list[float]]:
 # stage beside the forward: what a device waits for between two forwards
 STAGES = ("planning", "inputs", "beside the forward", "after its logits", "rest")
 CRITICAL = "critical path"
+# of the inputs, what the GPU path's CPU twin does in a device's place: its staged copy and the device work queued
+# after it (the decode tokens' embedding rows, the slot-table writes; `Uploads.send`), which a GPU's host only
+# queues (a copy and a few launches); none on the native path
+DEVICE = "the twin's device work"
 
 
 @contextmanager
@@ -116,9 +122,18 @@ def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
             marks[name] = time.thread_time()
         return mark
 
+    uploads = engine.uploads
+    send = uploads.send
+
+    def timed_send() -> None:        # `DEVICE`: its thread CPU time, summed over the step
+        start = time.thread_time()
+        send()
+        marks[DEVICE] = marks.get(DEVICE, 0.0) + time.thread_time() - start
+
     model = engine.model
     removers = [engine.on_plan(first("planned")), engine.on_read(last("read")), engine.on_step(first("stepped"))]
     pre, post = model.register_forward_pre_hook(first("forward")), model.register_forward_hook(last("forwarded"))
+    uploads.send = timed_send       # an instance attribute: the runner and the graph path call it
     try:
         yield marks
     finally:
@@ -126,6 +141,7 @@ def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
             remove()
         pre.remove()
         post.remove()
+        del uploads.send
 
 
 @contextmanager
@@ -208,12 +224,14 @@ def host_steps(engine: Engine, batch: Sequence[Prompt], max_new: int, profiler: 
 
 def _split(marks: dict[str, float], start: float, step: float, forward: float, stages: dict[str, list[float]]
            ) -> None:
-    """One step's marks (`step_marks`) as CPU seconds by stage, appended to `stages`, and its critical path."""
+    """One step's marks (`step_marks`) as CPU seconds by stage, appended to `stages`, its critical path and, of
+    its inputs, the CPU twin's device work (`DEVICE`)."""
     parts = {"planning": marks["planned"] - start, "inputs": marks["forward"] - marks["planned"],
              "beside the forward": marks["read"] - marks["forwarded"],
              "after its logits": marks["stepped"] - marks["read"]}
     parts["rest"] = step - forward - sum(parts.values())
     parts[CRITICAL] = step - forward - parts["beside the forward"]
+    parts[DEVICE] = marks.get(DEVICE, 0.0)
     for name, seconds in parts.items():
         stages[name].append(seconds)
 
@@ -223,7 +241,7 @@ def measure(engine: Engine, bs: Sequence[int], repeats: int, max_new: int, desc:
     defer = load.deferral
     host_steps(engine, load.batch(engine, 4, 99), max_new if defer else 8, deferral=defer)   # warm-up: first uses
     pooled: dict[int, tuple[list[float], list[float]]] = {b: ([], []) for b in bs}
-    by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in (*STAGES, CRITICAL)} for b in bs}
+    by_stage: dict[int, dict[str, list[float]]] = {b: {name: [] for name in (*STAGES, CRITICAL, DEVICE)} for b in bs}
     staged: dict[int, list[tuple[int, int]]] = {b: [] for b in bs}
     with tqdm(total=(repeats + 1) * len(bs), desc=desc, leave=False) as bar:
         for r in range(repeats):
@@ -321,15 +339,16 @@ def table(results: dict[str, dict[int, dict]]) -> str:
 
 
 def stage_table(results: dict[str, dict[int, dict]]) -> str:
-    """The host time by stage (`STAGES`; medians over a round's steady steps) and the critical path's (p20 and
-    median)."""
-    lines = ["| family | B | " + " | ".join(f"{name} ms" for name in STAGES) + f" | {CRITICAL} ms, p20 / median |",
-             "|---|---|" + "---|" * (len(STAGES) + 1)]
+    """The host time by stage (`STAGES`; medians over a round's steady steps), the critical path's (p20 and
+    median) and, of the inputs, the CPU twin's device work (`DEVICE`, median)."""
+    lines = ["| family | B | " + " | ".join(f"{name} ms" for name in STAGES)
+             + f" | {CRITICAL} ms, p20 / median | of the inputs, {DEVICE} ms |",
+             "|---|---|" + "---|" * (len(STAGES) + 2)]
     for family, by_b in results.items():
         for b, r in by_b.items():
             stages = r["stage_ms_median"]
             lines.append(f"| {family} | {b} | " + " | ".join(f"{stages[name]:.2f}" for name in STAGES)
-                         + f" | {r['critical_ms_p20']:.2f} / {stages[CRITICAL]:.2f} |")
+                         + f" | {r['critical_ms_p20']:.2f} / {stages[CRITICAL]:.2f} | {stages[DEVICE]:.2f} |")
     return "\n".join(lines)
 
 

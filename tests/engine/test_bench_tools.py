@@ -57,20 +57,21 @@ def test_host_report_has_every_batch_and_a_steady_step(tmp_path):
     assert all(r["steps"] > 0 and 0 < r["forward_ms_median"] < r["step_ms_median"] for r in results.values())
     for r in results.values():      # every stage timed in the steady steps
         stages = r["stage_ms_median"]
-        assert set(stages) == {*host.STAGES, host.CRITICAL} and stages["planning"] > 0
+        assert set(stages) == {*host.STAGES, host.CRITICAL, host.DEVICE} and stages["planning"] > 0
         assert stages["beside the forward"] > 0 and stages["after its logits"] > 0
         assert 0 < r["critical_ms_p20"] <= stages[host.CRITICAL]
+        assert stages[host.DEVICE] == 0         # the native path stages nothing
 
 
 def test_a_steps_stages_split_its_host_time_and_the_critical_path_leaves_out_what_ran_beside_the_forward():
     """`_split` on one step's marks (thread CPU seconds): the stages add up to the host time (step less
     forward), and the critical path is that less the stage beside the forward."""
-    marks = dict(planned=10.2, forward=10.5, forwarded=12.5, read=12.9, stepped=13.4)
-    stages = {name: [] for name in (*host.STAGES, host.CRITICAL)}
+    marks = {"planned": 10.2, "forward": 10.5, "forwarded": 12.5, "read": 12.9, "stepped": 13.4, host.DEVICE: 0.05}
+    stages = {name: [] for name in (*host.STAGES, host.CRITICAL, host.DEVICE)}
     host._split(marks, start=10.0, step=3.5, forward=2.0, stages=stages)
     got = {name: round(v[0], 9) for name, v in stages.items()}
     assert got == {"planning": 0.2, "inputs": 0.3, "beside the forward": 0.4, "after its logits": 0.5, "rest": 0.1,
-                   host.CRITICAL: 1.1}
+                   host.CRITICAL: 1.1, host.DEVICE: 0.05}
     assert round(sum(got[name] for name in host.STAGES), 9) == 1.5
 
 
@@ -110,8 +111,11 @@ def test_host_times_the_graph_path_of_the_flex_backend(tmp_path):
     finally:
         torch.set_num_threads(threads)
     (r,) = json.loads((tmp_path / "h.json").read_text())["results"]["qwen3_vl"].values()
-    # the step's host-built tensors staged and sent in one copy (ops/uploads.py)
+    # the step's host-built tensors staged and sent in one copy (ops/uploads.py), which the twin's device work
+    # times, within the inputs
     assert r["steps"] > 0 and r["staged_copies_max"] == 1 and r["staged_tensors_median"] > 5
+    stages = r["stage_ms_median"]
+    assert 0 < stages[host.DEVICE] < stages["inputs"]
 
 
 def test_host_with_the_forward_stubbed_runs_no_model_arithmetic(tmp_path):
