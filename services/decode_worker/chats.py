@@ -14,7 +14,7 @@ from typing import TypeVar
 from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, InvalidInputError
 
-from .completions import _events
+from .completions import answer_events
 from .convert import to_render, to_sampling
 
 T = TypeVar("T")
@@ -56,4 +56,4 @@ def complete_chat(engine: Engine, request: chat_pb2.CompleteRequest, max_new_tok
     except BaseException:
         session.close()
         raise
-    return _events(session, stream, None, engine)
+    return answer_events(session, stream, None, engine)

@@ -5,13 +5,13 @@ and its tokenizer."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import torch
 
 from raincheck_client._gen import chat_pb2
-from raincheck_core import Engine, InvalidInputError, Prompt, TokenEvent, TurnEnd, TurnMetrics
+from raincheck_core import Engine, InvalidInputError, Prompt, Session, TokenEvent, TurnEnd, TurnMetrics
 from raincheck_core.multimodal.chat import chatml_template
 
 from .convert import error_event, final_event, metrics_event, to_sampling, token_delta
@@ -44,10 +44,14 @@ def complete(engine: Engine, request: chat_pb2.CompleteRequest, max_new_tokens: 
     except BaseException:
         session.close()
         raise
-    return _events(session, stream, prompt, engine)
+    return answer_events(session, stream, prompt, engine)
 
 
-def _events(session, stream, prompt: chat_pb2.PromptTokens | None, engine: Engine) -> Iterator[chat_pb2.ChatEvent]:
+def answer_events(session: Session, stream: Iterable[TokenEvent | TurnEnd], prompt: chat_pb2.PromptTokens | None,
+                  engine: Engine) -> Iterator[chat_pb2.ChatEvent]:
+    """The events of the answer `stream` of a session opened for one request (a completion, a chat outside
+    sessions): the prompt's tokens first where echoed (`prompt`), the tokens, its metrics and end, or the error
+    that ended it; the session is closed when the stream ends or its reader goes away."""
     decode = engine.formatter.decode if engine.formatter is not None else None
     try:
         if prompt is not None:
