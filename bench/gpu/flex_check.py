@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from functools import partial
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,10 +38,11 @@ def _pool(pages: int, kv_heads: int, d: int, dtype: torch.dtype, device: str) ->
 
 
 def _step(pool: KVPool, segments: tuple[tuple[int, int], ...], skip: int | None = None
-          ) -> tuple[list[int], list[Tensor], Tensor]:
-    """Each (context, rows) segment a session of its own: (q_lens, readable slots, slots written); the
-    segment at index `skip` reads its context without its last GENERATED slots (a deferred chunk)."""
-    q_lens, reads, writes = [], [], []
+          ) -> tuple[list[int], list[Tensor], Tensor, list[np.ndarray]]:
+    """Each (context, rows) segment a session of its own: (q_lens, readable slots, slots written, each
+    session's page table's pages); the segment at index `skip` reads its context without its last GENERATED
+    slots (a deferred chunk)."""
+    q_lens, reads, writes, pages = [], [], [], []
     for i, (context, n) in enumerate(segments):
         table = PageTable(pool, (context + n) // PAGE + 2)
         table.append(context)
@@ -51,7 +53,8 @@ def _step(pool: KVPool, segments: tuple[tuple[int, int], ...], skip: int | None 
         q_lens.append(n)
         reads.append(torch.cat([past, write]))
         writes.append(write)
-    return q_lens, reads, torch.cat(writes)
+        pages.append(table.page_ids)
+    return q_lens, reads, torch.cat(writes), pages
 
 
 def _call(pool: KVPool, q_lens: list[int], reads: list[Tensor], writes: Tensor, heads: int, device: str
@@ -69,7 +72,7 @@ def groups(device: str, tiny: bool) -> dict:
     out = {}
     for name, dtype, heads, kv_heads, d in CASES[1:] if tiny else CASES:
         pool = _pool(256, kv_heads, d, dtype, device)
-        q_lens, reads, writes = _step(pool, SEGMENTS[:-1] if tiny else SEGMENTS, skip=4)
+        q_lens, reads, writes, _ = _step(pool, SEGMENTS[:-1] if tiny else SEGMENTS, skip=4)
         sync(device)
         t0 = time.perf_counter()
         q, layout, res = _call(pool, q_lens, reads, writes, heads, device)
@@ -95,12 +98,13 @@ def decode(device: str, tiny: bool, bandwidth: float | None = None) -> list[dict
     rows = []
     for b in sizes:
         pool = _pool(b * (context // PAGE + 2) + 8, kv_heads, d, dtype, device)
-        q_lens, reads, writes = _step(pool, ((context, 1),) * b)
+        q_lens, reads, writes, pages = _step(pool, ((context, 1),) * b)
         q, layout, _ = _call(pool, q_lens, reads, writes, heads, device)
         k, v = (torch.randn(b, kv_heads, d, device=device, dtype=dtype) for _ in range(2))
         seconds = timed(partial(flex_varlen_attention, q, k, v, pool.k[0], pool.v[0], layout), device, 20)
-        t0 = time.perf_counter()        # as the engine builds a decode step's: its lists are page-table prefixes
-        flex_layout(q_lens, reads, writes, device, pool, prefixes=[True] * b)
+        # as the engine builds a decode step's: its lists are page-table prefixes, its rows carry their pages
+        t0 = time.perf_counter()
+        flex_layout(q_lens, reads, writes, device, pool, prefixes=[True] * b, pages=pages)
         layout_s = time.perf_counter() - t0
         acc = flex_accounting(layout, kv_heads, d, pool.k.element_size())
         rate = acc.kv_visible / seconds
