@@ -43,7 +43,7 @@ from raincheck_core.models.random_init import save_random_checkpoint
 from raincheck_core.ops import backend
 from raincheck_core.ops.attention_accounting import StepAccounting, allocated_bytes, flex_accounting
 from raincheck_core.ops.flex_attention import flex_varlen_attention
-from raincheck_core.ops.flex_layout import flex_layout
+from raincheck_core.ops.flex_layout import FlexLayout, flex_layout
 
 from .common import setup_torch
 
@@ -65,7 +65,8 @@ def decode_steps(workdir: Path, sessions: int, repeats: int) -> dict:
     folder = save_random_checkpoint(workdir / "qwen3_vl", "qwen3_vl", "bench")
     layouts = []
 
-    def recording(q_lens, read_slots, write_slots, device, pool):
+    def recording(q_lens: list[int], read_slots: list[torch.Tensor], write_slots: torch.Tensor,
+                  device: torch.device | str, pool: object) -> FlexLayout:
         layouts.append(backend.flex_layout(q_lens, read_slots, write_slots, device, pool))
         return layouts[-1]
 

@@ -45,10 +45,11 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -213,15 +214,15 @@ OUTSIDE = "outside the forward (plan, tensors, update, sampling)"
 
 
 @contextmanager
-def layer_timer(model: torch.nn.Module):
+def layer_timer(model: torch.nn.Module) -> Iterator[dict[str, float]]:
     """Thread CPU seconds per layer kind, exclusive of child modules; `totals['forward']` is inclusive."""
     totals: dict[str, float] = defaultdict(float)
     stack: list[list[float]] = []             # per open module: [start, time spent in children]
 
-    def pre(_module, _args):
+    def pre(_module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
         stack.append([time.thread_time(), 0.0])
 
-    def post(module, _args, _out):
+    def post(module: torch.nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
         start, children = stack.pop()
         spent = time.thread_time() - start
         if module is model:

@@ -19,6 +19,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from raincheck_core import Engine, Prompt, TurnMetrics
@@ -47,7 +48,7 @@ def follow_up(engine: Engine, prompt: Prompt, repeats: int, max_new: int, select
 
 
 def _medians(ms: list[TurnMetrics]) -> dict:
-    def med(get) -> float:
+    def med(get: Callable[[TurnMetrics], float]) -> float:
         return statistics.median(get(m) for m in ms)
 
     return {"barrier_wait_s": med(lambda m: m.barrier_wait_s), "ttft_s": med(lambda m: m.ttft_s),

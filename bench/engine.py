@@ -14,6 +14,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -21,8 +22,11 @@ from tqdm import tqdm
 from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.models.random_init import build_model
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def time_transformers(model, ids: torch.Tensor, decode: int) -> tuple[float, float]:
+
+def time_transformers(model: PreTrainedModel, ids: torch.Tensor, decode: int) -> tuple[float, float]:
     from transformers import DynamicCache
 
     with torch.inference_mode():

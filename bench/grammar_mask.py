@@ -18,10 +18,14 @@ import statistics
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from raincheck_core.grammar import Grammars, json_schema_grammar
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
@@ -31,7 +35,7 @@ SCHEMA = {"type": "object", "properties": {
 INSTANCE = '{"name":"Ada Lovelace","age":36,"colour":"green","tags":["maths","engines"]}'
 
 
-def train_tokenizer(vocab: int):
+def train_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     """A fast byte-level BPE tokenizer of about `vocab` tokens, trained on this interpreter's stdlib."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
@@ -48,7 +52,7 @@ def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1e3, 3)
 
 
-def bench_llguidance(hf, tokens: list[int], batch: int, repeats: int) -> dict:
+def bench_llguidance(hf: PreTrainedTokenizerFast, tokens: list[int], batch: int, repeats: int) -> dict:
     """Through Raincheck's own path (raincheck_core/grammar.py), as the sampler runs it."""
     vocab = len(hf)
     grammars = Grammars(hf, vocab)
@@ -71,7 +75,7 @@ def bench_llguidance(hf, tokens: list[int], batch: int, repeats: int) -> dict:
             "mask_per_row_us": round(statistics.median(steps) / batch * 1e6, 1)}
 
 
-def bench_outlines(hf, tokens: list[int], batch: int, repeats: int) -> dict | None:
+def bench_outlines(hf: PreTrainedTokenizerFast, tokens: list[int], batch: int, repeats: int) -> dict | None:
     try:
         import outlines_core
         from outlines_core.json_schema import build_regex_from_schema

@@ -160,11 +160,11 @@ def linear_rows(repeats: int) -> list[dict]:
     for m in (1, 8, 32, 64):
         xs = [torch.randn(m, i, generator=gen) for i, _ in shapes]
 
-        def plain(xs=xs):
+        def plain(xs: list[torch.Tensor] = xs) -> None:
             for x, layer in zip(xs, layers, strict=True):
                 F.linear(x, layer.weight)
 
-        def packed(xs=xs):
+        def packed(xs: list[torch.Tensor] = xs) -> None:
             for x, layer in zip(xs, layers, strict=True):
                 layer(x)
 

@@ -41,13 +41,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from raincheck_core import TurnMetrics
+from raincheck_core import Engine, Prompt, TurnMetrics
 from raincheck_core.deferral.policy import CHUNK_SIZES, DeferralConfig
 
 from . import bounded, moe, plots
@@ -115,7 +116,7 @@ def tpot_floor(s: dict, full: dict, max_new: int) -> float:
     return 1 + fused * full["ttft_s"] / full["prompt_tokens"] / ((max_new - 1) * full["tpot_s"])
 
 
-def policies(engine, prompt, args, family: str) -> dict[str, dict]:
+def policies(engine: Engine, prompt: Prompt, args: argparse.Namespace, family: str) -> dict[str, dict]:
     arms = [Arm(a, _cfg(args, a)) for a in ARMS]
     res = _compare(engine, prompt, arms, args, f"{family} policies")
     res.pop("_turns")
@@ -132,7 +133,7 @@ def _fused_arm(c: int) -> str:
     return "raincheck_fixed" if c == 31 else f"fused_c{c}"
 
 
-def sweeps(engine, prompt, args, family: str) -> tuple[dict[str, dict], dict, dict]:
+def sweeps(engine: Engine, prompt: Prompt, args: argparse.Namespace, family: str) -> tuple[dict[str, dict], dict, dict]:
     """The policies, the objective sweep and the chunk sweep as one side-by-side comparison (one `full`,
     and each setting that belongs to several, such as raincheck at the default objective, run once):
     the policy table, the objective sweep ({full, rows}), the chunk sweep ({full, rows, fixed + per-row
@@ -154,7 +155,7 @@ def _median_step(turns: list[TurnStats], rows: int | None) -> float | None:
     return statistics.median(steps) if steps else None
 
 
-def chunk_sweep(res: dict[str, dict], turns: dict[str, list[TurnStats]], args) -> dict:
+def chunk_sweep(res: dict[str, dict], turns: dict[str, list[TurnStats]], args: argparse.Namespace) -> dict:
     """Fixed c (`tpot_slo=None`): per c, the median plain and c-row step (the engine's clock), the extra
     cost of the chunk, fused vs serial; then the extra cost fitted as fixed + per-row over c."""
     rows = []
@@ -180,7 +181,7 @@ def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return intercept, slope
 
 
-def retention_sweep(engine, prompt, args) -> dict:
+def retention_sweep(engine: Engine, prompt: Prompt, args: argparse.Namespace) -> dict:
     arms = [Arm("full", _cfg(args, "full"))]
     arms += [Arm(f"r{r}", _cfg(args, "raincheck", retention=r)) for r in args.retentions]
     res = _compare(engine, prompt, arms, args, "retention sweep")
@@ -198,7 +199,7 @@ class GapRow:
     barrier_wait_s: list[float]    # turns 2 and 3
 
 
-def think_time(engine, prompt, args) -> list[GapRow]:
+def think_time(engine: Engine, prompt: Prompt, args: argparse.Namespace) -> list[GapRow]:
     """Three turns per (arm, think time), wall clock, the engine stepping in the background; the
     median over repeats of each number."""
     use_clock(engine, time.perf_counter, calibrate=True)
@@ -223,7 +224,7 @@ def think_time(engine, prompt, args) -> list[GapRow]:
 
 
 def _gap_row(arm: str, think_s: float, dialogues: list[list[TurnMetrics]]) -> GapRow:
-    def med(get) -> float:
+    def med(get: Callable[[list[TurnMetrics]], float]) -> float:
         return statistics.median(get(d) for d in dialogues)
 
     return GapRow(arm, think_s, med(lambda d: d[0].ttft_s), med(lambda d: d[0].tpot_s),

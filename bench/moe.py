@@ -20,7 +20,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -90,7 +90,7 @@ def _shape(family: str) -> str:
     return f"{family} bench, {s['num_experts']} experts, top-{s['num_experts_per_tok']}"
 
 
-def latency_section(args: argparse.Namespace, workdir: Path, arms: Sequence[Arm], clock) -> dict:
+def latency_section(args: argparse.Namespace, workdir: Path, arms: Sequence[Arm], clock: Callable[[], float]) -> dict:
     """`arms`: full, hard and raincheck as bench.latency configures them."""
     engine = build_engine(args.moe_family, workdir)
     use_clock(engine, clock, calibrate=True)

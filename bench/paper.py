@@ -35,6 +35,7 @@ import torch
 
 from raincheck_core import DeferralConfig, Engine, Message, Prompt, SamplingParams, VisualInput
 from raincheck_core.deferral.partition import partition_turn
+from raincheck_core.engine.plan import StepPlan
 from raincheck_demo.world import FAMILIES
 
 from . import latency, quality
@@ -97,7 +98,7 @@ def table7(engine: Engine, args: argparse.Namespace) -> dict:
         for policy in ("full", "hard", "raincheck"):
             largest = [0]
 
-            def step_bytes(plan, largest=largest) -> None:
+            def step_bytes(plan: StepPlan, largest: list[int] = largest) -> None:
                 rows = plan.rows
                 lists = sum(s.read_slots.nbytes + s.write_slots.nbytes for s in plan.segments)
                 largest[0] = max(largest[0], rows * engine.model_config.hidden_size * 4 + rows * 3 * 8 + lists)

@@ -36,8 +36,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -92,7 +94,7 @@ class Traffic:
         for name in self.bytes:
             original = getattr(dist, name)
 
-            def counted(*args, _name=name, _original=original, **kw):
+            def counted(*args: Any, _name: str = name, _original: Callable[..., Any] = original, **kw: Any) -> Any:
                 tensor = args[0] if _name == "all_reduce" else args[1]
                 self.bytes[_name] += tensor.numel() * tensor.element_size()
                 return _original(*args, **kw)

@@ -30,6 +30,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -79,7 +80,8 @@ def _png(seed: int, side: int = 448) -> bytes:
     return buf.getvalue()
 
 
-def cold_warm(engine: Engine, repeats: int, cold, warm) -> dict:
+def cold_warm(engine: Engine, repeats: int, cold: Callable[[int], tuple[float, int, int]],
+              warm: Callable[[int], tuple[float, int, int]]) -> dict:
     """Best-of-`repeats` TTFT of `cold()` on empty caches and of `warm()` right after it."""
     colds, warms, hits = [], [], []
     for r in range(repeats):
@@ -93,7 +95,7 @@ def cold_warm(engine: Engine, repeats: int, cold, warm) -> dict:
             "memory": memory(engine)}
 
 
-def unaligned_cold(engine: Engine, repeats: int, cold) -> float | None:
+def unaligned_cold(engine: Engine, repeats: int, cold: Callable[[int], tuple[float, int, int]]) -> float | None:
     """The cold TTFT with prefill steps cut anywhere (`Engine.prefill_alignment` off): what its aligned cuts cost."""
     align = engine.prefill_alignment
     if align is None:

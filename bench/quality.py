@@ -28,6 +28,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +156,7 @@ def summarise(scored: list[list[dict]]) -> dict:
     return out
 
 
-def later_answers(scored: list[list[dict]], which=_later) -> np.ndarray:
+def later_answers(scored: list[list[dict]], which: Callable[[dict], bool] = _later) -> np.ndarray:
     """[dialogues, 2]: correct answers and answers about a visual sent in an earlier turn (or those `which`
     picks), per dialogue (turns 2+ in the single family)."""
     return np.array([[sum(s["exact"] for s in d if which(s)), sum(which(s) for s in d)] for d in scored])
@@ -169,7 +170,8 @@ def recovered(full: np.ndarray, hard: np.ndarray, rc: np.ndarray, idx: np.ndarra
     return float((r - h) / (f - h)) if f > h else float("nan")
 
 
-def accuracy_ci(scored: list[list[dict]], which=_later, reps: int = 2000, seed: int = 0) -> list[float]:
+def accuracy_ci(scored: list[list[dict]], which: Callable[[dict], bool] = _later, reps: int = 2000, seed: int = 0
+                ) -> list[float]:
     """Marginal 95% bootstrap interval (over dialogues) of one arm's exact match on later answers (or those
     `which` picks)."""
     per = later_answers(scored, which)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 KIND_COLUMNS = ("colour", "shape", "relation", "count", "list")
 
@@ -180,13 +186,13 @@ def plot(out: dict, folder: Path) -> list[Path]:
     return paths
 
 
-def figure9(out: dict, folder: Path, plt) -> Path:
+def figure9(out: dict, folder: Path, plt: ModuleType) -> Path:
     """The paper's Figure 9 shape: turns-2+ quality across retention ratios and chunk sizes (sweep
     selector), shading the 95% marginal bootstrap interval."""
     arms, sweep = out["arms"], out["sweep"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
 
-    def line(ax, xs, names, label, style):
+    def line(ax: Axes, xs: Sequence[float], names: list[str], label: str, style: str) -> None:
         ys = [100 * arms[n]["T2+"] for n in names]
         lo, hi = zip(*[[100 * v for v in arms[n]["T2+_ci95"]] for n in names], strict=True)
         ax.plot(xs, ys, style, label=label)

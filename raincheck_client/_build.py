@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -45,7 +46,7 @@ def deferral(policy: str | None = None, selector: str | None = None, retention: 
                                      barrier_timeout_s=barrier_timeout_s, deterministic=deterministic)
 
 
-def create_session(model: str, recovery: str | None, **policy) -> chat_pb2.CreateSessionRequest:
+def create_session(model: str, recovery: str | None, **policy: Any) -> chat_pb2.CreateSessionRequest:
     """`recovery` None: the server's default mode."""
     if recovery is not None and recovery not in RECOVERY_MODES:
         raise ValueError(f"recovery must be one of {sorted(RECOVERY_MODES)}, got {recovery!r}")
@@ -55,7 +56,7 @@ def create_session(model: str, recovery: str | None, **policy) -> chat_pb2.Creat
 
 def chat(session_id: str, text: str, images: Sequence[ImageSource], videos: Sequence[Sequence[ImageSource]],
          *, follow_recovery: bool, policy: dict | None, options: Sampling | None = None,
-         **sampling) -> chat_pb2.ChatRequest:
+         **sampling: Any) -> chat_pb2.ChatRequest:
     """`sampling`: temperature, top_p, top_k, seed, max_new_tokens (None = server default), ignore_eos;
     `options`: OpenAI's other sampling fields."""
     message = chat_pb2.UserMessage(

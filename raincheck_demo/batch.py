@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,6 +13,11 @@ import torch.nn.functional as F
 
 from .data import MERGE, TEMPORAL, Layout, grid_thw
 from .world import COLOURS, SHAPES, Dialogue, Scene, Visual
+
+if TYPE_CHECKING:
+    from transformers import Qwen3_5ForConditionalGeneration
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
 PATCH = 16
 COLOUR_INDEX = {c: i for i, c in enumerate(COLOURS)}
@@ -206,7 +212,7 @@ class Probes(torch.nn.Module):
         }
 
 
-def patch_embed_as_matmul(vision) -> None:
+def patch_embed_as_matmul(vision: Qwen3_5VisionModel) -> None:
     """Training speed: the patch embedding's Conv3d (kernel = stride = the whole patch) as one matmul."""
     conv = vision.patch_embed.proj
 
@@ -216,7 +222,8 @@ def patch_embed_as_matmul(vision) -> None:
     vision.patch_embed.forward = forward
 
 
-def language_model(model, batch: Batch, probes: bool = False):
+def language_model(model: Qwen3_5ForConditionalGeneration, batch: Batch, probes: bool = False
+                   ) -> tuple[torch.Tensor, BaseModelOutputWithPast]:
     """The visual embeddings and the output of transformers' text decoder over each example's chosen rows
     (`last_hidden_state` after the final norm: what the LM head reads); with `probes`, every layer's hidden
     states and attention probabilities too (the model must use eager attention then)."""
@@ -228,7 +235,8 @@ def language_model(model, batch: Batch, probes: bool = False):
                       output_hidden_states=probes, output_attentions=probes)
 
 
-def forward(model, batch: Batch, probes: bool = False):
+def forward(model: Qwen3_5ForConditionalGeneration, batch: Batch, probes: bool = False
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
     """Logits [B, T', vocab] of transformers' VLM over each example's chosen rows; with `probes`, also the
     visual embeddings, every layer's hidden states and the last attention layer's probabilities (the
     model must use eager attention then)."""

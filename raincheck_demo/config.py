@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import tokenizer as tk
 from .world import CELL
+
+if TYPE_CHECKING:
+    from transformers import Qwen3_5Config
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 MIN_PIXELS = 4 * 4 * CELL * CELL       # grids from 4×4 ...
 MAX_PIXELS = 16 * 16 * CELL * CELL     # ... to 16×16 cells are not resized
@@ -25,7 +30,7 @@ VISION = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch
               temporal_patch_size=2, out_hidden_size=TEXT["hidden_size"], num_position_embeddings=144)
 
 
-def model_config():
+def model_config() -> Qwen3_5Config:
     from transformers import Qwen3_5Config
 
     return Qwen3_5Config(
@@ -35,7 +40,7 @@ def model_config():
     )
 
 
-def image_processor():
+def image_processor() -> Qwen2VLImageProcessorPil:
     """transformers' Qwen2-VL image processor (PIL backend) with the demo's pixel range."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

@@ -11,10 +11,14 @@ Qwen's special tokens come last; the config's image/video/vision ids are fixed b
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raincheck_core.multimodal.chat import chatml_template
 
 from .world import answer_starts, vocabulary
+
+if TYPE_CHECKING:
+    from transformers import Qwen3_5Tokenizer
 
 SPACE, NEWLINE = "Ġ", "Ċ"      # byte-level forms of " " and "\n"
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -65,7 +69,7 @@ IMAGE_PAD, VIDEO_PAD = VOCAB["<|image_pad|>"], VOCAB["<|video_pad|>"]
 CHAT_TEMPLATE = chatml_template()
 
 
-def build_tokenizer():
+def build_tokenizer() -> Qwen3_5Tokenizer:
     """transformers' Qwen3_5Tokenizer over the demo vocabulary, with the chat template."""
     from tokenizers import AddedToken
     from transformers import Qwen3_5Tokenizer

@@ -27,6 +27,8 @@ import torch
 from tqdm import tqdm
 from transformers import Qwen3_5ForConditionalGeneration
 
+from raincheck_core.multimodal.chat import ChatFormatter
+
 from . import batch as B
 from .config import model_config, save_processor_files
 from .data import formatter, layout
@@ -62,7 +64,7 @@ def training_dialogue(rng: random.Random, family: str, progress: float, args: ar
                          first=first, later=later)
 
 
-def examples(rng: random.Random, fmt, families: list[str], progress: float | None = None,
+def examples(rng: random.Random, fmt: ChatFormatter, families: list[str], progress: float | None = None,
              args: argparse.Namespace | None = None) -> tuple[list[Dialogue], list]:
     """One dialogue of each of `families` with its layout: held-out style (the benchmark's settings) when
     `progress` is None, else training style."""
@@ -71,8 +73,8 @@ def examples(rng: random.Random, fmt, families: list[str], progress: float | Non
 
 
 @torch.no_grad()
-def evaluate(model, fmt, n: int = 64, seed: int = VALIDATION_SEED, retention: float = 1.0,
-             batch_size: int = 16) -> dict:
+def evaluate(model: Qwen3_5ForConditionalGeneration, fmt: ChatFormatter, n: int = 64, seed: int = VALIDATION_SEED,
+             retention: float = 1.0, batch_size: int = 16) -> dict:
     """Teacher-forced exact match (= greedy exact match given the gold history) per family, kind and turn;
     `retention` < 1 drops a random part of the visual tokens (position-preserving), as `hard` would."""
     model.eval()
@@ -101,7 +103,7 @@ def evaluate(model, fmt, n: int = 64, seed: int = VALIDATION_SEED, retention: fl
     return {k: sum(v) / len(v) for k, v in sorted(hits.items())}
 
 
-def slow_decay(model) -> None:
+def slow_decay(model: Qwen3_5ForConditionalGeneration) -> None:
     """Start every GDN head with a slow decay (A in [0.02, 0.5] instead of transformers' [0, 16]), so the
     recurrent state remembers the question's words for more than a token or two from the start."""
     with torch.no_grad():
@@ -111,7 +113,7 @@ def slow_decay(model) -> None:
                 a_log.copy_(torch.empty_like(a_log).uniform_(0.02, 0.5).log())
 
 
-def bucketed(rng: random.Random, fmt, mix: dict[str, float], progress: float, views: B.Views,
+def bucketed(rng: random.Random, fmt: ChatFormatter, mix: dict[str, float], progress: float, views: B.Views,
              args: argparse.Namespace) -> list[B.Batch]:
     """The next `args.bucket` batches: that many batches' worth of examples sorted by length and cut into
     batches of similar lengths (less padding: a batch is as wide as its longest example), in random order."""

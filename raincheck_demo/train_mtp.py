@@ -25,6 +25,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +40,13 @@ from .mtp_acceptance import measure
 from .train import examples, lr_at
 from .world import FAMILIES
 
+if TYPE_CHECKING:
+    from transformers import Qwen3_5ForConditionalGeneration
+
 MTP_SEED_OFFSET = 2_000_003     # the head's dialogues: apart from the target's training and held-out ones
 
 
-def warm_start(head: TransformersMtp, target) -> None:
+def warm_start(head: TransformersMtp, target: Qwen3_5ForConditionalGeneration) -> None:
     """The head as the target's last full-attention layer and final norm; `fc` reads the hidden half as is
     and a little of the embedding half."""
     lm = target.model.language_model
@@ -131,7 +135,8 @@ def chained_passes(head: TransformersMtp, embeds: torch.Tensor, hidden: torch.Te
     return out
 
 
-def step_loss(head: TransformersMtp, target, batch: B.Batch, depth: int, blind: torch.Tensor) -> torch.Tensor:
+def step_loss(head: TransformersMtp, target: Qwen3_5ForConditionalGeneration, batch: B.Batch, depth: int,
+              blind: torch.Tensor) -> torch.Tensor:
     """Mean over the `depth` passes (`chained_passes`) of the cross-entropy of the head's distribution at row
     t against the target's at row t+1, on the rows whose token after next is an answer token (the chained
     passes read the world's tokens, which the target says at answer rows). In the examples `blind` `[B]`

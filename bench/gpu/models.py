@@ -8,6 +8,7 @@ import importlib.util
 import math
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -68,7 +69,7 @@ def shapes(tiny: bool) -> list[Shape]:
     return out
 
 
-def random_engine(shape: Shape, device: str, dtype: str, drafter: Drafter | None = None, **options) -> Engine:
+def random_engine(shape: Shape, device: str, dtype: str, drafter: Drafter | None = None, **options: Any) -> Engine:
     """A decoder of `shape` with random weights, built on `device` (nothing is read from disk); `drafter`:
     what proposes draft tokens when `options` turn speculation on."""
     cfg = shape.model_config

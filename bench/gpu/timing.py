@@ -8,6 +8,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from raincheck_core.speculative.config import SpeculativeConfig
 from .. import spec
 from ..common import TurnStats, run_turn
 from .models import Shape, image_prompt, random_engine, transformers_model
+
+if TYPE_CHECKING:
+    from transformers.modeling_outputs import BaseModelOutputWithPast
 
 POLICIES = {
     "full": DeferralConfig("full"),
@@ -114,7 +118,7 @@ def transformers_timing(shape: Shape, device: str, dtype: str, visual: int, text
     embeds = torch.randn(1, rows, cfg.hidden_size, device=device, dtype=getattr(torch, dtype))
     lm = model.model.language_model
 
-    def prefill():
+    def prefill() -> BaseModelOutputWithPast:
         return lm(inputs_embeds=embeds, use_cache=True)
 
     with torch.no_grad():

@@ -14,6 +14,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -172,7 +173,7 @@ class Engine:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str = "float32",
-                        drafter: Drafter | None = None, **engine_options) -> Engine:
+                        drafter: Drafter | None = None, **engine_options: Any) -> Engine:
         """Load a Hugging Face-format folder (config.json + safetensors; tokenizer/processor if present).
         `drafter`: what proposes draft tokens when `speculative` is on (default: the n-gram drafter, or the
         checkpoint's MTP head for method "mtp")."""

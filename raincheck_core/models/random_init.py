@@ -10,8 +10,12 @@ expert in Qwen3.5-MoE and, in Qwen3-VL-MoE, one dense layer (`mlp_only_layers`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 VOCAB = 160
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 151, 152, 153, 154
@@ -59,7 +63,7 @@ def _ids(vocab: int) -> dict:
                 vision_end_token_id=base + 3)
 
 
-def build_config(family: str, size: str = "tiny", tie: bool = False, moe: dict | None = None):
+def build_config(family: str, size: str = "tiny", tie: bool = False, moe: dict | None = None) -> PretrainedConfig:
     """transformers' config of a random checkpoint; `moe` overrides entries of the MoE shape."""
     import transformers
 
@@ -97,7 +101,8 @@ def build_config(family: str, size: str = "tiny", tie: bool = False, moe: dict |
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=tie, **_ids(vocab))
 
 
-def build_model(family: str, size: str = "tiny", seed: int = 0, tie: bool = False, moe: dict | None = None):
+def build_model(family: str, size: str = "tiny", seed: int = 0, tie: bool = False, moe: dict | None = None
+                ) -> PreTrainedModel:
     """A random transformers VLM in eval mode. Norm weights are perturbed too: transformers initialises
     them to constants, which would hide a wrong `w` vs `1 + w` convention. MoE routers and experts are
     scaled up: at transformers' init the router's probabilities are near uniform and the experts'

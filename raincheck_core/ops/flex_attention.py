@@ -7,6 +7,7 @@ rather than fall back to FlexAttention's eager path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -62,7 +63,7 @@ def kernel_options(group: FlexGroup, shared_heads: int, page_size: int, device: 
     return {"BACKEND": "TRITON", "BLOCK_M": Q_TILE, "BLOCK_N": page_size, "num_warps": 4, "num_stages": 2}
 
 
-def compiled():
+def compiled() -> Callable[..., Tensor]:
     """The process's compiled `flex_attention` (compiled on first use, per shape). Past dynamo's recompile
     limit a call would run FlexAttention's unfused eager path, which materialises the scores: the limit is
     raised (set again at each call: code elsewhere may reset dynamo's config) and hitting it is an error."""

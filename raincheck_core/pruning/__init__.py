@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -60,7 +61,7 @@ def keep_count(n: int, retention: float) -> int:
     return n - math.floor((1 - retention) * n)
 
 
-def get_selector(name: str, **options) -> Selector:
+def get_selector(name: str, **options: Any) -> Selector:
     """A new selector by registry name; options go to its constructor (e.g. seed=, alpha=)."""
     if name not in SELECTORS:
         raise InvalidInputError(f"unknown selector {name!r}; valid names: {', '.join(sorted(SELECTORS))}")

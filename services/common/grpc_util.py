@@ -5,14 +5,18 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .metrics import REQUESTS
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -63,7 +67,7 @@ def rpc(service: str, translate: Translate) -> Callable:
         name = method.__name__
 
         @functools.wraps(method)
-        def wrapper(self, request, context):
+        def wrapper(self, request: Message, context: grpc.ServicerContext) -> Message | Iterator[Message]:
             try:
                 reply = method(self, request, context)
             except Exception as e:
@@ -108,7 +112,8 @@ class ReadinessHealth(health.HealthServicer):
         for name in self.names:
             self.set(name, status)
 
-    def Check(self, request, context):
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+              ) -> health_pb2.HealthCheckResponse:
         if self.refresh is not None:
             self.refresh()
         return super().Check(request, context)

@@ -12,7 +12,7 @@ import torch
 
 from raincheck_client._gen import chat_pb2
 from raincheck_core import Engine, InvalidInputError, Prompt, Session, TokenEvent, TurnEnd, TurnMetrics
-from raincheck_core.multimodal.chat import chatml_template
+from raincheck_core.multimodal.chat import ChatFormatter, chatml_template
 
 from .convert import error_event, final_event, metrics_event, to_sampling, token_delta
 
@@ -94,7 +94,7 @@ def prompt_ids(engine: Engine, request: chat_pb2.CompleteRequest | chat_pb2.Deto
     return ids
 
 
-def render_chat(formatter, messages_json: str, tools_json: str, continue_final: bool = False) -> str:
+def render_chat(formatter: ChatFormatter, messages_json: str, tools_json: str, continue_final: bool = False) -> str:
     """A whole chat (and the tools it may call) as the checkpoint's chat template renders it, ready for the
     assistant's answer (`continue_final`: ready to continue its last, assistant message). Control tokens
     in any message's text are refused, as in a session's turns."""

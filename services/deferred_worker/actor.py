@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 import ray
 
@@ -129,6 +130,6 @@ def actor_options(settings: DeferredSettings) -> dict:
     return options
 
 
-def start_actor(settings: DeferredSettings, spec: ModelSpec, **options) -> ray.actor.ActorHandle:
+def start_actor(settings: DeferredSettings, spec: ModelSpec, **options: Any) -> ray.actor.ActorHandle:
     """A new deferred worker (its checkpoint loads in the background; calls queue until it has)."""
     return _Remote.options(**actor_options(settings), **options).remote(spec, int(settings.resident_mib * MiB))

@@ -41,7 +41,9 @@ def _relay(first: chat_pb2.ChatEvent, call, end_turn) -> Iterator[chat_pb2.ChatE
         end_turn()
 
 
-def ask(sessions: Sessions, method: str, request, timeout_s: float):
+def ask(sessions: Sessions, method: str,
+        request: chat_pb2.TokenizeRequest | chat_pb2.DetokenizeRequest | chat_pb2.TokenizerInfoRequest,
+        timeout_s: float) -> chat_pb2.TokenizeResponse | chat_pb2.DetokenizeResponse | chat_pb2.TokenizerInfoResponse:
     """A unary tokenizer call on a worker serving `request.model`."""
     worker = sessions.router.pick(request.model, sessions.default_mode)
     return getattr(sessions.router.stub(worker), method)(request, timeout=timeout_s)

@@ -49,11 +49,12 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         self.timeout_s = settings.worker_timeout_s
 
     @frontend_rpc
-    def CreateSession(self, request, context):
+    def CreateSession(self, request: chat_pb2.CreateSessionRequest, context: grpc.ServicerContext
+                      ) -> chat_pb2.SessionInfo:
         return self._describe(self.sessions.create(request, self.auth.identify(context)))
 
     @frontend_rpc
-    def Chat(self, request, context):
+    def Chat(self, request: chat_pb2.ChatRequest, context: grpc.ServicerContext) -> Iterator[chat_pb2.ChatEvent]:
         caller = self.auth.identify(context)
         record = self.sessions.owned(request.session_id, caller)
         check_message(request.message, self.settings)
@@ -66,23 +67,26 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         return _until_done(events, end_turn)
 
     @frontend_rpc
-    def GetSession(self, request, context):
+    def GetSession(self, request: chat_pb2.GetSessionRequest, context: grpc.ServicerContext) -> chat_pb2.SessionInfo:
         return self._describe(self.sessions.owned(request.session_id, self.auth.identify(context)))
 
     @frontend_rpc
-    def CloseSession(self, request, context):
+    def CloseSession(self, request: chat_pb2.CloseSessionRequest, context: grpc.ServicerContext
+                     ) -> chat_pb2.CloseSessionResponse:
         record = self.sessions.owned(request.session_id, self.auth.identify(context))
         self._ask_worker(record, "CloseSession")
         self.store.close_session(record.session_id)
         return chat_pb2.CloseSessionResponse()
 
     @frontend_rpc
-    def CancelTurn(self, request, context):
+    def CancelTurn(self, request: chat_pb2.CancelTurnRequest, context: grpc.ServicerContext
+                   ) -> chat_pb2.CancelTurnResponse:
         record = self.sessions.owned(request.session_id, self.auth.identify(context))
         return self._ask_worker(record, "CancelTurn") or chat_pb2.CancelTurnResponse(cancelled=False)
 
     @frontend_rpc
-    def ListModels(self, request, context):
+    def ListModels(self, request: chat_pb2.ListModelsRequest, context: grpc.ServicerContext
+                   ) -> chat_pb2.ListModelsResponse:
         self.auth.identify(context)
         workers, modes = defaultdict(int), defaultdict(set)
         for w in self.store.workers():
@@ -94,24 +98,27 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         ])
 
     @frontend_rpc
-    def Complete(self, request, context):
+    def Complete(self, request: chat_pb2.CompleteRequest, context: grpc.ServicerContext
+                 ) -> Iterator[chat_pb2.ChatEvent]:
         caller = self.auth.identify(context)
         if request.images:      # a chat's images: the limits of a message's
             check_message(chat_pb2.UserMessage(images=request.images), self.settings)
         return completions.complete(self.sessions, caller, request, context)
 
     @frontend_rpc
-    def Tokenize(self, request, context):
+    def Tokenize(self, request: chat_pb2.TokenizeRequest, context: grpc.ServicerContext) -> chat_pb2.TokenizeResponse:
         self.auth.identify(context)
         return completions.ask(self.sessions, "Tokenize", request, self.timeout_s)
 
     @frontend_rpc
-    def Detokenize(self, request, context):
+    def Detokenize(self, request: chat_pb2.DetokenizeRequest, context: grpc.ServicerContext
+                   ) -> chat_pb2.DetokenizeResponse:
         self.auth.identify(context)
         return completions.ask(self.sessions, "Detokenize", request, self.timeout_s)
 
     @frontend_rpc
-    def TokenizerInfo(self, request, context):
+    def TokenizerInfo(self, request: chat_pb2.TokenizerInfoRequest, context: grpc.ServicerContext
+                      ) -> chat_pb2.TokenizerInfoResponse:
         self.auth.identify(context)
         return completions.ask(self.sessions, "TokenizerInfo", request, self.timeout_s)
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request, Response
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.types import Message
 
 from ..common.grpc_util import ServiceError
 from ..common.metrics import REQUESTS
@@ -36,6 +38,7 @@ from .settings import HttpSettings
 from .sse import EventStream
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class BodyLimit:
@@ -55,7 +58,7 @@ class BodyLimit:
             return await refusal(scope, receive, send)
         received, over = 0, False
 
-        async def limited():               # a body sent without its length is counted as it arrives
+        async def limited() -> Message:    # a body sent without its length is counted as it arrives
             nonlocal received, over
             message = await receive()
             received += len(message.get("body", b""))
@@ -64,7 +67,7 @@ class BodyLimit:
                 return {"type": "http.disconnect"}
             return message
 
-        async def unless_over(message) -> None:
+        async def unless_over(message: Message) -> None:
             if not over:
                 await send(message)
 
@@ -99,7 +102,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     images = ImageLoader(max_image_bytes, settings.image_urls, settings.image_fetch_timeout_s)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         yield
 
@@ -128,7 +131,7 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         REQUESTS.labels("http", route.path if route is not None else "other", str(response.status_code)).inc()
         return response
 
-    async def blocking(fn: Callable, *args):
+    async def blocking(fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking frontend call; its ServiceError becomes the matching HTTP error."""
         try:
             return await run_in_threadpool(fn, *args)
@@ -167,8 +170,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
         return EventStream(each(), turn.close, opening=opening, ensure_ascii=False)
 
     # -- OpenAI --------------------------------------------------------------------------------------------
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request
+                               ) -> dict[str, Any] | EventStream:
         if tools.uses_tools(body):
             return await tool_chat.respond(body, HttpCall.of(request), backend.servicer, blocking, images)
         turn = await start(request, lambda: openai_api.to_spec(body, images))
@@ -194,17 +198,18 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
                         for i in range(body.n or 1))
         return stream(turn, chunks, opening)
 
-    @app.get("/v1/models")
-    async def list_models(request: Request):
+    @app.get("/v1/models", response_model=None)
+    async def list_models(request: Request) -> dict[str, Any]:
         await blocking(backend.owner, HttpCall.of(request))
         return openai_api.models_body(await blocking(backend.model_times))
 
-    @app.post("/v1/completions")
-    async def create_completion(body: completions.CompletionRequest, request: Request):
+    @app.post("/v1/completions", response_model=None)
+    async def create_completion(body: completions.CompletionRequest, request: Request
+                                ) -> dict[str, Any] | EventStream:
         return await completions.respond(body, lambda: HttpCall.of(request), backend.servicer, blocking)
 
-    @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str, request: Request):
+    @app.get("/v1/models/{model:path}", response_model=None)
+    async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
         await blocking(backend.owner, HttpCall.of(request))
         served = await blocking(backend.model_times)
         if model not in served:
@@ -225,8 +230,9 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
                             f"several models are served ({', '.join(served)}): add \"model\" to the request")
         return served[0]
 
-    @app.post("/generate")
-    async def generate(body: sglang_api.GenerateRequest, request: Request):
+    @app.post("/generate", response_model=None)
+    async def generate(body: sglang_api.GenerateRequest, request: Request
+                       ) -> dict[str, Any] | list[dict[str, Any]] | EventStream:
         if sglang_api.scoring(body):
             return await score(body, request)
         if sglang_api.prefill_only(body):
@@ -262,8 +268,8 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
                 call.end()
         return answers if sglang_api.batched(body) else answers[0]
 
-    @app.get("/get_model_info")
-    async def get_model_info(request: Request, model: str | None = None):
+    @app.get("/get_model_info", response_model=None)
+    async def get_model_info(request: Request, model: str | None = None) -> dict[str, Any]:
         await blocking(backend.owner, HttpCall.of(request))
         return sglang_api.model_info(await sglang_model(model))
 
@@ -271,11 +277,11 @@ def build_app(backend: ChatBackend, settings: HttpSettings, max_image_bytes: int
     tokenizer_api.add_routes(app, backend.servicer, blocking)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
-    async def health():
+    async def health() -> JSONResponse:
         served = await blocking(backend.models)
         status = 200 if served else 503
         return JSONResponse({"status": "ok" if served else "no healthy decode worker", "models": served},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 
@@ -48,7 +48,7 @@ class HttpCall:
     def is_active(self) -> bool:
         return self._active
 
-    def abort(self, code: grpc.StatusCode, details: str):
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise ServiceError(code, details)
 
     def peer(self) -> str:

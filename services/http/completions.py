@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import grpc
@@ -31,6 +31,9 @@ from .response_format import grammar_of
 from .sampling_fields import sampling_options, stop_strings
 from .sse import EventStream
 from .stops import StopMatcher
+
+if TYPE_CHECKING:
+    from ..frontend.servicer import ChatServicer
 
 MAX_PROMPTS = 64          # prompts in one request (each is a completion of its own)
 
@@ -162,8 +165,8 @@ def chunk(cid: str, model: str, created: int, choices: list[dict], **extra: Any)
             **extra}
 
 
-async def respond(r: CompletionRequest, call: Callable[[], HttpCall], servicer,
-                  blocking: Callable[..., Awaitable]):
+async def respond(r: CompletionRequest, call: Callable[[], HttpCall], servicer: ChatServicer,
+                  blocking: Callable[..., Awaitable]) -> dict[str, Any] | EventStream:
     """Start every prompt's completion (each on a call of its own, `call()`: errors are the response's
     status), then answer them whole or stream them."""
     wanted = requests_of(r)

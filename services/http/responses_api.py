@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 from fastapi import FastAPI, Request
 
@@ -76,14 +77,14 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
                                          r.instructions, conv.items))
         return save
 
-    @app.post("/v1/responses")
-    async def create_response(body: ResponsesRequest, request: Request):
+    @app.post("/v1/responses", response_model=None)
+    async def create_response(body: ResponsesRequest, request: Request) -> dict[str, Any] | EventStream:
         try:
             return await create(body, request)
         except HttpError as e:
             raise _named_as_responses(e) from None
 
-    async def create(body: ResponsesRequest, request: Request):
+    async def create(body: ResponsesRequest, request: Request) -> dict[str, Any] | EventStream:
         owner = await blocking(backend.owner, HttpCall.of(request))
         openai_fields.check(body, openai_fields.RESPONSES)
         previous = None
@@ -114,28 +115,28 @@ def add_routes(app: FastAPI, backend: ChatBackend, responses: ResponseStore, ima
         await blocking(save, reply, outcome)
         return reply
 
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str, request: Request, stream: bool = False):
+    @app.get("/v1/responses/{response_id}", response_model=None)
+    async def retrieve_response(response_id: str, request: Request, stream: bool = False) -> dict[str, Any]:
         if stream:
             raise HttpError.unsupported("stream is not supported here: a stored response is returned whole",
                                         param="stream")
         return (await owned(request, response_id)).body
 
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str, request: Request):
+    @app.delete("/v1/responses/{response_id}", response_model=None)
+    async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
         await owned(request, response_id)
         await blocking(responses.delete, response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    @app.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: str, request: Request):
+    @app.post("/v1/responses/{response_id}/cancel", response_model=None)
+    async def cancel_response(response_id: str, request: Request) -> NoReturn:
         await owned(request, response_id)
         raise HttpError(400, "only background responses can be cancelled, and this server runs none",
                         code="unsupported_parameter")
 
-    @app.get("/v1/responses/{response_id}/input_items")
+    @app.get("/v1/responses/{response_id}/input_items", response_model=None)
     async def input_items(response_id: str, request: Request, order: str = "desc", limit: int = 20,
-                          after: str | None = None):
+                          after: str | None = None) -> dict[str, Any]:
         if order not in ("asc", "desc") or not 1 <= limit <= 100:
             raise HttpError.invalid("order is asc or desc, limit 1-100", param="order" if order not in
                                     ("asc", "desc") else "limit")

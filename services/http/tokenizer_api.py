@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,8 +31,8 @@ class DetokenizeRequest(BaseModel):
 
 
 def add_routes(app: FastAPI, servicer: ChatServicer, blocking: Callable[..., Awaitable]) -> None:
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest, request: Request):
+    @app.post("/tokenize", response_model=None)
+    async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         reply = await blocking(servicer.Tokenize, chat_pb2.TokenizeRequest(
             model=body.model, text=body.prompt, add_special_tokens=body.add_special_tokens),
             HttpCall.of(request))
@@ -39,14 +40,14 @@ def add_routes(app: FastAPI, servicer: ChatServicer, blocking: Callable[..., Awa
         return {"tokens": ids, "count": len(ids), "max_model_len": reply.max_model_len,
                 "token_strs": list(reply.tokens)}
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest, request: Request):
+    @app.post("/detokenize", response_model=None)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
         reply = await blocking(servicer.Detokenize, chat_pb2.DetokenizeRequest(model=body.model, token_ids=body.tokens),
                                HttpCall.of(request))
         return {"prompt": reply.text, "text": reply.text}
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info(request: Request, model: str = ""):
+    @app.get("/tokenizer_info", response_model=None)
+    async def tokenizer_info(request: Request, model: str = "") -> dict[str, Any]:
         reply = await blocking(servicer.TokenizerInfo, chat_pb2.TokenizerInfoRequest(model=model),
                                HttpCall.of(request))
         return json.loads(reply.info_json) | ({"model": model} if model else {})

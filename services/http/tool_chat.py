@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import iterate_in_threadpool
 
@@ -21,9 +22,12 @@ from .sse import EventStream
 from .stops import StopMatcher
 from .tools import OPEN, ToolChat, split_calls, tool_chat
 
+if TYPE_CHECKING:
+    from ..frontend.servicer import ChatServicer
 
-async def start(body: openai_api.ChatCompletionRequest, call: HttpCall, servicer, blocking: Callable[..., Awaitable],
-                images: ImageLoader) -> tuple[ToolChat, completions.Completion]:
+
+async def start(body: openai_api.ChatCompletionRequest, call: HttpCall, servicer: ChatServicer,
+                blocking: Callable[..., Awaitable], images: ImageLoader) -> tuple[ToolChat, completions.Completion]:
     """Check the request, load its images and start the completion (errors raise here, the call ended)."""
     try:
         chat = await tool_chat(body, images)
@@ -40,8 +44,8 @@ async def start(body: openai_api.ChatCompletionRequest, call: HttpCall, servicer
         raise
 
 
-async def respond(body: openai_api.ChatCompletionRequest, call: HttpCall, servicer,
-                  blocking: Callable[..., Awaitable], images: ImageLoader):
+async def respond(body: openai_api.ChatCompletionRequest, call: HttpCall, servicer: ChatServicer,
+                  blocking: Callable[..., Awaitable], images: ImageLoader) -> dict[str, Any] | EventStream:
     chat, run = await start(body, call, servicer, blocking, images)
     cid, model = openai_api.completion_id(body.request_id), body.model
     if not body.stream:
@@ -64,7 +68,7 @@ async def _chunks(cid: str, model: str, run: completions.Completion, chat: ToolC
                   ) -> AsyncIterator[dict]:
     created = int(time.time())
 
-    def chunk(delta: dict | None, finish: str | None = None, **extra) -> dict:
+    def chunk(delta: dict | None, finish: str | None = None, **extra: Any) -> dict:
         return openai_api.chunk_body(cid, model, created, delta, finish, **extra)
 
     before = StopMatcher([OPEN], keep=True)     # content streams until a call may begin
