@@ -44,7 +44,8 @@ class AttentionOps:
     layout: Callable[[list[int], list[Tensor], Tensor, torch.device | str, object], AttentionLayout | FlexLayout]
     attend: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, AttentionLayout | FlexLayout], Tensor]
     # the layout reads pages, and takes `prefixes` (how each read list relates to its page table, whose
-    # pages it reads off each page's first listed slot: ops/flex_runs.py); the others read every slot
+    # pages it reads off each page's first listed slot: ops/flex_runs.py) and `pages` (the tables' pages that
+    # decode rows carry); the others read every slot
     reads_pages: bool = False
 
 
