@@ -7,7 +7,7 @@ for the run), not a tensor per segment; the packed rows are the same."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -34,18 +34,75 @@ class PackedRows:
     deepstack: list[torch.Tensor]           # per level, [len(deepstack_rows), hidden]
 
 
+@dataclass
+class _Pieces:
+    """A step's rows in pieces, before they are joined: a segment's rows, or an answer run's."""
+
+    embeds: list[torch.Tensor | None] = field(default_factory=list)     # None for an answer run's (looked up)
+    positions: list[torch.Tensor | list[int]] = field(default_factory=list)     # … its positions
+    runs: list[int] = field(default_factory=list)                       # the pieces that are answer runs
+    run_rows: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)                     # the answer runs' tokens, in order
+    ds_rows: list[torch.Tensor] = field(default_factory=list)
+    ds_feats: list[list[torch.Tensor]] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    hidden_rows: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+
+
 def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded: Padded | None = None,
               uploads: Uploads | None = None) -> PackedRows:
     """`plan`'s rows; `embed` looks up the answer rows' tokens (on its device), `keep_hidden`: list the
     `KEPT` rows, `padded`: `plan` is that padded step's (its DeepStack rows are as many as its bucket's).
     `uploads`: the step's staged copies (ops/uploads.py): the tokens go with them, looked up once they are
     sent, into rows made for them now; else they are copied and looked up at once."""
-    embeds: list[torch.Tensor | None] = []     # per piece: a segment's rows, or None for an answer run's
-    positions: list[torch.Tensor | list[int]] = []      # … a tensor, or an answer run's positions
-    runs: list[int] = []                        # the pieces that are answer runs
-    run_rows: list[int] = []
-    tokens: list[int] = []
-    ds_rows, ds_feats, logit_rows, hidden_rows, starts = [], [], [], [], []
+    p = _decode_rows(plan, keep_hidden) if all(s.kind is Kind.DECODE for s in plan.segments) else \
+        _segment_rows(plan, embed, keep_hidden)
+    embeds, positions, runs, run_rows, tokens = p.embeds, p.positions, p.runs, p.run_rows, p.tokens
+    ds_rows, ds_feats = p.ds_rows, p.ds_feats
+    if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
+        n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
+        ds_rows.append(torch.zeros(n, dtype=torch.long))
+        ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
+    staged = bool(tokens) and uploads is not None
+    if tokens:
+        # staged: rows the lookup fills once the step's copy has sent the ids (below)
+        looked_up = embed.weight.new_empty(len(tokens), embed.weight.shape[1]) if staged else \
+            _look_up(embed, long_tensor(tokens, embed.weight.device))
+        # one run (a step of answer rows only, as most decode steps are): nothing to split
+        for at, e in zip(runs, looked_up.split(run_rows) if len(runs) > 1 else (looked_up,), strict=True):
+            embeds[at] = e
+            positions[at] = long_tensor(positions[at]).expand(3, -1)
+    packed = _joined(embeds)
+    if staged:      # into the packed rows themselves: the join above copied what the runs held then
+        if len(embeds) == 1:        # the step is one answer run (a decode step): its rows are the packed ones
+            targets = [packed]
+        else:
+            offsets = np.cumsum([0, *(e.shape[0] for e in embeds)])
+            targets = [packed[offsets[at]:offsets[at] + n] for at, n in zip(runs, run_rows, strict=True)]
+        uploads.then(partial(_look_up_into, embed, uploads.put(np.array(tokens, dtype=np.int64)), targets))
+    return PackedRows(
+        packed, _joined(positions, dim=1), p.starts, p.logit_rows, p.hidden_rows,
+        torch.cat(ds_rows) if ds_rows else None,
+        [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
+
+
+def _decode_rows(plan: StepPlan, keep_hidden: bool) -> _Pieces:
+    """`_segment_rows` of a plain decode step (decode rows alone, a row each, every one sampling): one answer
+    run, its lists read off the segments in a few comprehensions rather than a pass of a dozen steps a row."""
+    segments = plan.segments
+    n = len(segments)
+    return _Pieces(embeds=[None], positions=[[s.position for s in segments]], runs=[0], run_rows=[n],
+                   tokens=[s.token for s in segments], logit_rows=list(range(n)),
+                   hidden_rows=list(range(n)) if keep_hidden else [], starts=list(range(n)))
+
+
+def _segment_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool) -> _Pieces:
+    """The pieces of `plan`'s rows, segment by segment: consecutive answer segments as one run (`embed`: for
+    padding rows' zeros)."""
+    p = _Pieces()
+    embeds, positions, runs, run_rows, tokens = p.embeds, p.positions, p.runs, p.run_rows, p.tokens
+    ds_rows, ds_feats, logit_rows, hidden_rows, starts = p.ds_rows, p.ds_feats, p.logit_rows, p.hidden_rows, p.starts
     row = 0
     for seg in plan.segments:
         starts.append(row)
@@ -86,28 +143,7 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
         if keep_hidden and seg.kind in KEPT:
             hidden_rows += range(row, row + seg.rows)
         row += seg.rows
-    if ds_rows and padded is not None:     # as many as the bucket's chunk rows: zeros added to row 0
-        n = padded.bucket.decode * padded.bucket.chunk - sum(len(r) for r in ds_rows)
-        ds_rows.append(torch.zeros(n, dtype=torch.long))
-        ds_feats.append([level.new_zeros(n, level.shape[1]) for level in ds_feats[0]])
-    staged = bool(tokens) and uploads is not None
-    if tokens:
-        # staged: rows the lookup fills once the step's copy has sent the ids (below)
-        looked_up = embed.weight.new_empty(len(tokens), embed.weight.shape[1]) if staged else \
-            _look_up(embed, long_tensor(tokens, embed.weight.device))
-        # one run (a step of answer rows only, as most decode steps are): nothing to split
-        for at, e in zip(runs, looked_up.split(run_rows) if len(runs) > 1 else (looked_up,), strict=True):
-            embeds[at] = e
-            positions[at] = long_tensor(positions[at]).expand(3, -1)
-    packed = _joined(embeds)
-    if staged:      # into the packed rows themselves: the join above copied what the runs held then
-        offsets = np.cumsum([0, *(e.shape[0] for e in embeds)])
-        targets = [packed[offsets[at]:offsets[at] + n] for at, n in zip(runs, run_rows, strict=True)]
-        uploads.then(partial(_look_up_into, embed, uploads.put(np.array(tokens, dtype=np.int64)), targets))
-    return PackedRows(
-        packed, _joined(positions, dim=1), starts, logit_rows, hidden_rows,
-        torch.cat(ds_rows) if ds_rows else None,
-        [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
+    return p
 
 
 def _look_up(embed: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
