@@ -376,31 +376,26 @@ def _one_row_group(read_slots: list[Tensor], table_pages_of: list[np.ndarray | N
     page = _row_pages(read_slots, table_pages_of, sid.tolist(), pages.tolist(), ps)
     first = pages.cumsum() - pages                              # each list's first page among all
     cols = tables.cols = max(tables.cols, bucket(int(pages.max(initial=1))))
-    # the int32 tables, staged as one: the partial and full blocks each tile lists, the partial blocks' lists, the
-    # full ones'
-    length = buffer_length(n, 1, cols, tables.slots // ps)
-    ints = np.zeros(2 * (n + length), dtype=np.int32)
-    num, blocks = ints[:2 * n].reshape(2, n), ints[2 * n:].reshape(2, length)
+    # the partial blocks' lists, the full ones'
+    blocks = np.zeros((2, buffer_length(n, 1, cols, tables.slots // ps)), dtype=np.int32)
     # the full blocks: each list's pages but a partly filled last one, from its tile's first column
     within = np.arange(int(full.sum())) - np.repeat(full.cumsum() - full, full)
     blocks[1, np.repeat(np.arange(m) * cols, full) + within] = page[np.repeat(first, full) + within]
     partial = full < pages
     blocks[0, np.flatnonzero(partial) * cols] = page[(first + pages - 1)[partial]]
-    num[:, :m] = partial, full
-    # the int64 ones, staged as one: per segment, padded to `n`, packed row, output row (padding: past the step's
-    # rows), stamp, last slot, rows; then the step
-    longs = np.zeros(5 * n + 1, dtype=np.int64)
-    per = longs[:5 * n].reshape(5, n)
+    # per segment, padded to `n`: packed row, output row (padding: past the step's rows), stamp, last slot,
+    # rows; and the partial and full blocks each tile lists
+    per = np.zeros((5, n), dtype=np.int64)
     per[1, m:], per[2, m:] = rows, -1
     per[:4, :m] = row_start[sid], row_start[sid], step * STAMP + sid, page[first + pages - 1] * ps + (k - 1) % ps
     per[4, :m] = 1
-    longs[-1] = step
-    longs_t, ints_t = up.put(longs), up.put(ints)
-    per_t, num_t, blocks_t = longs_t[:5 * n].view(5, n), ints_t[:2 * n].view(2, n), ints_t[2 * n:].view(2, length)
+    num = np.zeros((2, n), dtype=np.int32)
+    num[:, :m] = partial, full
+    per_t, num_t, blocks_t = up.put(per), up.put(num), up.put(blocks)
     return FlexGroup(
         q_rows=per_t[0], out_rows=per_t[1], stamp=per_t[2], last=per_t[3],
         filtered=up.put(np.zeros(n, dtype=bool)), rows=per_t[4],
-        step=longs_t[5 * n:], partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
+        step=up.put(np.array([step])), partial_num=num_t[0].view(n, 1, 1), partial_idx=blocks_t[0],
         full_num=num_t[1].view(n, 1, 1), full_idx=blocks_t[1], q=1, tile=1, cols=cols)
 
 
