@@ -8,13 +8,17 @@ from functools import lru_cache
 
 import numpy as np
 
+ALIGN = 16      # int32 entries: 64 bytes
+
 
 def buffer_length(n: int, tiles: int, cols: int, pages: int) -> int:
     """Entries of a group's flat `kv_indices` buffer: `cols` per tile, and the tail the strided view's last
     row spans (ops/flex_layout.py `FlexGroup.block_mask`). The indices' last dimension must span the pool's
     pages (FlexAttention checks the key length against it), but the kernel reads only each tile's first
-    `kv_num_blocks` entries, so the buffer grows with the blocks listed, not with the pool."""
-    return n * tiles * cols + max(0, pages - cols)
+    `kv_num_blocks` entries, so the buffer grows with the blocks listed, not with the pool. Rounded up to
+    `ALIGN` entries, so that a second buffer laid after one in the same array (the one-row group's full list
+    after its partial one) starts 64-byte aligned, as a GPU kernel's inputs should."""
+    return -(-(n * tiles * cols + max(0, pages - cols)) // ALIGN) * ALIGN
 
 
 def block_buffer(n: int, tiles: int, cols: int, pages: int) -> np.ndarray:
@@ -34,14 +38,14 @@ def write_runs(buf: np.ndarray, rows: np.ndarray, col: np.ndarray | int, start: 
     buf[rows[which] * cols + at] = pages[start[which] + offset]
 
 
-def prefix_lists(num: np.ndarray, pages: np.ndarray, start: np.ndarray, cols: int, tail: int) -> np.ndarray:
-    """A block buffer (`block_buffer`) where tile t of segment i lists `pages[start[i]:start[i] + num[i, t]]`
-    (`num [n, tiles]`, its first rows the segments of `start`), every entry written once: each segment's
-    next `cols` pages copied as a row of a sliding window over them, times a row of a triangle of flags
-    (`c < num`), both row gathers rather than an elementwise index and compare."""
-    n, tiles = num.shape
+def prefix_lists(num: np.ndarray, pages: np.ndarray, start: np.ndarray, cols: int, length: int) -> np.ndarray:
+    """A block buffer of `length` entries (`buffer_length`) where tile t of segment i lists
+    `pages[start[i]:start[i] + num[i, t]]` (`num [n, tiles]`, its first rows the segments of `start`), every
+    entry written once: each segment's next `cols` pages copied as a row of a sliding window over them, times
+    a row of a triangle of flags (`c < num`), both row gathers rather than an elementwise index and compare."""
+    tiles = num.shape[1]
     m = start.shape[0]
-    buf = np.empty(n * tiles * cols + tail, dtype=np.int32)
+    buf = np.empty(length, dtype=np.int32)
     padded = np.zeros(pages.shape[0] + cols, dtype=np.int32)
     padded[:pages.shape[0]] = pages
     lists = np.lib.stride_tricks.sliding_window_view(padded, cols)[start]

@@ -312,7 +312,7 @@ def _group(sel: np.ndarray, q: int, n: int, segs: Segments, runs: Runs, step: in
     # full blocks: each tile's are the first of its segment's whole runs; partial blocks: the other runs
     # before the tile's full prefix ends, then every listed run after it
     whole = whole_before[run_start]                         # the whole runs before each segment's first
-    full_buf = prefix_lists(full, runs.whole_pages, whole[:, 0], cols, max(0, pages - cols))
+    full_buf = prefix_lists(full, runs.whole_pages, whole[:, 0], cols, buffer_length(n, tiles, cols, pages))
     partial_buf = block_buffer(n, tiles, cols, pages)
     skipped_whole = (full_end - run_start) - full[:m]                       # others before the full prefix
     tile_rows = np.arange(m * tiles)

@@ -13,6 +13,7 @@ from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
 from raincheck_core.ops.flex_attention import flex_varlen_attention, kernel_options
 from raincheck_core.ops.flex_layout import MAX_STEP, Q_TILE, FixedGroups, bucket, flex_layout, tables_of
+from raincheck_core.ops.uploads import Uploads
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
 
@@ -430,3 +431,22 @@ def test_a_list_marked_as_a_prefix_that_is_not_one_is_refused():
     skipping = torch.cat([t.reserved_slots(0, 40)[torch.arange(40) != 3], row])     # slot 3 skipped
     with pytest.raises(ValueError, match="page-table prefix"):
         flex_layout([1], [skipping], row, "cpu", pool, prefixes=[True])
+
+
+def test_a_staged_decode_steps_block_lists_start_aligned_for_the_gpu_kernels():
+    """The one-row group stages its partial and full block lists as one array (ops/flex_layout.py): the full
+    list, laid after the partial one, starts 64-byte aligned as a staged tensor does, whatever the pool's size
+    (here 301 pages: a tail of 45 entries past the 256 columns), and the lists are the general build's."""
+    pool = _pool(301)
+    tables = [_session(pool, filled) for filled in (5, 40, 17)]
+    writes = [t.ahead(0, 1) for t in tables]
+    reads = [t.reserved_slots(0, t.length + 1) for t in tables]
+    up = Uploads("cpu").begin()
+    staged = flex_layout([1] * 3, reads, torch.cat(writes), "cpu", pool, prefixes=[True] * 3,
+                         pages=[t.page_ids for t in tables], uploads=up)
+    up.send()
+    every = flex_layout([1] * 3, reads, torch.cat(writes), "cpu", pool)
+    (group,), (general,) = staged.groups, every.groups
+    for name in ("partial_idx", "full_idx", "partial_num", "full_num"):
+        assert torch.equal(getattr(group, name), getattr(general, name)), name
+    assert group.partial_idx.data_ptr() % 64 == 0 and group.full_idx.data_ptr() % 64 == 0
