@@ -117,8 +117,8 @@ def _sessions(pool: KVPool, n: int, context: int, g: torch.Generator) -> list[Pa
 def layout_at(rev: str) -> Callable[..., object]:
     """`flex_layout` as it was at git revision `rev` (ops/flex_layout.py; at revisions before it had a module
     of its own, ops/flex_attention.py), loaded as a module of its own (it imports torch, numpy and, since
-    they moved out, ops/flex_runs.py, ops/flex_blocks.py and ops/uploads.py, loaded from the same revision
-    beside it), with slot tables of its own."""
+    they moved out, ops/flex_runs.py, ops/flex_blocks.py, ops/flex_groups.py and ops/uploads.py, loaded from the
+    same revision beside it), with slot tables of its own."""
     root = Path(__file__).resolve().parent.parent
 
     def show(path: str) -> str | None:
@@ -132,6 +132,7 @@ def layout_at(rev: str) -> Callable[..., object]:
     for name, paths in (("uploads", ["raincheck_core/ops/uploads.py"]),
                         ("flex_runs", ["raincheck_core/ops/flex_runs.py"]),
                         ("flex_blocks", ["raincheck_core/ops/flex_blocks.py"]),
+                        ("flex_groups", ["raincheck_core/ops/flex_groups.py"]),
                         ("flex_layout", ["raincheck_core/ops/flex_layout.py", "raincheck_core/ops/flex_attention.py"])):
         source = next((text for text in map(show, paths) if text is not None), None)
         if source is None:

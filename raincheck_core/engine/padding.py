@@ -24,8 +24,8 @@ import torch
 
 from ..cache.gdn_state import GDNStatePool
 from ..cache.kv_pool import KVPool
+from ..ops.flex_groups import bucket as flex_bucket
 from ..ops.flex_layout import FixedGroups
-from ..ops.flex_layout import bucket as flex_bucket
 from .plan import Kind, Segment, StepPlan
 
 CHUNK_BUCKETS = (0, 7, 15, 31, 63)     # fused deferred rows per session of a captured step

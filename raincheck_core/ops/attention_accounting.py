@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from torch.profiler import ProfilerActivity, profile
 
-from .flex_layout import STAMP, FlexLayout
+from .flex_groups import STAMP
+from .flex_layout import FlexLayout
 
 
 @dataclass

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 
-from .flex_layout import Q_TILE, FlexGroup, FlexLayout
+from .flex_groups import Q_TILE, FlexGroup
+from .flex_layout import FlexLayout
 
 # one compiled kernel per (segments bucket, query bucket, block-list columns, pool shape, heads, dtype):
 # far more than dynamo's default of 8 per function when a process serves several models or shapes (the

@@ -13,7 +13,7 @@ ALIGN = 16      # int32 entries: 64 bytes
 
 def buffer_length(n: int, tiles: int, cols: int, pages: int) -> int:
     """Entries of a group's flat `kv_indices` buffer: `cols` per tile, and the tail the strided view's last
-    row spans (ops/flex_layout.py `FlexGroup.block_mask`). The indices' last dimension must span the pool's
+    row spans (ops/flex_groups.py `FlexGroup.block_mask`). The indices' last dimension must span the pool's
     pages (FlexAttention checks the key length against it), but the kernel reads only each tile's first
     `kv_num_blocks` entries, so the buffer grows with the blocks listed, not with the pool. Rounded up to
     `ALIGN` entries, so that a second buffer laid after one in the same array (the one-row group's full list

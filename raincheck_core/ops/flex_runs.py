@@ -219,7 +219,7 @@ LISTED = 1 << 20
 
 
 class HiddenTables(Protocol):
-    """What `hide_skipped` writes and uses of a pool's slot tables (ops/flex_layout.py `SlotTables`)."""
+    """What `hide_skipped` writes and uses of a pool's slot tables (ops/flex_groups.py `SlotTables`)."""
 
     page_size: int
     hidden: Tensor          # per slot: the step whose deferred chunks may not read it

@@ -12,7 +12,8 @@ from raincheck_core.cache.kv_pool import KVPool, PageTable
 from raincheck_core.ops.attention import reference_attention
 from raincheck_core.ops.attention_accounting import allocated_bytes, flex_accounting
 from raincheck_core.ops.flex_attention import flex_varlen_attention, kernel_options
-from raincheck_core.ops.flex_layout import MAX_STEP, Q_TILE, FixedGroups, bucket, flex_layout, tables_of
+from raincheck_core.ops.flex_groups import MAX_STEP, Q_TILE, bucket, tables_of
+from raincheck_core.ops.flex_layout import FixedGroups, flex_layout
 from raincheck_core.ops.uploads import Uploads
 
 KV, HEADS, D, PAGE = 2, 6, 16, 16
@@ -278,7 +279,7 @@ def test_page_table_prefixes_give_the_layout_every_slot_gives(chunk):
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_step_of_decode_rows_read_off_their_page_tables_gives_the_layout_every_slot_gives(padded):
     """A step of decode rows only, each list its page table's first slots (the engine's plain decode step),
-    is built from each page's first slot alone (ops/flex_layout.py `_one_row_group`), or from the pages their
+    is built from each page's first slot alone (ops/flex_groups.py `one_row_group`), or from the pages their
     tables hold (`PageTable.page_ids`, which decode segments carry): the layout every slot gives, at page
     boundaries (a row on a page's last slot, on a new page's first, a session's first row), for sessions
     sharing prefix pages, and padded to a fixed shape with padding rows on a scratch slot (a captured graph's
@@ -434,7 +435,7 @@ def test_a_list_marked_as_a_prefix_that_is_not_one_is_refused():
 
 
 def test_a_staged_decode_steps_block_lists_start_aligned_for_the_gpu_kernels():
-    """The one-row group stages its partial and full block lists as one array (ops/flex_layout.py): the full
+    """The one-row group stages its partial and full block lists as one array (ops/flex_groups.py): the full
     list, laid after the partial one, starts 64-byte aligned as a staged tensor does, whatever the pool's size
     (here 301 pages: a tail of 45 entries past the 256 columns), and the lists are the general build's."""
     pool = _pool(301)
