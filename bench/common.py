@@ -37,14 +37,16 @@ def setup_torch(threads: int) -> None:
 
 
 def build_engine(family: str, workdir: Path, prefix_cache: bool = False, size: str = "bench",
-                 max_gdn_slots: int = 64, backend: str | None = None) -> Engine:
+                 max_gdn_slots: int = 64, backend: str | None = None, plan_ahead: bool | None = None) -> Engine:
     """The `bench` checkpoint's engine (or the `size` one of models/random_init.py); without the prefix cache
     unless asked (the latency benchmarks run the same prompt again and again: it would serve them from the
     cache). `max_gdn_slots`: a slot per open session, and one more per pending GDN join; `backend`: the op
-    backend (`EngineConfig.backend`, its default unless given; flex is the GPU path's CPU twin)."""
+    backend (`EngineConfig.backend`, its default unless given; flex is the GPU path's CPU twin); `plan_ahead`:
+    `EngineConfig.plan_ahead`."""
     folder = save_random_checkpoint(workdir / family, family, size)
     return Engine.from_pretrained(folder, max_rows_per_step=4096, deferred_budget=63, prefix_cache=prefix_cache,
-                                  max_gdn_slots=max_gdn_slots, **({} if backend is None else {"backend": backend}))
+                                  max_gdn_slots=max_gdn_slots, plan_ahead=plan_ahead,
+                                  **({} if backend is None else {"backend": backend}))
 
 
 def image_prompt(engine: Engine, side: int = 32, text: int = 32, seed: int = 0) -> Prompt:

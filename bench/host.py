@@ -122,18 +122,18 @@ def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
             marks[name] = time.thread_time()
         return mark
 
-    uploads = engine.uploads
-    send = uploads.send
-
-    def timed_send() -> None:        # `DEVICE`: its thread CPU time, summed over the step
-        start = time.thread_time()
-        send()
-        marks[DEVICE] = marks.get(DEVICE, 0.0) + time.thread_time() - start
+    def timed(send: Callable[[], None]) -> Callable[[], None]:
+        def timed_send() -> None:        # `DEVICE`: its thread CPU time, summed over the step
+            start = time.thread_time()
+            send()
+            marks[DEVICE] = marks.get(DEVICE, 0.0) + time.thread_time() - start
+        return timed_send
 
     model = engine.model
     removers = [engine.on_plan(first("planned")), engine.on_read(last("read")), engine.on_step(first("stepped"))]
     pre, post = model.register_forward_pre_hook(first("forward")), model.register_forward_hook(last("forwarded"))
-    uploads.send = timed_send       # an instance attribute: the runner and the graph path call it
+    for uploads in engine.staging:      # both: a step staged ahead sends from the other one
+        uploads.send = timed(uploads.send)      # an instance attribute: the runner and the graph path call it
     try:
         yield marks
     finally:
@@ -141,7 +141,8 @@ def step_marks(engine: Engine) -> Iterator[dict[str, float]]:
             remove()
         pre.remove()
         post.remove()
-        del uploads.send
+        for uploads in engine.staging:
+            del uploads.send
 
 
 @contextmanager
@@ -366,6 +367,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "path's CPU twin, whose host work (its attention layout) is the GPU path's")
     ap.add_argument("--graphs", action="store_true", help="with --backend flex: decode steps padded and run "
                     "over static batches, as graph replays are (eagerly: the host work of the graph path)")
+    ap.add_argument("--plan-ahead", action="store_true", help="stage each decode step while the last one's "
+                    "forward runs, as on a GPU (EngineConfig.plan_ahead; the GPU path's backends)")
     ap.add_argument("--stub-forward", action="store_true", help="the model's forward returns zero logits at "
                     "once: the host work of a step whose forward is a device's graph replay (text turns only)")
     ap.add_argument("--images", type=int, default=0, metavar="SIDE",
@@ -387,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.families.split(","):
             engine = build_engine(family, Path(tmp), prefix_cache=True, size=args.size,     # a slot per session
-                                  max_gdn_slots=2 * max(args.bs) + 8, backend=args.backend)   # and per join
+                                  max_gdn_slots=2 * max(args.bs) + 8, backend=args.backend,   # and per join
+                                  plan_ahead=args.plan_ahead or None)
             if args.graphs:
                 engine.use_step_graphs(False)
             load = Load(args.images)
@@ -400,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = " ".join(["python -m bench.host", *(argv if argv is not None else sys.argv[1:])])
     turns = f"{TEXT}-token text turns" + (f" around a {args.images}² image, raincheck" if args.images else "")
     backend = (f", the {args.backend} backend" if args.backend else "") + (", graph path" if args.graphs else "") \
-        + (", forward stubbed" if args.stub_forward else "")
+        + (", forward stubbed" if args.stub_forward else "") + (", steps staged ahead" if args.plan_ahead else "")
     print(f"\n`{cmd}`: the {args.size} checkpoint{backend}, {turns}, {args.max_new} new tokens, one thread, "
           f"{args.repeats} rounds; "
           f"goal: host time at B = {max(args.bs)} <= {GOAL_MS} ms, or on the critical path (the rest runs beside "

@@ -241,6 +241,10 @@ class EngineConfig:
     encoder_cache_bytes: int = 256 << 20   # vision tower outputs by image content (0: off)
     backend: str = field(default_factory=default_backend)   # one of BACKENDS
     cuda_graphs: bool = True         # on CUDA with a non-native backend: decode steps bucketed and graph-captured
+    # plan the next decode step and stage its inputs while a decode step's forward runs (engine/ahead.py;
+    # the GPU path's backends): None on where the forward runs beside the host (CUDA); True also on the CPU,
+    # where it changes nothing but the order of the host's work (tests, bench.host)
+    plan_ahead: bool | None = None
     # tensor parallelism (raincheck_core/parallel): the ranks the decoder's heads, widths and vocabulary are
     # split over (1: one process holds the whole model, nothing else changes), and whether MoE experts are
     # split across them (expert parallelism) rather than each expert's width

@@ -30,9 +30,10 @@ from ..deferral.recovery import Recovery
 from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
-from ..ops.backend import GDNOps, token_by_token
+from ..ops.backend import GDNOps, OpSet, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
 from ..speculative.drafter import Drafter
+from .ahead import Ahead, AheadCounts, continues, plain_step
 from .cost_model import StepCostModel
 from .drafting import Drafting
 from .hooks import Hooks, StepStats
@@ -94,6 +95,12 @@ class EngineCore:
         self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
         self.recovery_serials = itertools.count(1)     # this engine's own: replicas count alike
+        # the next decode step staged beside a step's forward (engine/ahead.py): where the forward runs beside
+        # the host (a GPU) unless the config says otherwise; never across ranks, whose steps are compared first
+        plans_ahead = config.plan_ahead if config.plan_ahead is not None else self.device.type == "cuda"
+        self.plans_ahead = plans_ahead and mirror is None and model.tp is None
+        self.ahead: Ahead | None = None
+        self.ahead_counts = AheadCounts()
 
     # ---------------------------------------------------------------- what the runner and update read
     def cache(self, session: str) -> SessionCache:
@@ -143,6 +150,54 @@ class EngineCore:
         """Drop a plan whose forward failed: the claimed slots go back to their sessions unfilled."""
         for sid in plan.sessions():
             self.caches[sid].cancel_claims()
+
+    # ---------------------------------------------------------------- the next step, staged ahead
+    def plan_ahead(self, plan: StepPlan, ops: OpSet) -> None:
+        """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a plain decode
+        step and the next one will be too, plan that one and stage its inputs now (engine/ahead.py)."""
+        scheduler, running = self.scheduler, self.scheduler.running
+        if not (self.plans_ahead and ops.attention.reads_pages and self.ahead is None
+                and scheduler.speculation is None and not scheduler.recovering and not scheduler.scratch
+                and not self.handoffs and len(running) == len(plan.segments) <= self.config.max_rows_per_step
+                and plain_step(plan) and all(map(continues, running))):
+            return
+        nxt = None
+        try:
+            nxt = scheduler.schedule()
+            if not plain_step(nxt) or len(nxt.segments) != len(running):
+                self.cancel(nxt)
+                return
+            staged = self.runner.stage(self.resolve(nxt, ops.gdn), ops, ahead=True)
+        except Exception:   # planning it now was a guess: the next step is planned as usual
+            log.debug("staging the next step ahead failed", exc_info=True)
+            for req in running:
+                req.cache.cancel_claims()
+            return
+        self.ahead = Ahead(nxt, staged, list(running))
+        self.ahead_counts.staged += 1
+
+    def take_ahead(self, only: SessionCache | None) -> Ahead | None:
+        """The step staged ahead, its tokens written in, if it is still the step to run (`only`: the step
+        asked for is restricted, which a staged step never is); else None, the staged step dropped."""
+        ahead = self.ahead
+        if ahead is None:
+            return None
+        running = self.scheduler.running
+        if only is not None or self.scheduler.recovering or self.scheduler.scratch or len(running) != len(ahead.turns) \
+                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)):
+            self.drop_ahead()
+            return None
+        self.ahead = None
+        ahead.staged.retoken([t.last_token for t in ahead.turns])
+        self.ahead_counts.launched += 1
+        return ahead
+
+    def drop_ahead(self) -> None:
+        """Drop the step staged ahead, if any: its claims go back, as a failed forward's do."""
+        if self.ahead is not None:
+            self.cancel(self.ahead.plan)
+            self.ahead = None
+            self.ahead_counts.dropped += 1
 
     def settle(self, result: StepResult) -> None:
         """What a step's update found ended: failed turns are undone, ended turns' recoveries go on in

@@ -35,6 +35,7 @@ from ..ops.uploads import Uploads
 from ..parallel.group import RankGroup
 from ..parallel.workers import WorkerRanks
 from ..speculative.drafter import Drafter
+from .ahead import AheadCounts
 from .core import EngineCore
 from .cost_model import StepCostModel
 from .engine_lock import EngineLock
@@ -78,7 +79,9 @@ class Engine:
             vision.cache = EncoderCache(self.config.encoder_cache_bytes)
         self.core = EngineCore(self.model, model_config, self.config, drafter,
                                None if ranks is None else Mirror(ranks))
-        self.lock = EngineLock()         # step loops take it with for_step(): waiting callers go first
+        # step loops take it with for_step(): waiting callers go first; any other holder may change the
+        # sessions, so the step staged ahead is dropped (engine/ahead.py)
+        self.lock = EngineLock(on_hold=self.core.drop_ahead)
         self.stepper = Stepper(self.core, self.lock)
         self.handoff = HandOffVerbs(self.core, self.stepper, self.lock)     # engine/handoff_verbs.py
         self.sessions: dict[str, Session] = {}
@@ -161,6 +164,18 @@ class Engine:
         """The GPU path's staged host-to-device copies (ops/uploads.py): `copies` and `staged` (tensors) of the
         last step's forward; nothing staged on the native path."""
         return self.core.runner.uploads
+
+    @property
+    def ahead_counts(self) -> AheadCounts:
+        """Decode steps staged during the previous step's forward: launched as staged, or dropped
+        (engine/ahead.py; `EngineConfig.plan_ahead`)."""
+        return self.core.ahead_counts
+
+    @property
+    def staging(self) -> tuple[Uploads, Uploads]:
+        """The runner's two staging buffers: the step launched last's (`uploads`) and the one a step staged
+        ahead of it uses (engine/ahead.py)."""
+        return self.core.runner.staging
 
     def input_prefilled(self, stream: TurnStream) -> bool:
         """The turn's input is prefilled (its answer is decoding): from then on its residual can be exported."""

@@ -7,19 +7,24 @@ status) waited until the loops ran out of work: a new turn of one session waited
 whole post-answer recovery. Here a step loop takes the lock through `for_step()`, which first waits
 until no other thread is queued for it: such a thread waits for at most the step in progress. Step loops
 among themselves still race as before (whoever steps, a step serves every running turn).
+
+Whoever else takes the lock may change the sessions (admit, cancel, close): `on_hold` is called whenever a
+thread takes it other than for a step (`for_step`) or to drive steps (`driving`), and the engine drops the step
+it staged ahead there (engine/ahead.py).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 class EngineLock:
-    """`threading.RLock`'s interface (`acquire`, `release`, `with`), plus `for_step()`."""
+    """`threading.RLock`'s interface (`acquire`, `release`, `with`), plus `for_step()` and `driving()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_hold: Callable[[], None] | None = None) -> None:
+        self.on_hold = on_hold      # called on each hold that is not for stepping (the holder may change anything)
         self._lock = threading.RLock()
         self._state = threading.Condition(threading.Lock())
         self._waiting = 0                   # threads blocked in acquire()
@@ -32,6 +37,12 @@ class EngineLock:
         return self._waiting
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._acquire(blocking, timeout)
+        if got and self._depth == 1 and self.on_hold is not None:
+            self.on_hold()
+        return got
+
+    def _acquire(self, blocking: bool, timeout: float) -> bool:
         got = self._lock.acquire(blocking=False)
         if not got and blocking:
             with self._state:
@@ -64,6 +75,16 @@ class EngineLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    @contextmanager
+    def driving(self) -> Iterator[None]:
+        """Hold the lock as any caller waits for it (ahead of the step loops' `for_step`), to step: a consumer
+        driving its own turn's steps (engine/stepper.py `drive`). Not a hold that calls `on_hold`."""
+        self._acquire(True, -1)
+        try:
+            yield
+        finally:
+            self.release()
 
     @contextmanager
     def for_step(self) -> Iterator[None]:

@@ -32,6 +32,9 @@ class PackedRows:
     hidden_rows: list[int]                  # rows whose final-norm hidden states it keeps (`KEPT`)
     deepstack_rows: torch.Tensor | None     # visual rows that receive DeepStack features
     deepstack: list[torch.Tensor]           # per level, [len(deepstack_rows), hidden]
+    # staged: the decode and verify rows' input tokens in the host staging buffer, in plan order, which may be
+    # rewritten until the step's copy (a step planned ahead: engine/ahead.py); None when looked up at once
+    tokens: np.ndarray | None = None
 
 
 @dataclass
@@ -74,17 +77,19 @@ def pack_rows(plan: StepPlan, embed: torch.nn.Module, keep_hidden: bool, padded:
             embeds[at] = e
             positions[at] = long_tensor(positions[at]).expand(3, -1)
     packed = _joined(embeds)
+    host_tokens = None
     if staged:      # into the packed rows themselves: the join above copied what the runs held then
         if len(embeds) == 1:        # the step is one answer run (a decode step): its rows are the packed ones
             targets = [packed]
         else:
             offsets = np.cumsum([0, *(e.shape[0] for e in embeds)])
             targets = [packed[offsets[at]:offsets[at] + n] for at, n in zip(runs, run_rows, strict=True)]
-        uploads.then(partial(_look_up_into, embed, uploads.put(np.array(tokens, dtype=np.int64)), targets))
+        ids, host_tokens = uploads.put_rewritable(np.array(tokens, dtype=np.int64))
+        uploads.then(partial(_look_up_into, embed, ids, targets))
     return PackedRows(
         packed, _joined(positions, dim=1), p.starts, p.logit_rows, p.hidden_rows,
         torch.cat(ds_rows) if ds_rows else None,
-        [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [])
+        [torch.cat(level) for level in zip(*ds_feats, strict=True)] if ds_feats else [], host_tokens)
 
 
 def _decode_rows(plan: StepPlan, keep_hidden: bool) -> _Pieces:

@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property, partial
 
+import numpy as np
 import torch
 
 from ..cache.gdn_state import GDNStatePool
@@ -38,7 +39,7 @@ from ..ops.uploads import Uploads
 from .gdn_inputs import DecodeSteps, Placed, gdn_step, plain_decode
 from .graphs import NotCaptured, StepGraphs
 from .packing import pack_rows
-from .padding import Padded, Scratch, bucket_of, pad
+from .padding import Bucket, Padded, Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
 from .step_outputs import StateWrite, StepOutputs, Tracked
 
@@ -49,6 +50,9 @@ class StepInputs:
     placed: list[Placed]        # every segment, in plan order; the groups below are read off it
     # the tracked rows among the one-row sequences (`keep`), where not all are: on the step's device
     kept_rows: torch.Tensor | None = None
+    # staged: the answer rows' input tokens in the host staging buffer (`PackedRows.tokens`), rewritable
+    # until the step's copy
+    tokens: np.ndarray | None = None
 
     @cached_property
     def multi(self) -> list[Segment]:
@@ -73,6 +77,30 @@ class StepInputs:
         return [s for s in self.multi if s.tracked]
 
 
+@dataclass
+class Staged:
+    """A step's inputs built and not yet sent (`ModelRunner.stage`); `ModelRunner.launch` sends them and runs
+    its forward."""
+
+    plan: StepPlan                  # as it runs: padded to `bucket` where a graph replays it
+    ops: OpSet
+    inputs: StepInputs
+    uploads: Uploads                # whose copy sends the inputs
+    bucket: Bucket | None = None    # the graph's bucket (None: an eager forward)
+    padded: Padded | None = None
+
+    def retoken(self, tokens: list[int]) -> None:
+        """The decode rows' input tokens, drawn after the step was staged (engine/ahead.py), into its segments
+        and its staged token ids (the embedding lookup reads them after the copy)."""
+        decode = [s for s in self.plan.segments if s.kind is Kind.DECODE]
+        staged = self.inputs.tokens
+        if staged is None or len(staged) != len(decode) or len(tokens) != len(decode):
+            raise ValueError(f"{len(tokens)} tokens for a staged step of {len(decode)} decode rows")
+        for seg, token in zip(decode, tokens, strict=True):
+            seg.token = token
+        staged[:] = tokens
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv: KVPool, gdn: GDNStatePool | None, kernel: int, backend: str = "native"):
         self.model = model
@@ -86,7 +114,10 @@ class ModelRunner:
         self.graphs: StepGraphs | None = None     # bucketed, graph-captured decode steps (`use_graphs`)
         self.decode_steps = DecodeSteps()           # the GDN metadata of plain decode steps, reused
         self.padding: Scratch | None = None        # where their padding rows go
-        self.uploads = Uploads(self.device)         # the GPU path's step metadata, sent in one copy (`prepare`)
+        # the GPU path's step metadata, sent in one copy (`prepare`): two staging buffers, one for the step
+        # launched last (`uploads`), the other for a step staged beside its forward (`stage(ahead=True)`)
+        self.staging = (Uploads(self.device), Uploads(self.device))
+        self.uploads = self.staging[0]
         # return the final-norm hidden states of the turns' input and answer rows (`StepOutputs.hidden`), as
         # an MTP drafter reads them (speculative/drafter.py); such steps run eagerly
         self.keep_hidden = False
@@ -113,17 +144,33 @@ class ModelRunner:
             self.model.tp.check_same(plan.fingerprint(), "the step's plan")
         if plan.segments[0].kind is Kind.HANDOFF:     # a step of its own (`handoff`)
             return self.handoff(plan, ops)
+        return self.launch(self.stage(plan, ops))
+
+    def stage(self, plan: StepPlan, ops: OpSet, ahead: bool = False) -> Staged:
+        """`plan`'s inputs, built and not sent (`launch` runs it). `ahead`: staged while the step launched last
+        may still run on the device, in the staging buffer that step does not use."""
+        uploads = self.staging[self.staging[0] is self.uploads] if ahead else self.uploads
         # padding only serves a replay: steps on ops no graph takes run as planned; nor do steps whose
         # hidden states a drafter reads
         bucket = bucket_of(plan) if self.graphs is not None and self.graphs.takes(ops) and not self.keep_hidden \
             else None
         if bucket is None:
-            return self.forward(self.prepare(plan, ops))
+            return Staged(plan, ops, self.prepare(plan, ops, send=False, uploads=uploads), uploads)
         padded = pad(plan, bucket, self.padding)
         # sent once the graph's lookup has laid out all the batch's tensors (lazily built ones too)
-        inputs = self.prepare(padded.plan, ops, padded, send=False)
+        return Staged(padded.plan, ops, self.prepare(padded.plan, ops, padded, send=False, uploads=uploads), uploads,
+                      bucket, padded)
+
+    def launch(self, staged: Staged) -> StepOutputs:
+        """Send a staged step's inputs and run its forward (a graph's replay where it has a bucket)."""
+        self.uploads = staged.uploads
+        inputs, ops, padded = staged.inputs, staged.ops, staged.padded
+        if staged.bucket is None:
+            if ops.attention.reads_pages:      # the GPU path's inputs are staged (`prepare`)
+                self.uploads.send()
+            return self.forward(inputs)
         try:
-            replayed = self.graphs.run(bucket, inputs.batch, self.uploads.send)
+            replayed = self.graphs.run(staged.bucket, inputs.batch, self.uploads.send)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
             self.decode_steps.forget(inputs.batch.gdn)
             return self.forward(self.prepare(padded.plan, ops, padded))
@@ -138,11 +185,12 @@ class ModelRunner:
         return self.collect(dataclasses.replace(inputs, batch=batch), logits.clone()).detached()
 
     # ---------------------------------------------------------------- tensors from the plan
-    def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None, send: bool = True) -> StepInputs:
+    def prepare(self, plan: StepPlan, ops: OpSet, padded: Padded | None = None, send: bool = True,
+                uploads: Uploads | None = None) -> StepInputs:
         """The step's tensors; `padded`: `plan` is that padded step's, whose shapes its bucket fixes. On the
-        GPU path (FlexAttention, and its CPU twin) the host-built ones go by the step's `uploads`, sent in one
-        copy at the end (`send`; else the caller sends them)."""
-        up = self.uploads.begin() if ops.attention.reads_pages else None
+        GPU path (FlexAttention, and its CPU twin) the host-built ones go by the step's staged copies
+        (`uploads`, default the runner's), sent in one copy at the end (`send`; else the caller sends them)."""
+        up = (self.uploads if uploads is None else uploads).begin() if ops.attention.reads_pages else None
         rows = pack_rows(plan, self.model.embed_tokens, self.keep_hidden, padded, up)
         attention = None
         if self.model.config.num_attention_layers:
@@ -165,7 +213,7 @@ class ModelRunner:
                                          staged=up is not None) \
                 if plain_decode(placed) else \
                 gdn_step(placed, ops, self.gdn, self.kernel, self.key_heads, self.device, padded, up)
-        put = self.uploads.put if up is not None else lambda t: t.to(self.device)
+        put = up.put if up is not None else lambda t: t.to(self.device)
         batch = ForwardBatch(
             embeds=rows.embeds, positions=put(rows.positions), kv=self.kv, ops=ops, attention=attention,
             gdn=gdn, logit_rows=put(long_tensor(rows.logit_rows)),
@@ -173,7 +221,7 @@ class ModelRunner:
             deepstack=rows.deepstack,
             hidden_rows=put(long_tensor(rows.hidden_rows)) if self.keep_hidden else None,
         )
-        inputs = StepInputs(batch, placed)
+        inputs = StepInputs(batch, placed, tokens=rows.tokens)
         if gdn is not None and inputs.keep and len(inputs.keep) < len(inputs.single):
             inputs.kept_rows = put(long_tensor([j for j, s in enumerate(inputs.single) if s.tracked]))
         if send and up is not None:

@@ -31,8 +31,9 @@ from .update import StepResult, apply_step, chunk_carriers
 
 if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
-    from ..ops.backend import GDNOps
+    from ..ops.backend import GDNOps, OpSet
     from ..ops.gdn_traffic import GDNTraffic
+    from .ahead import Ahead
     from .hooks import Hooks
     from .runner import ModelRunner
     from .scheduler import Scheduler
@@ -58,18 +59,26 @@ class StepCore(StepSessions, Protocol):
 
     def cancel(self, plan: StepPlan) -> None: ...
 
+    def plan_ahead(self, plan: StepPlan, ops: OpSet) -> None: ...
+
+    def take_ahead(self, only: SessionCache | None) -> Ahead | None: ...
+
+    def drop_ahead(self) -> None: ...
+
     def settle(self, result: StepResult) -> None: ...
 
     def step_failed(self, cache: SessionCache, error: Exception) -> None: ...
 
 
 def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
-    """One step (call under the engine lock). False when there was no work."""
+    """One step (call under the engine lock): the one staged ahead during the last, if it still is the step to
+    run (engine/ahead.py), else planned now. False when there was no work."""
     t0 = core.clock()
-    plan = core.scheduler.schedule(only)
+    ahead = core.take_ahead(only)
+    plan = ahead.plan if ahead is not None else core.scheduler.schedule(only)
     if not plan:
         return False
-    error, traffic = _run(core, plan)
+    error, traffic = _run(core, plan, ahead)
     core.stepped(plan, core.clock() - t0, failed=error is not None, gdn_traffic=traffic)
     if error is None:
         return True
@@ -89,6 +98,7 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
 def run_handoff(core: StepCore, cache: SessionCache) -> None:
     """The step joining the result the core holds for `cache` (`EngineCore.handing_in`) into its recovery's
     pending rows (call under the engine lock). StepFailedError, with nothing applied, if it fails."""
+    core.drop_ahead()       # the hand-off's step comes first
     t0 = core.clock()
     plan = core.scheduler.handoff(cache)
     error, _ = _run(core, plan)
@@ -97,15 +107,19 @@ def run_handoff(core: StepCore, cache: SessionCache) -> None:
         raise StepFailedError(f"joining the deferred worker's result failed: {error}") from error
 
 
-def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic | None]:
-    """Run the plan's passes; what their updates found ended is settled once, after the last pass that
-    ran (a serial chunk's pass may complete a recovery whose turn's decode row the next pass tracks).
-    Returns the error, if a pass raised, and the GDN state traffic of the passes (None: no GDN layers)."""
-    passes = plan.passes()
+def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Exception | None, GDNTraffic | None]:
+    """Run the plan's passes (`ahead`: the plan's one pass was staged during the last step); what their
+    updates found ended is settled once, after the last pass that ran (a serial chunk's pass may complete a
+    recovery whose turn's decode row the next pass tracks). A one-pass step's update may stage the next step
+    before it reads the forward's values (`EngineCore.plan_ahead`). Returns the error, if a pass raised, and
+    the GDN state traffic of the passes (None: no GDN layers)."""
+    passes = [plan] if ahead is not None else plan.passes()
     restoring = chunk_carriers(plan)
     result = StepResult()
     error, traffic = None, None
-    ops = core.runner.ops()     # once per step: every pass, the joins' folds and the update run on it
+    # once per step: every pass, the joins' folds and the update run on it (a staged step's: the one it was
+    # staged on)
+    ops = ahead.staged.ops if ahead is not None else core.runner.ops()
     for i, part in enumerate(passes):
         try:
             try:
@@ -115,7 +129,8 @@ def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic |
                 core.runner.skip()
                 raise
             # what the runner reads of the sessions, read now: as the step's earlier passes left them
-            out = core.runner.run(core.resolve(part, ops.gdn), ops)
+            out = core.runner.launch(ahead.staged) if ahead is not None else \
+                core.runner.run(core.resolve(part, ops.gdn), ops)
         except Exception as e:
             for rest in passes[i:]:
                 core.cancel(rest)
@@ -123,7 +138,27 @@ def _run(core: StepCore, plan: StepPlan) -> tuple[Exception | None, GDNTraffic |
             break
         if out.gdn_traffic is not None:
             traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
-        result.extend(apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring,
-                                 core.hooks.reading(part)))
+        reading = core.hooks.reading(part)
+        if len(passes) == 1:
+            reading = _staging_ahead(core, part, ops, reading)
+        try:
+            applied = apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring, reading)
+        except BaseException:
+            core.drop_ahead()
+            raise
+        if applied.changes_turns:      # what the next step was staged for is not so any more
+            core.drop_ahead()
+        result.extend(applied)
     core.settle(result)
     return error, traffic
+
+
+def _staging_ahead(core: StepCore, plan: StepPlan, ops: OpSet, hook: Callable[[], None] | None
+                   ) -> Callable[[], None]:
+    """What the update calls before it first reads the forward's values: the next step staged (if it may
+    be), then `hook`."""
+    def read() -> None:
+        core.plan_ahead(plan, ops)
+        if hook is not None:
+            hook()
+    return read

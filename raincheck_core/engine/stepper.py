@@ -47,7 +47,7 @@ class Stepper:
             self._drivers += 1
         try:
             while _waiting(requests):
-                with self.lock:
+                with self.lock.driving():
                     if _waiting(requests):
                         self.step()
         finally:

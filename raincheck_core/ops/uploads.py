@@ -91,16 +91,22 @@ class Uploads:
     def put(self, x: np.ndarray | Tensor) -> Tensor:
         """`x` (a host array or tensor) as a tensor on the device: staged until `send` while the step is open,
         else copied now."""
+        return self.put_rewritable(x)[0]
+
+    def put_rewritable(self, x: np.ndarray | Tensor) -> tuple[Tensor, np.ndarray | None]:
+        """`put(x)`, and where `x` is staged its bytes in the host staging buffer, which the caller may rewrite
+        until `send` (a step prepared before the tokens it feeds were drawn: engine/ahead.py); None where it
+        was copied at once or is empty."""
         if isinstance(x, Tensor) and x.device.type != "cpu":       # on a device already
-            return x.to(self.device)
+            return x.to(self.device), None
         if not self._open:      # a copy of its own (on the CPU twin, counted as the GPU would make it)
             t = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
             self.copies += 1
             self.bytes += t.nbytes
-            return t.to(self.device)
+            return t.to(self.device), None
         a = x if isinstance(x, np.ndarray) else x.numpy()
         if not a.size:      # nothing to copy: one empty tensor per dtype and shape serves every step
-            return self._empty(_torch_dtype(a.dtype), a.shape)
+            return self._empty(_torch_dtype(a.dtype), a.shape), None
         shape = a.shape             # `ascontiguousarray` makes a 0-d array 1-d
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         dtype = _torch_dtype(a.dtype)
@@ -117,7 +123,8 @@ class Uploads:
             block.device.as_strided((block.used - block.poisoned,), (1,), block.poisoned).fill_(0xFF)
             block.poisoned = block.used
         # `as_strided` rather than a slice and `view(shape)`: ~1.5 µs of host time, not ~7
-        return block.view(dtype).as_strided(shape, _strides(shape), at // a.itemsize)
+        return (block.view(dtype).as_strided(shape, _strides(shape), at // a.itemsize),
+                block.host_bytes[at:at + a.nbytes].view(a.dtype).reshape(shape))
 
     def _empty(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
         t = self._empties.get((dtype, shape))

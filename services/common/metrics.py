@@ -55,6 +55,9 @@ PREFIX_PAGES = Gauge("raincheck:prefix_cache_pages", "KV pages the prefix cache 
 ENCODER_HITS = Counter("raincheck:encoder_cache_hits", "Images and videos served from the encoder cache instead "
                        "of the vision tower.")
 ENCODER_BYTES = Gauge("raincheck:encoder_cache_bytes", "Memory the encoder cache holds.", ["worker"])
+STEPS_AHEAD = Counter("raincheck:steps_planned_ahead", "Decode steps planned and staged during the previous step's "
+                      "forward, by outcome: launched as staged, or dropped and planned again (docs/design.md).",
+                      ["outcome"])
 STEP_COST_DRIFT = Gauge("raincheck:step_cost_drift", "How far measured step costs stand from the calibration the "
                         "TPOT objective decides from (largest relative gap; docs/services.md, \"Deterministic "
                         "mode\").", ["worker"])

@@ -23,6 +23,7 @@ from ..common.metrics import (
     PREFIX_PAGES,
     SESSIONS,
     STEP_COST_DRIFT,
+    STEPS_AHEAD,
 )
 from ..common.recovery_modes import MODES
 from ..common.settings import WorkerSettings
@@ -71,6 +72,7 @@ class WorkerRuntime:
         self.rank_failure: str | None = None
         self.draining = False
         self.encoder_hits = 0        # the encoder cache's hits already counted in ENCODER_HITS
+        self.ahead_counted = {"launched": 0, "dropped": 0}     # … and the steps planned ahead in STEPS_AHEAD
         self.steps = 0
         self._turn_rpcs = 0                                  # Turn RPCs still streaming (recovery followed too)
 
@@ -117,6 +119,7 @@ class WorkerRuntime:
             self.close(session_id)
         engine = self.engine = load()
         self.encoder_hits = 0
+        self.ahead_counted = {"launched": 0, "dropped": 0}
         engine.start_background(self._after_step, idle_wait_s=STEP_IDLE_S)
         self.rank_failure = None
         self.on_change()
@@ -251,6 +254,10 @@ class WorkerRuntime:
         self.steps += 1
         if self.steps % 32 == 1:    # it moves slowly, and reading the windows' medians is not free
             STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.step_costs.drift())
+        ahead = self.engine.ahead_counts
+        for outcome in ("launched", "dropped"):
+            STEPS_AHEAD.labels(outcome).inc(getattr(ahead, outcome) - self.ahead_counted[outcome])
+            self.ahead_counted[outcome] = getattr(ahead, outcome)
         encoder = self.engine.encoder_cache_stats()
         if encoder is not None:
             ENCODER_HITS.inc(encoder.hits - self.encoder_hits)

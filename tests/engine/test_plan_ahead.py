@@ -1,0 +1,165 @@
+"""Decode steps staged while the previous step's forward runs (engine/ahead.py, `EngineConfig.plan_ahead`)
+answer exactly as steps planned one after another: the same tokens and logits, bit for bit, on both families,
+eager and on the graph path, with turns ending by stop token and by length, a turn admitted and one cancelled
+between two steps, and a forward that fails on a staged step; no claim or page outlives its step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.errors import StepFailedError
+
+
+def _engine(folder: Path, ahead: bool, graphs: bool = False) -> Engine:
+    engine = Engine.from_pretrained(folder, backend="flex", plan_ahead=ahead)
+    if graphs:
+        engine.use_step_graphs(False)
+    return engine
+
+
+def _prompt(i: int) -> Prompt:
+    return Prompt([5 + i, 9, 12, 30 + i, 7, 8, 40 + i])
+
+
+def _params(i: int, stop: int | None) -> SamplingParams:
+    if i == 1:      # sampled: its draws follow its own generator, step by step
+        return SamplingParams(max_new_tokens=10, temperature=0.8, seed=3, ignore_eos=True)
+    if i == 2 and stop is not None:
+        return SamplingParams(max_new_tokens=12, stop_token_ids=(stop,))
+    return SamplingParams(max_new_tokens=(9, 10, 12, 4)[i], ignore_eos=True)
+
+
+def _script(engine: Engine, stop: int | None) -> list[tuple[list[int], torch.Tensor | None, str]]:
+    """Four sessions decoding side by side, stepped by hand: one turn ends by a stop token, one by length;
+    after the 3rd step a fifth session's turn is admitted, after the 6th the fourth session's turn is
+    cancelled; then a second turn on each. Every answer's tokens, logits and finish reason."""
+    sessions = [engine.open_session() for _ in range(5)]
+    streams = [s.turn(_prompt(i), _params(i, stop), return_logits=True) for i, s in enumerate(sessions[:4])]
+    steps = 0
+    while engine.step():
+        steps += 1
+        if steps == 3:
+            streams.append(sessions[4].turn(_prompt(9), SamplingParams(max_new_tokens=6, ignore_eos=True),
+                                            return_logits=True))
+        if steps == 6:
+            sessions[0].cancel()
+    streams += [s.turn(Prompt([3, 4, 5 + i]), SamplingParams(max_new_tokens=6, ignore_eos=True), return_logits=True)
+                for i, s in enumerate(sessions)]
+    out = []
+    for stream in streams:
+        tokens = stream.tokens()
+        out.append(([e.token_id for e in tokens], torch.stack([e.logits for e in tokens]) if tokens else None,
+                    stream.result().finish_reason))
+    for s in sessions:
+        s.close()
+    return out
+
+
+def _assert_same(got: list, want: list) -> None:
+    for (tokens, logits, reason), (want_tokens, want_logits, want_reason) in zip(got, want, strict=True):
+        assert (tokens, reason) == (want_tokens, want_reason)
+        assert (logits is None) == (want_logits is None)
+        if logits is not None:
+            assert torch.equal(logits, want_logits)
+
+
+def _released(engine: Engine) -> None:
+    """Every session closed: the pools as at start-up (the graph path's scratch page and slot aside)."""
+    held = 1 if engine.step_graphs is not None else 0
+    assert engine.pool_stats().free_pages == engine.pool_stats().total_pages - held
+    if engine.gdn is not None:
+        assert engine.gdn.free_slots == engine.config.max_gdn_slots - held
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_steps_staged_ahead_answer_as_steps_planned_in_turn(tiny_checkpoints, family, graphs):
+    folder = tiny_checkpoints[family][1]
+    # the stop token: the third token session 2's greedy answer draws (so it ends there, mid-batch)
+    probe = _engine(folder, False)
+    stop = _script(probe, None)[2][0][2]
+    want = _script(_engine(folder, False, graphs), stop)
+    assert want[2][2] == "stop" and want[0][2] == "cancelled"
+
+    engine = _engine(folder, True, graphs)
+    got = _script(engine, stop)
+    _assert_same(got, want)
+    counts = engine.core.ahead_counts
+    # most decode steps ran as staged; some were dropped (a stop token, an admission, a cancel in between)
+    assert counts.launched >= 6 and counts.dropped >= 2
+    assert counts.staged == counts.launched + counts.dropped
+    assert engine.core.ahead is None or not engine.has_work()
+    _released(engine)
+
+
+def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_checkpoints):
+    engine = _engine(tiny_checkpoints["qwen3_5"][1], True)
+    sessions = [engine.open_session() for _ in range(3)]
+    for i, s in enumerate(sessions):
+        s.turn(_prompt(i), SamplingParams(max_new_tokens=8, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    ahead = engine.core.ahead
+    assert ahead is not None and [s.session for s in ahead.plan.segments] == [s.id for s in sessions]
+    # each decode row's slot is claimed past the cache's filled length: the next claim comes after it
+    for seg, s in zip(ahead.plan.segments, sessions, strict=True):
+        assert seg.position == s.cache.next_position
+        assert int(seg.write_slots[0]) == int(s.cache.table.reserved_slot(s.cache.length))
+    # any other holder of the engine lock may change the sessions: the staged step goes, its claims with it
+    with engine.lock:
+        pass
+    assert engine.core.ahead is None and engine.core.ahead_counts.dropped == 1
+    for s in sessions:
+        assert int(s.cache.claim(1)[0]) == int(s.cache.table.reserved_slot(s.cache.length))
+        s.cache.cancel_claims()
+    while engine.step():
+        pass
+    assert all(s.turns == 1 and not s.busy for s in sessions)
+
+
+def test_a_forward_that_fails_on_a_staged_step_fails_only_its_turn(tiny_checkpoints):
+    folder = tiny_checkpoints["qwen3_5"][1]
+
+    def run(ahead: bool) -> tuple[list, int]:
+        engine = _engine(folder, ahead)
+        victim, other = engine.open_session(), engine.open_session()
+        seen = [0]
+
+        def forward(plan):
+            if victim.id in plan.sessions():
+                seen[0] += 1
+                if seen[0] > 4:
+                    raise RuntimeError("injected forward failure")
+        engine.on_plan(forward)
+        failing = victim.turn(_prompt(0), SamplingParams(max_new_tokens=9, ignore_eos=True))
+        going = other.turn(_prompt(1), SamplingParams(max_new_tokens=9, ignore_eos=True), return_logits=True)
+        with pytest.raises(StepFailedError, match="injected forward failure"):
+            failing.result()
+        tokens = going.tokens()
+        out = [e.token_id for e in tokens], torch.stack([e.logits for e in tokens])
+        assert victim.cached_tokens == 0 and victim.turns == 0     # undone to before its turn
+        launched = engine.core.ahead_counts.launched
+        victim.close()
+        other.close()
+        _released(engine)
+        return out, launched
+
+    (want_tokens, want_logits), _ = run(False)
+    (tokens, logits), launched = run(True)
+    assert launched >= 3        # the failing forward was a staged step's
+    assert tokens == want_tokens and torch.equal(logits, want_logits)
+
+
+def test_plan_ahead_stages_nothing_where_the_inputs_are_not_staged(tiny_checkpoints):
+    # the native CPU kernels build their inputs in place: nothing to stage ahead; and off by default on a CPU
+    folder = tiny_checkpoints["qwen3_vl"][1]
+    for engine in (Engine.from_pretrained(folder, backend="native", plan_ahead=True),
+                   Engine.from_pretrained(folder, backend="flex")):
+        sessions = [engine.open_session() for _ in range(2)]
+        for i, s in enumerate(sessions):
+            s.turn(_prompt(i), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
+        assert engine.core.ahead_counts.staged == 0
