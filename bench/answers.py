@@ -38,9 +38,12 @@ ARMS = (("full", "full", "mmtok"), ("hard/hiprune", "hard", "hiprune"), ("rainch
 
 
 def dump(model: str, families: list[str], dialogues: int, arms: list[str] | None = None,
-         speculative: SpeculativeConfig | None = None) -> dict[str, dict[str, list[list[str]]]]:
-    """{family: {arm: per dialogue, per turn, the answer text}}; `arms`: by name (None: all)."""
-    engine = Engine.from_pretrained(model, num_threads=1, speculative=speculative or SpeculativeConfig())
+         speculative: SpeculativeConfig | None = None, plan_ahead: bool | None = None
+         ) -> dict[str, dict[str, list[list[str]]]]:
+    """{family: {arm: per dialogue, per turn, the answer text}}; `arms`: by name (None: all); `plan_ahead`:
+    `EngineConfig.plan_ahead` (decode steps staged during the last one's forward, where the backend stages)."""
+    engine = Engine.from_pretrained(model, num_threads=1, speculative=speculative or SpeculativeConfig(),
+                                    plan_ahead=plan_ahead)
     out: dict[str, dict[str, list[list[str]]]] = {}
     for family in families:
         held_out = quality.held_out(family, dialogues)
@@ -53,6 +56,9 @@ def dump(model: str, families: list[str], dialogues: int, arms: list[str] | None
                                       tpot_slo=None)
             out[family][name] = [quality.run_engine_arm(engine, cfg, d, m) for d, m in
                                  tqdm(list(zip(held_out, messages, strict=True)), desc=f"{family} {name}", leave=False)]
+    ahead = engine.ahead_counts
+    if ahead.staged:
+        print(f"decode steps staged ahead: {ahead.launched} launched, {ahead.dropped} dropped", file=sys.stderr)
     prefix = engine.prefix_stats()
     if prefix is not None:     # the arms share sessions' prefixes (the same dialogue under another policy)
         print(f"prefix cache: {prefix.hits} hits, {prefix.hit_tokens} prompt tokens served", file=sys.stderr)
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(a for a, _, _ in ARMS)} (default: all)")
     p.add_argument("--speculative-method", choices=METHODS, help="verify drafts of this drafter (default: off)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="drafts per step with --speculative-method")
+    p.add_argument("--plan-ahead", action="store_true", help="stage each decode step during the last one's forward "
+                   "(EngineConfig.plan_ahead; the GPU path's backends: RAINCHECK_BACKEND=flex on a CPU)")
     args = p.parse_args(argv)
     if args.compare:
         total, diffs = compare(*(json.loads(path.read_text()) for path in args.compare))
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown arms: {', '.join(sorted(unknown))}")
     speculative = SpeculativeConfig(args.speculative_method, args.speculative_tokens) if args.speculative_method \
         else None
-    out = dump(args.model, args.families.split(","), args.dialogues, arms, speculative)
+    out = dump(args.model, args.families.split(","), args.dialogues, arms, speculative, args.plan_ahead or None)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {sum(len(d) for f in out.values() for a in f.values() for d in a)} answers to {args.json}")

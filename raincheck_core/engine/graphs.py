@@ -166,6 +166,14 @@ class Captured:
         return values(self.batch)
 
 
+@dataclasses.dataclass
+class Walked:
+    """A prepared batch's walk (`StepGraphs.walk`): the graph it takes and its leaves."""
+
+    key: tuple[Hashable, tuple]           # (bucket, skeleton)
+    flat: list[tuple[Any, Any, Any]]      # `leaves(batch)`
+
+
 class StepGraphs:
     """The model's forward over bucketed decode steps, replayed from a captured graph (`capture`) or, with
     capture off, run eagerly over the same static buffers."""
@@ -183,18 +191,27 @@ class StepGraphs:
         bounds (plain values) as their read limits."""
         return ops.attention.name == "flex" and ops.gdn.name != "native"
 
-    def run(self, bucket: Hashable, batch: ForwardBatch, send: Callable[[], None] = lambda: None
-            ) -> tuple[ForwardBatch, Tensor] | None:
+    def walk(self, bucket: Hashable, batch: ForwardBatch) -> Walked | None:
+        """The part of `run` that reads no tensor's values: `batch`'s leaves (its lazily built tensors built,
+        staged with the rest) and its skeleton. None where the ops take no graph."""
+        if not self.takes(batch.ops):
+            return None
+        flat = leaves(batch)      # one walk of the tree: its skeleton and its tensors
+        return Walked((bucket, _skeleton(flat)), flat)
+
+    def run(self, bucket: Hashable, batch: ForwardBatch, send: Callable[[], None] = lambda: None,
+            walked: Walked | None = None) -> tuple[ForwardBatch, Tensor] | None:
         """`model(batch)` for a padded decode step of `bucket`, replayed from the graph of its skeleton (captured
         now when it is the first): the static batch it ran over, whose outputs are the step's, and its
         logits. None: the caller runs `batch` eagerly (ops a graph cannot hold, too many graphs, a skeleton
         whose capture failed). NotCaptured when this batch's capture fails. `send`: sends the batch's staged
-        tensors (ops/uploads.py), called once its walk has built the lazily built ones, before they are read."""
-        if not self.takes(batch.ops):
+        tensors (ops/uploads.py), called once its walk has built the lazily built ones, before they are read;
+        `walked`: `walk(bucket, batch)`, made when the step was staged (engine/ahead.py)."""
+        walked = walked or self.walk(bucket, batch)
+        if walked is None:
             return None
-        flat = leaves(batch)      # one walk of the tree: its skeleton and its tensors
         send()
-        key = (bucket, _skeleton(flat))
+        key, flat = walked.key, walked.flat
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             return None
         static = self.graphs.get(key)

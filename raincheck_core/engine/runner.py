@@ -37,7 +37,7 @@ from ..ops.gdn_traffic import step_traffic
 from ..ops.int_lists import long_tensor
 from ..ops.uploads import Uploads
 from .gdn_inputs import DecodeSteps, Placed, gdn_step, plain_decode
-from .graphs import NotCaptured, StepGraphs
+from .graphs import NotCaptured, StepGraphs, Walked
 from .packing import pack_rows
 from .padding import Bucket, Padded, Scratch, bucket_of, pad
 from .plan import Kind, Segment, StepPlan
@@ -88,6 +88,7 @@ class Staged:
     uploads: Uploads                # whose copy sends the inputs
     bucket: Bucket | None = None    # the graph's bucket (None: an eager forward)
     padded: Padded | None = None
+    walked: Walked | None = None    # the batch walked for its graph (`StepGraphs.walk`)
 
     def retoken(self, tokens: list[int]) -> None:
         """The decode rows' input tokens, drawn after the step was staged (engine/ahead.py), into its segments
@@ -157,9 +158,9 @@ class ModelRunner:
         if bucket is None:
             return Staged(plan, ops, self.prepare(plan, ops, send=False, uploads=uploads), uploads)
         padded = pad(plan, bucket, self.padding)
-        # sent once the graph's lookup has laid out all the batch's tensors (lazily built ones too)
-        return Staged(padded.plan, ops, self.prepare(padded.plan, ops, padded, send=False, uploads=uploads), uploads,
-                      bucket, padded)
+        # sent once the graph's walk has laid out all the batch's tensors (lazily built ones too)
+        inputs = self.prepare(padded.plan, ops, padded, send=False, uploads=uploads)
+        return Staged(padded.plan, ops, inputs, uploads, bucket, padded, self.graphs.walk(bucket, inputs.batch))
 
     def launch(self, staged: Staged) -> StepOutputs:
         """Send a staged step's inputs and run its forward (a graph's replay where it has a bucket)."""
@@ -170,7 +171,7 @@ class ModelRunner:
                 self.uploads.send()
             return self.forward(inputs)
         try:
-            replayed = self.graphs.run(staged.bucket, inputs.batch, self.uploads.send)
+            replayed = self.graphs.run(staged.bucket, inputs.batch, self.uploads.send, staged.walked)
         except NotCaptured:     # the failed capture ran part of the forward over the batch: prepare it again
             self.decode_steps.forget(inputs.batch.gdn)
             return self.forward(self.prepare(padded.plan, ops, padded))
