@@ -74,7 +74,8 @@ def _device_time(engine: Engine, prompts: list[Prompt], answer: int, device: str
 
 def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bool) -> dict:
     """{B: wall_ms, tokens_per_s, device_ms (kernel time per steady step), host_gap_ms (wall - device),
-    staged_copies (the most a steady step's metadata made), steps} for B = 1, 16, 64 sessions over 1,536-token
+    staged_copies (the most a steady step's metadata made), staged_ahead (steps planned and staged during the last
+    one's forward: engine/ahead.py, on by default on CUDA), steps} for B = 1, 16, 64 sessions over 1,536-token
     contexts (tiny: 1 and 64 over 24), each B after a warm-up batch of the same shape (compiles and captures
     what the timed batch meets)."""
     sizes, context, answer = ((1, 64), 24, 6) if tiny else ((1, 16, 64), 1536, 24)
@@ -90,14 +91,16 @@ def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bo
     for b in sizes:
         decode_round(engine, _prompts(engine, b, context, seed=3 * b), answer, device)
         copies: list[int] = []
-        uploads = engine.uploads
-        remove = engine.on_read(lambda plan, copies=copies, uploads=uploads: copies.append(uploads.copies)
+        # the staging buffer of the step being read (steps staged ahead alternate between two)
+        remove = engine.on_read(lambda plan, copies=copies, engine=engine: copies.append(engine.uploads.copies)
                                 if all(s.rows == 1 for s in plan.segments) else None)
+        launched = engine.ahead_counts.launched
         walls = decode_round(engine, _prompts(engine, b, context, seed=3 * b + 1), answer, device)
         remove()
         wall = statistics.median(walls)
         row = dict(steps=len(walls), wall_ms=1e3 * wall, tokens_per_s=b / wall, device_ms=None, host_gap_ms=None,
-                   staged_copies=max(copies, default=None))
+                   staged_copies=max(copies, default=None),
+                   staged_ahead=engine.ahead_counts.launched - launched)     # steps launched as staged (CUDA)
         if on_cuda:      # on the CPU the host's time is all there is: no round of its own
             row.update(_device_time(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device))
         out[str(b)] = row

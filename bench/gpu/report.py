@@ -119,15 +119,16 @@ def attention(result: dict) -> list[str]:
                          f"| {over} |")
     batched = {name: r for name, r in result.get("batched_decode", {}).items() if "context" in r}
     if batched:
-        lines += ["", "| shape | B | step ms | tokens/s | scaling | device ms | wall - device ms | staged copies |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| shape | B | step ms | tokens/s | scaling | device ms | wall - device ms | staged copies "
+                  "| steps staged ahead |", "|---|---|---|---|---|---|---|---|---|"]
         for name, r in batched.items():
             for b, row in r.items():
                 if isinstance(row, dict):
                     dev = "-" if row["device_ms"] is None else f"{row['device_ms']:.2f}"
                     gap = "-" if row["host_gap_ms"] is None else f"{row['host_gap_ms']:.2f}"
                     lines.append(f"| {name} | {b} | {row['wall_ms']:.2f} | {row['tokens_per_s']:.0f} "
-                                 f"| {row['scaling']:.2f} | {dev} | {gap} | {row.get('staged_copies', '-')} |")
+                                 f"| {row['scaling']:.2f} | {dev} | {gap} | {row.get('staged_copies', '-')} "
+                                 f"| {row.get('staged_ahead', '-')} |")
     return lines
 
 
