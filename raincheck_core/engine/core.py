@@ -168,8 +168,8 @@ class EngineCore:
                 self.cancel(nxt)
                 return
             staged = self.runner.stage(self.resolve(nxt, ops.gdn), ops, ahead=True)
-        except Exception:   # planning it now was a guess: the next step is planned as usual
-            log.debug("staging the next step ahead failed", exc_info=True)
+        except Exception:   # planning it now was a guess: the next step is planned as usual (and fails there)
+            log.warning("staging the next decode step ahead failed; it is planned when it runs", exc_info=True)
             for req in running:
                 req.cache.cancel_claims()
             return

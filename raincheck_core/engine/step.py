@@ -51,6 +51,7 @@ class StepCore(StepSessions, Protocol):
     runner: ModelRunner
     hooks: Hooks
     gdn: GDNStatePool | None
+    plans_ahead: bool       # may stage the next decode step during a step's forward (engine/ahead.py)
 
     def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
 
@@ -139,7 +140,7 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
         if out.gdn_traffic is not None:
             traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
         reading = core.hooks.reading(part)
-        if len(passes) == 1:
+        if len(passes) == 1 and core.plans_ahead:
             reading = _staging_ahead(core, part, ops, reading)
         try:
             applied = apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring, reading)

@@ -5,6 +5,7 @@ between two steps, and a forward that fails on a staged step; no claim or page o
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,36 @@ def test_plan_ahead_stages_nothing_where_the_inputs_are_not_staged(tiny_checkpoi
         for i, s in enumerate(sessions):
             s.turn(_prompt(i), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
         assert engine.core.ahead_counts.staged == 0
+
+
+def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead(tiny_checkpoints):
+    # each consumer drives its own turns (`EngineLock.driving`), the background stepper steps the rest, and the
+    # consumers' admissions and reads of a turn's end take the lock in between: answers as each session's alone
+    folder = tiny_checkpoints["qwen3_5"][1]
+    prompts = [[_prompt(i), Prompt([3, 4, 5 + i])] for i in range(4)]
+    params = SamplingParams(max_new_tokens=7, ignore_eos=True)
+
+    def dialogue(engine: Engine, i: int, out: dict) -> None:
+        session = engine.open_session()
+        out[i] = [[e.token_id for e in session.turn(p, params).tokens()] for p in prompts[i]]
+        session.close()
+
+    want: dict[int, list] = {}
+    alone = _engine(folder, False)
+    for i in range(4):
+        dialogue(alone, i, want)
+
+    engine = _engine(folder, True)
+    engine.start_background()
+    got: dict[int, list] = {}
+    threads = [threading.Thread(target=dialogue, args=(engine, i, got)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        engine.stop_background()
+    assert got == want
+    assert engine.core.ahead_counts.launched > 0
+    _released(engine)
