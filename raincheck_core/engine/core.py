@@ -33,13 +33,13 @@ from ..multimodal.turn_input import TurnInput
 from ..ops.backend import GDNOps, OpSet, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
 from ..speculative.drafter import Drafter
-from .ahead import Ahead, AheadCounts, continues, plain_step
+from .ahead import Ahead, AheadCounts, Drawn, continues, decode_step
 from .cost_model import StepCostModel
 from .drafting import Drafting
 from .hooks import Hooks, StepStats
 from .memory import reserve
 from .mirror import Mirror, rank_clock
-from .plan import StepPlan
+from .plan import Kind, StepPlan
 from .prefix_sharing import publish, reuse_prefix
 from .request import Admission, TurnRequest
 from .resolve import resolve
@@ -153,18 +153,19 @@ class EngineCore:
 
     # ---------------------------------------------------------------- the next step, staged ahead
     def plan_ahead(self, plan: StepPlan, ops: OpSet) -> None:
-        """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a plain decode
-        step and the next one will be too, plan that one and stage its inputs now (engine/ahead.py)."""
+        """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a decode step
+        (decode rows, fused chunks) of every running turn and the next one will be too, plan that one and stage
+        its inputs now (engine/ahead.py)."""
         scheduler, running = self.scheduler, self.scheduler.running
         if not (self.plans_ahead and ops.attention.reads_pages and self.ahead is None
                 and scheduler.speculation is None and not scheduler.recovering and not scheduler.scratch
-                and not self.handoffs and len(running) == len(plan.segments) <= self.config.max_rows_per_step
-                and plain_step(plan) and all(map(continues, running))):
+                and not self.handoffs and len(running) == plan.count(Kind.DECODE) <= self.config.max_rows_per_step
+                and decode_step(plan) and all(map(continues, running))):
             return
         nxt = None
         try:
-            nxt = scheduler.schedule()
-            if not plain_step(nxt) or len(nxt.segments) != len(running):
+            nxt = scheduler.schedule(turns=[Drawn(r) for r in running])
+            if not decode_step(nxt) or nxt.count(Kind.DECODE) != len(running):
                 self.cancel(nxt)
                 return
             staged = self.runner.stage(self.resolve(nxt, ops.gdn), ops, ahead=True)

@@ -96,15 +96,18 @@ class Scheduler:
         """The session's turn whose answer is still streaming, if any."""
         return next((r for r in self.running if r.cache is cache), None)
 
-    def schedule(self, only: CacheView | None = None, solo: CacheView | None = None) -> StepPlan:
+    def schedule(self, only: CacheView | None = None, solo: CacheView | None = None,
+                 turns: list[TurnView] | None = None) -> StepPlan:
         """This step's plan. `only` restricts post-answer recovery to one session (a barrier wait);
         `solo` restricts the whole step to one session (re-running a failed step session by session).
         A deterministic session's rows never share a step: steps take turns between each such session and
-        the shared group of all others (`_isolated`)."""
+        the shared group of all others (`_isolated`). `turns`: the running turns as this step will find
+        them (the next step planned ahead: engine/ahead.py `Drawn`), in `running`'s order."""
         if solo is None:
             solo = self._isolated(only)
         shared = solo is None
-        running = [r for r in self.running if (not r.cache.deterministic if shared else r.cache is solo)]
+        running = [r for r in (self.running if turns is None else turns)
+                   if (not r.cache.deterministic if shared else r.cache is solo)]
         recovering = [c for c in self.recovering if (not c.deterministic if shared else c is solo)]
         scratch = [w for w in self.scratch if shared or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from raincheck_core import Engine, Prompt, SamplingParams
+from raincheck_core.deferral.policy import DeferralConfig
+from raincheck_core.engine.plan import Kind
 from raincheck_core.errors import StepFailedError
+from tests.deferral.helpers import image_prompt
 
 
 def _engine(folder: Path, ahead: bool, graphs: bool = False) -> Engine:
@@ -196,4 +199,38 @@ def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead
         engine.stop_background()
     assert got == want
     assert engine.core.ahead_counts.launched > 0
+    _released(engine)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoints, family, graphs):
+    # raincheck with fixed chunks: the deferred rows ride on the decode steps from the guard on (their chunks
+    # planned from the recovery's cursor after the step before, the hybrid's GDN joins extended by every decode
+    # row), the follow-up reads them all
+    rc = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
+    folder = tiny_checkpoints[family][1]
+
+    def run(ahead: bool) -> tuple[list, Engine, int]:
+        engine = _engine(folder, ahead, graphs)
+        fused = [0]
+        engine.on_plan(lambda plan: fused.__setitem__(0, fused[0] + any(s.kind is Kind.DEFERRED
+                                                                          for s in plan.segments)))
+        sessions = [engine.open_session(deferral=rc) for _ in range(3)]
+        streams = [s.turn(image_prompt(engine, seed=40 + i), SamplingParams(max_new_tokens=12, ignore_eos=True),
+                          return_logits=True) for i, s in enumerate(sessions)]
+        first = [(streams[i].tokens(), streams[i].result()) for i in range(3)]
+        follow = [s.turn(Prompt([11, 12, 13 + i]), SamplingParams(max_new_tokens=5, ignore_eos=True),
+                         return_logits=True) for i, s in enumerate(sessions)]
+        out = [([e.token_id for e in t], torch.stack([e.logits for e in t]), end.finish_reason)
+               for t, end in first + [(f.tokens(), f.result()) for f in follow]]
+        for s in sessions:
+            s.close()
+        return out, engine, fused[0]
+
+    want, _, fused_steps = run(False)
+    got, engine, _ = run(True)
+    assert fused_steps >= 3
+    _assert_same(got, want)
+    assert engine.core.ahead_counts.launched >= fused_steps // 2
     _released(engine)
