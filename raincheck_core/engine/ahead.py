@@ -38,6 +38,7 @@ class Ahead:
     plan: StepPlan
     staged: Staged
     turns: list[TurnRequest]        # each decode row's turn, in plan order
+    recovering: list[object]        # the sessions recovering after their answer then (the scheduler's list)
 
 
 @dataclass
@@ -65,12 +66,13 @@ class Drawn:
         return self.turn_request.answer_fed + 1
 
 
-# what a step staged ahead holds: the running turns' decode rows and the deferred chunks fused into them
-STAGED_KINDS = frozenset({Kind.DECODE, Kind.DEFERRED})
+# what a step staged ahead holds: the running turns' decode rows, the deferred chunks fused into them, and other
+# sessions' post-answer chunks in the budget they leave
+STAGED_KINDS = frozenset({Kind.DECODE, Kind.DEFERRED, Kind.RECOVERY})
 
 
 def decode_step(plan: StepPlan) -> bool:
-    """Whether `plan` is decode rows and fused chunks alone, in one pass (what a step staged ahead is)."""
+    """Whether `plan` is decode rows and deferred chunks alone, in one pass (what a step staged ahead is)."""
     return bool(plan.segments) and all(s.kind in STAGED_KINDS and not s.serial for s in plan.segments)
 
 

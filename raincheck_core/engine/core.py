@@ -158,7 +158,7 @@ class EngineCore:
         its inputs now (engine/ahead.py)."""
         scheduler, running = self.scheduler, self.scheduler.running
         if not (self.plans_ahead and ops.attention.reads_pages and self.ahead is None
-                and scheduler.speculation is None and not scheduler.recovering and not scheduler.scratch
+                and scheduler.speculation is None and not scheduler.scratch
                 and not self.handoffs and len(running) == plan.count(Kind.DECODE) <= self.config.max_rows_per_step
                 and decode_step(plan) and all(map(continues, running))):
             return
@@ -174,7 +174,7 @@ class EngineCore:
             for req in running:
                 req.cache.cancel_claims()
             return
-        self.ahead = Ahead(nxt, staged, list(running))
+        self.ahead = Ahead(nxt, staged, list(running), list(scheduler.recovering))
         self.ahead_counts.staged += 1
 
     def take_ahead(self, only: SessionCache | None) -> Ahead | None:
@@ -183,9 +183,11 @@ class EngineCore:
         ahead = self.ahead
         if ahead is None:
             return None
-        running = self.scheduler.running
-        if only is not None or self.scheduler.recovering or self.scheduler.scratch or len(running) != len(ahead.turns) \
-                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)):
+        running, recovering = self.scheduler.running, self.scheduler.recovering
+        if only is not None or self.scheduler.scratch or len(running) != len(ahead.turns) \
+                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)) \
+                or len(recovering) != len(ahead.recovering) \
+                or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
             self.drop_ahead()
             return None
         self.ahead = None

@@ -18,8 +18,8 @@ from raincheck_core.errors import StepFailedError
 from tests.deferral.helpers import image_prompt
 
 
-def _engine(folder: Path, ahead: bool, graphs: bool = False) -> Engine:
-    engine = Engine.from_pretrained(folder, backend="flex", plan_ahead=ahead)
+def _engine(folder: Path, ahead: bool, graphs: bool = False, **config: object) -> Engine:
+    engine = Engine.from_pretrained(folder, backend="flex", plan_ahead=ahead, **config)
     if graphs:
         engine.use_step_graphs(False)
     return engine
@@ -207,17 +207,27 @@ def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead
 def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoints, family, graphs):
     # raincheck with fixed chunks: the deferred rows ride on the decode steps from the guard on (their chunks
     # planned from the recovery's cursor after the step before, the hybrid's GDN joins extended by every decode
-    # row), the follow-up reads them all
+    # row), a short answer's go on beside the others' decode rows, the follow-up reads them all
     rc = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
     folder = tiny_checkpoints[family][1]
 
-    def run(ahead: bool) -> tuple[list, Engine, int]:
-        engine = _engine(folder, ahead, graphs)
-        fused = [0]
-        engine.on_plan(lambda plan: fused.__setitem__(0, fused[0] + any(s.kind is Kind.DEFERRED
-                                                                          for s in plan.segments)))
+    def run(ahead: bool) -> tuple[list, Engine, list[int]]:
+        engine = _engine(folder, ahead, graphs, recovery_chunk=5)
+        # steps with fused chunks, with post-answer chunks beside decode rows, and of those the ones staged ahead
+        # (`take_ahead` counts a launch before the plan's hooks run)
+        fused, launched = [0, 0, 0], [0]
+
+        def count(plan) -> None:
+            beside = plan.count(Kind.RECOVERY) > 0 and plan.count(Kind.DECODE) > 0
+            fused[0] += plan.count(Kind.DEFERRED) > 0
+            fused[1] += beside
+            fused[2] += beside and engine.ahead_counts.launched > launched[0]
+            launched[0] = engine.ahead_counts.launched
+        engine.on_plan(count)
         sessions = [engine.open_session(deferral=rc) for _ in range(3)]
-        streams = [s.turn(image_prompt(engine, seed=40 + i), SamplingParams(max_new_tokens=12, ignore_eos=True),
+        # the third answer is short: its deferred rows go on after it, as post-answer chunks beside the others
+        streams = [s.turn(image_prompt(engine, seed=40 + i), SamplingParams(max_new_tokens=(12, 12, 4)[i],
+                                                                            ignore_eos=True),
                           return_logits=True) for i, s in enumerate(sessions)]
         first = [(streams[i].tokens(), streams[i].result()) for i in range(3)]
         follow = [s.turn(Prompt([11, 12, 13 + i]), SamplingParams(max_new_tokens=5, ignore_eos=True),
@@ -226,11 +236,11 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
                for t, end in first + [(f.tokens(), f.result()) for f in follow]]
         for s in sessions:
             s.close()
-        return out, engine, fused[0]
+        return out, engine, fused
 
-    want, _, fused_steps = run(False)
-    got, engine, _ = run(True)
-    assert fused_steps >= 3
+    want, _, (fused_steps, beside, _) = run(False)
+    got, engine, (_, _, beside_staged) = run(True)
+    assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1
     _assert_same(got, want)
     assert engine.core.ahead_counts.launched >= fused_steps // 2
     _released(engine)
