@@ -286,7 +286,7 @@ class Engine:
 
     def prefix_stats(self) -> PrefixStats | None:
         """The prefix cache's pages, GDN checkpoints and hits; None when it is off."""
-        with self.lock:
+        with self.lock.for_reading():
             return self.core.prefix.stats() if self.core.prefix is not None else None
 
     # ---------------------------------------------------------------- stepping and instrumentation

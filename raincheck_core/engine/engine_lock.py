@@ -9,8 +9,8 @@ until no other thread is queued for it: such a thread waits for at most the step
 among themselves still race as before (whoever steps, a step serves every running turn).
 
 Whoever else takes the lock may change the sessions (admit, cancel, close): `on_hold` is called whenever a
-thread takes it other than for a step (`for_step`) or to drive steps (`driving`), and the engine drops the step
-it staged ahead there (engine/ahead.py).
+thread takes it other than for a step (`for_step`) or to read the sessions or drive steps (`for_reading`), and
+the engine drops the step it staged ahead there (engine/ahead.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 
 class EngineLock:
-    """`threading.RLock`'s interface (`acquire`, `release`, `with`), plus `for_step()` and `driving()`."""
+    """`threading.RLock`'s interface (`acquire`, `release`, `with`), plus `for_step()` and `for_reading()`."""
 
     def __init__(self, on_hold: Callable[[], None] | None = None) -> None:
         self.on_hold = on_hold      # called on each hold that is not for stepping (the holder may change anything)
@@ -77,9 +77,10 @@ class EngineLock:
         self.release()
 
     @contextmanager
-    def driving(self) -> Iterator[None]:
-        """Hold the lock as any caller waits for it (ahead of the step loops' `for_step`), to step: a consumer
-        driving its own turn's steps (engine/stepper.py `drive`). Not a hold that calls `on_hold`."""
+    def for_reading(self) -> Iterator[None]:
+        """Hold the lock as any caller waits for it (ahead of the step loops' `for_step`), changing no session
+        but through steps: to read them (a session's status), or to drive steps (a consumer driving its own
+        turn's: engine/stepper.py `drive`). Not a hold that calls `on_hold`."""
         self._acquire(True, -1)
         try:
             yield

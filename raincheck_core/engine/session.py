@@ -196,7 +196,7 @@ class Session:
         return sum(r.pending for r in self.cache.recoveries())
 
     def status(self) -> SessionStatus:
-        with self.engine.lock:
+        with self.engine.lock.for_reading():    # a step staged ahead stays (engine/ahead.py)
             rec = self.cache.recovery
             live = rec is not None and not rec.done
             return SessionStatus(

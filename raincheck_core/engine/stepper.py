@@ -47,7 +47,7 @@ class Stepper:
             self._drivers += 1
         try:
             while _waiting(requests):
-                with self.lock.driving():
+                with self.lock.for_reading():
                     if _waiting(requests):
                         self.step()
         finally:

@@ -113,7 +113,9 @@ def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_che
     for seg, s in zip(ahead.plan.segments, sessions, strict=True):
         assert seg.position == s.cache.next_position
         assert int(seg.write_slots[0]) == int(s.cache.table.reserved_slot(s.cache.length))
-    # any other holder of the engine lock may change the sessions: the staged step goes, its claims with it
+    # reading a session's status leaves it staged; any other holder of the engine lock may change the sessions:
+    # the staged step goes, its claims with it
+    assert sessions[0].status().busy and engine.core.ahead is ahead
     with engine.lock:
         pass
     assert engine.core.ahead is None and engine.core.ahead_counts.dropped == 1
