@@ -14,9 +14,10 @@ are chosen before this step's time is charged to the turns' slack: one step late
 as in vLLM's async scheduling; with fixed chunks the steps are the same.
 
 A step staged ahead is a bet that nothing changes in between. The core drops it (its claims cancelled, as a
-failed forward's are) when this step ends, fails or forks a turn or completes a recovery, when anything but a
-step loop takes the engine lock (an admission, a cancel, a close: `EngineLock`'s `on_hold`), and when the next
-step finds the running turns changed; that step is then planned as it would have been.
+failed forward's are) when this step ends, fails or forks a turn or completes a recovery other than an answering
+session's own with nothing queued behind it (`EngineCore.ahead_survives`), when anything but a step loop or a
+reader takes the engine lock (an admission, a cancel, a close: `EngineLock`'s `on_hold`), and when the next
+step finds the running or recovering sessions changed; that step is then planned as it would have been.
 """
 
 from __future__ import annotations

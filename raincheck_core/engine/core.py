@@ -195,6 +195,15 @@ class EngineCore:
         self.ahead_counts.launched += 1
         return ahead
 
+    def ahead_survives(self, result: StepResult) -> bool:
+        """Whether the step staged ahead is still the next step once `result` is settled: nothing ends, fails or
+        forks, and the recoveries it completes are of sessions still answering with no later turn's recovery
+        queued behind (the staged rows were planned as after that: the session's decode row tracks no join of a
+        recovery done, and fuses nothing)."""
+        if result.ended or result.failed or result.forked:
+            return False
+        return all(cache.queued is None and self.turns.get(cache.session) is not None for cache, _ in result.recovered)
+
     def drop_ahead(self) -> None:
         """Drop the step staged ahead, if any: its claims go back, as a failed forward's do."""
         if self.ahead is not None:

@@ -66,6 +66,8 @@ class StepCore(StepSessions, Protocol):
 
     def drop_ahead(self) -> None: ...
 
+    def ahead_survives(self, result: StepResult) -> bool: ...
+
     def settle(self, result: StepResult) -> None: ...
 
     def step_failed(self, cache: SessionCache, error: Exception) -> None: ...
@@ -147,7 +149,7 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
         except BaseException:
             core.drop_ahead()
             raise
-        if applied.changes_turns:      # what the next step was staged for is not so any more
+        if not core.ahead_survives(applied):      # what the next step was staged for is not so any more
             core.drop_ahead()
         result.extend(applied)
     core.settle(result)

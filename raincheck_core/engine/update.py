@@ -50,11 +50,6 @@ class StepResult:
     grown: list[SessionCache] = field(default_factory=list)    # completed full pages of their prefix chain
     forked: list[tuple[TurnRequest, torch.Tensor]] = field(default_factory=list)   # n > 1: prompt in, logits
 
-    @property
-    def changes_turns(self) -> bool:
-        """Whether settling it ends, fails or forks a turn or finishes a recovery."""
-        return bool(self.ended or self.failed or self.forked or self.recovered)
-
     def extend(self, other: StepResult) -> None:
         self.ended += other.ended
         self.failed += other.failed

@@ -15,7 +15,7 @@ from raincheck_core import Engine, Prompt, SamplingParams
 from raincheck_core.deferral.policy import DeferralConfig
 from raincheck_core.engine.plan import Kind
 from raincheck_core.errors import StepFailedError
-from tests.deferral.helpers import image_prompt
+from tests.deferral.helpers import GRID, image_prompt
 
 
 def _engine(folder: Path, ahead: bool, graphs: bool = False, **config: object) -> Engine:
@@ -216,21 +216,27 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
     def run(ahead: bool) -> tuple[list, Engine, list[int]]:
         engine = _engine(folder, ahead, graphs, recovery_chunk=5)
         # steps with fused chunks, with post-answer chunks beside decode rows, and of those the ones staged ahead
-        # (`take_ahead` counts a launch before the plan's hooks run)
-        fused, launched = [0, 0, 0], [0]
+        # (`take_ahead` counts a launch before the plan's hooks run); steps staged during a step that completed an
+        # answering session's recovery
+        fused, launched, completed = [0, 0, 0, 0], [0], [False]
 
         def count(plan) -> None:
             beside = plan.count(Kind.RECOVERY) > 0 and plan.count(Kind.DECODE) > 0
+            staged = engine.ahead_counts.launched > launched[0]
             fused[0] += plan.count(Kind.DEFERRED) > 0
             fused[1] += beside
-            fused[2] += beside and engine.ahead_counts.launched > launched[0]
-            launched[0] = engine.ahead_counts.launched
+            fused[2] += beside and staged
+            fused[3] += completed[0] and staged
+            launched[0], completed[0] = engine.ahead_counts.launched, False
         engine.on_plan(count)
+        engine.on_recovery_done(lambda cache, _: completed.__setitem__(0, completed[0] or cache.session in {
+            s.id for s, stream in zip(sessions, streams, strict=True) if not stream.request.finished}))
         sessions = [engine.open_session(deferral=rc) for _ in range(3)]
-        # the third answer is short: its deferred rows go on after it, as post-answer chunks beside the others
-        streams = [s.turn(image_prompt(engine, seed=40 + i), SamplingParams(max_new_tokens=(12, 12, 4)[i],
-                                                                            ignore_eos=True),
-                          return_logits=True) for i, s in enumerate(sessions)]
+        # the third answer is short and its image larger: its deferred rows go on after it, as post-answer chunks
+        # beside the others' decode rows, after the others' recoveries completed during their answers
+        streams = [s.turn(image_prompt(engine, seed=40 + i, grid=(1, 16, 12) if i == 2 else GRID),
+                          SamplingParams(max_new_tokens=(12, 12, 4)[i], ignore_eos=True), return_logits=True)
+                   for i, s in enumerate(sessions)]
         first = [(streams[i].tokens(), streams[i].result()) for i in range(3)]
         follow = [s.turn(Prompt([11, 12, 13 + i]), SamplingParams(max_new_tokens=5, ignore_eos=True),
                          return_logits=True) for i, s in enumerate(sessions)]
@@ -240,9 +246,9 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
             s.close()
         return out, engine, fused
 
-    want, _, (fused_steps, beside, _) = run(False)
-    got, engine, (_, _, beside_staged) = run(True)
-    assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1
+    want, _, (fused_steps, beside, _, _) = run(False)
+    got, engine, (_, _, beside_staged, after_completion) = run(True)
+    assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1 and after_completion >= 1
     _assert_same(got, want)
     assert engine.core.ahead_counts.launched >= fused_steps // 2
     _released(engine)
