@@ -74,7 +74,7 @@ STAGED_KINDS = frozenset({Kind.DECODE, Kind.DEFERRED, Kind.RECOVERY})
 
 def decode_step(plan: StepPlan) -> bool:
     """Whether `plan` is decode rows and deferred chunks alone, in one pass (what a step staged ahead is)."""
-    return bool(plan.segments) and all(s.kind in STAGED_KINDS and not s.serial for s in plan.segments)
+    return bool(plan.segments) and all(s.kind in STAGED_KINDS and not s.serial and s.rows for s in plan.segments)
 
 
 def continues(turn: TurnRequest) -> bool:

@@ -159,7 +159,7 @@ class EngineCore:
         scheduler, running = self.scheduler, self.scheduler.running
         if not (self.plans_ahead and ops.attention.reads_pages and self.ahead is None
                 and scheduler.speculation is None and not scheduler.scratch
-                and not self.handoffs and len(running) == plan.count(Kind.DECODE) <= self.config.max_rows_per_step
+                and not self.handoffs and 0 < len(running) == plan.count(Kind.DECODE) <= self.config.max_rows_per_step
                 and decode_step(plan) and all(map(continues, running))):
             return
         nxt = None

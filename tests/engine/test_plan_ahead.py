@@ -5,6 +5,7 @@ between two steps, and a forward that fails on a staged step; no claim or page o
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
 @pytest.mark.parametrize("graphs", [False, True])
-def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoints, family, graphs):
+def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoints, family, graphs, caplog):
     # raincheck with fixed chunks: the deferred rows ride on the decode steps from the guard on (their chunks
     # planned from the recovery's cursor after the step before, the hybrid's GDN joins extended by every decode
     # row), a short answer's go on beside the others' decode rows, the follow-up reads them all
@@ -247,8 +248,28 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
         return out, engine, fused
 
     want, _, (fused_steps, beside, _, _) = run(False)
-    got, engine, (_, _, beside_staged, after_completion) = run(True)
+    with caplog.at_level(logging.WARNING, logger="raincheck_core.engine.core"):
+        got, engine, (_, _, beside_staged, after_completion) = run(True)
+    # no step was staged that cannot be (a post-answer step alone, at the barriers before the follow-ups)
+    assert not [r for r in caplog.records if "staging" in r.getMessage()]
     assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1 and after_completion >= 1
     _assert_same(got, want)
     assert engine.core.ahead_counts.launched >= fused_steps // 2
     _released(engine)
+
+
+def test_recovery_in_the_gaps_is_not_staged_ahead(tiny_checkpoints, caplog):
+    # post-answer chunks with no turn decoding beside them (the gaps between turns) are planned as they run: no
+    # step staged, nothing that fails to stage (a recovery that completes left a chunk of no rows behind)
+    rc = DeferralConfig("raincheck", tpot_slo=None, selector="uniform", guard=2, chunk_size=7)
+    engine = _engine(tiny_checkpoints["qwen3_5"][1], True, recovery_chunk=5)
+    session = engine.open_session(deferral=rc)
+    with caplog.at_level(logging.WARNING, logger="raincheck_core.engine.core"):
+        session.turn(image_prompt(engine, seed=7, grid=(1, 16, 12)),
+                     SamplingParams(max_new_tokens=3, ignore_eos=True)).result()
+        assert session.pending_deferred > 5
+        staged = engine.core.ahead_counts.staged
+        while engine.step():
+            pass
+    assert session.pending_deferred == 0 and engine.core.ahead_counts.staged == staged
+    assert not [r for r in caplog.records if "staging" in r.getMessage()]
