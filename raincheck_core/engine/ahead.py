@@ -30,6 +30,7 @@ from .plan import Kind, StepPlan
 if TYPE_CHECKING:
     from .request import TurnRequest
     from .runner import Staged
+    from .session_cache import SessionCache
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Ahead:
     plan: StepPlan
     staged: Staged
     turns: list[TurnRequest]        # each decode row's turn, in plan order
-    recovering: list[object]        # the sessions recovering after their answer then (the scheduler's list)
+    recovering: list[SessionCache]  # the sessions recovering after their answer then (the scheduler's list)
 
 
 @dataclass

@@ -165,7 +165,9 @@ class EngineCore:
         nxt = None
         try:
             nxt = scheduler.schedule(turns=[Drawn(r) for r in running])
-            if not decode_step(nxt) or nxt.count(Kind.DECODE) != len(running):
+            # a decode row a running turn, in their order (the drawn tokens are written in in that order)
+            if not decode_step(nxt) or [s.session for s in nxt.segments if s.kind is Kind.DECODE] != \
+                    [r.cache.session for r in running]:
                 self.cancel(nxt)
                 return
             staged = self.runner.stage(self.resolve(nxt, ops.gdn), ops, ahead=True)
