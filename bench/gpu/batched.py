@@ -75,7 +75,8 @@ def _device_time(engine: Engine, prompts: list[Prompt], answer: int, device: str
 def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bool) -> dict:
     """{B: wall_ms, tokens_per_s, device_ms (kernel time per steady step), host_gap_ms (wall - device),
     staged_copies (the most a steady step's metadata made), staged_ahead (steps planned and staged during the last
-    one's forward: engine/ahead.py, on by default on CUDA), steps} for B = 1, 16, 64 sessions over 1,536-token
+    one's forward: engine/ahead.py, on by default on CUDA), steps; at the largest B also host_gap_ms_in_turn, the
+    host gap with each step planned after the last} for B = 1, 16, 64 sessions over 1,536-token
     contexts (tiny: 1 and 64 over 24), each B after a warm-up batch of the same shape (compiles and captures
     what the timed batch meets)."""
     sizes, context, answer = ((1, 64), 24, 6) if tiny else ((1, 16, 64), 1536, 24)
@@ -103,6 +104,12 @@ def batched_decode(shape: Shape, device: str, dtype: str, backend: str, tiny: bo
                    staged_ahead=engine.ahead_counts.launched - launched)     # steps launched as staged (CUDA)
         if on_cuda:      # on the CPU the host's time is all there is: no round of its own
             row.update(_device_time(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device))
+            if b == max(sizes) and row.get("host_gap_ms") is not None:
+                # the host gap with each step planned after the last (engine/ahead.py off), side by side
+                engine.stage_ahead(False)
+                gap = _device_time(engine, _prompts(engine, b, context, seed=3 * b + 2), answer, device)
+                engine.stage_ahead(True)
+                row["host_gap_ms_in_turn"] = gap.get("host_gap_ms")
         out[str(b)] = row
     first = out[str(sizes[0])]["tokens_per_s"]
     for b in sizes:

@@ -129,6 +129,9 @@ def attention(result: dict) -> list[str]:
                     lines.append(f"| {name} | {b} | {row['wall_ms']:.2f} | {row['tokens_per_s']:.0f} "
                                  f"| {row['scaling']:.2f} | {dev} | {gap} | {row.get('staged_copies', '-')} "
                                  f"| {row.get('staged_ahead', '-')} |")
+                    if row.get("host_gap_ms_in_turn") is not None:
+                        lines.append(f"| {name} | {b}, planned in turn | | | | | "
+                                     f"{row['host_gap_ms_in_turn']:.2f} | | 0 |")
     return lines
 
 

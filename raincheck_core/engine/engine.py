@@ -320,6 +320,12 @@ class Engine:
         with self.lock:
             self.core.speculate(num_tokens)
 
+    def stage_ahead(self, on: bool) -> None:
+        """Stage each decode step during the last one's forward from now on, or not (engine/ahead.py; the
+        default is `EngineConfig.plan_ahead`'s): benchmarks compare both on one engine. Never across ranks."""
+        with self.lock:     # a hold that drops a step staged now
+            self.core.plans_ahead = on and self.core.mirror is None and self.model.tp is None
+
     def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
         """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
         Returns a function that removes the hook (so do the two below)."""

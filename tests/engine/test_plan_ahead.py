@@ -170,6 +170,10 @@ def test_plan_ahead_stages_nothing_where_the_inputs_are_not_staged(tiny_checkpoi
         for i, s in enumerate(sessions):
             s.turn(_prompt(i), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
         assert engine.core.ahead_counts.staged == 0
+    # turned on (a benchmark compares both on one engine): staged from then on
+    engine.stage_ahead(True)
+    sessions[0].turn(_prompt(5), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
+    assert engine.core.ahead_counts.launched > 0
 
 
 def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead(tiny_checkpoints):
