@@ -164,7 +164,8 @@ class EngineCore:
             return
         nxt = None
         try:
-            nxt = scheduler.schedule(turns=[Drawn(r) for r in running])
+            # a turn's answer rows fed move only its fused chunks' guard: the others are read as they are
+            nxt = scheduler.schedule(turns=[r if r.cache.recovery is None else Drawn(r) for r in running])
             # a decode row a running turn, in their order (the drawn tokens are written in in that order)
             if not decode_step(nxt) or [s.session for s in nxt.segments if s.kind is Kind.DECODE] != \
                     [r.cache.session for r in running]:
