@@ -15,22 +15,31 @@ as in vLLM's async scheduling; with fixed chunks the steps are the same.
 
 A step staged ahead is a bet that nothing changes in between. The core drops it (its claims cancelled, as a
 failed forward's are) when this step ends, fails or forks a turn or completes a recovery other than an answering
-session's own with nothing queued behind it (`EngineCore.ahead_survives`), when anything but a step loop or a
+session's own with nothing queued behind it (`StepsAhead.survives`), when anything but a step loop or a
 reader takes the engine lock (an admission, a cancel, a close: `EngineLock`'s `on_hold`), and when the next
 step finds the running or recovering sessions changed; that step is then planned as it would have been.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .plan import Kind, StepPlan
 
 if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..ops.backend import GDNOps, OpSet
     from .request import TurnRequest
-    from .runner import Staged
+    from .runner import ModelRunner
+    from .scheduler import Scheduler
     from .session_cache import SessionCache
+    from .step_inputs import Staged
+    from .update import StepResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,3 +92,96 @@ def continues(turn: TurnRequest) -> bool:
     it decodes, shares steps, and has room for two more tokens (the one drawn now and the next)."""
     return (turn.decoding and not turn.finished and not turn.cache.deterministic
             and turn.params.max_new_tokens - len(turn.generated) >= 2)
+
+
+class AheadCore(Protocol):
+    """What staging a step ahead reads and calls of the engine core (engine/core.py implements it)."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+    runner: ModelRunner
+    turns: Mapping[str, TurnRequest]
+    handoffs: Mapping[str, object]
+
+    def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
+
+    def cancel(self, plan: StepPlan) -> None: ...
+
+
+class StepsAhead:
+    """The engine core's step staged ahead, and its transitions: staged (`stage`), launched (`take`) or
+    dropped (`drop`). `on`: whether steps are staged at all (`Engine.stage_ahead` switches it); `one_rank`: the
+    engine runs alone (no tensor-parallel ranks, no mirror)."""
+
+    def __init__(self, core: AheadCore, one_rank: bool):
+        self.core = core
+        # where the forward runs beside the host (a GPU) unless the config says otherwise; never across ranks,
+        # whose steps are compared before they run
+        asked = core.config.plan_ahead
+        self.on = (asked if asked is not None else core.runner.device.type == "cuda") and one_rank
+        self.staged: Ahead | None = None
+        self.counts = AheadCounts()
+
+    def stage(self, plan: StepPlan, ops: OpSet) -> None:
+        """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a decode step
+        (decode rows, fused chunks) of every running turn and the next one will be too, plan that one and stage
+        its inputs now."""
+        core = self.core
+        scheduler, running = core.scheduler, core.scheduler.running
+        if not (self.on and ops.attention.reads_pages and self.staged is None
+                and scheduler.speculation is None and not scheduler.scratch and not core.handoffs
+                and 0 < len(running) == plan.count(Kind.DECODE) <= core.config.max_rows_per_step
+                and decode_step(plan) and all(map(continues, running))):
+            return
+        try:
+            # a turn's answer rows fed move only its fused chunks' guard: the others are read as they are
+            nxt = scheduler.schedule(turns=[r if r.cache.recovery is None else Drawn(r) for r in running])
+            # a decode row a running turn, in their order (the drawn tokens are written in in that order)
+            if not decode_step(nxt) or [s.session for s in nxt.segments if s.kind is Kind.DECODE] != \
+                    [r.cache.session for r in running]:
+                core.cancel(nxt)
+                return
+            staged = core.runner.stage(core.resolve(nxt, ops.gdn), ops, ahead=True)
+        except Exception:   # planning it now was a guess: the next step is planned as usual (and fails there)
+            log.warning("staging the next decode step ahead failed; it is planned when it runs", exc_info=True)
+            for req in running:
+                req.cache.cancel_claims()
+            return
+        self.staged = Ahead(nxt, staged, list(running), list(scheduler.recovering))
+        self.counts.staged += 1
+
+    def take(self, only: SessionCache | None) -> Ahead | None:
+        """The step staged ahead, its tokens written in, if it is still the step to run (`only`: the step
+        asked for is restricted, which a staged step never is); else None, the staged step dropped."""
+        ahead = self.staged
+        if ahead is None:
+            return None
+        scheduler = self.core.scheduler
+        running, recovering = scheduler.running, scheduler.recovering
+        if only is not None or scheduler.scratch or len(running) != len(ahead.turns) \
+                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)) \
+                or len(recovering) != len(ahead.recovering) \
+                or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
+            self.drop()
+            return None
+        self.staged = None
+        ahead.staged.retoken([t.last_token for t in ahead.turns])
+        self.counts.launched += 1
+        return ahead
+
+    def survives(self, result: StepResult) -> bool:
+        """Whether the step staged ahead is still the next step once `result` is settled: nothing ends, fails or
+        forks, and the recoveries it completes are of sessions still answering with no later turn's recovery
+        queued behind (the staged rows were planned as after that: the session's decode row tracks no join of a
+        recovery done, and fuses nothing)."""
+        if result.ended or result.failed or result.forked:
+            return False
+        return all(cache.queued is None and self.core.turns.get(cache.session) is not None
+                   for cache, _ in result.recovered)
+
+    def drop(self) -> None:
+        """Drop the step staged ahead, if any: its claims go back, as a failed forward's do."""
+        if self.staged is not None:
+            self.core.cancel(self.staged.plan)
+            self.staged = None
+            self.counts.dropped += 1

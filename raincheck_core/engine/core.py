@@ -30,16 +30,16 @@ from ..deferral.recovery import Recovery
 from ..errors import RankFailedError, SamplingError, StepFailedError
 from ..models import DecoderLM
 from ..multimodal.turn_input import TurnInput
-from ..ops.backend import GDNOps, OpSet, token_by_token
+from ..ops.backend import GDNOps, token_by_token
 from ..ops.gdn_traffic import GDNTraffic
 from ..speculative.drafter import Drafter
-from .ahead import Ahead, AheadCounts, Drawn, continues, decode_step
+from .ahead import StepsAhead
 from .cost_model import StepCostModel
 from .drafting import Drafting
 from .hooks import Hooks, StepStats
 from .memory import reserve
 from .mirror import Mirror, rank_clock
-from .plan import Kind, StepPlan
+from .plan import StepPlan
 from .prefix_sharing import publish, reuse_prefix
 from .request import Admission, TurnRequest
 from .resolve import resolve
@@ -95,12 +95,7 @@ class EngineCore:
         self.handoffs: dict[str, ResidualResult] = {}    # session -> the result its hand-off step joins
         self.hooks = Hooks()
         self.recovery_serials = itertools.count(1)     # this engine's own: replicas count alike
-        # the next decode step staged beside a step's forward (engine/ahead.py): where the forward runs beside
-        # the host (a GPU) unless the config says otherwise; never across ranks, whose steps are compared first
-        plans_ahead = config.plan_ahead if config.plan_ahead is not None else self.device.type == "cuda"
-        self.plans_ahead = plans_ahead and mirror is None and model.tp is None
-        self.ahead: Ahead | None = None
-        self.ahead_counts = AheadCounts()
+        self.ahead = StepsAhead(self, mirror is None and model.tp is None)     # the next step, staged during one
 
     # ---------------------------------------------------------------- what the runner and update read
     def cache(self, session: str) -> SessionCache:
@@ -150,69 +145,6 @@ class EngineCore:
         """Drop a plan whose forward failed: the claimed slots go back to their sessions unfilled."""
         for sid in plan.sessions():
             self.caches[sid].cancel_claims()
-
-    # ---------------------------------------------------------------- the next step, staged ahead
-    def plan_ahead(self, plan: StepPlan, ops: OpSet) -> None:
-        """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a decode step
-        (decode rows, fused chunks) of every running turn and the next one will be too, plan that one and stage
-        its inputs now (engine/ahead.py)."""
-        scheduler, running = self.scheduler, self.scheduler.running
-        if not (self.plans_ahead and ops.attention.reads_pages and self.ahead is None
-                and scheduler.speculation is None and not scheduler.scratch
-                and not self.handoffs and 0 < len(running) == plan.count(Kind.DECODE) <= self.config.max_rows_per_step
-                and decode_step(plan) and all(map(continues, running))):
-            return
-        nxt = None
-        try:
-            # a turn's answer rows fed move only its fused chunks' guard: the others are read as they are
-            nxt = scheduler.schedule(turns=[r if r.cache.recovery is None else Drawn(r) for r in running])
-            # a decode row a running turn, in their order (the drawn tokens are written in in that order)
-            if not decode_step(nxt) or [s.session for s in nxt.segments if s.kind is Kind.DECODE] != \
-                    [r.cache.session for r in running]:
-                self.cancel(nxt)
-                return
-            staged = self.runner.stage(self.resolve(nxt, ops.gdn), ops, ahead=True)
-        except Exception:   # planning it now was a guess: the next step is planned as usual (and fails there)
-            log.warning("staging the next decode step ahead failed; it is planned when it runs", exc_info=True)
-            for req in running:
-                req.cache.cancel_claims()
-            return
-        self.ahead = Ahead(nxt, staged, list(running), list(scheduler.recovering))
-        self.ahead_counts.staged += 1
-
-    def take_ahead(self, only: SessionCache | None) -> Ahead | None:
-        """The step staged ahead, its tokens written in, if it is still the step to run (`only`: the step
-        asked for is restricted, which a staged step never is); else None, the staged step dropped."""
-        ahead = self.ahead
-        if ahead is None:
-            return None
-        running, recovering = self.scheduler.running, self.scheduler.recovering
-        if only is not None or self.scheduler.scratch or len(running) != len(ahead.turns) \
-                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)) \
-                or len(recovering) != len(ahead.recovering) \
-                or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
-            self.drop_ahead()
-            return None
-        self.ahead = None
-        ahead.staged.retoken([t.last_token for t in ahead.turns])
-        self.ahead_counts.launched += 1
-        return ahead
-
-    def ahead_survives(self, result: StepResult) -> bool:
-        """Whether the step staged ahead is still the next step once `result` is settled: nothing ends, fails or
-        forks, and the recoveries it completes are of sessions still answering with no later turn's recovery
-        queued behind (the staged rows were planned as after that: the session's decode row tracks no join of a
-        recovery done, and fuses nothing)."""
-        if result.ended or result.failed or result.forked:
-            return False
-        return all(cache.queued is None and self.turns.get(cache.session) is not None for cache, _ in result.recovered)
-
-    def drop_ahead(self) -> None:
-        """Drop the step staged ahead, if any: its claims go back, as a failed forward's do."""
-        if self.ahead is not None:
-            self.cancel(self.ahead.plan)
-            self.ahead = None
-            self.ahead_counts.dropped += 1
 
     def settle(self, result: StepResult) -> None:
         """What a step's update found ended: failed turns are undone, ended turns' recoveries go on in

@@ -24,27 +24,21 @@ from ..cache.prefix import PrefixStats
 from ..config import EngineConfig, ModelConfig
 from ..deferral.handoff import Joined, ResidualPayload, ResidualResult
 from ..deferral.policy import DeferralConfig
-from ..deferral.recovery import Recovery
 from ..errors import InvalidInputError
 from ..grammar import Grammars
 from ..inputs import Message, Prompt, VisualInput
 from ..models import DecoderLM
 from ..multimodal.encoder_cache import EncoderCache, EncoderCacheStats
 from ..multimodal.turn_input import MessageMarks
-from ..ops.uploads import Uploads
 from ..parallel.group import RankGroup
 from ..parallel.workers import WorkerRanks
 from ..speculative.drafter import Drafter
-from .ahead import AheadCounts
 from .core import EngineCore
-from .cost_model import StepCostModel
 from .engine_lock import EngineLock
 from .forward_logits import scratch_logits, sequence_rows
-from .graphs import StepGraphs
 from .handoff_verbs import HandOffVerbs
-from .hooks import StepStats
+from .instruments import EngineInstruments
 from .mirror import Mirror, replay_commands
-from .plan import StepPlan
 from .pretrained import load_pretrained
 from .scheduler import Scheduler
 from .session import Session, TurnStream
@@ -52,7 +46,7 @@ from .session_cache import SessionCache
 from .stepper import Stepper
 
 
-class Engine:
+class Engine(EngineInstruments):
     def __init__(self, model: DecoderLM, model_config: ModelConfig, config: EngineConfig | None = None,
                  formatter=None, vision=None, selector_options: dict[str, dict] | None = None,
                  drafter: Drafter | None = None, ranks: WorkerRanks | None = None):
@@ -81,7 +75,7 @@ class Engine:
                                None if ranks is None else Mirror(ranks))
         # step loops take it with for_step(): waiting callers go first; any other holder may change the
         # sessions, so the step staged ahead is dropped (engine/ahead.py)
-        self.lock = EngineLock(on_hold=self.core.drop_ahead)
+        self.lock = EngineLock(on_hold=self.core.ahead.drop)
         self.stepper = Stepper(self.core, self.lock)
         self.handoff = HandOffVerbs(self.core, self.stepper, self.lock)     # engine/handoff_verbs.py
         self.sessions: dict[str, Session] = {}
@@ -132,12 +126,6 @@ class Engine:
         return self.core.max_model_len
 
     @property
-    def step_costs(self) -> StepCostModel:
-        """The scheduler's step-cost model (engine/cost_model.py): the calibration the TPOT objective
-        decides from, filled by the warm-up, and how far live steps `drift()` from it."""
-        return self.core.scheduler.cost
-
-    @property
     def prefill_alignment(self) -> tuple[int, int | None] | None:
         """(page, every): where the scheduler ends prefill steps, so that whole pages reach the prefix cache;
         None: anywhere. Settable (a benchmark measures what the alignment costs)."""
@@ -153,29 +141,6 @@ class Engine:
         them eagerly over the same static buffers (`capture` False: the padded path timed on a CPU)."""
         with self.lock, self.core.replicate("use_step_graphs", capture):
             self.core.runner.use_graphs(capture)
-
-    @property
-    def step_graphs(self) -> StepGraphs | None:
-        """The bucketed decode-step skeletons met so far and their replays; None while steps run unpadded."""
-        return self.core.runner.graphs
-
-    @property
-    def uploads(self) -> Uploads:
-        """The GPU path's staged host-to-device copies (ops/uploads.py): `copies` and `staged` (tensors) of the
-        last step's forward; nothing staged on the native path."""
-        return self.core.runner.uploads
-
-    @property
-    def ahead_counts(self) -> AheadCounts:
-        """Decode steps staged during the previous step's forward: launched as staged, or dropped
-        (engine/ahead.py; `EngineConfig.plan_ahead`)."""
-        return self.core.ahead_counts
-
-    @property
-    def staging(self) -> tuple[Uploads, Uploads]:
-        """The runner's two staging buffers: the step launched last's (`uploads`) and the one a step staged
-        ahead of it uses (engine/ahead.py)."""
-        return self.core.runner.staging
 
     def input_prefilled(self, stream: TurnStream) -> bool:
         """The turn's input is prefilled (its answer is decoding): from then on its residual can be exported."""
@@ -324,25 +289,7 @@ class Engine:
         """Stage each decode step during the last one's forward from now on, or not (engine/ahead.py; the
         default is `EngineConfig.plan_ahead`'s): benchmarks compare both on one engine. Never across ranks."""
         with self.lock:     # a hold that drops a step staged now
-            self.core.plans_ahead = on and self.core.mirror is None and self.model.tp is None
-
-    def on_plan(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
-        """`hook(plan)` before each forward; one that raises fails that forward (fault injection).
-        Returns a function that removes the hook (so do the two below)."""
-        return self.core.hooks.on_plan(hook)
-
-    def on_read(self, hook: Callable[[StepPlan], None]) -> Callable[[], None]:
-        """`hook(plan)` where a step's update first reads its forward's values: on a device, the host work
-        before it ran beside the forward (`Hooks.on_read`)."""
-        return self.core.hooks.on_read(hook)
-
-    def on_step(self, hook: Callable[[StepStats], None]) -> Callable[[], None]:
-        """`hook(stats)` after each step: its rows by kind, sessions, and time on the engine's clock."""
-        return self.core.hooks.on_step(hook)
-
-    def on_recovery_done(self, hook: Callable[[SessionCache, Recovery], None]) -> Callable[[], None]:
-        """`hook(cache, recovery)` when a recovery completes, before its prefix state is released."""
-        return self.core.hooks.on_recovery_done(hook)
+            self.core.ahead.on = on and self.core.mirror is None and self.model.tp is None
 
     # ---------------------------------------------------------------- hand-off (docs/mechanism.md §8)
     # under the engine lock, across the engine's ranks: engine/handoff_verbs.py

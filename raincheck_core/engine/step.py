@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..cache.gdn_state import GDNStatePool
     from ..ops.backend import GDNOps, OpSet
     from ..ops.gdn_traffic import GDNTraffic
-    from .ahead import Ahead
+    from .ahead import Ahead, StepsAhead
     from .hooks import Hooks
     from .runner import ModelRunner
     from .scheduler import Scheduler
@@ -51,7 +51,7 @@ class StepCore(StepSessions, Protocol):
     runner: ModelRunner
     hooks: Hooks
     gdn: GDNStatePool | None
-    plans_ahead: bool       # may stage the next decode step during a step's forward (engine/ahead.py)
+    ahead: StepsAhead       # the next decode step staged during a step's forward (engine/ahead.py)
 
     def resolve(self, plan: StepPlan, gdn_ops: GDNOps) -> StepPlan: ...
 
@@ -59,14 +59,6 @@ class StepCore(StepSessions, Protocol):
                 ) -> None: ...
 
     def cancel(self, plan: StepPlan) -> None: ...
-
-    def plan_ahead(self, plan: StepPlan, ops: OpSet) -> None: ...
-
-    def take_ahead(self, only: SessionCache | None) -> Ahead | None: ...
-
-    def drop_ahead(self) -> None: ...
-
-    def ahead_survives(self, result: StepResult) -> bool: ...
 
     def settle(self, result: StepResult) -> None: ...
 
@@ -77,7 +69,7 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
     """One step (call under the engine lock): the one staged ahead during the last, if it still is the step to
     run (engine/ahead.py), else planned now. False when there was no work."""
     t0 = core.clock()
-    ahead = core.take_ahead(only)
+    ahead = core.ahead.take(only)
     plan = ahead.plan if ahead is not None else core.scheduler.schedule(only)
     if not plan:
         return False
@@ -101,7 +93,7 @@ def run_step(core: StepCore, only: SessionCache | None = None) -> bool:
 def run_handoff(core: StepCore, cache: SessionCache) -> None:
     """The step joining the result the core holds for `cache` (`EngineCore.handing_in`) into its recovery's
     pending rows (call under the engine lock). StepFailedError, with nothing applied, if it fails."""
-    core.drop_ahead()       # the hand-off's step comes first
+    core.ahead.drop()       # the hand-off's step comes first
     t0 = core.clock()
     plan = core.scheduler.handoff(cache)
     error, _ = _run(core, plan)
@@ -114,7 +106,7 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
     """Run the plan's passes (`ahead`: the plan's one pass was staged during the last step); what their
     updates found ended is settled once, after the last pass that ran (a serial chunk's pass may complete a
     recovery whose turn's decode row the next pass tracks). A one-pass step's update may stage the next step
-    before it reads the forward's values (`EngineCore.plan_ahead`). Returns the error, if a pass raised, and
+    before it reads the forward's values (`StepsAhead.stage`). Returns the error, if a pass raised, and
     the GDN state traffic of the passes (None: no GDN layers)."""
     passes = [plan] if ahead is not None else plan.passes()
     restoring = chunk_carriers(plan)
@@ -142,15 +134,15 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
         if out.gdn_traffic is not None:
             traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
         reading = core.hooks.reading(part)
-        if len(passes) == 1 and core.plans_ahead:
+        if len(passes) == 1 and core.ahead.on:
             reading = _staging_ahead(core, part, ops, reading)
         try:
             applied = apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring, reading)
         except BaseException:
-            core.drop_ahead()
+            core.ahead.drop()
             raise
-        if not core.ahead_survives(applied):      # what the next step was staged for is not so any more
-            core.drop_ahead()
+        if not core.ahead.survives(applied):      # what the next step was staged for is not so any more
+            core.ahead.drop()
         result.extend(applied)
     core.settle(result)
     return error, traffic
@@ -161,7 +153,7 @@ def _staging_ahead(core: StepCore, plan: StepPlan, ops: OpSet, hook: Callable[[]
     """What the update calls before it first reads the forward's values: the next step staged (if it may
     be), then `hook`."""
     def read() -> None:
-        core.plan_ahead(plan, ops)
+        core.ahead.stage(plan, ops)
         if hook is not None:
             hook()
     return read

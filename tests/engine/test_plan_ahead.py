@@ -93,11 +93,11 @@ def test_steps_staged_ahead_answer_as_steps_planned_in_turn(tiny_checkpoints, fa
     engine = _engine(folder, True, graphs)
     got = _script(engine, stop)
     _assert_same(got, want)
-    counts = engine.core.ahead_counts
+    counts = engine.ahead_counts
     # most decode steps ran as staged; some were dropped (a stop token, an admission, a cancel in between)
     assert counts.launched >= 6 and counts.dropped >= 2
     assert counts.staged == counts.launched + counts.dropped
-    assert engine.core.ahead is None or not engine.has_work()
+    assert engine.core.ahead.staged is None or not engine.has_work()
     _released(engine)
 
 
@@ -108,7 +108,7 @@ def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_che
         s.turn(_prompt(i), SamplingParams(max_new_tokens=8, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    ahead = engine.core.ahead
+    ahead = engine.core.ahead.staged
     assert ahead is not None and [s.session for s in ahead.plan.segments] == [s.id for s in sessions]
     # each decode row's slot is claimed past the cache's filled length: the next claim comes after it
     for seg, s in zip(ahead.plan.segments, sessions, strict=True):
@@ -116,10 +116,10 @@ def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_che
         assert int(seg.write_slots[0]) == int(s.cache.table.reserved_slot(s.cache.length))
     # reading a session's status leaves it staged; any other holder of the engine lock may change the sessions:
     # the staged step goes, its claims with it
-    assert sessions[0].status().busy and engine.core.ahead is ahead
+    assert sessions[0].status().busy and engine.core.ahead.staged is ahead
     with engine.lock:
         pass
-    assert engine.core.ahead is None and engine.core.ahead_counts.dropped == 1
+    assert engine.core.ahead.staged is None and engine.ahead_counts.dropped == 1
     for s in sessions:
         assert int(s.cache.claim(1)[0]) == int(s.cache.table.reserved_slot(s.cache.length))
         s.cache.cancel_claims()
@@ -149,7 +149,7 @@ def test_a_forward_that_fails_on_a_staged_step_fails_only_its_turn(tiny_checkpoi
         tokens = going.tokens()
         out = [e.token_id for e in tokens], torch.stack([e.logits for e in tokens])
         assert victim.cached_tokens == 0 and victim.turns == 0     # undone to before its turn
-        launched = engine.core.ahead_counts.launched
+        launched = engine.ahead_counts.launched
         victim.close()
         other.close()
         _released(engine)
@@ -169,11 +169,11 @@ def test_plan_ahead_stages_nothing_where_the_inputs_are_not_staged(tiny_checkpoi
         sessions = [engine.open_session() for _ in range(2)]
         for i, s in enumerate(sessions):
             s.turn(_prompt(i), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
-        assert engine.core.ahead_counts.staged == 0
+        assert engine.ahead_counts.staged == 0
     # turned on (a benchmark compares both on one engine): staged from then on
     engine.stage_ahead(True)
     sessions[0].turn(_prompt(5), SamplingParams(max_new_tokens=6, ignore_eos=True)).result()
-    assert engine.core.ahead_counts.launched > 0
+    assert engine.ahead_counts.launched > 0
 
 
 def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead(tiny_checkpoints):
@@ -205,7 +205,7 @@ def test_concurrent_consumers_and_the_background_stepper_with_steps_staged_ahead
     finally:
         engine.stop_background()
     assert got == want
-    assert engine.core.ahead_counts.launched > 0
+    assert engine.ahead_counts.launched > 0
     _released(engine)
 
 
@@ -221,7 +221,7 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
     def run(ahead: bool) -> tuple[list, Engine, list[int]]:
         engine = _engine(folder, ahead, graphs, recovery_chunk=5)
         # steps with fused chunks, with post-answer chunks beside decode rows, and of those the ones staged ahead
-        # (`take_ahead` counts a launch before the plan's hooks run); steps staged during a step that completed an
+        # (`StepsAhead.take` counts a launch before the plan's hooks run); steps staged during a step that completed an
         # answering session's recovery
         fused, launched, completed = [0, 0, 0, 0], [0], [False]
 
@@ -258,7 +258,7 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
     assert not [r for r in caplog.records if "staging" in r.getMessage()]
     assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1 and after_completion >= 1
     _assert_same(got, want)
-    assert engine.core.ahead_counts.launched >= fused_steps // 2
+    assert engine.ahead_counts.launched >= fused_steps // 2
     _released(engine)
 
 
@@ -272,8 +272,8 @@ def test_recovery_in_the_gaps_is_not_staged_ahead(tiny_checkpoints, caplog):
         session.turn(image_prompt(engine, seed=7, grid=(1, 16, 12)),
                      SamplingParams(max_new_tokens=3, ignore_eos=True)).result()
         assert session.pending_deferred > 5
-        staged = engine.core.ahead_counts.staged
+        staged = engine.ahead_counts.staged
         while engine.step():
             pass
-    assert session.pending_deferred == 0 and engine.core.ahead_counts.staged == staged
+    assert session.pending_deferred == 0 and engine.ahead_counts.staged == staged
     assert not [r for r in caplog.records if "staging" in r.getMessage()]
