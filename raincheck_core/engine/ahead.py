@@ -119,7 +119,7 @@ class StepsAhead:
         # whose steps are compared before they run
         asked = core.config.plan_ahead
         self.on = (asked if asked is not None else core.runner.device.type == "cuda") and one_rank
-        self.staged: Ahead | None = None
+        self.pending: Ahead | None = None
         self.counts = AheadCounts()
 
     def stage(self, plan: StepPlan, ops: OpSet) -> None:
@@ -128,7 +128,7 @@ class StepsAhead:
         its inputs now."""
         core = self.core
         scheduler, running = core.scheduler, core.scheduler.running
-        if not (self.on and ops.attention.reads_pages and self.staged is None
+        if not (self.on and ops.attention.reads_pages and self.pending is None
                 and scheduler.speculation is None and not scheduler.scratch and not core.handoffs
                 and 0 < len(running) == plan.count(Kind.DECODE) <= core.config.max_rows_per_step
                 and decode_step(plan) and all(map(continues, running))):
@@ -147,13 +147,13 @@ class StepsAhead:
             for req in running:
                 req.cache.cancel_claims()
             return
-        self.staged = Ahead(nxt, staged, list(running), list(scheduler.recovering))
+        self.pending = Ahead(nxt, staged, list(running), list(scheduler.recovering))
         self.counts.staged += 1
 
     def take(self, only: SessionCache | None) -> Ahead | None:
         """The step staged ahead, its tokens written in, if it is still the step to run (`only`: the step
         asked for is restricted, which a staged step never is); else None, the staged step dropped."""
-        ahead = self.staged
+        ahead = self.pending
         if ahead is None:
             return None
         scheduler = self.core.scheduler
@@ -164,7 +164,7 @@ class StepsAhead:
                 or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
             self.drop()
             return None
-        self.staged = None
+        self.pending = None
         ahead.staged.retoken([t.last_token for t in ahead.turns])
         self.counts.launched += 1
         return ahead
@@ -181,7 +181,7 @@ class StepsAhead:
 
     def drop(self) -> None:
         """Drop the step staged ahead, if any: its claims go back, as a failed forward's do."""
-        if self.staged is not None:
-            self.core.cancel(self.staged.plan)
-            self.staged = None
+        if self.pending is not None:
+            self.core.cancel(self.pending.plan)
+            self.pending = None
             self.counts.dropped += 1

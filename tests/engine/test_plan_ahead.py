@@ -97,7 +97,7 @@ def test_steps_staged_ahead_answer_as_steps_planned_in_turn(tiny_checkpoints, fa
     # most decode steps ran as staged; some were dropped (a stop token, an admission, a cancel in between)
     assert counts.launched >= 6 and counts.dropped >= 2
     assert counts.staged == counts.launched + counts.dropped
-    assert engine.core.ahead.staged is None or not engine.has_work()
+    assert engine.core.ahead.pending is None or not engine.has_work()
     _released(engine)
 
 
@@ -108,7 +108,7 @@ def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_che
         s.turn(_prompt(i), SamplingParams(max_new_tokens=8, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    ahead = engine.core.ahead.staged
+    ahead = engine.core.ahead.pending
     assert ahead is not None and [s.session for s in ahead.plan.segments] == [s.id for s in sessions]
     # each decode row's slot is claimed past the cache's filled length: the next claim comes after it
     for seg, s in zip(ahead.plan.segments, sessions, strict=True):
@@ -116,10 +116,10 @@ def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_che
         assert int(seg.write_slots[0]) == int(s.cache.table.reserved_slot(s.cache.length))
     # reading a session's status leaves it staged; any other holder of the engine lock may change the sessions:
     # the staged step goes, its claims with it
-    assert sessions[0].status().busy and engine.core.ahead.staged is ahead
+    assert sessions[0].status().busy and engine.core.ahead.pending is ahead
     with engine.lock:
         pass
-    assert engine.core.ahead.staged is None and engine.ahead_counts.dropped == 1
+    assert engine.core.ahead.pending is None and engine.ahead_counts.dropped == 1
     for s in sessions:
         assert int(s.cache.claim(1)[0]) == int(s.cache.table.reserved_slot(s.cache.length))
         s.cache.cancel_claims()
