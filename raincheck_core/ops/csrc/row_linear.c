@@ -12,8 +12,9 @@
    The weight is packed once as [tiles][K][TILE] (TILE output columns per tile, the last one zero-padded),
    so a tile's pass over K streams one contiguous block. One row keeps its TILE accumulators in vector
    registers; with AVX-512, rows go six (or four) at a time through one pass over the tile (24 or 16
-   accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). `threads` > 1
-   splits the tiles among threads (each output is summed by one thread, in the same order). */
+   accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). A tile's
+   first pass streams it from memory; its later passes pull the next tile into L2 as they compute (`ahead`).
+   `threads` > 1 splits the tiles among threads (each output is summed by one thread, in the same order). */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -42,6 +43,21 @@ int64_t row_linear_max_rows(void) {
 #endif
 }
 
+/* The part of the next tile that one pass over a tile pulls into L2 as it goes (`lines` cache lines per k,
+   from `from`, short of `end`): a tile's first pass streams it from memory while its other passes compute
+   on it from L2, so without this the memory sits idle through most of a many-row product. */
+struct ahead {
+    const char *from, *end;
+    int64_t lines;
+};
+
+static inline void pull(const struct ahead *a, int64_t i) {
+    for (int64_t l = 0; l < a->lines; l++) {
+        const char *line = a->from + (i * a->lines + l) * 64;
+        if (line < a->end) __builtin_prefetch(line, 0, 2);
+    }
+}
+
 /* The first `width` outputs of a tile's row `total`, plus the bias, to `out`. */
 static inline void store(float *out, const float *total, const float *bias, int64_t width) {
     for (int64_t j = 0; j < width; j++) out[j] = bias ? total[j] + bias[j] : total[j];
@@ -49,13 +65,14 @@ static inline void store(float *out, const float *total, const float *bias, int6
 
 /* One row of one tile. */
 static void tile_row(const float *x, const float *wt, int64_t k, int64_t kb, float *out, const float *bias,
-                     int64_t width) {
+                     int64_t width, const struct ahead *ahead) {
     float total[TILE], acc[TILE];
     for (int64_t k0 = 0; k0 < k; k0 += kb) {
         const int64_t k1 = k0 + kb < k ? k0 + kb : k;
 #pragma omp simd
         for (int64_t j = 0; j < TILE; j++) acc[j] = 0.0f;
         for (int64_t i = k0; i < k1; i++) {
+            pull(ahead, i);
             const float xv = x[i];
             const float *w = wt + i * TILE;
 #pragma omp simd
@@ -77,7 +94,8 @@ static void tile_row(const float *x, const float *wt, int64_t k, int64_t kb, flo
    FMAs and block sums exactly as `tile_row` does them. R is a constant at each call: the accumulators
    (R x 4 vectors) stay in registers. */
 static inline __attribute__((always_inline)) void tile_rows(const int R, const float *const *x, const float *wt,
-        int64_t k, int64_t kb, float *const *out, const float *bias, int64_t kept, int64_t width) {
+        int64_t k, int64_t kb, float *const *out, const float *bias, int64_t kept, int64_t width,
+        const struct ahead *ahead) {
     float total[6][TILE];
     for (int64_t k0 = 0; k0 < k; k0 += kb) {
         const int64_t k1 = k0 + kb < k ? k0 + kb : k;
@@ -87,6 +105,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int R, const f
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) acc[u][c] = _mm512_setzero_ps();
         for (int64_t i = k0; i < k1; i++) {
+            pull(ahead, i);
             const float *w = wt + i * TILE;
             const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
                          w3 = _mm512_loadu_ps(w + 48);
@@ -117,35 +136,70 @@ struct part {
     int64_t rows, k, n, kb, first, last;        /* tiles [first, last) */
 };
 
+/* The rows of each pass over a tile, in order: with AVX-512 six rows a pass (24 accumulators: the most FMAs per
+   weight load that fit the registers), four where fewer than five are left, and 8 as 4 + 4 rather than 6 + 2;
+   a last row alone. Returns the number of passes. */
+static int64_t passes(int64_t rows, int64_t *group) {
+    int64_t n = 0, r0 = 0;
+#ifdef __AVX512F__
+    while (rows - r0 >= 2) {
+        const int64_t left = rows - r0, size = left >= 5 && left != 8 ? 6 : 4;
+        group[n++] = size;
+        r0 += left < size ? left : size;
+    }
+#endif
+    for (; r0 < rows; r0++) group[n++] = 1;
+    return n;
+}
+
+/* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): the passes
+   after the first share it, at most two lines per k (the first pass reads the tile pulled during the last
+   tile's). A lone pass pulls nothing: it is bound by memory anyway, and pulling ahead beside the hardware's
+   prefetch slowed a one-session decode step by a fifth; nor do more lines per k than two, which left
+   8 rows (two passes) slower than without (one step in A/B: 1.09x), as if the pulls stalled the FMAs. */
+static struct ahead ahead_of(const float *next, int64_t k, int64_t j, int64_t count) {
+    struct ahead a = {NULL, NULL, 0};
+    if (!next || j == 0) return a;
+    const int64_t even = (TILE / 16 + count - 2) / (count - 1);     /* the tile's lines per k, shared */
+    a.lines = even < 2 ? even : 2;
+    a.from = (const char *)next + (j - 1) * k * a.lines * 64;
+    a.end = (const char *)(next + k * TILE);
+    return a;
+}
+
 static void *run_part(void *arg) {
     const struct part *p = arg;
+    int64_t group[p->rows];     /* a pass has one row or more */
+    const int64_t count = passes(p->rows, group);
     for (int64_t t = p->first; t < p->last; t++) {
         const float *wt = p->packed + t * p->k * TILE;
+        const float *next = t + 1 < p->last ? wt + p->k * TILE : NULL;
         const float *bias = p->bias ? p->bias + t * TILE : NULL;
         const int64_t width = p->n - t * TILE < TILE ? p->n - t * TILE : TILE;
         int64_t r0 = 0;
+        for (int64_t j = 0; j < count; j++) {
+            const struct ahead a = ahead_of(next, p->k, j, count);
+            if (group[j] == 1) {
+                tile_row(p->x + r0 * p->k, wt, p->k, p->kb, p->out + r0 * p->n + t * TILE, bias, width, &a);
+                r0++;
+                continue;
+            }
 #ifdef __AVX512F__
-        const float *x[6];
-        float *out[6];
-        while (p->rows - r0 >= 2) {
-            /* six rows a pass (24 accumulators: the most FMAs per weight load that fit the registers), four
-               where fewer than five are left, and 8 as 4 + 4 rather than 6 + 2 */
-            const int64_t left = p->rows - r0, group = left >= 5 && left != 8 ? 6 : 4;
-            const int64_t kept = left < group ? left : group;
-            for (int64_t u = 0; u < group; u++) {
+            const float *x[6];
+            float *out[6];
+            const int64_t left = p->rows - r0, kept = left < group[j] ? left : group[j];
+            for (int64_t u = 0; u < group[j]; u++) {
                 const int64_t r = r0 + (u < kept ? u : kept - 1);
                 x[u] = p->x + r * p->k;
                 out[u] = p->out + r * p->n + t * TILE;
             }
-            if (group == 6)
-                tile_rows(6, x, wt, p->k, p->kb, out, bias, kept, width);
+            if (group[j] == 6)
+                tile_rows(6, x, wt, p->k, p->kb, out, bias, kept, width, &a);
             else
-                tile_rows(4, x, wt, p->k, p->kb, out, bias, kept, width);
+                tile_rows(4, x, wt, p->k, p->kb, out, bias, kept, width, &a);
             r0 += kept;
-        }
 #endif
-        for (; r0 < p->rows; r0++)
-            tile_row(p->x + r0 * p->k, wt, p->k, p->kb, p->out + r0 * p->n + t * TILE, bias, width);
+        }
     }
     return NULL;
 }
