@@ -92,6 +92,52 @@ static inline void pv_tile(const float *const p[ROWS], float *const a[ROWS], int
         for (int64_t x = 0; x < KEYS; x++) a[u][t0 + x] = r[u][x];
 }
 
+/* A decode row's PV for the query heads of one KV head: `R` heads (a constant at each call) x HEAD_COLS
+   output columns [t0, t0 + HEAD_COLS) in registers along `keys` keys, V read in place through the slot list.
+   Each output element sums its keys in order, as `pv_tile` sums it (the same bits), but one pass over the
+   keys serves the whole group and all HEAD_COLS columns: `pv_tile`'s ROWS-row tile over KEYS columns took
+   d / KEYS passes and computed ROWS rows for a group of 3-4 heads. */
+#ifdef __AVX512F__
+#define HEAD_COLS 64
+#define HEAD_ROWS 6     /* R x 4 accumulators, with the 4 vectors of V: 28 of 32 registers */
+static inline __attribute__((always_inline)) void pv_heads(const int R, const float *const *p, float *const *a,
+        int64_t t0, int64_t keys, const float *base, const int64_t *slot, int64_t stride) {
+    float r[HEAD_ROWS][HEAD_COLS];
+#pragma GCC unroll 6
+    for (int u = 0; u < R; u++)
+        for (int64_t x = 0; x < HEAD_COLS; x++) r[u][x] = a[u][t0 + x];
+    for (int64_t j = 0; j < keys; j++) {
+        if (j + 2 * AHEAD < keys) {     /* the lines this pass reads, ahead */
+            const float *next = base + slot[j + 2 * AHEAD] * stride + t0;
+            for (int64_t x = 0; x < HEAD_COLS; x += 16) __builtin_prefetch(next + x);
+        }
+        const float *v = base + slot[j] * stride + t0;
+#pragma GCC unroll 6
+        for (int u = 0; u < R; u++) {
+            const float pj = p[u][j];
+#pragma omp simd
+            for (int64_t x = 0; x < HEAD_COLS; x++) r[u][x] += pj * v[x];
+        }
+    }
+#pragma GCC unroll 6
+    for (int u = 0; u < R; u++)
+        for (int64_t x = 0; x < HEAD_COLS; x++) a[u][t0 + x] = r[u][x];
+}
+
+/* `pv_heads` for `n` heads, R a constant per call. */
+static void pv_group(int64_t n, const float *const *p, float *const *a, int64_t t0, int64_t keys,
+                     const float *base, const int64_t *slot, int64_t stride) {
+    switch (n) {
+    case 1: pv_heads(1, p, a, t0, keys, base, slot, stride); break;
+    case 2: pv_heads(2, p, a, t0, keys, base, slot, stride); break;
+    case 3: pv_heads(3, p, a, t0, keys, base, slot, stride); break;
+    case 4: pv_heads(4, p, a, t0, keys, base, slot, stride); break;
+    case 5: pv_heads(5, p, a, t0, keys, base, slot, stride); break;
+    default: pv_heads(6, p, a, t0, keys, base, slot, stride); break;
+    }
+}
+#endif
+
 /* Returns 0, or 1 when the scratch buffer cannot be allocated. */
 int paged_attention_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
                         const int64_t *q_start, const int64_t *q_len, const int64_t *k_start,
@@ -212,6 +258,28 @@ int paged_attention_f32(const float *q, const float *k_cache, const float *v_cac
                     }
                     run_sum[x] += sum;
                 }
+#ifdef __AVX512F__
+            if (n <= DOT_ROWS && d % HEAD_COLS == 0) {
+                /* decode rows: each row's query heads of one KV head, HEAD_ROWS at a time, in one pass
+                   over the keys per HEAD_COLS columns (`pv_heads`) */
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t lim = (lag + i + 1 < j1 ? lag + i + 1 : j1) - j0;
+                    for (int64_t h = 0; h < kv && lim > 0; h++)
+                        for (int64_t u0 = 0; u0 < rep; u0 += HEAD_ROWS) {
+                            const int64_t count = rep - u0 < HEAD_ROWS ? rep - u0 : HEAD_ROWS;
+                            const float *p[HEAD_ROWS];
+                            float *a[HEAD_ROWS];
+                            for (int64_t u = 0; u < count; u++) {
+                                const int64_t hq = h * rep + u0 + u;
+                                p[u] = scores + (hq * n + i) * KEY_BLOCK;
+                                a[u] = acc + (i * heads + hq) * d;
+                            }
+                            for (int64_t t0 = 0; t0 < d; t0 += HEAD_COLS)
+                                pv_group(count, p, a, t0, lim, v_cache + h * d, slot + j0, row);
+                        }
+                }
+            } else
+#endif
             if (n <= DOT_ROWS && d % KEYS == 0) {
                 /* decode rows: each row's query heads of one KV head, ROWS at a time, keep KEYS output
                    columns in registers along the block's keys, V read in place; each output element still
