@@ -48,16 +48,18 @@
 
 #include "fast_math.h"
 
-/* One token of one head: decay, read S^T k from the decayed state, rank-1 write, o = S^T q. */
-static inline void delta_step(float *restrict S, const float *restrict q, const float *restrict k,
+/* One token of one head: decay, read S^T k from the decayed state, rank-1 write, o = S^T q. The decay
+   reads the state from `from` (S itself, or a sequence's start state: its first token then moves the state
+   into S with no copy beforehand). */
+static inline void delta_step(float *S, const float *from, const float *restrict q, const float *restrict k,
                               const float *restrict v, float alpha, float b, float *restrict o,
                               float *restrict delta, int64_t dk, int64_t dv) {
     for (int64_t j = 0; j < dv; j++) delta[j] = 0.0f;
     for (int64_t i = 0; i < dk; i++) {
         float *row = S + i * dv;
-        const float ki = k[i];
+        const float *src = from + i * dv, ki = k[i];
 #pragma omp simd
-        for (int64_t j = 0; j < dv; j++) { row[j] *= alpha; delta[j] += ki * row[j]; }
+        for (int64_t j = 0; j < dv; j++) { row[j] = src[j] * alpha; delta[j] += ki * row[j]; }
     }
 #pragma omp simd
     for (int64_t j = 0; j < dv; j++) delta[j] = (v[j] - delta[j]) * b;
@@ -222,7 +224,7 @@ static void run_part(const gdn_args *args, const float *wt, int64_t a0, int64_t 
 #define ROW(pos) ((pos) >= first ? (source[pos] >= 0 ? u + source[pos] * ld_u : xu + (-1 - source[pos]) * C) \
                                  : h0p + (hist_rows - (first - (pos))) * C)
         float *const S0 = FINAL(s);
-        memcpy(S0 + h0 * state_size, s0 + h0 * state_size, sizeof(float) * (size_t)part_state);
+        if (len[s] == 0) memcpy(S0 + h0 * state_size, s0 + h0 * state_size, sizeof(float) * (size_t)part_state);
         int64_t m = cap_first ? cap_first[s] : 0;
         const int64_t m_end = cap_first ? cap_first[s + 1] : 0;
         for (int64_t t = first; t < end; t++) {
@@ -250,7 +252,8 @@ static void run_part(const gdn_args *args, const float *wt, int64_t a0, int64_t 
             for (int64_t h = h0; h < h1; h++) {
                 const int64_t a = h / rep;
                 float *S = S0 + h * state_size;
-                delta_step(S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv, expf(gt[h]), bt[h],
+                delta_step(S, t == first ? s0 + h * state_size : S, x + a * dk, x + kd + a * dk, x + 2 * kd + h * dv,
+                           expf(gt[h]), bt[h],
                            src >= 0 ? o + (src * heads + h) * dv : dropped, delta, dk, dv);
                 if (split_row[s] >= 0 && t - first + 1 == split_row[s])
                     memcpy(SPLIT_FINAL(split_index[s]) + h * state_size, S, sizeof(float) * (size_t)state_size);
