@@ -67,16 +67,16 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def _build(name: str) -> ctypes.CDLL | None:
+def _build(name: str, text: str | None = None) -> ctypes.CDLL | None:
+    """`csrc/<name>.c` compiled, or `text` in its place (with csrc/'s headers)."""
     cc = _compiler()
     if cc is None:
         log.warning("native kernel %s: no C compiler found; using the torch path", name)
         return None
-    source = SOURCE_DIR / f"{name}.c"
+    text = (SOURCE_DIR / f"{name}.c").read_text() if text is None else text
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     headers = [h.read_text() for h in sorted(SOURCE_DIR.glob("*.h"))]
-    key = hashlib.sha256("\0".join([source.read_text(), *headers, *FLAGS, version, _cpu_signature()]).encode()
-                         ).hexdigest()
+    key = hashlib.sha256("\0".join([text, *headers, *FLAGS, version, _cpu_signature()]).encode()).hexdigest()
     errors = []
     for folder in _cache_dirs():
         target = folder / f"{name}-{key[:16]}.so"
@@ -86,8 +86,9 @@ def _build(name: str) -> ctypes.CDLL | None:
             if not target.exists():
                 # build beside the target and rename: a concurrent process never loads a half-written file
                 with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                    out = Path(tmp) / target.name
-                    done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"],
+                    out, source = Path(tmp) / target.name, Path(tmp) / f"{name}.c"
+                    source.write_text(text)
+                    done = subprocess.run([cc, *FLAGS, "-I", str(SOURCE_DIR), "-o", str(out), str(source), "-lm"],
                                           capture_output=True, text=True, check=False)
                     if done.returncode != 0:
                         log.warning("native kernel %s failed to compile; using the torch path:\n%s", name,
@@ -131,18 +132,35 @@ _ENTRY = {
 }
 
 
+def _typed(name: str, lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    if lib is not None:
+        for entry, (argtypes, restype) in _ENTRY[name].items():
+            getattr(lib, entry).argtypes = argtypes
+            getattr(lib, entry).restype = restype
+    return lib
+
+
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled `csrc/<name>.c`, or None when native kernels are off or cannot be built."""
     if not enabled():
         return None
     with _lock:
         if name not in _libs:
-            lib = _libs[name] = _build(name)
-            if lib is not None:
-                for entry, (argtypes, restype) in _ENTRY[name].items():
-                    getattr(lib, entry).argtypes = argtypes
-                    getattr(lib, entry).restype = restype
+            _libs[name] = _typed(name, _build(name))
         return _libs[name]
+
+
+def build_variant(name: str, text: str) -> ctypes.CDLL | None:
+    """Kernel `name` built from `text` in place of csrc/<name>.c (another revision's, say), cached as the
+    file's builds are; None where it cannot be built. For comparing two builds (bench/kernel_ab.py)."""
+    return _typed(name, _build(name, text))
+
+
+def use(name: str, lib: ctypes.CDLL) -> None:
+    """Make `lib` (from `library` or `build_variant`) the build that the layers' calls of kernel `name`
+    run from now on, in this process. Only between steps: a step may call a kernel from several threads."""
+    with _lock:
+        _libs[name] = lib
 
 
 def loaded(name: str) -> ctypes.CDLL | None:

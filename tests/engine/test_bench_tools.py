@@ -1,5 +1,5 @@
-"""`bench.kernels`, `bench.answers` and `bench.host` end to end on small settings: reports carry what the docs
-read, and the answer comparison finds a difference (no timing is asserted)."""
+"""`bench.kernels`, `bench.kernel_ab`, `bench.answers` and `bench.host` end to end on small settings: reports
+carry what the docs read, and the answer and bit comparisons find a difference (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 
-from bench import answers, host, kernels
+from bench import answers, host, kernel_ab, kernels
 from bench.common import build_engine
 from raincheck_core import Prompt, SamplingParams
 from raincheck_core.engine.plan import Kind
+from raincheck_core.ops import native
 
 
 def test_kernels_report_has_every_op(tmp_path):
@@ -25,6 +26,27 @@ def test_kernels_report_has_every_op(tmp_path):
                                        "GDN layer, multi-row path", "GDN layer, decode rows",
                                        "linear layers of one decoder layer"}
     assert all(r["torch_ms"] > 0 and r["native_ms"] > 0 for r in rows)
+
+
+@pytest.mark.skipif(native.library("paged_attention") is None, reason="no native kernels here")
+def test_kernel_ab_times_both_builds_and_finds_changed_bits(tmp_path):
+    kernel = native.SOURCE_DIR / "paged_attention.c"
+    changed = tmp_path / "changed.c"
+    changed.write_text(kernel.read_text().replace("dst[t] = a[t] * inv;", "dst[t] = a[t] * inv * 1.0001f;"))
+    assert changed.read_text() != kernel.read_text()
+    runs, threads = {}, torch.get_num_threads()
+    try:
+        for name, against in (("same", str(kernel)), ("changed", str(changed))):
+            runs[name] = kernel_ab.main(["paged_attention", "--against", against, "--family", "qwen3_vl", "--ns",
+                                         "2", "--rounds", "1", "--max-new", "24", "--bits"])
+    finally:
+        torch.set_num_threads(threads)
+    assert runs["same"]["bits_equal"] and not runs["changed"]["bits_equal"]
+    row = runs["same"]["ns"][2]
+    assert row["steps"] > 0 and row["p20_ms"]["this"] > 0 and row["p20_ms"]["against"] > 0
+    assert native.loaded("paged_attention") is native.library("paged_attention")     # this tree's build again
+    with pytest.raises(SystemExit, match="cannot read"):
+        kernel_ab.main(["paged_attention", "--against", "no-such-revision", "--ns", "1", "--rounds", "1"])
 
 
 def test_answers_compare_finds_a_changed_answer(tmp_path, capsys):
