@@ -1,8 +1,8 @@
 """The FlexAttention path (the GPU path's CPU twin) against the native CPU kernels, and its accounting.
 
-    python -m bench.attention [--repeats 15] [--threads 2] [--json PATH] [--quick]
+    python -m bench.attention [--repeats 15] [--threads 2] [--sessions 1,16] [--json PATH] [--quick]
 
-- decode steps: B = 1 and 16 sessions, each decoding over its own 1,536-token context, on the `bench`
+- decode steps: B = 1 and 16 sessions (`--sessions`), each decoding over its own 1,536-token context, on the `bench`
   Qwen3-VL checkpoint (8 attention layers), one engine per backend over the same weights; the two
   engines step in turn (a step of one, a step of the other), and each side's time is the median of its
   steps. With each: the bytes a step allocates (torch's profiler) over the K+V bytes its attention layers
@@ -63,11 +63,10 @@ def _acc_row(acc: StepAccounting) -> dict:
 def decode_steps(workdir: Path, sessions: int, repeats: int) -> dict:
     """Flex and native decode steps of `sessions` sessions over CONTEXT-token contexts, side by side."""
     folder = save_random_checkpoint(workdir / "qwen3_vl", "qwen3_vl", "bench")
-    layouts = []
+    layouts, original = [], backend.FLEX_ATTENTION
 
-    def recording(q_lens: list[int], read_slots: list[torch.Tensor], write_slots: torch.Tensor,
-                  device: torch.device | str, pool: object) -> FlexLayout:
-        layouts.append(backend.flex_layout(q_lens, read_slots, write_slots, device, pool))
+    def recording(*args: object, **kwargs: object) -> FlexLayout:      # the engine's layout, kept for accounting
+        layouts.append(original.layout(*args, **kwargs))
         return layouts[-1]
 
     engines = {name: Engine.from_pretrained(folder, backend=name, max_rows_per_step=8192, num_pages=4096,
@@ -82,7 +81,6 @@ def decode_steps(workdir: Path, sessions: int, repeats: int) -> dict:
             engine.step()
     cfg = engines["flex"].model_config
     kv_bytes = sessions * CONTEXT * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_attention_layers
-    original = backend.FLEX_ATTENTION
     backend.FLEX_ATTENTION = dataclasses.replace(original, layout=recording)
     try:
         for _ in range(3):               # compile, and settle
@@ -242,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--sessions", default="1,16", help="the decode steps' batch sizes, comma-separated")
     p.add_argument("--skip-decode", action="store_true", help="the accounting table only")
     p.add_argument("--skip-accounting", action="store_true", help="the decode steps only")
     p.add_argument("--against", metavar="REV", help="time the layout at this git revision too")
@@ -251,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {"threads": args.threads, "decode": [], "accounting": []}
     if not args.skip_decode:
         with tempfile.TemporaryDirectory() as tmp:
-            for sessions in (1, 16):
+            for sessions in (int(n) for n in args.sessions.split(",")):
                 row = decode_steps(Path(tmp), sessions, args.repeats)
                 print(json.dumps(row), flush=True)
                 result["decode"].append(row)

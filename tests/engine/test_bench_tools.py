@@ -1,5 +1,6 @@
-"""`bench.kernels`, `bench.kernel_ab`, `bench.answers` and `bench.host` end to end on small settings: reports
-carry what the docs read, and the answer and bit comparisons find a difference (no timing is asserted)."""
+"""`bench.kernels`, `bench.kernel_ab`, `bench.attention`'s decode steps, `bench.answers` and `bench.host` end
+to end on small settings: reports carry what the docs read, and the answer and bit comparisons find a difference
+(no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 import torch
 
-from bench import answers, host, kernel_ab, kernels
+from bench import answers, attention, host, kernel_ab, kernels
 from bench.common import build_engine
 from raincheck_core import Prompt, SamplingParams
 from raincheck_core.engine.plan import Kind
@@ -47,6 +48,19 @@ def test_kernel_ab_times_both_builds_and_finds_changed_bits(tmp_path):
     assert native.loaded("paged_attention") is native.library("paged_attention")     # this tree's build again
     with pytest.raises(SystemExit, match="cannot read"):
         kernel_ab.main(["paged_attention", "--against", "no-such-revision", "--ns", "1", "--rounds", "1"])
+
+
+def test_attention_decode_steps_record_the_engines_layouts(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        attention.main(["--sessions", "1", "--repeats", "1", "--threads", "1", "--skip-accounting", "--json",
+                        str(tmp_path / "a.json")])
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = json.loads((tmp_path / "a.json").read_text())["decode"]
+    assert row["flex_ms"] > 0 and row["native_ms"] > 0
+    # the flex step's accounting, from the layout the engine built: one decode row over its own context
+    assert 1.0 <= row["score_ratio"] <= 1.25 and 1.0 <= row["kv_ratio"] <= 1.1
 
 
 def test_answers_compare_finds_a_changed_answer(tmp_path, capsys):
