@@ -58,7 +58,8 @@ def dump(model: str, families: list[str], dialogues: int, arms: list[str] | None
                                  tqdm(list(zip(held_out, messages, strict=True)), desc=f"{family} {name}", leave=False)]
     ahead = engine.ahead_counts
     if ahead.staged:
-        print(f"decode steps staged ahead: {ahead.launched} launched, {ahead.dropped} dropped", file=sys.stderr)
+        print(f"decode steps staged ahead: {ahead.launched} launched ({ahead.void_rows} rows void: their turn had "
+              f"ended), {ahead.dropped} dropped", file=sys.stderr)
     prefix = engine.prefix_stats()
     if prefix is not None:     # the arms share sessions' prefixes (the same dialogue under another policy)
         print(f"prefix cache: {prefix.hits} hits, {prefix.hit_tokens} prompt tokens served", file=sys.stderr)

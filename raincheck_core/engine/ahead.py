@@ -13,11 +13,16 @@ settling and that, not planning and building inputs (docs/design.md). Under a TP
 are chosen before this step's time is charged to the turns' slack: one step later than when planned in turn,
 as in vLLM's async scheduling; with fixed chunks the steps are the same.
 
-A step staged ahead is a bet that nothing changes in between. The core drops it (its claims cancelled, as a
-failed forward's are) when this step ends, fails or forks a turn or completes a recovery other than an answering
-session's own with nothing queued behind it (`StepsAhead.survives`), when anything but a step loop or a
-reader takes the engine lock (an admission, a cancel, a close: `EngineLock`'s `on_hold`), and when the next
-step finds the running or recovering sessions changed; that step is then planned as it would have been.
+A step staged ahead is a bet that nothing changes in between. A turn that ends in this step (a stop token, its
+length) keeps it where nothing else follows from the end (`voidable`: no deferred rows left to recover after
+the answer, the session's own answer): the staged step runs with that turn's decode row void, as vLLM's async
+scheduling computes a finished request's one extra token and drops it; the update keeps nothing of the row
+(its claim cancelled, its GDN state left in the row that is not current). Otherwise the core drops the staged
+step (its claims cancelled, as a failed forward's are) when this step ends, fails or forks a turn or completes a
+recovery other than an answering session's own with nothing queued behind it (`StepsAhead.survives`), when
+anything but a step loop or a reader takes the engine lock (an admission, a cancel, a close: `EngineLock`'s
+`on_hold`), and when the next step finds the running or recovering sessions changed; that step is then planned
+as it would have been.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Ahead:
     staged: Staged
     turns: list[TurnRequest]        # each decode row's turn, in plan order
     recovering: list[SessionCache]  # the sessions recovering after their answer then (the scheduler's list)
+    void: frozenset[str] = frozenset()  # sessions whose turn ended before the step ran: their rows are dropped
 
 
 @dataclass
@@ -59,6 +65,7 @@ class AheadCounts:
     staged: int = 0
     launched: int = 0
     dropped: int = 0
+    void_rows: int = 0      # decode rows of launched steps whose turn had ended (computed, dropped)
 
 
 class Drawn:
@@ -87,11 +94,20 @@ def decode_step(plan: StepPlan) -> bool:
     return bool(plan.segments) and all(s.kind in STAGED_KINDS and not s.serial and s.rows for s in plan.segments)
 
 
+def voidable(turn: TurnRequest) -> bool:
+    """Whether a step staged with a decode row of `turn` may still run once `turn` has ended, that row void:
+    the end starts nothing in the step's place (no deferred rows to recover after the answer: the recovering
+    sessions stay as planned) and frees nothing the step writes to (the session's own answer, whose session
+    lives on; an `n > 1` turn's other answers release their pages when they end)."""
+    return turn.cache.recovery is None and turn.choice == 0
+
+
 def continues(turn: TurnRequest) -> bool:
-    """Whether `turn` decodes in the next step too, as far as can be told before this step's token is drawn:
-    it decodes, shares steps, and has room for two more tokens (the one drawn now and the next)."""
+    """Whether `turn` has a row in the next step, as far as can be told before this step's token is drawn: it
+    decodes and shares steps, and has room for two more tokens (the one drawn now and the next), or, ending
+    with this step's token, its next row may be void (`voidable`)."""
     return (turn.decoding and not turn.finished and not turn.cache.deterministic
-            and turn.params.max_new_tokens - len(turn.generated) >= 2)
+            and (turn.params.max_new_tokens - len(turn.generated) >= 2 or voidable(turn)))
 
 
 class AheadCore(Protocol):
@@ -122,15 +138,15 @@ class StepsAhead:
         self.pending: Ahead | None = None
         self.counts = AheadCounts()
 
-    def stage(self, plan: StepPlan, ops: OpSet) -> None:
+    def stage(self, plan: StepPlan, ops: OpSet, void: frozenset[str] = frozenset()) -> None:
         """`plan`'s update has done its bookkeeping and its forward may still run: if `plan` is a decode step
-        (decode rows, fused chunks) of every running turn and the next one will be too, plan that one and stage
-        its inputs now."""
+        (decode rows, fused chunks) of every running turn (and of the ended turns in `void`, their rows void) and
+        the next one will be too, plan that one and stage its inputs now."""
         core = self.core
         scheduler, running = core.scheduler, core.scheduler.running
         if not (self.on and ops.attention.reads_pages and self.pending is None
                 and scheduler.speculation is None and not scheduler.scratch and not core.handoffs
-                and 0 < len(running) == plan.count(Kind.DECODE) <= core.config.max_rows_per_step
+                and 0 < len(running) == plan.count(Kind.DECODE) - len(void) <= core.config.max_rows_per_step
                 and decode_step(plan) and all(map(continues, running))):
             return
         try:
@@ -152,29 +168,35 @@ class StepsAhead:
 
     def take(self, only: SessionCache | None) -> Ahead | None:
         """The step staged ahead, its tokens written in, if it is still the step to run (`only`: the step
-        asked for is restricted, which a staged step never is); else None, the staged step dropped."""
+        asked for is restricted, which a staged step never is; a turn of it that ended leaves its row void, but
+        a step of void rows alone is not run); else None, the staged step dropped."""
         ahead = self.pending
         if ahead is None:
             return None
         scheduler = self.core.scheduler
         running, recovering = scheduler.running, scheduler.recovering
-        if only is not None or scheduler.scratch or len(running) != len(ahead.turns) \
-                or any(r is not t or r.finished for r, t in zip(running, ahead.turns, strict=True)) \
+        live = [t for t in ahead.turns if not t.finished]
+        ended = [t for t in ahead.turns if t.finished]
+        if only is not None or scheduler.scratch or not live or len(running) != len(live) \
+                or any(r is not t for r, t in zip(running, live, strict=True)) \
+                or not all(map(voidable, ended)) \
                 or len(recovering) != len(ahead.recovering) \
                 or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
             self.drop()
             return None
         self.pending = None
+        ahead.void = frozenset(t.cache.session for t in ended)
         ahead.staged.retoken([t.last_token for t in ahead.turns])
         self.counts.launched += 1
+        self.counts.void_rows += len(ended)
         return ahead
 
     def survives(self, result: StepResult) -> bool:
-        """Whether the step staged ahead is still the next step once `result` is settled: nothing ends, fails or
-        forks, and the recoveries it completes are of sessions still answering with no later turn's recovery
-        queued behind (the staged rows were planned as after that: the session's decode row tracks no join of a
-        recovery done, and fuses nothing)."""
-        if result.ended or result.failed or result.forked:
+        """Whether the step staged ahead is still the next step once `result` is settled: nothing fails or
+        forks, what ends may leave its row void (`voidable`), and the recoveries it completes are of sessions
+        still answering with no later turn's recovery queued behind (the staged rows were planned as after
+        that: the session's decode row tracks no join of a recovery done, and fuses nothing)."""
+        if result.failed or result.forked or not all(map(voidable, result.ended)):
             return False
         return all(cache.queued is None and self.core.turns.get(cache.session) is not None
                    for cache, _ in result.recovered)

@@ -134,10 +134,11 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
         if out.gdn_traffic is not None:
             traffic = out.gdn_traffic if traffic is None else traffic + out.gdn_traffic
         reading = core.hooks.reading(part)
+        void = ahead.void if ahead is not None else frozenset()
         if len(passes) == 1 and core.ahead.on:
-            reading = _staging_ahead(core, part, ops, reading)
+            reading = _staging_ahead(core, part, ops, reading, void)
         try:
-            applied = apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring, reading)
+            applied = apply_step(part, out, core, core.gdn, ops.gdn, core.clock(), restoring, reading, void)
         except BaseException:
             core.ahead.drop()
             raise
@@ -148,12 +149,12 @@ def _run(core: StepCore, plan: StepPlan, ahead: Ahead | None = None) -> tuple[Ex
     return error, traffic
 
 
-def _staging_ahead(core: StepCore, plan: StepPlan, ops: OpSet, hook: Callable[[], None] | None
-                   ) -> Callable[[], None]:
+def _staging_ahead(core: StepCore, plan: StepPlan, ops: OpSet, hook: Callable[[], None] | None,
+                   void: frozenset[str]) -> Callable[[], None]:
     """What the update calls before it first reads the forward's values: the next step staged (if it may
-    be), then `hook`."""
+    be; `void`: the sessions whose rows in `plan` are void), then `hook`."""
     def read() -> None:
-        core.ahead.stage(plan, ops)
+        core.ahead.stage(plan, ops, void)
         if hook is not None:
             hook()
     return read

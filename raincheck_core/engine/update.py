@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -60,12 +60,14 @@ class StepResult:
 
 def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GDNStatePool | None,
                gdn_ops: GDNOps, now: float, restoring: set[str] | None = None,
-               reading: Callable[[], None] | None = None) -> StepResult:
+               reading: Callable[[], None] | None = None, void: Set[str] = frozenset()) -> StepResult:
     """Apply `out`, the outputs of `plan` (one pass of a step, run with the GDN ops `gdn_ops`, which also
     fold the joins' maps here) at time `now`. `restoring`: the sessions whose deferred rows the whole step
     carried (default: those in this pass; a serial step runs its chunks in a pass of their own), whose next
     token's gap counts as a restoring one. `reading`: called once, just before the first read of a value the
-    forward computed (instrumentation: `Hooks.on_read`)."""
+    forward computed (instrumentation: `Hooks.on_read`). `void`: sessions whose decode row the forward ran for a
+    turn that ended meanwhile (a step staged ahead, engine/ahead.py): nothing of it is kept, as if it had
+    failed (its slot claimed and not filled, its GDN state written to the row that stays the other one)."""
     result = StepResult()
     # by session and first row: the forward ran the plan's segments as resolved (copies, engine/core.py)
     checkpoints = {(seg.session, seg.first): (conv, ssm) for seg, conv, ssm in out.checkpoints}
@@ -76,7 +78,11 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
     logit_at = dict(zip(plan.segments, starts, strict=False))     # `starts` has one more: the total
     # each segment's cache and running turn (None: a scratch session's, a recovery's after its answer), looked
     # up once: the phases below each visit every segment
-    owners = [(seg, sessions.cache(seg.session), sessions.turn(seg.session)) for seg in plan.segments]
+    owners = [(seg, sessions.cache(seg.session), sessions.turn(seg.session)) for seg in plan.segments
+              if seg.session not in void]
+    for seg in plan.segments:
+        if seg.session in void:
+            sessions.cache(seg.session).cancel_claims()
     # the logits' values are read where tokens are drawn: a verify segment's before anything is filled, the
     # others' after the bookkeeping of phases 1-3, which needs no result of the forward, so on a GPU it runs
     # while the forward computes (the first read of a value waits for it)
@@ -100,7 +106,7 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
             elif req.finished:
                 result.ended.append(req)
     # 1. the claimed slots now hold K/V (labelled when claimed)
-    text_keys = text_row_keys([seg for seg in plan.segments if seg.kind in ANSWERING])
+    text_keys = text_row_keys([seg for seg, _, _ in owners if seg.kind in ANSWERING])
     key_at = 0      # the next answer segment's first row of `text_keys` (they are in plan order)
     for seg, cache, req in owners:
         if seg.kind is Kind.VERIFY:
@@ -138,13 +144,16 @@ def apply_step(plan: StepPlan, out: StepOutputs, sessions: StepSessions, gdn: GD
         for seg, conv, ssm in out.checkpoints:
             if seg.kind is Kind.VERIFY and (kept := verified[seg.session].kept) < seg.rows:
                 cut[seg.gdn_slot] = (conv[kept - 1], ssm[kept - 1])
-        gdn.commit([slot for slot in out.committed if slot not in cut])
+        voided = {seg.gdn_slot for seg in plan.segments if seg.session in void}
+        gdn.commit([slot for slot in out.committed if slot not in cut and slot not in voided])
         for slot, (conv, ssm) in cut.items():
             gdn.conv[slot].copy_(conv)
             gdn.ssm[slot].copy_(ssm)
         for w in out.writes:
             for slot, conv, ssm in zip(w.slots, _rows(w.conv, len(w.slots)), _rows(w.ssm, len(w.slots)),
                                        strict=True):
+                if slot in voided:
+                    continue
                 if conv is not None:
                     gdn.conv[slot].copy_(conv)
                 if ssm is not None:

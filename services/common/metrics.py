@@ -58,6 +58,8 @@ ENCODER_BYTES = Gauge("raincheck:encoder_cache_bytes", "Memory the encoder cache
 STEPS_AHEAD = Counter("raincheck:steps_planned_ahead", "Decode steps planned and staged during the previous step's "
                       "forward, by outcome: launched as staged, or dropped and planned again (docs/design.md).",
                       ["outcome"])
+AHEAD_VOID_ROWS = Counter("raincheck:ahead_void_rows", "Decode rows of steps staged ahead whose turn ended "
+                          "before the step ran: computed and dropped, the price of keeping the step.")
 STEP_COST_DRIFT = Gauge("raincheck:step_cost_drift", "How far measured step costs stand from the calibration the "
                         "TPOT objective decides from (largest relative gap; docs/services.md, \"Deterministic "
                         "mode\").", ["worker"])

@@ -16,6 +16,7 @@ from raincheck_core.errors import RankFailedError
 from .._gen import worker_pb2
 from ..common.logs import bind
 from ..common.metrics import (
+    AHEAD_VOID_ROWS,
     DEFERRED_PENDING,
     ENCODER_BYTES,
     ENCODER_HITS,
@@ -72,7 +73,8 @@ class WorkerRuntime:
         self.rank_failure: str | None = None
         self.draining = False
         self.encoder_hits = 0        # the encoder cache's hits already counted in ENCODER_HITS
-        self.ahead_counted = {"launched": 0, "dropped": 0}     # … and the steps planned ahead in STEPS_AHEAD
+        # … and the steps planned ahead in STEPS_AHEAD, their void rows in AHEAD_VOID_ROWS
+        self.ahead_counted = {"launched": 0, "dropped": 0, "void_rows": 0}
         self.steps = 0
         self._turn_rpcs = 0                                  # Turn RPCs still streaming (recovery followed too)
 
@@ -119,7 +121,7 @@ class WorkerRuntime:
             self.close(session_id)
         engine = self.engine = load()
         self.encoder_hits = 0
-        self.ahead_counted = {"launched": 0, "dropped": 0}
+        self.ahead_counted = {"launched": 0, "dropped": 0, "void_rows": 0}
         engine.start_background(self._after_step, idle_wait_s=STEP_IDLE_S)
         self.rank_failure = None
         self.on_change()
@@ -255,8 +257,10 @@ class WorkerRuntime:
         if self.steps % 32 == 1:    # it moves slowly, and reading the windows' medians is not free
             STEP_COST_DRIFT.labels(self.worker_id).set(self.engine.step_costs.drift())
         ahead = self.engine.ahead_counts
-        for outcome in ("launched", "dropped"):
-            STEPS_AHEAD.labels(outcome).inc(getattr(ahead, outcome) - self.ahead_counted[outcome])
+        counters = {"launched": STEPS_AHEAD.labels("launched"), "dropped": STEPS_AHEAD.labels("dropped"),
+                    "void_rows": AHEAD_VOID_ROWS}
+        for outcome, counter in counters.items():
+            counter.inc(getattr(ahead, outcome) - self.ahead_counted[outcome])
             self.ahead_counted[outcome] = getattr(ahead, outcome)
         encoder = self.engine.encoder_cache_stats()
         if encoder is not None:

@@ -101,6 +101,48 @@ def test_steps_staged_ahead_answer_as_steps_planned_in_turn(tiny_checkpoints, fa
     _released(engine)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_vl"])
+def test_a_turn_that_ends_leaves_its_row_in_the_staged_step_void(tiny_checkpoints, family):
+    """Three sessions decode side by side; one ends by length, one by a stop token, one goes on: the steps staged
+    beside those ends still run, the ended turns' rows void, and every session's next turn answers as if the
+    steps were planned in turn (nothing of a void row is kept: not its K/V slot, not its GDN state)."""
+    folder = tiny_checkpoints[family][1]
+
+    def script(engine: Engine, stop: int | None) -> list:
+        sessions = [engine.open_session() for _ in range(3)]
+        params = [SamplingParams(max_new_tokens=3, ignore_eos=True),
+                  SamplingParams(max_new_tokens=12, stop_token_ids=() if stop is None else (stop,)),
+                  SamplingParams(max_new_tokens=9, ignore_eos=True)]
+        streams = [s.turn(_prompt(i), p, return_logits=True)
+                   for i, (s, p) in enumerate(zip(sessions, params, strict=True))]
+        while engine.step():
+            pass
+        streams += [s.turn(Prompt([3, 4, 5 + i]), SamplingParams(max_new_tokens=5, ignore_eos=True),
+                           return_logits=True) for i, s in enumerate(sessions)]
+        while engine.step():
+            pass
+        out = [([e.token_id for e in tokens], torch.stack([e.logits for e in tokens]), st.result().finish_reason)
+               for st, tokens in ((st, st.tokens()) for st in streams)]
+        for s in sessions:
+            s.close()
+        return out
+
+    # the stop token: the first of session 1's greedy answer from its fourth token on that it did not draw before
+    answer = script(_engine(folder, False), None)[1][0]
+    at, stop = next((i, t) for i, t in enumerate(answer) if i >= 3 and t not in answer[:i])
+    want = script(_engine(folder, False), stop)
+    assert [r for _, _, r in want[:3]] == ["length", "stop", "length"] and len(want[1][0]) == at + 1 < 9
+    engine = _engine(folder, True)
+    got = script(engine, stop)
+    _assert_same(got, want)
+    counts = engine.ahead_counts
+    # session 0's last step and session 1's stop each left a row void in a step that ran as staged; the last
+    # turn's end leaves no step of void rows alone
+    assert counts.void_rows >= 2 and counts.launched >= 8
+    assert engine.core.ahead.pending is None
+    _released(engine)
+
+
 def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_checkpoints):
     engine = _engine(tiny_checkpoints["qwen3_5"][1], True)
     sessions = [engine.open_session() for _ in range(3)]
