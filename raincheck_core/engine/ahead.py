@@ -68,22 +68,6 @@ class AheadCounts:
     void_rows: int = 0      # decode rows of launched steps whose turn had ended (computed, dropped)
 
 
-class Drawn:
-    """A running turn as the scheduler finds it once this step's token is drawn (the next step planned ahead
-    reads it so): one more answer row fed, which moves its fused chunks' guard. Everything else is the
-    turn's own; its last token is not known yet (`Staged.retoken` writes it in)."""
-
-    def __init__(self, turn: TurnRequest):
-        self.turn_request = turn
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.turn_request, name)
-
-    @property
-    def answer_fed(self) -> int:
-        return self.turn_request.answer_fed + 1
-
-
 # what a step staged ahead holds: the running turns' decode rows, the deferred chunks fused into them, and other
 # sessions' post-answer chunks in the budget they leave
 STAGED_KINDS = frozenset({Kind.DECODE, Kind.DEFERRED, Kind.RECOVERY})
@@ -150,8 +134,8 @@ class StepsAhead:
                 and decode_step(plan) and all(map(continues, running))):
             return
         try:
-            # a turn's answer rows fed move only its fused chunks' guard: the others are read as they are
-            nxt = scheduler.schedule(turns=[r if r.cache.recovery is None else Drawn(r) for r in running])
+            # planned as after this step's row: one more answer row fed (it moves the fused chunks' guard)
+            nxt = scheduler.schedule(fed_ahead=1)
             # a decode row a running turn, in their order (the drawn tokens are written in in that order)
             if not decode_step(nxt) or [s.session for s in nxt.segments if s.kind is Kind.DECODE] != \
                     [r.cache.session for r in running]:

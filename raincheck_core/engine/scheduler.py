@@ -96,18 +96,17 @@ class Scheduler:
         """The session's turn whose answer is still streaming, if any."""
         return next((r for r in self.running if r.cache is cache), None)
 
-    def schedule(self, only: CacheView | None = None, solo: CacheView | None = None,
-                 turns: list[TurnView] | None = None) -> StepPlan:
+    def schedule(self, only: CacheView | None = None, solo: CacheView | None = None, fed_ahead: int = 0) -> StepPlan:
         """This step's plan. `only` restricts post-answer recovery to one session (a barrier wait);
         `solo` restricts the whole step to one session (re-running a failed step session by session).
         A deterministic session's rows never share a step: steps take turns between each such session and
-        the shared group of all others (`_isolated`). `turns`: the running turns as this step will find
-        them (the next step planned ahead: engine/ahead.py `Drawn`), in `running`'s order."""
+        the shared group of all others (`_isolated`). `fed_ahead`: answer rows each running turn will have been
+        fed beyond what it shows when the plan runs (1: the next step planned during this one, engine/ahead.py;
+        they move its fused chunks' guard)."""
         if solo is None:
             solo = self._isolated(only)
         shared = solo is None
-        running = [r for r in (self.running if turns is None else turns)
-                   if (not r.cache.deterministic if shared else r.cache is solo)]
+        running = [r for r in self.running if (not r.cache.deterministic if shared else r.cache is solo)]
         recovering = [c for c in self.recovering if (not c.deterministic if shared else c is solo)]
         scratch = [w for w in self.scratch if shared or w.cache is solo]
         budget, deferred_budget = self.max_rows, self.deferred_budget
@@ -126,7 +125,7 @@ class Scheduler:
                 plan.segments.append(decode_segment(req))
                 budget -= 1
                 continue
-            drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget)
+            drafts, c = self._answer_rows(req, fit, prices, budget - 1, deferred_budget, fed_ahead)
             if c:
                 plan.segments.append(deferred_segment(req.cache, c, Kind.DEFERRED))
             plan.segments.append(verify_segment(req, drafts) if drafts else decode_segment(req))
@@ -173,26 +172,28 @@ class Scheduler:
             gap -= n
         return plan
 
-    def _answer_rows(self, req: TurnView, fit: _Fit, prices: Prices | None, room: int, deferred_budget: int
-                     ) -> tuple[tuple[int, ...], int]:
+    def _answer_rows(self, req: TurnView, fit: _Fit, prices: Prices | None, room: int, deferred_budget: int,
+                     fed_ahead: int = 0) -> tuple[tuple[int, ...], int]:
         """A decoding turn's drafts and fused deferred rows beside its one row (`room`: the rows the budget
         leaves besides it). Where it could carry both, the one of higher expected value takes its rows
         first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
-        joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13)."""
+        joins would seed the verify rows' state inside the fused kernel (docs/mechanism.md §13). `fed_ahead`: as
+        `schedule`'s."""
         limit = min(deferred_budget, room)
         if self.speculation is None:        # past the step's deferred budget (most sessions restoring D): none
-            return (), fused_rows(req, fit, limit) if limit > 0 else 0
+            return (), fused_rows(req, fit, limit, fed_ahead=fed_ahead) if limit > 0 else 0
         drafts = self.speculation.drafts(req, room)
-        alone = fused_rows(req, fit, limit, take=False) if drafts else 0
+        alone = fused_rows(req, fit, limit, take=False, fed_ahead=fed_ahead) if drafts else 0
         exclusive = bool(drafts) and join_pending(req.cache)
         if alone and not drafts_win(prices, len(drafts), acceptance(req.drafts_accepted, req.drafts_tried), alone,
                                     fit.carried, exclusive):
-            c = fused_rows(req, fit, limit)
+            c = fused_rows(req, fit, limit, fed_ahead=fed_ahead)
             drafts = () if exclusive else drafts[:room - c]
             fit.fixed(len(drafts))
             return drafts, c
         fit.fixed(len(drafts))      # verify rows cost rows: deferred rows are predicted on top of them
-        return drafts, 0 if exclusive else fused_rows(req, fit, min(deferred_budget, room - len(drafts)))
+        return drafts, 0 if exclusive else fused_rows(req, fit, min(deferred_budget, room - len(drafts)),
+                                                      fed_ahead=fed_ahead)
 
     def handoff(self, cache: CacheView) -> StepPlan:
         """The step that joins a deferred worker's result into the cache's recovery: its pending rows as one
@@ -293,15 +294,16 @@ class _Fit:
         return n
 
 
-def fused_rows(req: TurnView, fit: _Fit, limit: int, take: bool = True) -> int:
+def fused_rows(req: TurnView, fit: _Fit, limit: int, take: bool = True, fed_ahead: int = 0) -> int:
     """Deferred rows of `req`'s session that ride on its decode step (at most `limit`): its own turn's
     once past the guard (docs/mechanism.md §7), or a previous turn's late rows from its first decode step
-    on (§10), by the decoding turn's objective. `take`: the step carries them (else only asked)."""
+    on (§10), by the decoding turn's objective. `take`: the step carries them (else only asked);
+    `fed_ahead`: answer rows the turn will have been fed beyond its `answer_fed` when the step runs."""
     rec = req.cache.recovery
     if rec is None:
         return 0
     if rec.turn == req.turn:
-        if not rec.fuses_now(req.answer_fed):
+        if not rec.fuses_now(req.answer_fed + fed_ahead):
             return 0
     elif rec.done or rec.handed_off:
         return 0
