@@ -143,6 +143,36 @@ def test_a_turn_that_ends_leaves_its_row_in_the_staged_step_void(tiny_checkpoint
     _released(engine)
 
 
+def test_an_n_answer_turn_beside_a_longer_one_answers_as_planned_in_turn(tiny_checkpoints):
+    """`n = 2` answers end together beside a longer turn: the other answer releases its session when it ends, so
+    its row is never left void (the staged step goes); the session goes on from answer 0 as planned in turn."""
+    folder = tiny_checkpoints["qwen3_5"][1]
+
+    def script(engine: Engine) -> list:
+        pair, other = engine.open_session(), engine.open_session()
+        streams = [pair.turn(_prompt(0), SamplingParams(temperature=1.0, seed=5, max_new_tokens=5, ignore_eos=True,
+                                                        n=2), return_logits=True),
+                   other.turn(_prompt(1), SamplingParams(max_new_tokens=9, ignore_eos=True), return_logits=True)]
+        events = [list(s) for s in streams]
+        ends = [e.token_ids for s in streams for e in s.results()]
+        nxt = list(pair.turn(Prompt([3, 4, 5]), SamplingParams(max_new_tokens=4, ignore_eos=True), return_logits=True))
+        logits = [torch.stack([e.logits for e in ev if hasattr(e, "logits") and e.logits is not None])
+                  for ev in (*events, nxt)]
+        pair.close()
+        other.close()
+        return [ends, logits]
+
+    want = script(_engine(folder, False))
+    engine = _engine(folder, True)
+    got = script(engine)
+    assert got[0] == want[0] and len(got[0]) == 3 and got[0][0] != got[0][1]
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1], strict=True))
+    # the two answers end in one step; the other answer's end drops the staged step (no row left void)
+    assert engine.ahead_counts.launched > 0 and engine.ahead_counts.dropped >= 1
+    assert engine.ahead_counts.void_rows == 0
+    _released(engine)
+
+
 def test_a_step_staged_ahead_holds_its_claims_until_launched_or_dropped(tiny_checkpoints):
     engine = _engine(tiny_checkpoints["qwen3_5"][1], True)
     sessions = [engine.open_session() for _ in range(3)]
