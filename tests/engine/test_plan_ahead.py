@@ -1,7 +1,8 @@
 """Decode steps staged while the previous step's forward runs (engine/ahead.py, `EngineConfig.plan_ahead`)
 answer exactly as steps planned one after another: the same tokens and logits, bit for bit, on both families,
-eager and on the graph path, with turns ending by stop token and by length, a turn admitted and one cancelled
-between two steps, and a forward that fails on a staged step; no claim or page outlives its step."""
+eager and on the graph path, with turns ending by stop token and by length (their rows in the staged step void),
+`n = 2` answers, a turn admitted and one cancelled between two steps, and a forward that fails on a staged step;
+no claim or page outlives its step."""
 
 from __future__ import annotations
 
