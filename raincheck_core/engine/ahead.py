@@ -17,9 +17,10 @@ A step staged ahead is a bet that nothing changes in between. A turn that ends i
 length) keeps it where nothing else follows from the end (`voidable`: no deferred rows left to recover after
 the answer, the session's own answer): the staged step runs with that turn's decode row void, as vLLM's async
 scheduling computes a finished request's one extra token and drops it; the update keeps nothing of the row
-(its claim cancelled, its GDN state left in the row that is not current). Otherwise the core drops the staged
-step (its claims cancelled, as a failed forward's are) when this step ends, fails or forks a turn or completes a
-recovery other than an answering session's own with nothing queued behind it (`StepsAhead.survives`), when
+(its claim cancelled, its GDN state left in the row that is not current). A post-answer recovery that completes
+in this step keeps it too: the plan saw it with nothing pending and gave it no rows. Otherwise the core drops the
+staged step (its claims cancelled, as a failed forward's are) when this step ends, fails or forks a turn or
+completes a recovery with a later turn's queued behind it (`StepsAhead.survives`), when
 anything but a step loop or a reader takes the engine lock (an admission, a cancel, a close: `EngineLock`'s
 `on_hold`), and when the next step finds the running or recovering sessions changed; that step is then planned
 as it would have been.
@@ -161,11 +162,14 @@ class StepsAhead:
         running, recovering = scheduler.running, scheduler.recovering
         live = [t for t in ahead.turns if not t.finished]
         ended = [t for t in ahead.turns if t.finished]
+        # the recoveries that completed meanwhile have left the list; the plan gave them no rows
+        still = {id(c) for c in recovering}
+        kept = [c for c in ahead.recovering if id(c) in still]
         if only is not None or scheduler.scratch or not live or len(running) != len(live) \
                 or any(r is not t for r, t in zip(running, live, strict=True)) \
                 or not all(map(voidable, ended)) \
-                or len(recovering) != len(ahead.recovering) \
-                or any(c is not k for c, k in zip(recovering, ahead.recovering, strict=True)):
+                or len(recovering) != len(kept) \
+                or any(c is not k for c, k in zip(recovering, kept, strict=True)):
             self.drop()
             return None
         self.pending = None
@@ -177,12 +181,15 @@ class StepsAhead:
 
     def survives(self, result: StepResult) -> bool:
         """Whether the step staged ahead is still the next step once `result` is settled: nothing fails or
-        forks, what ends may leave its row void (`voidable`), and the recoveries it completes are of sessions
-        still answering with no later turn's recovery queued behind (the staged rows were planned as after
-        that: the session's decode row tracks no join of a recovery done, and fuses nothing)."""
+        forks, what ends may leave its row void (`voidable`), and the recoveries it completes have no later
+        turn's recovery queued behind and are of sessions still answering (the staged rows were planned as after
+        that: the session's decode row tracks no join of a recovery done, and fuses nothing) or have no rows in
+        the staged step (a post-answer recovery: the plan saw it with nothing pending and gave it none)."""
         if result.failed or result.forked or not all(map(voidable, result.ended)):
             return False
-        return all(cache.queued is None and self.core.turns.get(cache.session) is not None
+        planned = set(self.pending.plan.sessions()) if self.pending is not None else set()
+        return all(cache.queued is None and (self.core.turns.get(cache.session) is not None
+                                             or cache.session not in planned)
                    for cache, _ in result.recovered)
 
     def drop(self) -> None:

@@ -161,7 +161,9 @@ class Scheduler:
         for cache in recovering:
             if gap <= 0:
                 break
-            if (only is not None and cache is not only) or cache.recovery.handed_off or self.running_turn(cache):
+            # nothing pending: complete in the step now running, not yet settled (only a step planned ahead sees one)
+            if (only is not None and cache is not only) or cache.recovery.handed_off or self.running_turn(cache) \
+                    or not cache.recovery.pending:
                 continue
             n = min(cache.recovery.pending, self.recovery_chunk, gap)
             if decoding and only is None:

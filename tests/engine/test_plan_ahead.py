@@ -295,8 +295,8 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
         engine = _engine(folder, ahead, graphs, recovery_chunk=5)
         # steps with fused chunks, with post-answer chunks beside decode rows, and of those the ones staged ahead
         # (`StepsAhead.take` counts a launch before the plan's hooks run); steps staged during a step that completed an
-        # answering session's recovery
-        fused, launched, completed = [0, 0, 0, 0], [0], [False]
+        # answering session's recovery, or a post-answer one
+        fused, launched, completed = [0, 0, 0, 0, 0], [0], [False, False]
 
         def count(plan) -> None:
             beside = plan.count(Kind.RECOVERY) > 0 and plan.count(Kind.DECODE) > 0
@@ -305,10 +305,14 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
             fused[1] += beside
             fused[2] += beside and staged
             fused[3] += completed[0] and staged
-            launched[0], completed[0] = engine.ahead_counts.launched, False
+            fused[4] += completed[1] and staged
+            launched[0], completed[:] = engine.ahead_counts.launched, [False, False]
+
+        def done(cache, _) -> None:
+            answering = {s.id for s, stream in zip(sessions, streams, strict=True) if not stream.request.finished}
+            completed[0 if cache.session in answering else 1] = True
         engine.on_plan(count)
-        engine.on_recovery_done(lambda cache, _: completed.__setitem__(0, completed[0] or cache.session in {
-            s.id for s, stream in zip(sessions, streams, strict=True) if not stream.request.finished}))
+        engine.on_recovery_done(done)
         sessions = [engine.open_session(deferral=rc) for _ in range(3)]
         # the third answer is short and its image larger: its deferred rows go on after it, as post-answer chunks
         # beside the others' decode rows, after the others' recoveries completed during their answers
@@ -324,12 +328,14 @@ def test_fused_decode_steps_staged_ahead_answer_as_planned_in_turn(tiny_checkpoi
             s.close()
         return out, engine, fused
 
-    want, _, (fused_steps, beside, _, _) = run(False)
+    want, _, (fused_steps, beside, _, _, _) = run(False)
     with caplog.at_level(logging.WARNING, logger="raincheck_core.engine.core"):
-        got, engine, (_, _, beside_staged, after_completion) = run(True)
+        got, engine, (_, _, beside_staged, after_completion, after_post_answer) = run(True)
     # no step was staged that cannot be (a post-answer step alone, at the barriers before the follow-ups)
     assert not [r for r in caplog.records if "staging" in r.getMessage()]
     assert fused_steps >= 3 and beside >= 2 and beside_staged >= 1 and after_completion >= 1
+    # … and during one that completed a post-answer recovery (it had no rows in the staged step)
+    assert after_post_answer >= 1
     _assert_same(got, want)
     assert engine.ahead_counts.launched >= fused_steps // 2
     _released(engine)

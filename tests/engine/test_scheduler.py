@@ -286,6 +286,18 @@ def test_post_answer_recovery_takes_the_whole_budget_alone_and_the_deferred_budg
     assert _kinds(sched.schedule(only=idle)) == [(Kind.DECODE, "busy", 1), (Kind.RECOVERY, "idle", 32)]
 
 
+def test_a_recovery_complete_but_not_settled_leaves_the_budget_to_the_next():
+    # a step planned during the one whose chunk completed a recovery (engine/ahead.py) still finds it listed
+    cfg = DeferralConfig("post_answer", selector="uniform")
+    sched = Scheduler(max_rows_per_step=40, deferred_budget=9, recovery_chunk=32)
+    for name, rows in (("done", 0), ("idle", 100)):
+        cache = Cache(name, length=30, recovery=Recovery(Rows(rows), cfg, None))
+        cache.recovery.mark_answer_done(0.0)
+        sched.add_recovering(cache)
+    sched.add(_decoding("busy"))
+    assert _kinds(sched.schedule()) == [(Kind.DECODE, "busy", 1), (Kind.RECOVERY, "idle", 9)]
+
+
 def test_a_held_recovery_is_left_to_its_deferred_worker_until_a_barrier_races_it():
     cfg = DeferralConfig("post_answer", selector="uniform")
     sched = Scheduler(64, 63, 64)
