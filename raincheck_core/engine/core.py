@@ -377,17 +377,6 @@ class EngineCore:
         if cache.recovery is not None and cache.recovery.answer_done:   # a queued one is next
             self.scheduler.add_recovering(cache)
 
-    def may_go_late(self, cache: SessionCache, input_rows: int) -> bool:
-        """Whether a follow-up with `input_rows` input rows may be admitted with `cache`'s recovery still
-        pending (a bounded barrier, docs/mechanism.md §10): at most two turns' rows pending at once (the
-        previous turn's, the follow-up's own), the previous answer is over, and for GDN models the rows
-        fed after its insertion boundary, with the follow-up's input, cover the conv lead (so the join's
-        lead is complete before its next chunk, and later boundaries lie past it)."""
-        rec = cache.recovery
-        if rec is None or cache.queued is not None or not rec.answer_done:
-            return False
-        return rec.join is None or rec.join.fed + input_rows >= rec.join.lead
-
     def race_held(self, cache: SessionCache) -> None:
         """A barrier waits for `cache`'s recovery: if it is held for a deferred worker whose result is not
         back, it is recovered locally too (whichever ends first wins)."""

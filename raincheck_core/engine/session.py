@@ -168,7 +168,7 @@ class Session:
 
     def _barrier(self, timeout_s: float | None = None, input_rows: int = 0) -> float:
         """Complete the previous turn's recovery, or with `timeout_s`, wait at most that long and until a
-        follow-up of `input_rows` input rows may be admitted beside it (`EngineCore.may_go_late`); returns
+        follow-up of `input_rows` input rows may be admitted beside it (`SessionCache.may_go_late`); returns
         the time waited."""
         cache = self.cache
         if cache.recovery is None:
@@ -179,7 +179,7 @@ class Session:
         done = None
         if timeout_s is not None:
             def done() -> bool:
-                return clock() - t0 >= timeout_s and core.may_go_late(cache, input_rows)
+                return clock() - t0 >= timeout_s and cache.may_go_late(input_rows)
         steps = self.engine.stepper.complete_recovery(cache, done)
         return clock() - t0 if steps else 0.0     # not waiting at all is exactly 0
 

@@ -90,6 +90,17 @@ class SessionCache:
         """Turn `turn`'s own recovery, if it is pending."""
         return next((r for r in self.recoveries() if r.turn == turn), None)
 
+    def may_go_late(self, input_rows: int) -> bool:
+        """Whether a follow-up with `input_rows` input rows may be admitted with this cache's recovery still
+        pending (a bounded barrier, docs/mechanism.md §10): at most two turns' rows pending at once (the
+        previous turn's, the follow-up's own), the previous answer is over, and for GDN models the rows
+        fed after its insertion boundary, with the follow-up's input, cover the conv lead (so the join's
+        lead is complete before its next chunk, and later boundaries lie past it)."""
+        rec = self.recovery
+        if rec is None or self.queued is not None or not rec.answer_done:
+            return False
+        return rec.join is None or rec.join.fed + input_rows >= rec.join.lead
+
     # ---------------------------------------------------------------- planning a step
     def claim(self, n: int, turn: int | None = None, generated: bool = False) -> torch.Tensor:
         """The next `n` slots after those already claimed for this step, labelled as written by `turn`
