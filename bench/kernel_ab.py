@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from raincheck_core import Engine, SamplingParams
 from raincheck_core.ops import native
 
-from .batch import Workload, deferral
+from .batch import Workload, deferral, run_batch
 from .common import FAMILIES, STEP_QUANTILE, build_engine, quantile, setup_torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,32 +50,33 @@ def source_at(kernel: str, rev: str) -> str:
     return done.stdout
 
 
+class Alternation:
+    """`run_batch`'s step hook: puts the other build in place after every step, and notes which build each
+    steady step ran on."""
+
+    def __init__(self, kernel: str, builds: dict[str, ctypes.CDLL], first: int):
+        self.kernel, self.builds, self.at = kernel, builds, first
+        self.sides: list[str] = []
+        native.use(kernel, builds[SIDES[first]])
+
+    def __call__(self, steady: bool, _deferred: int) -> None:
+        if steady:
+            self.sides.append(SIDES[self.at])
+        self.at = 1 - self.at
+        native.use(self.kernel, self.builds[SIDES[self.at]])
+
+
 def steps_side_by_side(engine: Engine, kernel: str, builds: dict[str, ctypes.CDLL], workload: Workload, n: int,
                        rounds: int, max_new: int) -> dict[str, list[float]]:
-    """Thread CPU seconds of each build's steady steps, the builds taking steps in turn."""
+    """Thread CPU seconds of each build's steady steps, the builds taking steps in turn (bench.batch's
+    `run_batch`; the first build alternating by round)."""
     prompts = workload.prompts(engine, n)
-    params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
     times: dict[str, list[float]] = {side: [] for side in SIDES}
     for r in range(rounds):
-        sessions = [engine.open_session(deferral=deferral(workload.policy)) for _ in prompts]
-        turns = [s.turn(p, params).request for s, p in zip(sessions, prompts, strict=True)]
-        gc.collect()
-        gc.disable()           # no collector pauses inside timed steps
-        try:
-            step = 0
-            while not all(t.finished for t in turns):
-                side = SIDES[(step + r) % 2]
-                native.use(kernel, builds[side])
-                steady = all(t.decoding and not t.finished for t in turns)
-                cpu = time.thread_time()
-                engine.step()
-                if steady:
-                    times[side].append(time.thread_time() - cpu)
-                step += 1
-        finally:
-            gc.enable()
-            for s in sessions:
-                s.close()
+        alternation = Alternation(kernel, builds, r % 2)
+        run = run_batch(engine, workload, prompts, max_new, on_step=alternation)
+        for side, cpu in zip(alternation.sides, run.cpu, strict=True):
+            times[side].append(cpu)
     return times
 
 
