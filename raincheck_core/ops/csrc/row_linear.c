@@ -12,8 +12,8 @@
    The weight is packed once as [tiles][K][TILE] (TILE output columns per tile, the last one zero-padded),
    so a tile's pass over K streams one contiguous block. One row keeps its TILE accumulators in vector
    registers; with AVX-512, rows go six (or four) at a time through one pass over the tile (24 or 16
-   accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). A tile's
-   first pass streams it from memory; its later passes pull the next tile into L2 as they compute (`ahead`).
+   accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). Where
+   rows take two passes or more, the last two pull the next tile into L2 as they compute (`ahead`).
    `threads` > 1 splits the tiles among threads (each output is summed by one thread, in the same order). */
 #include <math.h>
 #include <pthread.h>
@@ -152,17 +152,18 @@ static int64_t passes(int64_t rows, int64_t *group) {
     return n;
 }
 
-/* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): the passes
-   after the first share it, at most two lines per k (the first pass reads the tile pulled during the last
-   tile's). A lone pass pulls nothing: it is bound by memory anyway, and pulling ahead beside the hardware's
-   prefetch slowed a one-session decode step by a fifth; nor do more lines per k than two, which left
-   8 rows (two passes) slower than without (one step in A/B: 1.09x), as if the pulls stalled the FMAs. */
+/* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): the last two
+   passes pull one half each, two lines per k, so that the next tile is in L2 when its first pass begins.
+   Measured in A/B (bench.kernel_ab): with two passes (7-12 rows) the first pass pulling its half made a
+   decode step 7-8% faster than the second pulling alone; with three (13-16 rows) the first pulling too
+   (4/3 lines per k each) made it 1-3% slower. A lone pass pulls nothing: it is bound by memory anyway, and
+   pulling beside the hardware's prefetch slowed a one-session decode step by a fifth; nor do more lines
+   per k than two, which left 8 rows slower than without (1.09x), as if the pulls stalled the FMAs. */
 static struct ahead ahead_of(const float *next, int64_t k, int64_t j, int64_t count) {
     struct ahead a = {NULL, NULL, 0};
-    if (!next || j == 0) return a;
-    const int64_t even = (TILE / 16 + count - 2) / (count - 1);     /* the tile's lines per k, shared */
-    a.lines = even < 2 ? even : 2;
-    a.from = (const char *)next + (j - 1) * k * a.lines * 64;
+    if (!next || count < 2 || j < count - 2) return a;
+    a.lines = TILE / 32;
+    a.from = (const char *)next + (j - (count - 2)) * k * a.lines * 64;
     a.end = (const char *)(next + k * TILE);
     return a;
 }
