@@ -13,7 +13,7 @@
    so a tile's pass over K streams one contiguous block. One row keeps its TILE accumulators in vector
    registers; with AVX-512, rows go six (or four) at a time through one pass over the tile (24 or 16
    accumulator registers), which is what makes 2-16 rows faster than oneDNN (`row_linear_max_rows`). Where
-   rows take two passes or more, the last two pull the next tile into L2 as they compute (`ahead`).
+   rows take two or three passes, each pulls a share of the next tile into L2 as it computes (`ahead`).
    `threads` > 1 splits the tiles among threads (each output is summed by one thread, in the same order). */
 #include <math.h>
 #include <pthread.h>
@@ -43,17 +43,17 @@ int64_t row_linear_max_rows(void) {
 #endif
 }
 
-/* The part of the next tile that one pass over a tile pulls into L2 as it goes (`lines` cache lines per k,
-   from `from`, short of `end`): a tile's first pass streams it from memory while its other passes compute
-   on it from L2, so without this the memory sits idle through most of a many-row product. */
+/* The part of the next tile that one pass over a tile pulls into L2 as it goes (`per2` cache lines per two
+   k, from `from`, short of `end`): without it a tile's first pass would wait on memory while the other
+   passes, computing from L2, left the memory idle. */
 struct ahead {
     const char *from, *end;
-    int64_t lines;
+    int64_t per2;
 };
 
 static inline void pull(const struct ahead *a, int64_t i) {
-    for (int64_t l = 0; l < a->lines; l++) {
-        const char *line = a->from + (i * a->lines + l) * 64;
+    for (int64_t l = (i * a->per2) >> 1; l < ((i + 1) * a->per2) >> 1; l++) {
+        const char *line = a->from + l * 64;
         if (line < a->end) __builtin_prefetch(line, 0, 2);
     }
 }
@@ -152,18 +152,24 @@ static int64_t passes(int64_t rows, int64_t *group) {
     return n;
 }
 
-/* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): the last two
-   passes pull one half each, two lines per k, so that the next tile is in L2 when its first pass begins.
-   Measured in A/B (bench.kernel_ab): with two passes (7-12 rows) the first pass pulling its half made a
-   decode step 7-8% faster than the second pulling alone; with three (13-16 rows) the first pulling too
-   (4/3 lines per k each) made it 1-3% slower. A lone pass pulls nothing: it is bound by memory anyway, and
-   pulling beside the hardware's prefetch slowed a one-session decode step by a fifth; nor do more lines
-   per k than two, which left 8 rows slower than without (1.09x), as if the pulls stalled the FMAs. */
+/* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): every pass a
+   share in proportion to its FMAs, so that the pulls keep pace with the arithmetic and the next tile is in
+   L2 when its first pass begins: two passes (7-12 rows) two lines per k each, three (13-16 rows: 6 + 6 + 4
+   rows) 3/2, 3/2 and 1. Measured in A/B (bench.kernel_ab, decode steps): with two passes, the second
+   pulling the whole tile was 1.09x slower, half of it 0.91-0.93x faster than before and both halves 0.92x
+   again; with three, the first pass pulling too made 13-16 rows' steps 0.97-0.98x (any split within 1%:
+   2/1/1, 1/2/1, 2/3/2 halves per k). A lone pass pulls nothing: it is bound by memory anyway, and pulling
+   beside the hardware's prefetch slowed a one-session decode step by a fifth. */
 static struct ahead ahead_of(const float *next, int64_t k, int64_t j, int64_t count) {
+    _Static_assert(TILE == 64, "the shares add up to a 64-column tile's 4 lines per k");
+    static const int64_t share[2][3] = {{4, 4, 0}, {3, 3, 2}};       /* lines per two k, per pass */
     struct ahead a = {NULL, NULL, 0};
-    if (!next || count < 2 || j < count - 2) return a;
-    a.lines = TILE / 32;
-    a.from = (const char *)next + (j - (count - 2)) * k * a.lines * 64;
+    if (!next || count < 2 || count > 3) return a;
+    const int64_t *per2 = share[count - 2];
+    int64_t before = 0;
+    for (int64_t p = 0; p < j; p++) before += per2[p];
+    a.per2 = per2[j];
+    a.from = (const char *)next + before * k * 32;
     a.end = (const char *)(next + k * TILE);
     return a;
 }
