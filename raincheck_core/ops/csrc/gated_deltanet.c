@@ -80,9 +80,10 @@ static inline void delta_step(float *S, const float *from, const float *restrict
 /* `delta_step` for a sequence's only token, dv = 16 * NV (NV <= 8), its new state streamed to memory. The
    first pass reads the start state for S^T k without writing anything; the second decays it again (the same
    product), adds the rank-1 term and writes the new state with non-temporal stores: its lines are not read
-   for ownership, nor left dirty in the cache, where the next layers' weights, streaming in, had to write
-   them back (at 16 decode rows, a sixth of the step's state bytes moved and the linear layers slowed by
-   ~0.4 ms). Each output's operations are those of `delta_step`, in the same order: the same bits. */
+   for ownership (a third of the state traffic), nor left dirty in the cache, where the next layers' weights,
+   streaming in, had to write them back (16 rows' states written the old way between the `bench` model's
+   linear layers slowed those by ~0.4 ms a step). Each output's operations are those of `delta_step`, in the
+   same order: the same bits. */
 static inline __attribute__((always_inline)) void delta_step_stream(const int NV, float *S, const float *from,
         const float *restrict q, const float *restrict k, const float *restrict v, float alpha, float b,
         float *restrict o, int64_t dk) {

@@ -155,11 +155,11 @@ static int64_t passes(int64_t rows, int64_t *group) {
 /* What pass `j` of `count` over a tile of `k` rows pulls of the next tile (`next`; NULL: none): every pass a
    share in proportion to its FMAs, so that the pulls keep pace with the arithmetic and the next tile is in
    L2 when its first pass begins: two passes (7-12 rows) two lines per k each, three (13-16 rows: 6 + 6 + 4
-   rows) 3/2, 3/2 and 1. Measured in A/B (bench.kernel_ab, decode steps): with two passes, the second
-   pulling the whole tile was 1.09x slower, half of it 0.91-0.93x faster than before and both halves 0.92x
-   again; with three, the first pass pulling too made 13-16 rows' steps 0.97-0.98x (any split within 1%:
-   2/1/1, 1/2/1, 2/3/2 halves per k). A lone pass pulls nothing: it is bound by memory anyway, and pulling
-   beside the hardware's prefetch slowed a one-session decode step by a fifth. */
+   rows) 3/2, 3/2 and 1. Measured in A/B (bench.kernel_ab, decode steps), against the later passes alone
+   pulling two lines per k: with two passes (where that pulled half the tile) 7-12 rows' steps 0.91-0.93x,
+   and the second pass pulling all four lines instead 1.09x; with three, 13-16 rows' steps 0.97-0.98x (any
+   split within 1%: 2/1/1, 1/2/1, 2/3/2 halves per k). A lone pass pulls nothing: it is bound by memory
+   anyway, and pulling beside the hardware's prefetch slowed a one-session decode step by a fifth. */
 static struct ahead ahead_of(const float *next, int64_t k, int64_t j, int64_t count) {
     _Static_assert(TILE == 64, "the shares add up to a 64-column tile's 4 lines per k");
     static const int64_t share[2][3] = {{4, 4, 0}, {3, 3, 2}};       /* lines per two k, per pass */
