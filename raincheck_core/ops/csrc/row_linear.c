@@ -158,8 +158,8 @@ static int64_t passes(int64_t rows, int64_t *group) {
    rows) 3/2, 3/2 and 1. Measured in A/B (bench.kernel_ab, decode steps), against the later passes alone
    pulling two lines per k: with two passes (where that pulled half the tile) 7-12 rows' steps 0.91-0.93x,
    and the second pass pulling all four lines instead 1.09x; with three, 13-16 rows' steps 0.97-0.98x (any
-   split within 1%: 2/1/1, 1/2/1, 2/3/2 halves per k). A lone pass pulls nothing: it is bound by memory
-   anyway, and pulling beside the hardware's prefetch slowed a one-session decode step by a fifth. */
+   other split within 1%: 1/1/2, 1/2/1 or 2/1.5/0.5 lines per k). A lone pass pulls nothing: it is bound by
+   memory anyway, and pulling beside the hardware's prefetch slowed a one-session decode step by a fifth. */
 static struct ahead ahead_of(const float *next, int64_t k, int64_t j, int64_t count) {
     _Static_assert(TILE == 64, "the shares add up to a 64-column tile's 4 lines per k");
     static const int64_t share[2][3] = {{4, 4, 0}, {3, 3, 2}};       /* lines per two k, per pass */
