@@ -175,7 +175,7 @@ class Scheduler:
         return plan
 
     def _answer_rows(self, req: TurnView, fit: _Fit, prices: Prices | None, room: int, deferred_budget: int,
-                     fed_ahead: int = 0) -> tuple[tuple[int, ...], int]:
+                     fed_ahead: int) -> tuple[tuple[int, ...], int]:
         """A decoding turn's drafts and fused deferred rows beside its one row (`room`: the rows the budget
         leaves besides it). Where it could carry both, the one of higher expected value takes its rows
         first (engine/draft_choice.py); on a session with a GDN join pending, only that one: a chunk that
