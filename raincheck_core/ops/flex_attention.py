@@ -40,12 +40,21 @@ def flex_varlen_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_ca
     # rows no group attends stay zero
     out = q.new_zeros(r + 1, heads, d)
     shared = heads // keys.shape[1]
+    # On the CPU a KV head's query heads go in as rows of one head: the CPU kernel runs each (segment, head,
+    # query block) over its block list, a few small products and a softmax update per 16-key page, so a decode
+    # row's 1 x 16 blocks cost their overhead, not their FLOPs; folded, each page serves all of the KV head's
+    # query heads at once. On a GPU the decoding kernel packs them itself, and Triton's query blocks are
+    # powers of two.
+    folded = shared if q.device.type == "cpu" else 1
     for g in layout.groups:
         n = g.stamp.shape[0]
-        qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads, d).transpose(1, 2)
-        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables, shared), enable_gqa=shared != 1,
+        qg = q[g.q_rows].to(k_cache.dtype).view(n, g.q, heads // folded, folded, d).transpose(1, 2).reshape(
+            n, heads // folded, g.q * folded, d)
+        res = _flex(qg, keys, values, block_mask=g.block_mask(layout.tables, shared, folded),
+                    enable_gqa=shared != folded,
                     kernel_options=kernel_options(g, shared, layout.tables.page_size, q.device))
-        out[g.out_rows] = res.transpose(1, 2).reshape(n * g.q, heads, d).to(q.dtype)
+        out[g.out_rows] = res.reshape(n, heads // folded, g.q, folded, d).transpose(1, 2).reshape(
+            n * g.q, heads, d).to(q.dtype)
     return out[:r]
 
 

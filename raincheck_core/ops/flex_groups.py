@@ -93,32 +93,37 @@ class FlexGroup:
     tile: int               # query rows per tile
     cols: int               # block-list columns per tile (a bucket of the longest list)
 
-    def declared_q_block(self, shared_heads: int) -> int:
+    def declared_q_block(self, shared_heads: int, folded: int = 1) -> int:
         """The query block size the BlockMask declares: the tile, or for a one-tile group shorter than Q_TILE
         the rows FlexAttention's decoding kernel packs into one block (the bucket's rows times the query
-        heads sharing a KV head, at least Q_TILE; the kernel needs its block to divide the declared one)."""
-        return self.tile if self.tile == Q_TILE else max(Q_TILE, bucket(self.q * shared_heads))
+        heads sharing a KV head, at least Q_TILE; the kernel needs its block to divide the declared one).
+        `folded`: the query heads of a KV head passed as its rows (`block_mask`), a tile's rows each."""
+        return self.tile * folded if self.tile == Q_TILE else max(Q_TILE, bucket(self.q * shared_heads))
 
-    def block_mask(self, tables: SlotTables, shared_heads: int = 1) -> BlockMask:
+    def block_mask(self, tables: SlotTables, shared_heads: int = 1, folded: int = 1) -> BlockMask:
+        """The group's BlockMask. `folded` > 1: the call passes the `folded` query heads of each KV head as
+        rows of one head (query position i * folded + j: row i, the KV head's j-th query head), so a tile's
+        blocks serve all of them (ops/flex_attention.py); the mask reads the row off the position."""
         n, tiles, pages = self.stamp.shape[0], self.q // self.tile, tables.slots // tables.page_size
         page_size, writer, hidden = tables.page_size, tables.writer, tables.hidden
         stamp, last, filtered, rows, step = self.stamp, self.last, self.filtered, self.rows, self.step
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            row = q_idx // folded if folded > 1 else q_idx
             w = writer[kv_idx]
             own = (w // STAMP) == stamp[b]
             lb = last[b]
             later = (kv_idx > lb) & (kv_idx < (lb // page_size + 1) * page_size)
             skipped = filtered[b] & (hidden[kv_idx] == step[0])
-            return torch.where(own, (w % STAMP) <= q_idx, ~later & ~skipped) & (q_idx < rows[b])
+            return torch.where(own, (w % STAMP) <= row, ~later & ~skipped) & (row < rows[b])
 
         def wide(buf: Tensor) -> Tensor:
             return buf.as_strided((n, 1, tiles, pages), (tiles * self.cols, tiles * self.cols, self.cols, 1))
 
         return BlockMask.from_kv_blocks(self.partial_num, wide(self.partial_idx), self.full_num, wide(self.full_idx),
-                                        BLOCK_SIZE=(self.declared_q_block(shared_heads), page_size),
+                                        BLOCK_SIZE=(self.declared_q_block(shared_heads, folded), page_size),
                                         mask_mod=mask_mod,
-                                        seq_lengths=(self.q, tables.slots), compute_q_blocks=False)
+                                        seq_lengths=(self.q * folded, tables.slots), compute_q_blocks=False)
 
 
 @dataclass
