@@ -28,13 +28,17 @@ class Placed:
 
 
 class DecodeSteps:
-    """The GDN steps of steps of plain decode rows, kept for later steps that read the same pool rows.
+    """The GDN steps of steps of decode rows, kept for later steps that read the same pool rows.
 
     Such a step's metadata (sequences, kernel arguments) depends only on which pool rows its rows read
-    (each writes its slot's other row) and on the op set, and it holds nothing of the step it served: no
-    factors, no appended rows, no states at chosen rows; its outputs are in the pool or read within the
-    step. A slot's rows alternate, so at a steady batch the same two steps come back in turn; up to
-    `KEEP` are kept, the least recently used dropped first."""
+    (each writes its slot's other row), on which rows are tracked (they hand their factors to a pending
+    join, docs/mechanism.md) and on the op set, and it holds nothing of the step it served past that step:
+    no appended rows, no states at chosen rows; its outputs are in the pool or read within the step, and
+    the factors its tracked rows collect are copied out by the runner (`ModelRunner.collect`) and cleared
+    when the step is handed out again. A slot's rows alternate, so at a steady batch the same two steps
+    come back in turn; up to `KEEP` are kept, the least recently used dropped first. Kept for tracked rows
+    too: while a turn's deferred rows are pending, every decode step of the session has one, and building
+    its metadata anew made a `bench` Qwen3.5 decode step ~5% slower (0.15-0.2 ms)."""
 
     KEEP = 4
 
@@ -44,12 +48,15 @@ class DecodeSteps:
     def step(self, placed: list[Placed], ops: OpSet, gdn: GDNStatePool, kernel: int, key_heads: int,
              device: torch.device, staged: bool = False) -> GDNStep:
         """`gdn_step(placed, ...)` for a step whose placed segments are all one-row decode rows, in order,
-        padding rows among them (`plain_decode`: tracked rows or chunks take `gdn_step` itself). A padded
+        padding rows among them (`plain_decode`: chunks and multi-row segments take `gdn_step` itself). A padded
         step's are as an unpadded one's: its padding only shapes multi-row sequences. `staged` (the GPU
         path): a new step's tensors go to the device in one copy of their own, in buffers that stay its."""
-        key = (ops.gdn, kernel, key_heads, device, *gdn.rows(p.segment.gdn_slot for p in placed).read)
+        tracked = tuple(p.segment.tracked for p in placed)
+        key = (ops.gdn, kernel, key_heads, device, tracked, *gdn.rows(p.segment.gdn_slot for p in placed).read)
         step = self._kept.pop(key, None)
-        if step is None:
+        if step is not None:
+            step.out.factors.clear()        # the last use's, copied out by then
+        else:
             own = Uploads(device).begin() if staged else None
             step = gdn_step(placed, ops, gdn, kernel, key_heads, device, uploads=own)
             if own is not None:
@@ -67,9 +74,9 @@ class DecodeSteps:
 
 
 def plain_decode(placed: list[Placed]) -> bool:
-    """Whether a step's placed segments are decode rows only, none tracked, and a padded step's padding
+    """Whether a step's placed segments are decode rows only (tracked or not), and a padded step's padding
     rows (what `DecodeSteps` keeps)."""
-    return all((p.segment.kind is Kind.DECODE and not p.segment.tracked)
+    return all(p.segment.kind is Kind.DECODE
                or (p.segment.kind is Kind.PADDING and p.segment.rows == 1) for p in placed)
 
 
