@@ -50,6 +50,11 @@ def source_at(kernel: str, rev: str) -> str:
     return done.stdout
 
 
+def row_linear_tile(build: ctypes.CDLL) -> int:
+    """The output columns a row_linear build packs a tile with (builds before it said so packed 64)."""
+    return build.row_linear_tile() if hasattr(build, "row_linear_tile") else 64
+
+
 class Alternation:
     """`run_batch`'s step hook: puts the other build in place after every step, and notes which build each
     steady step ran on."""
@@ -118,6 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
                   "against": native.build_variant(args.kernel, source_at(args.kernel, args.against))}
         if any(b is None for b in builds.values()):
             raise SystemExit("kernel_ab: the native kernels are off or cannot be built here (see ops/native.py)")
+        if args.kernel == "row_linear" and len({row_linear_tile(b) for b in builds.values()}) > 1:
+            raise SystemExit("kernel_ab: the two row_linear builds pack weights in tiles of different widths "
+                             f"({' and '.join(str(row_linear_tile(b)) for b in builds.values())} columns): the "
+                             "weights one engine packed cannot run under both")
         try:
             workload = (Workload("text", "full", 256) if args.workload == "text"
                         else Workload("image", "raincheck", 256, 32))

@@ -128,13 +128,18 @@ _ENTRY = {
         "row_linear_pack_f32": ([_PTR, _PTR, _I64, _I64], None),
         "row_linear_f32": ([_PTR] * 4 + [_I64] * 5, None),
         "row_linear_max_rows": ([], _I64),
+        "row_linear_tile": ([], _I64),
     },
 }
 
 
-def _typed(name: str, lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+def _typed(name: str, lib: ctypes.CDLL | None, strict: bool = True) -> ctypes.CDLL | None:
+    """`lib` with its entry points' argument types set; not `strict`: an entry point it lacks is left out (a
+    build of an earlier revision, which exported fewer)."""
     if lib is not None:
         for entry, (argtypes, restype) in _ENTRY[name].items():
+            if not strict and not hasattr(lib, entry):
+                continue
             getattr(lib, entry).argtypes = argtypes
             getattr(lib, entry).restype = restype
     return lib
@@ -152,8 +157,9 @@ def library(name: str) -> ctypes.CDLL | None:
 
 def build_variant(name: str, text: str) -> ctypes.CDLL | None:
     """Kernel `name` built from `text` in place of csrc/<name>.c (another revision's, say), cached as the
-    file's builds are; None where it cannot be built. For comparing two builds (bench/kernel_ab.py)."""
-    return _typed(name, _build(name, text))
+    file's builds are; None where it cannot be built. For comparing two builds (bench/kernel_ab.py); an entry
+    point that `text` lacks is missing from the build too."""
+    return _typed(name, _build(name, text), strict=False)
 
 
 def use(name: str, lib: ctypes.CDLL) -> None:

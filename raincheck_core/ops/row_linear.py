@@ -12,7 +12,7 @@ left to right, then the bias), so a row gets the same bits alone, among a few or
 speculative verify row those of a plain decode row, a step padded to its bucket those of the step.
 Whether the order holds is checked on each weight against oneDNN, bit for bit, before the kernel serves
 it (`row_linear`); where it does not, oneDNN runs the rows as before. Up to `RowLinear.max_rows` rows (16
-with AVX-512, where six or four rows share a pass over the weight; else 1).
+with AVX-512, where up to eight rows share a pass over the weight; else 1).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from torch import Tensor
 
 from . import native
 
-TILE = 64               # output columns per packed tile (csrc/row_linear.c)
 THREADED = 1 << 21      # products of at least this many multiply-adds split their tiles among torch's threads
 MAX_ROWS = 16           # the most rows any build takes (`RowLinear.max_rows`: this build's)
 CHECK_ROWS = (0, 1, 77)     # rows of a 128-row product the kernel must reproduce
@@ -35,7 +34,7 @@ CHECK_ROWS = (0, 1, 77)     # rows of a 128-row product the kernel must reproduc
 class RowLinear:
     """One weight (and bias) packed for the row kernel, with the K block its order was checked with."""
 
-    packed: Tensor          # [tiles * K * TILE]
+    packed: Tensor          # [tiles * K * tile], the build's `row_linear_tile` columns a tile
     bias: Tensor | None
     k: int
     n: int
@@ -66,7 +65,8 @@ def row_linear(weight: Tensor, bias: Tensor | None, many_rows: Callable[[Tensor]
         return None
     n, k = weight.shape
     weight = weight.detach().contiguous()
-    packed = weight.new_empty(-(-n // TILE) * k * TILE)
+    tile = lib.row_linear_tile()
+    packed = weight.new_empty(-(-n // tile) * k * tile)
     lib.row_linear_pack_f32(weight.data_ptr(), packed.data_ptr(), n, k)
     bias = None if bias is None else bias.detach().contiguous()
     x = torch.randn(128, k, generator=torch.Generator().manual_seed(k))

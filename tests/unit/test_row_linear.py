@@ -44,7 +44,7 @@ def test_one_row_equals_its_row_in_a_many_row_product(n, k, with_bias):
         want = many(x)
         for r in range(9):
             assert torch.equal(kernel(x[r:r + 1].contiguous()), want[r:r + 1])
-        for m in range(2, kernel.max_rows + 1):     # every split of the rows into passes of six and four
+        for m in range(2, kernel.max_rows + 1):     # every split of the rows into passes of up to eight
             assert torch.equal(kernel(x[20:20 + m]), want[20:20 + m]), m
 
 
@@ -61,9 +61,12 @@ def test_threads_split_the_tiles_and_change_no_bit():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = kernel(x)
-        torch.set_num_threads(3)
-        assert torch.equal(kernel(x), one)
+        one, lone = kernel(x), kernel(x[:1].contiguous())
+        for n in (3, 5, 7):     # a thread's tiles even or odd in number: a lone row goes over two tiles at once
+            torch.set_num_threads(n)
+            assert torch.equal(kernel(x), one), n
+            assert torch.equal(kernel(x[:1].contiguous()), lone), n
+            assert torch.equal(lone, one[:1]), n
     finally:
         torch.set_num_threads(threads)
 
