@@ -9,9 +9,10 @@ N sessions on the `bench` checkpoint each start a turn (bench.batch's workloads:
 32×32 image under `raincheck` with fused 31-row chunks), then the engine steps until they end, the build
 swapped before every step, the first build alternating by round. So both builds see the same caches, contexts
 and neighbours' bursts, step for step: on a shared host whole benchmark runs drift by 10-20% from one minute
-to the next, more than a kernel change moves a step. Each build's steady steps (all N turns decoding) are
-timed in thread CPU time (one torch thread); reported: their 20th percentile and median, and this tree's over
-REV's.
+to the next, more than a kernel change moves a step. Builds that pack the weights differently (row_linear's
+tile width) cannot share an engine: each gets its own, which packs its weights under it, and the builds take
+whole rounds in turn instead. Each build's steady steps (all N turns decoding) are timed in thread CPU time
+(one torch thread); reported: their 20th percentile and median, and this tree's over REV's.
 
 `--bits`: both builds also answer the same six greedy turns (text, and images with fused chunks and
 their joins) with logprobs, which must be equal bit for bit where a change was meant to keep the arithmetic.
@@ -71,18 +72,41 @@ class Alternation:
         native.use(self.kernel, self.builds[SIDES[self.at]])
 
 
-def steps_side_by_side(engine: Engine, kernel: str, builds: dict[str, ctypes.CDLL], workload: Workload, n: int,
-                       rounds: int, max_new: int) -> dict[str, list[float]]:
-    """Thread CPU seconds of each build's steady steps, the builds taking steps in turn (bench.batch's
-    `run_batch`; the first build alternating by round)."""
-    prompts = workload.prompts(engine, n)
+def steps_side_by_side(engines: dict[str, Engine], kernel: str, builds: dict[str, ctypes.CDLL],
+                       workload: Workload, n: int, rounds: int, max_new: int) -> dict[str, list[float]]:
+    """Thread CPU seconds of each build's steady steps (bench.batch's `run_batch`). One engine for both: the
+    builds take steps in turn, the first alternating by round. An engine each (builds that pack weights
+    differently): the builds take whole rounds in turn, the first alternating."""
     times: dict[str, list[float]] = {side: [] for side in SIDES}
+    if engines["this"] is engines["against"]:
+        prompts = workload.prompts(engines["this"], n)
+        for r in range(rounds):
+            alternation = Alternation(kernel, builds, r % 2)
+            run = run_batch(engines["this"], workload, prompts, max_new, on_step=alternation)
+            for side, cpu in zip(alternation.sides, run.cpu, strict=True):
+                times[side].append(cpu)
+        return times
+    prompts = {side: workload.prompts(engines[side], n) for side in SIDES}
     for r in range(rounds):
-        alternation = Alternation(kernel, builds, r % 2)
-        run = run_batch(engine, workload, prompts, max_new, on_step=alternation)
-        for side, cpu in zip(alternation.sides, run.cpu, strict=True):
-            times[side].append(cpu)
+        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+            native.use(kernel, builds[side])
+            times[side] += run_batch(engines[side], workload, prompts[side], max_new).cpu
     return times
+
+
+def engines_for(builds: dict[str, ctypes.CDLL], kernel: str, family: str, workdir: Path) -> dict[str, Engine]:
+    """One engine for both builds, or one each where they pack weights differently (row_linear's tile width):
+    each engine packs its weights, at its first decode step, under its own build."""
+    if kernel != "row_linear" or len({row_linear_tile(b) for b in builds.values()}) == 1:
+        engine = build_engine(family, workdir / "this")
+        return {side: engine for side in SIDES}
+    engines = {}
+    for side in SIDES:
+        native.use(kernel, builds[side])
+        engines[side] = engine = build_engine(family, workdir / side)
+        text = Workload("text", "full", 8)
+        run_batch(engine, text, text.prompts(engine, 2), 2)
+    return engines
 
 
 def answers(engine: Engine, side_build: ctypes.CDLL, kernel: str) -> list[list[tuple[int, float | None]]]:
@@ -118,26 +142,24 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     setup_torch(1)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = build_engine(args.family, Path(tmp))
         builds = {"this": native.library(args.kernel),
                   "against": native.build_variant(args.kernel, source_at(args.kernel, args.against))}
         if any(b is None for b in builds.values()):
             raise SystemExit("kernel_ab: the native kernels are off or cannot be built here (see ops/native.py)")
-        if args.kernel == "row_linear" and len({row_linear_tile(b) for b in builds.values()}) > 1:
-            raise SystemExit("kernel_ab: the two row_linear builds pack weights in tiles of different widths "
-                             f"({' and '.join(str(row_linear_tile(b)) for b in builds.values())} columns): the "
-                             "weights one engine packed cannot run under both")
         try:
+            engines = engines_for(builds, args.kernel, args.family, Path(tmp))
             workload = (Workload("text", "full", 256) if args.workload == "text"
                         else Workload("image", "raincheck", 256, 32))
             out: dict = dict(kernel=args.kernel, against=args.against, family=args.family, workload=args.workload,
-                             ns={})
+                             engines=len({id(e) for e in engines.values()}), ns={})
+            alone = "" if engines["this"] is engines["against"] else ", an engine each (they pack weights differently)"
             print(f"`python -m bench.kernel_ab {' '.join(sys.argv[1:] if argv is None else argv)}`: {args.kernel}, "
-                  f"this tree against {args.against}, {args.family}, {args.workload}, 1 thread, {args.rounds} rounds\n")
+                  f"this tree against {args.against}, {args.family}, {args.workload}, 1 thread, {args.rounds} rounds"
+                  f"{alone}\n")
             print("| N | this p20 ms | against p20 ms | this / against (p20) | this / against (medians) | steps each |")
             print("|---|---|---|---|---|---|")
             for n in (int(x) for x in args.ns.split(",")):
-                t = steps_side_by_side(engine, args.kernel, builds, workload, n, args.rounds, args.max_new)
+                t = steps_side_by_side(engines, args.kernel, builds, workload, n, args.rounds, args.max_new)
                 p20 = {s: quantile(t[s], STEP_QUANTILE) for s in SIDES}
                 med = {s: statistics.median(t[s]) for s in SIDES}
                 row = dict(p20_ms={s: 1e3 * p20[s] for s in SIDES}, median_ms={s: 1e3 * med[s] for s in SIDES},
@@ -147,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"| {n} | {row['p20_ms']['this']:.2f} | {row['p20_ms']['against']:.2f} | {row['ratio']:.3f} | "
                       f"{row['ratio_medians']:.3f} | {row['steps']} |")
             if args.bits:
-                same = answers(engine, builds["this"], args.kernel) == answers(engine, builds["against"], args.kernel)
+                this, against = (answers(engines[side], builds[side], args.kernel) for side in SIDES)
+                same = this == against
                 out["bits_equal"] = same
                 print(f"\ngreedy answers' tokens and logprobs: {'equal bit for bit' if same else 'DIFFERENT'}")
         finally:

@@ -42,12 +42,29 @@ def test_kernel_ab_times_both_builds_and_finds_changed_bits(tmp_path):
                                          "2", "--rounds", "1", "--max-new", "24", "--bits"])
     finally:
         torch.set_num_threads(threads)
-    assert runs["same"]["bits_equal"] and not runs["changed"]["bits_equal"]
+    assert runs["same"]["bits_equal"] and not runs["changed"]["bits_equal"] and runs["same"]["engines"] == 1
     row = runs["same"]["ns"][2]
     assert row["steps"] > 0 and row["p20_ms"]["this"] > 0 and row["p20_ms"]["against"] > 0
     assert native.loaded("paged_attention") is native.library("paged_attention")     # this tree's build again
     with pytest.raises(SystemExit, match="cannot read"):
         kernel_ab.main(["paged_attention", "--against", "no-such-revision", "--ns", "1", "--rounds", "1"])
+
+
+@pytest.mark.skipif(native.library("row_linear") is None, reason="no native kernels here")
+def test_kernel_ab_gives_builds_that_pack_differently_an_engine_each(monkeypatch):
+    this = native.library("row_linear")
+    # the same source, said to pack another width: each build must run in the engine that packed under it
+    monkeypatch.setattr(kernel_ab, "row_linear_tile", lambda build: 48 if build is this else 64)
+    threads = torch.get_num_threads()
+    try:
+        out = kernel_ab.main(["row_linear", "--against", str(native.SOURCE_DIR / "row_linear.c"), "--ns", "2",
+                              "--rounds", "2", "--max-new", "20", "--bits"])
+    finally:
+        torch.set_num_threads(threads)
+    assert out["engines"] == 2 and out["bits_equal"]
+    row = out["ns"][2]
+    assert row["steps"] > 0 and row["p20_ms"]["this"] > 0 and row["p20_ms"]["against"] > 0
+    assert native.loaded("row_linear") is this
 
 
 def test_attention_decode_steps_record_the_engines_layouts(tmp_path):
