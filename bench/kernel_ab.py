@@ -52,8 +52,16 @@ def source_at(kernel: str, rev: str) -> str:
 
 
 def row_linear_tile(build: ctypes.CDLL) -> int:
-    """The output columns a row_linear build packs a tile with (builds before it said so packed 64)."""
-    return build.row_linear_tile() if hasattr(build, "row_linear_tile") else 64
+    """The output columns a row_linear build packs a tile with."""
+    return build.row_linear_tile()
+
+
+def exported(kernel: str, text: str) -> str:
+    """`text` with what this tree's Python side calls and an earlier revision's row_linear.c did not yet
+    export: `row_linear_tile` (its TILE, by which ops/row_linear.py sizes the packed copy)."""
+    if kernel == "row_linear" and "row_linear_tile" not in text:
+        text += "\nint64_t row_linear_tile(void) { return TILE; }\n"
+    return text
 
 
 class Alternation:
@@ -142,8 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     setup_torch(1)
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"this": native.library(args.kernel),
-                  "against": native.build_variant(args.kernel, source_at(args.kernel, args.against))}
+        against = exported(args.kernel, source_at(args.kernel, args.against))
+        builds = {"this": native.library(args.kernel), "against": native.build_variant(args.kernel, against)}
         if any(b is None for b in builds.values()):
             raise SystemExit("kernel_ab: the native kernels are off or cannot be built here (see ops/native.py)")
         try:
