@@ -62,6 +62,9 @@ def test_kernel_ab_gives_builds_that_pack_differently_an_engine_each(monkeypatch
     finally:
         torch.set_num_threads(threads)
     assert out["engines"] == 2 and out["bits_equal"]
+    earlier = "#define TILE 64\nint64_t row_linear_max_rows(void) { return 16; }\n"     # before the export
+    assert kernel_ab.exported("row_linear", earlier).endswith("int64_t row_linear_tile(void) { return TILE; }\n")
+    assert kernel_ab.exported("paged_attention", earlier) == earlier
     row = out["ns"][2]
     assert row["steps"] > 0 and row["p20_ms"]["this"] > 0 and row["p20_ms"]["against"] > 0
     assert native.loaded("row_linear") is this
