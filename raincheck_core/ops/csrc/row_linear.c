@@ -141,8 +141,8 @@ static inline __attribute__((always_inline)) void tile_rows(const int R, const f
 /* A lone row over two adjacent tiles in one pass (six accumulator vectors, two weight streams): each output's
    FMAs and block sums as `tile_row` does them. One tile at a time kept three FMA chains in flight, and the
    `bench` Qwen3-VL's one-session decode step was 1-3% slower than with 64-column tiles; two at a time both
-   families' take 0.98-1.00 of it (bench.kernel_ab). No pulls:
-   a lone pass is bound by memory, and the hardware's prefetch follows both streams. */
+   families' take 0.98-1.00 of it (bench.kernel_ab). No pulls: a lone pass is bound by memory, and the
+   hardware's prefetch follows both streams. */
 static void pair_row(const float *x, const float *wa, const float *wb, int64_t k, int64_t kb, float *out,
                      const float *bias, int64_t width) {
     float total[2 * TILE];
